@@ -1,0 +1,2 @@
+//! The io layer of pi-server: carries out the kernel's outputs on real sockets,
+//! processes and SQLite, and feeds back inputs. It makes no protocol decisions.

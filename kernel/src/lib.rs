@@ -1,0 +1,17 @@
+//! The sans-IO core of pi-server.
+//!
+//! Everything that decides anything lives here, as plain values driven by
+//! inputs: the pi protocol v1 codec ([`wire`], [`protocol`]), the server's
+//! connection and session machines ([`server`]), the worker-side session
+//! runtime ([`runtime`]) and the client library's leases ([`lease`]).
+//!
+//! Calling protocol, shared by every machine: the driver owns the machine by
+//! `&mut`, feeds it one input at a time together with `now`
+//! ([`time::Instant`], virtual milliseconds), carries out the returned outputs
+//! in order, and wakes it at [`next_deadline`](server::Server::next_deadline)
+//! with a tick. Nothing here reads a clock, draws entropy, touches a file or a
+//! socket, or iterates a hash map into an output.
+
+pub mod protocol;
+pub mod time;
+pub mod wire;

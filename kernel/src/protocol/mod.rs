@@ -1,0 +1,11 @@
+//! pi protocol v1: typed messages ([`types`]) and their strict schema mapping
+//! to and from [`crate::wire::Value`] ([`codec`]).
+
+pub mod codec;
+pub mod types;
+
+pub use codec::{
+    SchemaError, decode_client_message, decode_server_message, encode_client_message,
+    encode_server_message,
+};
+pub use types::*;

@@ -1,0 +1,2 @@
+//! `cargo run -p sim -- --seed S`: replays one simulated run.
+fn main() {}

@@ -1,0 +1,2 @@
+//! The `pi-server` binary.
+fn main() {}
