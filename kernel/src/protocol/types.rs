@@ -65,6 +65,9 @@ pub enum Command {
     SetModel { session_id: String, model: ModelRef },
     /// `{command:"set_thinking", sessionId, thinkingLevel}`
     SetThinking { session_id: String, thinking_level: ThinkingLevel },
+    /// `{command:"remove", sessionId}`: our extension (not in the v1 schema).
+    /// Deletes a stored session; attached connections get `session_removed`.
+    Remove { session_id: String },
 }
 
 impl Command {
@@ -80,6 +83,7 @@ impl Command {
             Self::Abort { .. } => "abort",
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
+            Self::Remove { .. } => "remove",
         }
     }
 
@@ -93,7 +97,8 @@ impl Command {
             | Self::Steer { session_id, .. }
             | Self::Abort { session_id }
             | Self::SetModel { session_id, .. }
-            | Self::SetThinking { session_id, .. } => Some(session_id),
+            | Self::SetThinking { session_id, .. }
+            | Self::Remove { session_id } => Some(session_id),
         }
     }
 }
@@ -165,6 +170,8 @@ pub enum CommandResult {
     SetModel { session: SessionSnapshot },
     /// `{command:"set_thinking", session}`
     SetThinking { session: SessionSnapshot },
+    /// `{command:"remove", sessionId}`: our extension.
+    Remove { session_id: String },
 }
 
 impl CommandResult {
@@ -180,6 +187,7 @@ impl CommandResult {
             Self::Abort { .. } => "abort",
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
+            Self::Remove { .. } => "remove",
         }
     }
 }

@@ -1,0 +1,80 @@
+//! Every bound of the kernel in one place.
+//!
+//! Hitting a limit is never silent growth: it produces an explicit output
+//! (an error response, a `hello_error`, or closing the offending connection
+//! with a reason).
+
+use crate::wire::{CborLimits, frame::DEFAULT_MAX_FRAME_LEN};
+use std::time::Duration;
+
+/// Bounds and deadlines of the server kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Open client connections. One more is answered with `hello_error` and closed.
+    pub max_connections: usize,
+    /// Sessions one connection may be attached to at once.
+    pub max_attachments_per_connection: usize,
+    /// Live sessions (worker processes) at once. Opening one more fails `session_locked`.
+    pub max_live_sessions: usize,
+    /// Requests of one connection awaiting their response at once.
+    pub max_requests_in_flight_per_connection: usize,
+    /// Requests received before the handshake completed and kept for later.
+    pub max_deferred_requests: usize,
+    /// Largest frame payload accepted or sent, in bytes (inclusive).
+    pub max_frame_len: u32,
+    /// Bytes queued for one connection and not yet written. A connection
+    /// that would exceed it is a slow consumer and is closed.
+    pub max_output_bytes_per_connection: usize,
+    /// Limits of the CBOR decoder.
+    pub cbor: CborLimits,
+    /// From accept until the server hello is sent.
+    pub handshake_timeout: Duration,
+    /// From spawning a worker until it reports ready.
+    pub worker_start_timeout: Duration,
+    /// From asking a worker to dispose until it exits; then it is killed.
+    pub worker_dispose_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let max_frame_len = DEFAULT_MAX_FRAME_LEN;
+        Self {
+            max_connections: 4096,
+            max_attachments_per_connection: 256,
+            max_live_sessions: 512,
+            max_requests_in_flight_per_connection: 1024,
+            max_deferred_requests: 64,
+            max_frame_len,
+            max_output_bytes_per_connection: 4 * max_frame_len as usize,
+            cbor: CborLimits { max_byte_len: max_frame_len as usize, ..CborLimits::default() },
+            handshake_timeout: Duration::from_secs(5),
+            worker_start_timeout: Duration::from_secs(15),
+            worker_dispose_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Limits {
+    /// Checks the relationships between limits; the server refuses to start otherwise.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_frame_len == 0 {
+            return Err("max_frame_len must be at least 1".into());
+        }
+        if self.max_output_bytes_per_connection < self.max_frame_len as usize + 4 {
+            return Err(format!(
+                "max_output_bytes_per_connection ({}) must hold one full frame ({} bytes)",
+                self.max_output_bytes_per_connection,
+                self.max_frame_len as u64 + 4
+            ));
+        }
+        if self.max_connections == 0 || self.max_live_sessions == 0 {
+            return Err("max_connections and max_live_sessions must be at least 1".into());
+        }
+        if self.cbor.max_depth > 512 {
+            return Err("cbor.max_depth must be at most 512".into());
+        }
+        Ok(())
+    }
+}
+
+const _: () = assert!(DEFAULT_MAX_FRAME_LEN as u64 * 4 <= usize::MAX as u64);

@@ -1,0 +1,123 @@
+//! One client connection: handshake stage, frame decoder, output accounting
+//! and the sessions it is attached to.
+//!
+//! ```text
+//!  AwaitingHello ──hello ok──► Handshaking ──catalog ready──► Ready ──► Closing ──► (removed)
+//!        │                          │                          │
+//!        └── bad first frame, bad version or token, decode error, deadline ─► hello_error + Closing
+//! ```
+//!
+//! `Handshaking` lasts while the server cannot yet build its snapshot (its
+//! session catalog is still loading); requests arriving then are deferred, in
+//! order, and run as soon as the server hello is sent. The handshake deadline
+//! runs from accept until the server hello is sent.
+
+use crate::ids::ConnId;
+use crate::protocol::Request;
+use crate::time::Instant;
+use crate::wire::FrameDecoder;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// Stage of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// Accepted; the first frame must be `hello`.
+    AwaitingHello,
+    /// A valid hello arrived; the server hello is not sent yet.
+    Handshaking,
+    /// Handshake complete; requests are served.
+    Ready,
+    /// The kernel asked the driver to close it; waiting for the driver to report it gone.
+    Closing,
+}
+
+#[derive(Debug)]
+pub(crate) struct Connection {
+    pub(crate) id: ConnId,
+    pub(crate) stage: Stage,
+    pub(crate) decoder: FrameDecoder,
+    pub(crate) handshake_deadline: Option<Instant>,
+    /// Requests received while handshaking, served in order once ready.
+    pub(crate) deferred: VecDeque<Request>,
+    /// Bytes handed to the driver and not yet reported written.
+    pub(crate) queued_bytes: usize,
+    /// Requests whose response is still owed.
+    pub(crate) in_flight: usize,
+    /// Sessions this connection is attached to.
+    pub(crate) attached: BTreeSet<String>,
+    /// Highest session snapshot revision sent to this connection, per session,
+    /// so that the snapshots it sees strictly increase.
+    pub(crate) revisions: BTreeMap<String, u64>,
+}
+
+impl Connection {
+    pub(crate) fn new(id: ConnId, max_frame_len: u32, handshake_deadline: Instant) -> Self {
+        Self {
+            id,
+            stage: Stage::AwaitingHello,
+            decoder: FrameDecoder::new(max_frame_len),
+            handshake_deadline: Some(handshake_deadline),
+            deferred: VecDeque::new(),
+            queued_bytes: 0,
+            in_flight: 0,
+            attached: BTreeSet::new(),
+            revisions: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.stage == Stage::Ready
+    }
+
+    /// True when a snapshot of `session` at `revision` is news to this connection;
+    /// records it as sent.
+    pub(crate) fn take_revision(&mut self, session: &str, revision: u64) -> bool {
+        match self.revisions.get_mut(session) {
+            Some(last) if *last >= revision => false,
+            Some(last) => {
+                *last = revision;
+                true
+            }
+            None => {
+                self.revisions.insert(session.to_string(), revision);
+                true
+            }
+        }
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    let n = a.len().max(b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0xff);
+        diff |= u64::from(x ^ y);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_content_and_length() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn revisions_strictly_increase_per_session() {
+        let mut c = Connection::new(ConnId(1), 16, Instant(0));
+        assert!(c.take_revision("s", 3));
+        assert!(!c.take_revision("s", 3));
+        assert!(!c.take_revision("s", 2));
+        assert!(c.take_revision("s", 4));
+        assert!(c.take_revision("t", 1));
+    }
+}

@@ -1,0 +1,631 @@
+//! The server machine: client connections, the session registry, and the
+//! workers that host live sessions.
+//!
+//! [`Server::step`] takes one [`Input`] with the current time and returns the
+//! [`Output`]s the driver must carry out, in order. [`Server::next_deadline`]
+//! says when to deliver [`Input::Tick`]. Invariants are asserted at the end of
+//! every step (see [`Server::check_invariants`]).
+//!
+//! Semantics follow pi protocol v1 (`PiServer`): one live runtime per session,
+//! many attachments per connection and many connections per session; control
+//! commands need an attachment and a live session; every operation's end
+//! broadcasts a session snapshot; progress goes only to the connections
+//! attached at that moment; a runtime error closes every attached connection;
+//! a session is disposed exactly when it has no attachments, no operations in
+//! flight and its phase is idle.
+
+mod connection;
+mod sessions;
+
+pub use connection::Stage;
+
+use crate::ids::{ConnId, OpId, WorkerId};
+use crate::limits::Limits;
+use crate::protocol::{
+    ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata,
+    PROTOCOL_VERSION, ProtocolError, Response, ServerEvent, ServerHello, ServerMessage,
+    ServerSnapshot, SessionMetadata, SessionSnapshot, decode_client_message,
+    encode_server_message,
+};
+use crate::rng::Rng;
+use crate::time::Instant;
+use crate::wire::frame::encode_frame;
+use crate::worker::{CreateSpec, FromWorker, ToWorker};
+use connection::{Connection, constant_time_eq};
+use sessions::Live;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// An encoded frame (length header included), shared between recipients.
+pub type Frame = Arc<[u8]>;
+
+/// Static configuration of a server.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Reported in every server snapshot.
+    pub server_id: String,
+    /// When set, every hello must carry this token (`hello_error auth` otherwise).
+    pub token: Option<String>,
+    /// Seeds connection and session ids. The daemon draws it from the OS.
+    pub seed: u64,
+    /// Models offered, reported in server snapshots.
+    pub models: Vec<ModelMetadata>,
+    /// Bounds and deadlines.
+    pub limits: Limits,
+}
+
+/// Why the kernel closes a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The peer broke the protocol; a `hello_error` was queued before the close.
+    Protocol(String),
+    /// It did not read its output fast enough (output bound reached).
+    SlowConsumer,
+    /// Its session's runtime failed (runtime-error semantics); no message is sent.
+    RuntimeError,
+    /// Over the connection limit; a `hello_error` was queued before the close.
+    TooManyConnections,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Protocol(m) => write!(f, "protocol error: {m}"),
+            Self::SlowConsumer => f.write_str("slow consumer"),
+            Self::RuntimeError => f.write_str("session runtime error"),
+            Self::TooManyConnections => f.write_str("too many connections"),
+            Self::Shutdown => f.write_str("server shutdown"),
+        }
+    }
+}
+
+/// Everything that can happen to a server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Only time passed (see [`Server::next_deadline`]).
+    Tick,
+    /// The stored session catalog finished loading. Until then hellos wait.
+    CatalogLoaded { sessions: Vec<SessionMetadata> },
+    /// A client connected. `conn` is fresh for this server's lifetime.
+    Accepted { conn: ConnId },
+    /// Bytes arrived from a client, in stream order.
+    Received { conn: ConnId, bytes: Vec<u8> },
+    /// The driver wrote `bytes` of this connection's queued output.
+    Written { conn: ConnId, bytes: usize },
+    /// The connection is gone (peer closed, or the driver finished closing it).
+    Disconnected { conn: ConnId },
+    /// The worker process runs.
+    WorkerSpawned { worker: WorkerId },
+    /// The worker process could not be started.
+    WorkerSpawnFailed { worker: WorkerId, error: String },
+    /// A worker sent a message.
+    FromWorker { worker: WorkerId, message: Box<FromWorker> },
+    /// The worker process exited (for any reason).
+    WorkerExited { worker: WorkerId },
+    /// The driver finished deleting a stored session (see [`Output::RemoveSession`]).
+    SessionRemoved { session_id: String, result: Result<(), String> },
+    /// Close gracefully: stop accepting, close connections, dispose every runtime.
+    Shutdown,
+}
+
+/// Everything the driver must do for a server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Queue `frame` on the connection's byte stream.
+    Send { conn: ConnId, frame: Frame },
+    /// Close the connection once its queued output is written (or at once if
+    /// it cannot be); then report [`Input::Disconnected`].
+    Close { conn: ConnId, reason: CloseReason },
+    /// Start a worker process for `session_id`; `create` is set for a new session.
+    SpawnWorker { worker: WorkerId, session_id: String, create: Option<CreateSpec> },
+    /// Deliver a message to a worker.
+    ToWorker { worker: WorkerId, message: ToWorker },
+    /// Kill the worker process (it missed a deadline).
+    KillWorker { worker: WorkerId },
+    /// Delete the stored session; report [`Input::SessionRemoved`].
+    RemoveSession { session_id: String },
+    /// Stop accepting connections.
+    StopAccepting,
+    /// Every connection is closed and every worker exited: the server may exit.
+    ShutdownComplete,
+}
+
+/// The server state machine. See the module documentation.
+#[derive(Debug)]
+pub struct Server {
+    config: Config,
+    now: Instant,
+    rng: Rng,
+    conns: BTreeMap<ConnId, Connection>,
+    sessions: BTreeMap<String, Live>,
+    workers: BTreeMap<WorkerId, String>,
+    catalog: Option<BTreeMap<String, SessionMetadata>>,
+    removals: BTreeMap<String, Vec<(ConnId, String)>>,
+    revision: u64,
+    next_worker: u64,
+    next_op: u64,
+    shutting_down: bool,
+    shutdown_reported: bool,
+    out: Vec<Output>,
+}
+
+impl Server {
+    /// A server with no connections, waiting for [`Input::CatalogLoaded`].
+    pub fn new(config: Config) -> Self {
+        assert!(config.limits.validate().is_ok(), "invalid limits: {:?}", config.limits.validate());
+        let rng = Rng::new(config.seed);
+        Self {
+            config,
+            now: Instant(0),
+            rng,
+            conns: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            workers: BTreeMap::new(),
+            catalog: None,
+            removals: BTreeMap::new(),
+            revision: 0,
+            next_worker: 1,
+            next_op: 1,
+            shutting_down: false,
+            shutdown_reported: false,
+            out: Vec::new(),
+        }
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Feeds one input at time `now` (never earlier than the previous step's).
+    /// Returns every output, in the order the driver must carry them out.
+    pub fn step(&mut self, now: Instant, input: Input) -> Vec<Output> {
+        assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
+        self.now = now;
+        match input {
+            Input::Tick => self.on_tick(),
+            Input::CatalogLoaded { sessions } => self.on_catalog_loaded(sessions),
+            Input::Accepted { conn } => self.on_accepted(conn),
+            Input::Received { conn, bytes } => self.on_received(conn, &bytes),
+            Input::Written { conn, bytes } => self.on_written(conn, bytes),
+            Input::Disconnected { conn } => self.on_disconnected(conn),
+            Input::WorkerSpawned { worker } => self.on_worker_spawned(worker),
+            Input::WorkerSpawnFailed { worker, error } => self.on_worker_spawn_failed(worker, error),
+            Input::FromWorker { worker, message } => self.on_worker_message(worker, *message),
+            Input::WorkerExited { worker } => self.on_worker_exited(worker),
+            Input::SessionRemoved { session_id, result } => self.on_session_removed(session_id, result),
+            Input::Shutdown => self.on_shutdown(),
+        }
+        self.maybe_report_shutdown();
+        self.check_invariants();
+        std::mem::take(&mut self.out)
+    }
+
+    /// The earliest time at which [`Input::Tick`] has work to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
+        let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
+        conns.chain(workers).min()
+    }
+
+    /// The server snapshot revision (increments only when a broadcast goes out).
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Stage of a connection, if the server still knows it.
+    pub fn connection_stage(&self, conn: ConnId) -> Option<Stage> {
+        self.conns.get(&conn).map(|c| c.stage)
+    }
+
+    /// Number of connections the server tracks (any stage).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Sessions a connection is attached to.
+    pub fn attachments(&self, conn: ConnId) -> Vec<String> {
+        self.conns.get(&conn).map(|c| c.attached.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Live sessions and their worker, in id order.
+    pub fn live_sessions(&self) -> Vec<(String, WorkerId, crate::worker::WorkerState)> {
+        self.sessions.values().map(|s| (s.id.clone(), s.worker.id(), s.worker.state())).collect()
+    }
+
+    /// Bytes queued for a connection and not yet written.
+    pub fn queued_bytes(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn).map_or(0, |c| c.queued_bytes)
+    }
+
+    /// True once shutdown began.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    // ---- connections -------------------------------------------------------
+
+    fn on_accepted(&mut self, id: ConnId) {
+        assert!(!self.conns.contains_key(&id), "connection id {id} reused");
+        let limits = &self.config.limits;
+        let mut conn = Connection::new(id, limits.max_frame_len, self.now + limits.handshake_timeout);
+        if self.shutting_down || self.conns.len() >= limits.max_connections {
+            conn.handshake_deadline = None;
+            self.conns.insert(id, conn);
+            let (code, message, reason) = if self.shutting_down {
+                (ErrorCode::InvalidRequest, "Server is shutting down".to_string(), CloseReason::Shutdown)
+            } else {
+                (
+                    ErrorCode::InternalError,
+                    format!("Server is at its connection limit ({})", limits.max_connections),
+                    CloseReason::TooManyConnections,
+                )
+            };
+            self.send(id, &ServerMessage::HelloError(ProtocolError::new(code, message)));
+            self.close(id, reason);
+            return;
+        }
+        self.conns.insert(id, conn);
+    }
+
+    fn on_received(&mut self, id: ConnId, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        if conn.stage == Stage::Closing {
+            return;
+        }
+        let mut payloads = Vec::new();
+        let framing = conn.decoder.push(bytes, &mut payloads);
+        for payload in payloads {
+            if self.conns.get(&id).is_none_or(|c| c.stage == Stage::Closing) {
+                return;
+            }
+            match decode_client_message(&payload, &self.config.limits.cbor) {
+                Ok(message) => self.on_message(id, message),
+                Err(e) => return self.fail_protocol(id, ErrorCode::InvalidRequest, e.to_string()),
+            }
+        }
+        if let Err(e) = framing {
+            self.fail_protocol(id, ErrorCode::InvalidRequest, e.to_string());
+        }
+    }
+
+    fn on_message(&mut self, id: ConnId, message: ClientMessage) {
+        let stage = self.conns[&id].stage;
+        match (stage, message) {
+            (Stage::AwaitingHello, ClientMessage::Hello(hello)) => self.on_hello(id, hello),
+            (Stage::AwaitingHello, ClientMessage::Request(_)) => self.fail_protocol(
+                id,
+                ErrorCode::InvalidRequest,
+                "The first client message must be hello".into(),
+            ),
+            (_, ClientMessage::Hello(_)) => self.fail_protocol(
+                id,
+                ErrorCode::InvalidRequest,
+                "hello may only be sent as the first message".into(),
+            ),
+            (Stage::Handshaking, ClientMessage::Request(request)) => {
+                let max = self.config.limits.max_deferred_requests;
+                let conn = self.conns.get_mut(&id).expect("checked");
+                if conn.deferred.len() >= max {
+                    let message = format!("More than {max} requests sent before the handshake completed");
+                    return self.fail_protocol(id, ErrorCode::InvalidRequest, message);
+                }
+                conn.deferred.push_back(request);
+            }
+            (Stage::Ready, ClientMessage::Request(request)) => self.on_request(id, request),
+            (Stage::Closing, _) => {}
+        }
+    }
+
+    fn on_hello(&mut self, id: ConnId, hello: ClientHello) {
+        if let Some(expected) = &self.config.token {
+            let given = hello.token.as_deref().unwrap_or("");
+            if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+                let message = if hello.token.is_none() { "A token is required" } else { "Invalid token" };
+                return self.fail_protocol(id, ErrorCode::Auth, message.into());
+            }
+        }
+        if hello.version != PROTOCOL_VERSION {
+            let message =
+                format!("Unsupported protocol version {}; expected {PROTOCOL_VERSION}", hello.version);
+            return self.fail_protocol(id, ErrorCode::Version, message);
+        }
+        self.conns.get_mut(&id).expect("checked").stage = Stage::Handshaking;
+        if self.catalog.is_some() {
+            self.complete_handshake(id);
+        }
+    }
+
+    fn complete_handshake(&mut self, id: ConnId) {
+        let connection_id = self.rng.uuid_v4();
+        let snapshot = self.server_snapshot();
+        self.send(id, &ServerMessage::Hello(ServerHello { version: PROTOCOL_VERSION, connection_id, snapshot }));
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        if conn.stage != Stage::Handshaking {
+            return; // the hello could not be queued (output bound); already closing
+        }
+        conn.stage = Stage::Ready;
+        conn.handshake_deadline = None;
+        while let Some(request) = self.conns.get_mut(&id).and_then(|c| c.deferred.pop_front()) {
+            if !self.conns.get(&id).is_some_and(Connection::is_ready) {
+                break;
+            }
+            self.on_request(id, request);
+        }
+    }
+
+    fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>) {
+        let mut catalog = self.catalog.take().unwrap_or_default();
+        for meta in sessions {
+            catalog.insert(meta.id.clone(), meta);
+        }
+        self.catalog = Some(catalog);
+        let waiting: Vec<ConnId> =
+            self.conns.values().filter(|c| c.stage == Stage::Handshaking).map(|c| c.id).collect();
+        for id in waiting {
+            self.complete_handshake(id);
+        }
+    }
+
+    fn on_written(&mut self, id: ConnId, bytes: usize) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            assert!(bytes <= conn.queued_bytes, "{id}: wrote {bytes} of {} queued", conn.queued_bytes);
+            conn.queued_bytes -= bytes;
+        }
+    }
+
+    fn on_disconnected(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get(&id) else { return };
+        let was_ready = conn.stage == Stage::Ready;
+        if conn.stage != Stage::Closing {
+            self.detach_everywhere(id);
+        }
+        self.conns.remove(&id);
+        if was_ready {
+            self.publish_server_snapshot();
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = self.now;
+        let expired: Vec<ConnId> = self
+            .conns
+            .values()
+            .filter(|c| c.handshake_deadline.is_some_and(|d| d <= now))
+            .map(|c| c.id)
+            .collect();
+        for id in expired {
+            self.conns.get_mut(&id).expect("listed").handshake_deadline = None;
+            self.fail_protocol(id, ErrorCode::InvalidRequest, "Handshake timeout".into());
+        }
+        self.on_worker_deadlines();
+    }
+
+    /// Sends `hello_error` and closes: the end of a connection that broke the protocol.
+    fn fail_protocol(&mut self, id: ConnId, code: ErrorCode, message: String) {
+        let error = ProtocolError::new(code, message.clone());
+        self.send(id, &ServerMessage::HelloError(error));
+        self.close(id, CloseReason::Protocol(message));
+    }
+
+    /// Detaches the connection from everything and asks the driver to close it.
+    fn close(&mut self, id: ConnId, reason: CloseReason) {
+        let Some(conn) = self.conns.get(&id) else { return };
+        if conn.stage == Stage::Closing {
+            return;
+        }
+        let was_ready = conn.stage == Stage::Ready;
+        self.detach_everywhere(id);
+        let conn = self.conns.get_mut(&id).expect("checked");
+        conn.stage = Stage::Closing;
+        conn.handshake_deadline = None;
+        conn.deferred.clear();
+        self.out.push(Output::Close { conn: id, reason });
+        if was_ready {
+            self.publish_server_snapshot();
+        }
+    }
+
+    // ---- sending -----------------------------------------------------------
+
+    fn encode(&self, message: &ServerMessage) -> Result<Frame, String> {
+        let payload = encode_server_message(message).map_err(|e| e.to_string())?;
+        let frame = encode_frame(&payload, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
+        Ok(Frame::from(frame))
+    }
+
+    /// Encodes and queues one message; an unencodable message closes the connection.
+    fn send(&mut self, id: ConnId, message: &ServerMessage) {
+        match self.encode(message) {
+            Ok(frame) => self.send_frame(id, frame),
+            Err(e) => self.close(id, CloseReason::Protocol(format!("cannot send: {e}"))),
+        }
+    }
+
+    /// Queues a frame, enforcing the output bound.
+    fn send_frame(&mut self, id: ConnId, frame: Frame) {
+        let max = self.config.limits.max_output_bytes_per_connection;
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        if conn.stage == Stage::Closing {
+            return;
+        }
+        if conn.queued_bytes + frame.len() > max {
+            return self.close(id, CloseReason::SlowConsumer);
+        }
+        conn.queued_bytes += frame.len();
+        self.out.push(Output::Send { conn: id, frame });
+    }
+
+    fn respond(&mut self, id: ConnId, request_id: String, outcome: Result<CommandResult, ProtocolError>) {
+        if self.conns.get(&id).is_some_and(Connection::is_ready) {
+            self.send(id, &ServerMessage::Response(Response { id: request_id, outcome }));
+        }
+    }
+
+    fn respond_error(&mut self, id: ConnId, request_id: String, code: ErrorCode, message: String) {
+        self.respond(id, request_id, Err(ProtocolError::new(code, message)));
+    }
+
+    /// A pending request's response is owed no more.
+    fn finish_pending(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            assert!(conn.in_flight > 0, "{id}: no request in flight");
+            conn.in_flight -= 1;
+        }
+    }
+
+    // ---- server snapshots --------------------------------------------------
+
+    fn server_snapshot(&self) -> ServerSnapshot {
+        let mut sessions: BTreeMap<&str, SessionMetadata> = BTreeMap::new();
+        if let Some(catalog) = &self.catalog {
+            for (id, meta) in catalog {
+                sessions.insert(id, meta.clone());
+            }
+        }
+        for live in self.sessions.values() {
+            let Some(snap) = &live.snapshot else { continue };
+            let entry = sessions.entry(&live.id).or_insert_with(|| metadata_of(snap));
+            entry.created_at = snap.created_at;
+            entry.updated_at = Some(snap.updated_at);
+            entry.session_name = snap.name.clone();
+            entry.cwd = Some(snap.cwd.clone());
+        }
+        ServerSnapshot {
+            server_id: self.config.server_id.clone(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: self.revision,
+            sessions: sessions.into_values().collect(),
+            models: self.config.models.clone(),
+        }
+    }
+
+    /// Broadcasts a server snapshot to every ready connection; the revision
+    /// increments only when at least one receives it.
+    fn publish_server_snapshot(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        let ready: Vec<ConnId> = self.conns.values().filter(|c| c.is_ready()).map(|c| c.id).collect();
+        if ready.is_empty() {
+            return;
+        }
+        self.revision += 1;
+        let snapshot = self.server_snapshot();
+        let message = ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot });
+        self.broadcast(&ready, &message);
+    }
+
+    fn broadcast(&mut self, to: &[ConnId], message: &ServerMessage) {
+        if to.is_empty() {
+            return;
+        }
+        match self.encode(message) {
+            Ok(frame) => {
+                for &id in to {
+                    self.send_frame(id, frame.clone());
+                }
+            }
+            Err(e) => panic!("a server-built message must encode: {e}"),
+        }
+    }
+
+    // ---- shutdown ----------------------------------------------------------
+
+    fn on_shutdown(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        self.out.push(Output::StopAccepting);
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.close(id, CloseReason::Shutdown);
+        }
+        let live: Vec<String> = self.sessions.keys().cloned().collect();
+        for session in live {
+            self.dispose(&session);
+        }
+    }
+
+    fn maybe_report_shutdown(&mut self) {
+        if self.shutting_down && !self.shutdown_reported && self.conns.is_empty() && self.sessions.is_empty() {
+            self.shutdown_reported = true;
+            self.out.push(Output::ShutdownComplete);
+        }
+    }
+
+    fn fresh_worker_id(&mut self) -> WorkerId {
+        let id = WorkerId(self.next_worker);
+        self.next_worker += 1;
+        id
+    }
+
+    fn fresh_op_id(&mut self) -> OpId {
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        id
+    }
+
+    // ---- invariants --------------------------------------------------------
+
+    /// Asserts the cross-machine invariants. Runs at the end of every step.
+    pub fn check_invariants(&self) {
+        let limits = &self.config.limits;
+        for conn in self.conns.values() {
+            assert!(conn.queued_bytes <= limits.max_output_bytes_per_connection, "{}: output bound", conn.id);
+            assert!(conn.in_flight <= limits.max_requests_in_flight_per_connection, "{}: in flight", conn.id);
+            assert!(conn.attached.len() <= limits.max_attachments_per_connection, "{}: attachments", conn.id);
+            assert!(conn.deferred.len() <= limits.max_deferred_requests, "{}: deferred", conn.id);
+            if conn.stage != Stage::Ready {
+                assert!(conn.attached.is_empty(), "{}: attached while {:?}", conn.id, conn.stage);
+            }
+            if matches!(conn.stage, Stage::Ready | Stage::Closing) {
+                assert!(conn.handshake_deadline.is_none(), "{}: deadline after handshake", conn.id);
+            }
+            for session in &conn.attached {
+                let live = self.sessions.get(session);
+                assert!(live.is_some_and(|s| s.attached.contains(&conn.id)), "{}: dangling {session}", conn.id);
+            }
+        }
+        assert!(self.conns.len() <= limits.max_connections + 1, "connection bound");
+        assert!(self.sessions.len() <= limits.max_live_sessions, "live session bound");
+        assert_eq!(self.workers.len(), self.sessions.len(), "one worker per live session");
+        for (worker, session) in &self.workers {
+            let live = self.sessions.get(session).expect("worker of an unknown session");
+            assert_eq!(live.worker.id(), *worker, "{session}: worker index");
+        }
+        for live in self.sessions.values() {
+            live.check_invariants();
+            for conn in &live.attached {
+                let c = self.conns.get(conn).expect("attached connection exists");
+                assert!(c.attached.contains(&live.id), "{}: {conn} missing back-reference", live.id);
+            }
+        }
+        if self.shutting_down {
+            assert!(self.conns.values().all(|c| c.stage == Stage::Closing), "open connection during shutdown");
+        }
+    }
+}
+
+/// Durable metadata of a session, from its snapshot.
+fn metadata_of(snap: &SessionSnapshot) -> SessionMetadata {
+    SessionMetadata {
+        id: snap.id.clone(),
+        created_at: snap.created_at,
+        updated_at: Some(snap.updated_at),
+        parent_session_id: None,
+        session_name: snap.name.clone(),
+        cwd: Some(snap.cwd.clone()),
+    }
+}
+
+/// Request shapes accepted by [`Server`] that open a session.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Acquire {
+    Create,
+    Attach,
+}

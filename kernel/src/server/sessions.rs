@@ -1,0 +1,673 @@
+//! The session registry: live sessions, their attachments, operations in
+//! flight and worker, and every request that touches them.
+
+use super::{Acquire, CloseReason, Output, Server, metadata_of};
+use crate::ids::{ConnId, OpId, WorkerId};
+use crate::protocol::{
+    Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, ServerEvent,
+    ServerMessage, SessionPhase, SessionSnapshot,
+};
+use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Where a live session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Its worker is starting; acquires wait.
+    Opening,
+    /// Serving.
+    Ready,
+    /// Disposed; waiting for the worker to exit. Acquires wait and re-open.
+    Disposing,
+    /// Failed; waiting for the worker to exit. Acquires fail `session_locked`.
+    Terminal,
+}
+
+/// A request waiting for the session to open.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiter {
+    conn: ConnId,
+    request_id: String,
+    kind: Acquire,
+}
+
+/// A control operation forwarded to the worker.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingOp {
+    conn: ConnId,
+    request_id: String,
+    name: &'static str,
+}
+
+#[derive(Debug)]
+pub(crate) struct Live {
+    pub(crate) id: String,
+    pub(crate) worker: Worker,
+    pub(crate) phase: Phase,
+    /// The runtime's latest snapshot (not normalised).
+    pub(crate) snapshot: Option<SessionSnapshot>,
+    pub(crate) attached: BTreeSet<ConnId>,
+    ops: BTreeMap<OpId, PendingOp>,
+    waiters: Vec<Waiter>,
+    /// Set for a session being created: the id the runtime must report.
+    creating: bool,
+    /// Remove requests waiting for the worker to exit.
+    removing: Vec<(ConnId, String)>,
+    /// Dispose as soon as the worker is ready (shutdown during opening).
+    dispose_when_ready: bool,
+}
+
+impl Live {
+    fn new(id: String, worker: Worker, creating: bool) -> Self {
+        Self {
+            id,
+            worker,
+            phase: Phase::Opening,
+            snapshot: None,
+            attached: BTreeSet::new(),
+            ops: BTreeMap::new(),
+            waiters: Vec::new(),
+            creating,
+            removing: Vec::new(),
+            dispose_when_ready: false,
+        }
+    }
+
+    fn runtime_phase(&self) -> SessionPhase {
+        self.snapshot.as_ref().map_or(SessionPhase::Idle, |s| s.phase)
+    }
+
+    fn is_busy(&self) -> bool {
+        !self.ops.is_empty() || self.runtime_phase() != SessionPhase::Idle
+    }
+
+    pub(crate) fn check_invariants(&self) {
+        match self.phase {
+            Phase::Opening => {
+                assert!(self.attached.is_empty() && self.ops.is_empty(), "{}: opening with users", self.id);
+                assert!(
+                    matches!(self.worker.state(), WorkerState::Spawning | WorkerState::Starting),
+                    "{}: opening with worker {:?}",
+                    self.id,
+                    self.worker.state()
+                );
+            }
+            Phase::Ready => {
+                assert!(self.snapshot.is_some(), "{}: ready without snapshot", self.id);
+                assert!(self.worker.is_ready(), "{}: ready with worker {:?}", self.id, self.worker.state());
+                assert!(self.waiters.is_empty(), "{}: waiters while ready", self.id);
+                assert_eq!(self.worker.state() == WorkerState::Busy, self.is_busy(), "{}: busy", self.id);
+            }
+            Phase::Disposing | Phase::Terminal => {
+                assert!(self.attached.is_empty(), "{}: attached while {:?}", self.id, self.phase);
+            }
+        }
+        if self.phase != Phase::Disposing {
+            assert!(self.removing.is_empty(), "{}: removal outside disposing", self.id);
+        }
+        if let Some(snap) = &self.snapshot {
+            assert_eq!(snap.id, self.id, "cached snapshot of another session");
+        }
+    }
+}
+
+/// Normalises a runtime snapshot for clients: a live runtime holds the lock,
+/// and `attached` is relative to the audience.
+fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
+    let mut s = snapshot.clone();
+    s.locked = true;
+    s.attached = attached;
+    s
+}
+
+fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
+    match name {
+        "create" => CommandResult::Create { session },
+        "attach" => CommandResult::Attach { session },
+        "prompt" => CommandResult::Prompt { session },
+        "steer" => CommandResult::Steer { session },
+        "abort" => CommandResult::Abort { session },
+        "set_model" => CommandResult::SetModel { session },
+        "set_thinking" => CommandResult::SetThinking { session },
+        other => unreachable!("no snapshot result for {other}"),
+    }
+}
+
+fn not_live(session: &str) -> String {
+    format!("Session is not live: {session}")
+}
+
+impl Server {
+    pub(super) fn on_request(&mut self, conn: ConnId, request: Request) {
+        let Request { id: request_id, command } = request;
+        let limit = self.config.limits.max_requests_in_flight_per_connection;
+        if self.conns[&conn].in_flight >= limit {
+            let message = format!("More than {limit} requests in flight on this connection");
+            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+        }
+        match command {
+            Command::List => {
+                let sessions = self.server_snapshot().sessions;
+                self.respond(conn, request_id, Ok(CommandResult::List { sessions }));
+            }
+            Command::Create(params) => self.on_create(conn, request_id, params),
+            Command::Attach { session_id } => self.on_attach(conn, request_id, session_id),
+            Command::Detach { session_id } => self.on_detach(conn, request_id, session_id),
+            Command::Remove { session_id } => self.on_remove(conn, request_id, session_id),
+            Command::Prompt { session_id, text } => {
+                self.on_operation(conn, request_id, session_id, Operation::Prompt { text })
+            }
+            Command::Steer { session_id, text } => {
+                self.on_operation(conn, request_id, session_id, Operation::Steer { text })
+            }
+            Command::Abort { session_id } => self.on_operation(conn, request_id, session_id, Operation::Abort),
+            Command::SetModel { session_id, model } => {
+                self.on_operation(conn, request_id, session_id, Operation::SetModel { model })
+            }
+            Command::SetThinking { session_id, thinking_level } => self.on_operation(
+                conn,
+                request_id,
+                session_id,
+                Operation::SetThinking { level: thinking_level },
+            ),
+        }
+    }
+
+    // ---- opening -----------------------------------------------------------
+
+    fn on_create(&mut self, conn: ConnId, request_id: String, params: CreateParams) {
+        if let Some(error) = self.live_capacity_error() {
+            return self.respond(conn, request_id, Err(error));
+        }
+        let session_id = loop {
+            let id = self.rng.uuid_v4();
+            let taken = self.sessions.contains_key(&id)
+                || self.catalog.as_ref().is_some_and(|c| c.contains_key(&id));
+            if !taken {
+                break id;
+            }
+        };
+        let spec = CreateSpec {
+            cwd: params.cwd,
+            name: params.name,
+            model: params.model,
+            thinking_level: params.thinking_level,
+        };
+        self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+        let waiter = Waiter { conn, request_id, kind: Acquire::Create };
+        self.open(session_id, Some(spec), vec![waiter]);
+    }
+
+    fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
+        if self.conns[&conn].attached.contains(&session_id) {
+            let live = &self.sessions[&session_id];
+            let snapshot = normalised(live.snapshot.as_ref().expect("ready"), true);
+            return self.respond(conn, request_id, Ok(CommandResult::Attach { session: snapshot }));
+        }
+        let max = self.config.limits.max_attachments_per_connection;
+        if self.conns[&conn].attached.len() >= max {
+            let message = format!("A connection may attach to at most {max} sessions");
+            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+        }
+        let waiter = Waiter { conn, request_id, kind: Acquire::Attach };
+        match self.sessions.get(&session_id).map(|s| (s.phase, s.removing.is_empty())) {
+            Some((Phase::Ready, _)) => self.admit(&session_id, waiter),
+            Some((Phase::Opening, _)) | Some((Phase::Disposing, true)) => {
+                self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+                self.sessions.get_mut(&session_id).expect("listed").waiters.push(waiter);
+            }
+            Some((Phase::Disposing, false)) => {
+                let message = format!("Session is being removed: {session_id}");
+                self.respond_error(conn, waiter.request_id, ErrorCode::NotFound, message);
+            }
+            Some((Phase::Terminal, _)) => {
+                let message = format!("Session runtime is terminating: {session_id}");
+                self.respond_error(conn, waiter.request_id, ErrorCode::SessionLocked, message);
+            }
+            None => {
+                let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
+                if !stored || self.removals.contains_key(&session_id) {
+                    let message = format!("Session not found: {session_id}");
+                    return self.respond_error(conn, waiter.request_id, ErrorCode::NotFound, message);
+                }
+                if let Some(error) = self.live_capacity_error() {
+                    return self.respond(conn, waiter.request_id, Err(error));
+                }
+                self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+                self.open(session_id, None, vec![waiter]);
+            }
+        }
+    }
+
+    fn live_capacity_error(&self) -> Option<ProtocolError> {
+        let max = self.config.limits.max_live_sessions;
+        (self.sessions.len() >= max).then(|| {
+            ProtocolError::new(ErrorCode::Busy, format!("The server is at its limit of {max} live sessions"))
+        })
+    }
+
+    /// Spawns a worker for the session; the waiters are admitted when it is ready.
+    fn open(&mut self, session_id: String, create: Option<CreateSpec>, waiters: Vec<Waiter>) {
+        assert!(!self.sessions.contains_key(&session_id), "{session_id}: already live");
+        let worker_id = self.fresh_worker_id();
+        let deadline = self.now + self.config.limits.worker_start_timeout;
+        let mut live = Live::new(session_id.clone(), Worker::spawning(worker_id, deadline), create.is_some());
+        live.waiters = waiters;
+        self.sessions.insert(session_id.clone(), live);
+        self.workers.insert(worker_id, session_id.clone());
+        self.out.push(Output::SpawnWorker { worker: worker_id, session_id, create });
+    }
+
+    /// Attaches a waiter's connection to a ready session and answers it.
+    fn admit(&mut self, session_id: &str, waiter: Waiter) {
+        let Waiter { conn, request_id, kind } = waiter;
+        let ready = self.conns.get(&conn).is_some_and(|c| c.is_ready());
+        if !ready {
+            return; // closed while the session opened; maybe_dispose runs after admission
+        }
+        let max = self.config.limits.max_attachments_per_connection;
+        let c = self.conns.get_mut(&conn).expect("ready");
+        if c.attached.len() >= max && !c.attached.contains(session_id) {
+            let message = format!("A connection may attach to at most {max} sessions");
+            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+        }
+        c.attached.insert(session_id.to_string());
+        let live = self.sessions.get_mut(session_id).expect("ready");
+        live.attached.insert(conn);
+        let snapshot = live.snapshot.clone().expect("ready");
+        self.conns.get_mut(&conn).expect("ready").take_revision(session_id, snapshot.revision);
+        let name = match kind {
+            Acquire::Create => "create",
+            Acquire::Attach => "attach",
+        };
+        self.respond(conn, request_id, Ok(result_for(name, normalised(&snapshot, true))));
+    }
+
+    // ---- detach and remove -------------------------------------------------
+
+    fn on_detach(&mut self, conn: ConnId, request_id: String, session_id: String) {
+        let changed = self.detach(conn, &session_id);
+        self.respond(conn, request_id, Ok(CommandResult::Detach { session_id: session_id.clone() }));
+        if changed {
+            self.broadcast_session(&session_id);
+            self.maybe_dispose(&session_id);
+            self.publish_server_snapshot();
+        }
+    }
+
+    /// Removes one attachment. Returns whether there was one.
+    fn detach(&mut self, conn: ConnId, session_id: &str) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else { return false };
+        if !c.attached.remove(session_id) {
+            return false;
+        }
+        if let Some(live) = self.sessions.get_mut(session_id) {
+            live.attached.remove(&conn);
+        }
+        true
+    }
+
+    /// Disconnect cleanup: drop every attachment of the connection.
+    pub(super) fn detach_everywhere(&mut self, conn: ConnId) {
+        let sessions: Vec<String> =
+            self.conns.get(&conn).map(|c| c.attached.iter().cloned().collect()).unwrap_or_default();
+        for session_id in sessions {
+            self.detach(conn, &session_id);
+            self.maybe_dispose(&session_id);
+        }
+    }
+
+    fn on_remove(&mut self, conn: ConnId, request_id: String, session_id: String) {
+        let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
+        if self.removals.contains_key(&session_id) || (!stored && !self.sessions.contains_key(&session_id)) {
+            let message = format!("Session not found: {session_id}");
+            return self.respond_error(conn, request_id, ErrorCode::NotFound, message);
+        }
+        let Some(live) = self.sessions.get(&session_id) else {
+            self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+            self.removals.insert(session_id.clone(), vec![(conn, request_id)]);
+            self.out.push(Output::RemoveSession { session_id });
+            return;
+        };
+        match live.phase {
+            Phase::Ready if live.is_busy() => {
+                let message = format!("Session {session_id} is running a turn; abort it before removing");
+                self.respond_error(conn, request_id, ErrorCode::Busy, message)
+            }
+            Phase::Ready | Phase::Disposing => {
+                self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+                let attached: Vec<ConnId> = live.attached.iter().copied().collect();
+                for c in attached {
+                    self.detach(c, &session_id);
+                }
+                self.dispose(&session_id);
+                self.sessions.get_mut(&session_id).expect("live").removing.push((conn, request_id));
+            }
+            Phase::Opening | Phase::Terminal => {
+                let message = format!("Session {session_id} is opening or terminating; try again");
+                self.respond_error(conn, request_id, ErrorCode::SessionLocked, message)
+            }
+        }
+    }
+
+    pub(super) fn on_session_removed(&mut self, session_id: String, result: Result<(), String>) {
+        let Some(waiters) = self.removals.remove(&session_id) else { return };
+        let outcome = match &result {
+            Ok(()) => {
+                if let Some(catalog) = &mut self.catalog {
+                    catalog.remove(&session_id);
+                }
+                Ok(CommandResult::Remove { session_id: session_id.clone() })
+            }
+            Err(e) => Err(ProtocolError::new(ErrorCode::InternalError, format!("Could not remove session: {e}"))),
+        };
+        for (conn, request_id) in waiters {
+            self.finish_pending(conn);
+            self.respond(conn, request_id, outcome.clone());
+        }
+        if result.is_ok() {
+            let ready: Vec<ConnId> = self.conns.values().filter(|c| c.is_ready()).map(|c| c.id).collect();
+            for &c in &ready {
+                self.conns.get_mut(&c).expect("ready").revisions.remove(&session_id);
+            }
+            let event = ServerMessage::Event(ServerEvent::SessionRemoved { session_id });
+            self.broadcast(&ready, &event);
+            self.publish_server_snapshot();
+        }
+    }
+
+    // ---- control operations -------------------------------------------------
+
+    fn on_operation(&mut self, conn: ConnId, request_id: String, session_id: String, operation: Operation) {
+        if !self.conns[&conn].attached.contains(&session_id) {
+            let message = format!("Connection is not attached to session {session_id}");
+            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+        }
+        let ready = self.sessions.get(&session_id).is_some_and(|s| s.phase == Phase::Ready);
+        if !ready {
+            return self.respond_error(conn, request_id, ErrorCode::NotFound, not_live(&session_id));
+        }
+        let op = self.fresh_op_id();
+        self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+        let live = self.sessions.get_mut(&session_id).expect("ready");
+        live.ops.insert(op, PendingOp { conn, request_id, name: operation.name() });
+        live.worker.set_busy(true);
+        let worker = live.worker.id();
+        self.out.push(Output::ToWorker { worker, message: ToWorker::Operation { op, operation } });
+    }
+
+    // ---- worker events -----------------------------------------------------
+
+    fn session_of(&self, worker: WorkerId) -> Option<String> {
+        self.workers.get(&worker).cloned()
+    }
+
+    pub(super) fn on_worker_spawned(&mut self, worker: WorkerId) {
+        let Some(session_id) = self.session_of(worker) else { return };
+        self.sessions.get_mut(&session_id).expect("indexed").worker.on_spawned();
+    }
+
+    pub(super) fn on_worker_spawn_failed(&mut self, worker: WorkerId, error: String) {
+        let Some(session_id) = self.session_of(worker) else { return };
+        let error = ProtocolError::new(ErrorCode::InternalError, format!("Could not start session worker: {error}"));
+        self.fail_session(&session_id, error);
+        self.on_worker_exited(worker);
+    }
+
+    pub(super) fn on_worker_message(&mut self, worker: WorkerId, message: FromWorker) {
+        let Some(session_id) = self.session_of(worker) else { return };
+        match message {
+            FromWorker::Ready { snapshot } => self.on_worker_ready(&session_id, snapshot),
+            FromWorker::Failed { error } => self.fail_session(&session_id, error),
+            FromWorker::Snapshot { snapshot } => {
+                if self.update_snapshot(&session_id, snapshot) {
+                    self.broadcast_session(&session_id);
+                    self.refresh_busy(&session_id);
+                    self.maybe_dispose(&session_id);
+                }
+            }
+            FromWorker::Progress { progress } => {
+                let live = &self.sessions[&session_id];
+                if live.phase == Phase::Ready {
+                    let to: Vec<ConnId> = live.attached.iter().copied().collect();
+                    let event = ServerEvent::SessionProgress { session_id: session_id.clone(), progress };
+                    self.broadcast(&to, &ServerMessage::Event(event));
+                }
+            }
+            FromWorker::OpDone { op, outcome } => self.on_op_done(&session_id, op, outcome),
+            FromWorker::Fatal { message } => {
+                let error = ProtocolError::new(ErrorCode::InternalError, format!("Session runtime failed: {message}"));
+                self.fail_session(&session_id, error);
+            }
+        }
+    }
+
+    /// Takes a runtime snapshot if it is not older than the cached one.
+    /// Returns false for a snapshot that is stale or from the wrong phase.
+    fn update_snapshot(&mut self, session_id: &str, snapshot: SessionSnapshot) -> bool {
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        if live.phase != Phase::Ready || snapshot.id != live.id {
+            return false;
+        }
+        if live.snapshot.as_ref().is_some_and(|s| s.revision > snapshot.revision) {
+            return false;
+        }
+        live.snapshot = Some(snapshot);
+        true
+    }
+
+    fn on_worker_ready(&mut self, session_id: &str, snapshot: SessionSnapshot) {
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        if live.phase != Phase::Opening || !live.worker.on_ready() {
+            return;
+        }
+        if snapshot.id != live.id {
+            let message = format!(
+                "Session runtime reported id {} for session {}",
+                snapshot.id, live.id
+            );
+            return self.fail_session(session_id, ProtocolError::new(ErrorCode::InvalidRequest, message));
+        }
+        live.phase = Phase::Ready;
+        live.snapshot = Some(snapshot);
+        let waiters = std::mem::take(&mut live.waiters);
+        let created = live.creating;
+        live.creating = false;
+        if created && let Some(catalog) = &mut self.catalog {
+            let meta = metadata_of(self.sessions[session_id].snapshot.as_ref().expect("set"));
+            catalog.insert(session_id.to_string(), meta);
+        }
+        for waiter in waiters {
+            self.finish_pending(waiter.conn);
+            self.admit(session_id, waiter);
+        }
+        if self.sessions[session_id].dispose_when_ready || self.shutting_down {
+            self.dispose(session_id);
+            return;
+        }
+        self.broadcast_session(session_id);
+        self.refresh_busy(session_id);
+        self.maybe_dispose(session_id);
+        self.publish_server_snapshot();
+    }
+
+    fn on_op_done(&mut self, session_id: &str, op: OpId, outcome: Result<SessionSnapshot, ProtocolError>) {
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        let Some(pending) = live.ops.remove(&op) else { return };
+        self.finish_pending(pending.conn);
+        let result = match outcome {
+            Ok(snapshot) => {
+                self.update_snapshot(session_id, snapshot);
+                let live = &self.sessions[session_id];
+                let attached = live.attached.contains(&pending.conn);
+                let snapshot = live.snapshot.as_ref().expect("ready");
+                if let Some(c) = self.conns.get_mut(&pending.conn)
+                    && attached
+                {
+                    c.take_revision(session_id, snapshot.revision);
+                }
+                Ok(result_for(pending.name, normalised(snapshot, attached)))
+            }
+            Err(error) => Err(error),
+        };
+        self.respond(pending.conn, pending.request_id, result);
+        self.broadcast_session(session_id);
+        self.refresh_busy(session_id);
+        self.maybe_dispose(session_id);
+    }
+
+    /// Sends the current snapshot to every attached connection that has not seen it.
+    fn broadcast_session(&mut self, session_id: &str) {
+        let Some(live) = self.sessions.get(session_id) else { return };
+        if live.phase != Phase::Ready {
+            return;
+        }
+        let snapshot = live.snapshot.as_ref().expect("ready");
+        let revision = snapshot.revision;
+        let to: Vec<ConnId> = live
+            .attached
+            .iter()
+            .copied()
+            .filter(|c| self.conns.get_mut(c).expect("attached").take_revision(session_id, revision))
+            .collect();
+        if to.is_empty() {
+            return;
+        }
+        let event = ServerEvent::SessionSnapshot { snapshot: normalised(snapshot, true) };
+        self.broadcast(&to, &ServerMessage::Event(event));
+    }
+
+    fn refresh_busy(&mut self, session_id: &str) {
+        if let Some(live) = self.sessions.get_mut(session_id) {
+            let busy = live.is_busy();
+            live.worker.set_busy(busy);
+        }
+    }
+
+    /// Idle disposal: no attachments, nothing in flight, phase idle.
+    pub(super) fn maybe_dispose(&mut self, session_id: &str) {
+        let Some(live) = self.sessions.get(session_id) else { return };
+        if self.shutting_down || live.phase != Phase::Ready || !live.attached.is_empty() || live.is_busy() {
+            return;
+        }
+        self.dispose(session_id);
+    }
+
+    /// Retires the session's worker, whatever it is doing.
+    pub(super) fn dispose(&mut self, session_id: &str) {
+        let now = self.now;
+        let timeout = self.config.limits.worker_dispose_timeout;
+        let Some(live) = self.sessions.get_mut(session_id) else { return };
+        match live.phase {
+            Phase::Opening => {
+                live.dispose_when_ready = true;
+                return;
+            }
+            Phase::Ready => live.phase = Phase::Disposing,
+            Phase::Disposing | Phase::Terminal => {}
+        }
+        let attached: Vec<ConnId> = live.attached.iter().copied().collect();
+        let worker = live.worker.id();
+        let send = live.worker.retire(now, timeout);
+        for conn in attached {
+            self.detach(conn, session_id);
+        }
+        self.fail_ops(session_id, ProtocolError::new(ErrorCode::NotFound, not_live(session_id)));
+        if send {
+            self.out.push(Output::ToWorker { worker, message: ToWorker::Dispose });
+        }
+    }
+
+    /// Runtime-error semantics: the session becomes terminal, every attached
+    /// connection is closed, waiters and operations fail, the worker is retired.
+    fn fail_session(&mut self, session_id: &str, error: ProtocolError) {
+        let Some(live) = self.sessions.get_mut(session_id) else { return };
+        if live.phase == Phase::Terminal {
+            return;
+        }
+        let was_ready = live.phase == Phase::Ready;
+        live.phase = Phase::Terminal;
+        let waiters = std::mem::take(&mut live.waiters);
+        let removing = std::mem::take(&mut live.removing);
+        let attached: Vec<ConnId> = live.attached.iter().copied().collect();
+        for conn in attached {
+            self.close(conn, CloseReason::RuntimeError);
+        }
+        for waiter in waiters {
+            self.finish_pending(waiter.conn);
+            self.respond(waiter.conn, waiter.request_id, Err(error.clone()));
+        }
+        for (conn, request_id) in removing {
+            self.finish_pending(conn);
+            self.respond(conn, request_id, Err(error.clone()));
+        }
+        let masked = if was_ready { ProtocolError::new(ErrorCode::InternalError, "Internal server error") } else { error };
+        self.fail_ops(session_id, masked);
+        let now = self.now;
+        let timeout = self.config.limits.worker_dispose_timeout;
+        let live = self.sessions.get_mut(session_id).expect("checked");
+        if live.worker.retire(now, timeout) {
+            let worker = live.worker.id();
+            self.out.push(Output::ToWorker { worker, message: ToWorker::Dispose });
+        }
+    }
+
+    fn fail_ops(&mut self, session_id: &str, error: ProtocolError) {
+        let live = self.sessions.get_mut(session_id).expect("live");
+        let ops = std::mem::take(&mut live.ops);
+        for pending in ops.into_values() {
+            self.finish_pending(pending.conn);
+            self.respond(pending.conn, pending.request_id, Err(error.clone()));
+        }
+    }
+
+    pub(super) fn on_worker_exited(&mut self, worker: WorkerId) {
+        let Some(session_id) = self.session_of(worker) else { return };
+        let phase = self.sessions[&session_id].phase;
+        match phase {
+            Phase::Opening => {
+                let message = "Session worker exited before it was ready".to_string();
+                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+            }
+            Phase::Ready => {
+                let message = "Session worker exited unexpectedly".to_string();
+                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+            }
+            Phase::Disposing | Phase::Terminal => {}
+        }
+        let mut live = self.sessions.remove(&session_id).expect("indexed");
+        self.workers.remove(&worker);
+        live.worker.on_exit();
+        if !live.removing.is_empty() {
+            self.removals.insert(session_id.clone(), std::mem::take(&mut live.removing));
+            self.out.push(Output::RemoveSession { session_id });
+        } else if !live.waiters.is_empty() && !self.shutting_down {
+            self.open(session_id, None, live.waiters);
+        } else {
+            for waiter in live.waiters {
+                self.finish_pending(waiter.conn);
+                let message = "Server is shutting down".to_string();
+                self.respond_error(waiter.conn, waiter.request_id, ErrorCode::NotFound, message);
+            }
+            self.publish_server_snapshot();
+        }
+    }
+
+    pub(super) fn on_worker_deadlines(&mut self) {
+        let now = self.now;
+        let mut expired = Vec::new();
+        for live in self.sessions.values_mut() {
+            if let Some(timeout) = live.worker.on_tick(now) {
+                expired.push((live.id.clone(), live.worker.id(), timeout));
+            }
+        }
+        for (session_id, worker, timeout) in expired {
+            self.out.push(Output::KillWorker { worker });
+            if timeout == WorkerTimeout::Start {
+                let secs = self.config.limits.worker_start_timeout.as_secs();
+                let message = format!("Session worker did not start within {secs} s");
+                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+            }
+        }
+    }
+}
