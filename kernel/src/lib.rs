@@ -15,3 +15,8 @@
 pub mod protocol;
 pub mod time;
 pub mod wire;
+pub mod ids;
+pub mod limits;
+pub mod rng;
+pub mod server;
+pub mod worker;
