@@ -1,0 +1,172 @@
+//! The embedded default provider `faux`: deterministic streamed replies with
+//! no network and no key, so the whole product runs anywhere.
+//!
+//! A [`FauxStream`] turns a [`ModelRequest`] into a timed sequence of
+//! [`ModelEvent`]s: optional thinking, then the reply text in several deltas,
+//! one every `delay`. The reply contains the text of the latest user message.
+//! Time is an input, so the daemon and the simulator drive it the same way.
+
+use crate::protocol::{
+    Content, DeltaKind, InputKind, ModelCost, ModelMetadata, ModelRef, StopReason, ThinkingLevel,
+    TranscriptItem, Usage, UsageCost,
+};
+use crate::runtime::{ModelEvent, ModelRequest};
+use crate::time::Instant;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Provider id of the embedded models.
+pub const PROVIDER: &str = "faux";
+
+/// The default model of a new session.
+pub fn default_model() -> ModelRef {
+    ModelRef { provider: PROVIDER.into(), id: "faux-1".into() }
+}
+
+/// The embedded models: a plain one and a reasoning one with several thinking levels.
+pub fn models() -> Vec<ModelMetadata> {
+    let model = |id: &str, name: &str, reasoning: bool, levels: Vec<ThinkingLevel>| ModelMetadata {
+        provider: PROVIDER.into(),
+        id: id.into(),
+        name: name.into(),
+        api: "faux".into(),
+        reasoning,
+        input: vec![InputKind::Text],
+        context_window: 128_000,
+        max_tokens: 16_384,
+        cost: ModelCost::default(),
+        supported_thinking_levels: levels,
+        authenticated: true,
+    };
+    use ThinkingLevel::*;
+    vec![
+        model("faux-1", "Faux 1 (embedded, offline)", false, vec![Off]),
+        model("faux-reasoner", "Faux Reasoner (embedded, offline)", true, vec![Off, Minimal, Low, Medium, High]),
+    ]
+}
+
+/// One streaming faux reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FauxStream {
+    pending: VecDeque<ModelEvent>,
+    next_at: Instant,
+    delay: Duration,
+}
+
+impl FauxStream {
+    /// Starts replying to `request` at `now`, one event every `delay`.
+    pub fn start(request: &ModelRequest, now: Instant, delay: Duration) -> Self {
+        let said = latest_user_text(&request.context);
+        let mut pending = VecDeque::new();
+        if request.thinking_level != ThinkingLevel::Off {
+            let thinking = format!("The user wrote {} characters; answer plainly. ", said.chars().count());
+            pending.push_back(ModelEvent::Delta { kind: DeltaKind::Thinking, text: thinking });
+        }
+        let reply = format!("You said: {said}. This is the faux model answering offline, word by word.");
+        let mut output_tokens = 0;
+        for chunk in chunks(&reply) {
+            output_tokens += 1;
+            pending.push_back(ModelEvent::Delta { kind: DeltaKind::Text, text: chunk });
+        }
+        let input_tokens = request.context.len() as u64 * 8;
+        let usage = Usage {
+            input: input_tokens,
+            output: output_tokens,
+            total_tokens: input_tokens + output_tokens,
+            cost: UsageCost::default(),
+            ..Usage::default()
+        };
+        pending.push_back(ModelEvent::Done { stop: StopReason::Stop, usage: Some(usage) });
+        Self { pending, next_at: now + delay, delay }
+    }
+
+    /// When the next event is due, or `None` when the reply is complete.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        (!self.pending.is_empty()).then_some(self.next_at)
+    }
+
+    /// The events due at `now`, in order.
+    pub fn poll(&mut self, now: Instant) -> Vec<ModelEvent> {
+        let mut due = Vec::new();
+        while !self.pending.is_empty() && self.next_at <= now {
+            due.push(self.pending.pop_front().expect("non-empty"));
+            self.next_at = self.next_at + self.delay;
+        }
+        due
+    }
+}
+
+fn latest_user_text(context: &[TranscriptItem]) -> String {
+    let text = context.iter().rev().find_map(|item| match item {
+        TranscriptItem::User(u) => Some(
+            u.content
+                .iter()
+                .filter_map(|c| match c {
+                    Content::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        _ => None,
+    });
+    text.unwrap_or_default()
+}
+
+/// Splits text into word-sized deltas, at least four of them.
+fn chunks(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for ch in text.chars() {
+        current.push(ch);
+        if ch == ' ' && current.len() >= 6 {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::UserItem;
+
+    fn request(text: &str, level: ThinkingLevel) -> ModelRequest {
+        let user = UserItem { id: "item-1".into(), content: vec![Content::Text { text: text.into() }], timestamp: 0 };
+        ModelRequest { model: default_model(), thinking_level: level, context: vec![TranscriptItem::User(user)] }
+    }
+
+    #[test]
+    fn streams_several_deltas_containing_the_prompt() {
+        let mut s = FauxStream::start(&request("hello there", ThinkingLevel::Off), Instant(0), Duration::from_millis(10));
+        assert_eq!(s.next_deadline(), Some(Instant(10)));
+        assert!(s.poll(Instant(9)).is_empty());
+        let mut events = Vec::new();
+        let mut t = 10;
+        while s.next_deadline().is_some() {
+            events.extend(s.poll(Instant(t)));
+            t += 10;
+        }
+        let text: String = events
+            .iter()
+            .filter_map(|e| match e {
+                ModelEvent::Delta { kind: DeltaKind::Text, text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(text.contains("hello there"), "{text}");
+        assert!(events.len() >= 5, "several deltas: {}", events.len());
+        assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
+    }
+
+    #[test]
+    fn thinking_comes_first_on_reasoning_levels() {
+        let mut s = FauxStream::start(&request("x", ThinkingLevel::High), Instant(0), Duration::ZERO);
+        let events = s.poll(Instant(0));
+        assert!(matches!(&events[0], ModelEvent::Delta { kind: DeltaKind::Thinking, .. }));
+        assert!(models().iter().any(|m| m.reasoning && m.supported_thinking_levels.len() > 2));
+    }
+}
