@@ -22,10 +22,9 @@ pub use connection::Stage;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::limits::Limits;
 use crate::protocol::{
-    ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata,
-    PROTOCOL_VERSION, ProtocolError, Response, ServerEvent, ServerHello, ServerMessage,
-    ServerSnapshot, SessionMetadata, SessionSnapshot, decode_client_message,
-    encode_server_message,
+    ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
+    ProtocolError, Response, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
+    SessionMetadata, SessionSnapshot, decode_client_message, encode_server_message,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -102,11 +101,17 @@ pub enum Input {
     /// The worker process could not be started.
     WorkerSpawnFailed { worker: WorkerId, error: String },
     /// A worker sent a message.
-    FromWorker { worker: WorkerId, message: Box<FromWorker> },
+    FromWorker {
+        worker: WorkerId,
+        message: Box<FromWorker>,
+    },
     /// The worker process exited (for any reason).
     WorkerExited { worker: WorkerId },
     /// The driver finished deleting a stored session (see [`Output::RemoveSession`]).
-    SessionRemoved { session_id: String, result: Result<(), String> },
+    SessionRemoved {
+        session_id: String,
+        result: Result<(), String>,
+    },
     /// Close gracefully: stop accepting, close connections, dispose every runtime.
     Shutdown,
 }
@@ -120,7 +125,11 @@ pub enum Output {
     /// it cannot be); then report [`Input::Disconnected`].
     Close { conn: ConnId, reason: CloseReason },
     /// Start a worker process for `session_id`; `create` is set for a new session.
-    SpawnWorker { worker: WorkerId, session_id: String, create: Option<CreateSpec> },
+    SpawnWorker {
+        worker: WorkerId,
+        session_id: String,
+        create: Option<CreateSpec>,
+    },
     /// Deliver a message to a worker.
     ToWorker { worker: WorkerId, message: ToWorker },
     /// Kill the worker process (it missed a deadline).
@@ -155,7 +164,11 @@ pub struct Server {
 impl Server {
     /// A server with no connections, waiting for [`Input::CatalogLoaded`].
     pub fn new(config: Config) -> Self {
-        assert!(config.limits.validate().is_ok(), "invalid limits: {:?}", config.limits.validate());
+        assert!(
+            config.limits.validate().is_ok(),
+            "invalid limits: {:?}",
+            config.limits.validate()
+        );
         let rng = Rng::new(config.seed);
         Self {
             config,
@@ -193,10 +206,14 @@ impl Server {
             Input::Written { conn, bytes } => self.on_written(conn, bytes),
             Input::Disconnected { conn } => self.on_disconnected(conn),
             Input::WorkerSpawned { worker } => self.on_worker_spawned(worker),
-            Input::WorkerSpawnFailed { worker, error } => self.on_worker_spawn_failed(worker, error),
+            Input::WorkerSpawnFailed { worker, error } => {
+                self.on_worker_spawn_failed(worker, error)
+            }
             Input::FromWorker { worker, message } => self.on_worker_message(worker, *message),
             Input::WorkerExited { worker } => self.on_worker_exited(worker),
-            Input::SessionRemoved { session_id, result } => self.on_session_removed(session_id, result),
+            Input::SessionRemoved { session_id, result } => {
+                self.on_session_removed(session_id, result)
+            }
             Input::Shutdown => self.on_shutdown(),
         }
         self.maybe_report_shutdown();
@@ -228,12 +245,18 @@ impl Server {
 
     /// Sessions a connection is attached to.
     pub fn attachments(&self, conn: ConnId) -> Vec<String> {
-        self.conns.get(&conn).map(|c| c.attached.iter().cloned().collect()).unwrap_or_default()
+        self.conns
+            .get(&conn)
+            .map(|c| c.attached.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Live sessions and their worker, in id order.
     pub fn live_sessions(&self) -> Vec<(String, WorkerId, crate::worker::WorkerState)> {
-        self.sessions.values().map(|s| (s.id.clone(), s.worker.id(), s.worker.state())).collect()
+        self.sessions
+            .values()
+            .map(|s| (s.id.clone(), s.worker.id(), s.worker.state()))
+            .collect()
     }
 
     /// Bytes queued for a connection and not yet written.
@@ -251,20 +274,34 @@ impl Server {
     fn on_accepted(&mut self, id: ConnId) {
         assert!(!self.conns.contains_key(&id), "connection id {id} reused");
         let limits = &self.config.limits;
-        let mut conn = Connection::new(id, limits.max_frame_len, self.now + limits.handshake_timeout);
+        let mut conn = Connection::new(
+            id,
+            limits.max_frame_len,
+            self.now + limits.handshake_timeout,
+        );
         if self.shutting_down || self.conns.len() >= limits.max_connections {
             conn.handshake_deadline = None;
             self.conns.insert(id, conn);
             let (code, message, reason) = if self.shutting_down {
-                (ErrorCode::InvalidRequest, "Server is shutting down".to_string(), CloseReason::Shutdown)
+                (
+                    ErrorCode::InvalidRequest,
+                    "Server is shutting down".to_string(),
+                    CloseReason::Shutdown,
+                )
             } else {
                 (
                     ErrorCode::InternalError,
-                    format!("Server is at its connection limit ({})", limits.max_connections),
+                    format!(
+                        "Server is at its connection limit ({})",
+                        limits.max_connections
+                    ),
                     CloseReason::TooManyConnections,
                 )
             };
-            self.send(id, &ServerMessage::HelloError(ProtocolError::new(code, message)));
+            self.send(
+                id,
+                &ServerMessage::HelloError(ProtocolError::new(code, message)),
+            );
             self.close(id, reason);
             return;
         }
@@ -272,14 +309,20 @@ impl Server {
     }
 
     fn on_received(&mut self, id: ConnId, bytes: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.stage == Stage::Closing {
             return;
         }
         let mut payloads = Vec::new();
         let framing = conn.decoder.push(bytes, &mut payloads);
         for payload in payloads {
-            if self.conns.get(&id).is_none_or(|c| c.stage == Stage::Closing) {
+            if self
+                .conns
+                .get(&id)
+                .is_none_or(|c| c.stage == Stage::Closing)
+            {
                 return;
             }
             match decode_client_message(&payload, &self.config.limits.cbor) {
@@ -310,7 +353,8 @@ impl Server {
                 let max = self.config.limits.max_deferred_requests;
                 let conn = self.conns.get_mut(&id).expect("checked");
                 if conn.deferred.len() >= max {
-                    let message = format!("More than {max} requests sent before the handshake completed");
+                    let message =
+                        format!("More than {max} requests sent before the handshake completed");
                     return self.fail_protocol(id, ErrorCode::InvalidRequest, message);
                 }
                 conn.deferred.push_back(request);
@@ -324,13 +368,19 @@ impl Server {
         if let Some(expected) = &self.config.token {
             let given = hello.token.as_deref().unwrap_or("");
             if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-                let message = if hello.token.is_none() { "A token is required" } else { "Invalid token" };
+                let message = if hello.token.is_none() {
+                    "A token is required"
+                } else {
+                    "Invalid token"
+                };
                 return self.fail_protocol(id, ErrorCode::Auth, message.into());
             }
         }
         if hello.version != PROTOCOL_VERSION {
-            let message =
-                format!("Unsupported protocol version {}; expected {PROTOCOL_VERSION}", hello.version);
+            let message = format!(
+                "Unsupported protocol version {}; expected {PROTOCOL_VERSION}",
+                hello.version
+            );
             return self.fail_protocol(id, ErrorCode::Version, message);
         }
         self.conns.get_mut(&id).expect("checked").stage = Stage::Handshaking;
@@ -342,8 +392,17 @@ impl Server {
     fn complete_handshake(&mut self, id: ConnId) {
         let connection_id = self.rng.uuid_v4();
         let snapshot = self.server_snapshot();
-        self.send(id, &ServerMessage::Hello(ServerHello { version: PROTOCOL_VERSION, connection_id, snapshot }));
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        self.send(
+            id,
+            &ServerMessage::Hello(ServerHello {
+                version: PROTOCOL_VERSION,
+                connection_id,
+                snapshot,
+            }),
+        );
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.stage != Stage::Handshaking {
             return; // the hello could not be queued (output bound); already closing
         }
@@ -363,8 +422,12 @@ impl Server {
             catalog.insert(meta.id.clone(), meta);
         }
         self.catalog = Some(catalog);
-        let waiting: Vec<ConnId> =
-            self.conns.values().filter(|c| c.stage == Stage::Handshaking).map(|c| c.id).collect();
+        let waiting: Vec<ConnId> = self
+            .conns
+            .values()
+            .filter(|c| c.stage == Stage::Handshaking)
+            .map(|c| c.id)
+            .collect();
         for id in waiting {
             self.complete_handshake(id);
         }
@@ -372,13 +435,19 @@ impl Server {
 
     fn on_written(&mut self, id: ConnId, bytes: usize) {
         if let Some(conn) = self.conns.get_mut(&id) {
-            assert!(bytes <= conn.queued_bytes, "{id}: wrote {bytes} of {} queued", conn.queued_bytes);
+            assert!(
+                bytes <= conn.queued_bytes,
+                "{id}: wrote {bytes} of {} queued",
+                conn.queued_bytes
+            );
             conn.queued_bytes -= bytes;
         }
     }
 
     fn on_disconnected(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get(&id) else { return };
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
         let was_ready = conn.stage == Stage::Ready;
         if conn.stage != Stage::Closing {
             self.detach_everywhere(id);
@@ -413,7 +482,9 @@ impl Server {
 
     /// Detaches the connection from everything and asks the driver to close it.
     fn close(&mut self, id: ConnId, reason: CloseReason) {
-        let Some(conn) = self.conns.get(&id) else { return };
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
         if conn.stage == Stage::Closing {
             return;
         }
@@ -433,7 +504,8 @@ impl Server {
 
     fn encode(&self, message: &ServerMessage) -> Result<Frame, String> {
         let payload = encode_server_message(message).map_err(|e| e.to_string())?;
-        let frame = encode_frame(&payload, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
+        let frame =
+            encode_frame(&payload, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
         Ok(Frame::from(frame))
     }
 
@@ -448,7 +520,9 @@ impl Server {
     /// Queues a frame, enforcing the output bound.
     fn send_frame(&mut self, id: ConnId, frame: Frame) {
         let max = self.config.limits.max_output_bytes_per_connection;
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.stage == Stage::Closing {
             return;
         }
@@ -459,9 +533,20 @@ impl Server {
         self.out.push(Output::Send { conn: id, frame });
     }
 
-    fn respond(&mut self, id: ConnId, request_id: String, outcome: Result<CommandResult, ProtocolError>) {
+    fn respond(
+        &mut self,
+        id: ConnId,
+        request_id: String,
+        outcome: Result<CommandResult, ProtocolError>,
+    ) {
         if self.conns.get(&id).is_some_and(Connection::is_ready) {
-            self.send(id, &ServerMessage::Response(Response { id: request_id, outcome }));
+            self.send(
+                id,
+                &ServerMessage::Response(Response {
+                    id: request_id,
+                    outcome,
+                }),
+            );
         }
     }
 
@@ -488,7 +573,9 @@ impl Server {
         }
         for live in self.sessions.values() {
             let Some(snap) = &live.snapshot else { continue };
-            let entry = sessions.entry(&live.id).or_insert_with(|| metadata_of(snap));
+            let entry = sessions
+                .entry(&live.id)
+                .or_insert_with(|| metadata_of(snap));
             entry.created_at = snap.created_at;
             entry.updated_at = Some(snap.updated_at);
             entry.session_name = snap.name.clone();
@@ -509,7 +596,12 @@ impl Server {
         if self.shutting_down {
             return;
         }
-        let ready: Vec<ConnId> = self.conns.values().filter(|c| c.is_ready()).map(|c| c.id).collect();
+        let ready: Vec<ConnId> = self
+            .conns
+            .values()
+            .filter(|c| c.is_ready())
+            .map(|c| c.id)
+            .collect();
         if ready.is_empty() {
             return;
         }
@@ -552,7 +644,11 @@ impl Server {
     }
 
     fn maybe_report_shutdown(&mut self) {
-        if self.shutting_down && !self.shutdown_reported && self.conns.is_empty() && self.sessions.is_empty() {
+        if self.shutting_down
+            && !self.shutdown_reported
+            && self.conns.is_empty()
+            && self.sessions.is_empty()
+        {
             self.shutdown_reported = true;
             self.out.push(Output::ShutdownComplete);
         }
@@ -576,37 +672,86 @@ impl Server {
     pub fn check_invariants(&self) {
         let limits = &self.config.limits;
         for conn in self.conns.values() {
-            assert!(conn.queued_bytes <= limits.max_output_bytes_per_connection, "{}: output bound", conn.id);
-            assert!(conn.in_flight <= limits.max_requests_in_flight_per_connection, "{}: in flight", conn.id);
-            assert!(conn.attached.len() <= limits.max_attachments_per_connection, "{}: attachments", conn.id);
-            assert!(conn.deferred.len() <= limits.max_deferred_requests, "{}: deferred", conn.id);
+            assert!(
+                conn.queued_bytes <= limits.max_output_bytes_per_connection,
+                "{}: output bound",
+                conn.id
+            );
+            assert!(
+                conn.in_flight <= limits.max_requests_in_flight_per_connection,
+                "{}: in flight",
+                conn.id
+            );
+            assert!(
+                conn.attached.len() <= limits.max_attachments_per_connection,
+                "{}: attachments",
+                conn.id
+            );
+            assert!(
+                conn.deferred.len() <= limits.max_deferred_requests,
+                "{}: deferred",
+                conn.id
+            );
             if conn.stage != Stage::Ready {
-                assert!(conn.attached.is_empty(), "{}: attached while {:?}", conn.id, conn.stage);
+                assert!(
+                    conn.attached.is_empty(),
+                    "{}: attached while {:?}",
+                    conn.id,
+                    conn.stage
+                );
             }
             if matches!(conn.stage, Stage::Ready | Stage::Closing) {
-                assert!(conn.handshake_deadline.is_none(), "{}: deadline after handshake", conn.id);
+                assert!(
+                    conn.handshake_deadline.is_none(),
+                    "{}: deadline after handshake",
+                    conn.id
+                );
             }
             for session in &conn.attached {
                 let live = self.sessions.get(session);
-                assert!(live.is_some_and(|s| s.attached.contains(&conn.id)), "{}: dangling {session}", conn.id);
+                assert!(
+                    live.is_some_and(|s| s.attached.contains(&conn.id)),
+                    "{}: dangling {session}",
+                    conn.id
+                );
             }
         }
-        assert!(self.conns.len() <= limits.max_connections + 1, "connection bound");
-        assert!(self.sessions.len() <= limits.max_live_sessions, "live session bound");
-        assert_eq!(self.workers.len(), self.sessions.len(), "one worker per live session");
+        assert!(
+            self.conns.len() <= limits.max_connections + 1,
+            "connection bound"
+        );
+        assert!(
+            self.sessions.len() <= limits.max_live_sessions,
+            "live session bound"
+        );
+        assert_eq!(
+            self.workers.len(),
+            self.sessions.len(),
+            "one worker per live session"
+        );
         for (worker, session) in &self.workers {
-            let live = self.sessions.get(session).expect("worker of an unknown session");
+            let live = self
+                .sessions
+                .get(session)
+                .expect("worker of an unknown session");
             assert_eq!(live.worker.id(), *worker, "{session}: worker index");
         }
         for live in self.sessions.values() {
             live.check_invariants();
             for conn in &live.attached {
                 let c = self.conns.get(conn).expect("attached connection exists");
-                assert!(c.attached.contains(&live.id), "{}: {conn} missing back-reference", live.id);
+                assert!(
+                    c.attached.contains(&live.id),
+                    "{}: {conn} missing back-reference",
+                    live.id
+                );
             }
         }
         if self.shutting_down {
-            assert!(self.conns.values().all(|c| c.stage == Stage::Closing), "open connection during shutdown");
+            assert!(
+                self.conns.values().all(|c| c.stage == Stage::Closing),
+                "open connection during shutdown"
+            );
         }
     }
 }

@@ -1,0 +1,176 @@
+//! One-line summaries of protocol messages for traces: small ids, no UUIDs,
+//! no wall-clock values, so snapshots are stable.
+
+use kernel::protocol::{
+    AssistantStatus, ClientMessage, Command, CommandResult, ServerEvent, ServerMessage,
+    SessionSnapshot, ToolStatus, TranscriptItem, TranscriptProgress,
+};
+use kernel::worker::{FromWorker, Operation, ToWorker};
+use std::collections::BTreeMap;
+
+/// Maps long ids (session UUIDs) to short stable names (`s1`, `s2`, …) in order of appearance.
+#[derive(Debug, Default, Clone)]
+pub struct Names {
+    map: BTreeMap<String, String>,
+}
+
+impl Names {
+    /// The short name of a session id.
+    pub fn session(&mut self, id: &str) -> String {
+        let n = self.map.len() + 1;
+        self.map.entry(id.to_string()).or_insert_with(|| format!("s{n}")).clone()
+    }
+
+    /// The session id behind a short name.
+    pub fn lookup(&self, short: &str) -> Option<String> {
+        self.map.iter().find(|(_, v)| v.as_str() == short).map(|(k, _)| k.clone())
+    }
+}
+
+fn item(i: &TranscriptItem) -> String {
+    match i {
+        TranscriptItem::User(_) => "user".into(),
+        TranscriptItem::Assistant(a) => match a.status {
+            AssistantStatus::Streaming => "assistant:streaming".into(),
+            AssistantStatus::Complete(_) => "assistant:complete".into(),
+            AssistantStatus::Error => "assistant:error".into(),
+            AssistantStatus::Aborted => "assistant:aborted".into(),
+        },
+        TranscriptItem::Tool(t) => match t.status {
+            ToolStatus::Running => "tool:running".into(),
+            ToolStatus::Complete => "tool:complete".into(),
+            ToolStatus::Error => "tool:error".into(),
+        },
+    }
+}
+
+/// `s1 rev=3 turn attached items=[user,assistant:streaming] steer=1`
+pub fn snapshot(names: &mut Names, s: &SessionSnapshot) -> String {
+    let items: Vec<String> = s.transcript.iter().map(item).collect();
+    format!(
+        "{} rev={} {} {}{} model={}/{}:{} items=[{}] steer={}",
+        names.session(&s.id),
+        s.revision,
+        s.phase.as_str(),
+        if s.attached { "attached" } else { "detached" },
+        if s.locked { " locked" } else { "" },
+        s.model.provider,
+        s.model.id,
+        s.thinking_level.as_str(),
+        items.join(","),
+        s.queued_steer_count,
+    )
+}
+
+/// A client → server message.
+pub fn client(names: &mut Names, m: &ClientMessage) -> String {
+    match m {
+        ClientMessage::Hello(h) => {
+            format!("hello v{}{}", h.version, if h.token.is_some() { " token" } else { "" })
+        }
+        ClientMessage::Request(r) => {
+            let c = &r.command;
+            let target = c.session_id().map(|s| format!(" {}", names.session(s))).unwrap_or_default();
+            let extra = match c {
+                Command::Prompt { text, .. } | Command::Steer { text, .. } => format!(" {text:?}"),
+                Command::SetModel { model, .. } => format!(" {}/{}", model.provider, model.id),
+                Command::SetThinking { thinking_level, .. } => format!(" {}", thinking_level.as_str()),
+                _ => String::new(),
+            };
+            format!("#{} {}{target}{extra}", r.id, c.name())
+        }
+    }
+}
+
+/// A server → client message.
+pub fn server(names: &mut Names, m: &ServerMessage) -> String {
+    match m {
+        ServerMessage::Hello(h) => {
+            format!("hello v{} rev={} sessions={}", h.version, h.snapshot.revision, h.snapshot.sessions.len())
+        }
+        ServerMessage::HelloError(e) => format!("hello_error {}: {}", e.code.as_str(), e.message),
+        ServerMessage::Response(r) => match &r.outcome {
+            Ok(result) => format!("#{} ok {}", r.id, result_summary(names, result)),
+            Err(e) => format!("#{} err {}: {}", r.id, e.code.as_str(), shorten(names, &e.message)),
+        },
+        ServerMessage::Event(e) => match e {
+            ServerEvent::ServerSnapshot { snapshot } => {
+                format!("server_snapshot rev={} sessions={}", snapshot.revision, snapshot.sessions.len())
+            }
+            ServerEvent::SessionSnapshot { snapshot: s } => format!("session_snapshot {}", snapshot(names, s)),
+            ServerEvent::SessionProgress { session_id, progress } => {
+                format!("progress {} {}", names.session(session_id), progress_summary(progress))
+            }
+            ServerEvent::SessionRemoved { session_id } => format!("session_removed {}", names.session(session_id)),
+        },
+    }
+}
+
+fn result_summary(names: &mut Names, r: &CommandResult) -> String {
+    match r {
+        CommandResult::List { sessions } => {
+            let ids: Vec<String> = sessions.iter().map(|s| names.session(&s.id)).collect();
+            format!("list [{}]", ids.join(","))
+        }
+        CommandResult::Detach { session_id } => format!("detach {}", names.session(session_id)),
+        CommandResult::Remove { session_id } => format!("remove {}", names.session(session_id)),
+        CommandResult::Create { session }
+        | CommandResult::Attach { session }
+        | CommandResult::Prompt { session }
+        | CommandResult::Steer { session }
+        | CommandResult::Abort { session }
+        | CommandResult::SetModel { session }
+        | CommandResult::SetThinking { session } => format!("{} {}", r.name(), snapshot(names, session)),
+    }
+}
+
+fn progress_summary(p: &TranscriptProgress) -> String {
+    match p {
+        TranscriptProgress::ItemStarted { item: i } => format!("item_started {}", item(i)),
+        TranscriptProgress::AssistantDelta { content_index, kind, delta, .. } => {
+            format!("delta {kind:?}[{content_index}] {delta:?}")
+        }
+        TranscriptProgress::ItemUpdated { item: i } => format!("item_updated {}", item(i)),
+        TranscriptProgress::ItemFinished { item: i } => format!("item_finished {}", item(i)),
+    }
+}
+
+/// Replaces known session ids inside free text by their short names.
+pub fn shorten(names: &mut Names, text: &str) -> String {
+    let mut out = text.to_string();
+    for (long, short) in &names.map {
+        out = out.replace(long.as_str(), short);
+    }
+    out
+}
+
+/// A server → worker message.
+pub fn to_worker(m: &ToWorker) -> String {
+    match m {
+        ToWorker::Operation { op, operation } => {
+            let detail = match operation {
+                Operation::Prompt { text } | Operation::Steer { text } => format!(" {text:?}"),
+                Operation::SetModel { model } => format!(" {}/{}", model.provider, model.id),
+                Operation::SetThinking { level } => format!(" {}", level.as_str()),
+                Operation::Abort => String::new(),
+            };
+            format!("{op} {}{detail}", operation.name())
+        }
+        ToWorker::Dispose => "dispose".into(),
+    }
+}
+
+/// A worker → server message.
+pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
+    match m {
+        FromWorker::Ready { snapshot: s } => format!("ready {}", snapshot(names, s)),
+        FromWorker::Failed { error } => format!("failed {}: {}", error.code.as_str(), shorten(names, &error.message)),
+        FromWorker::Snapshot { snapshot: s } => format!("snapshot {}", snapshot(names, s)),
+        FromWorker::Progress { progress } => format!("progress {}", progress_summary(progress)),
+        FromWorker::OpDone { op, outcome } => match outcome {
+            Ok(s) => format!("{op} done {}", snapshot(names, s)),
+            Err(e) => format!("{op} failed {}: {}", e.code.as_str(), e.message),
+        },
+        FromWorker::Fatal { message } => format!("fatal {message}"),
+    }
+}
