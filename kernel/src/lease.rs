@@ -1,0 +1,2606 @@
+//! The client library's session leases: which part of one client owns which
+//! remote session, and when the connection has to `attach` or `detach`.
+//!
+//! Leases are purely client-side (the server knows nothing about them). This
+//! machine reproduces the lease rules of the reference v1 `PiClient`
+//! (`@earendil-works/pi-client` 0.84, `client.js`) as a sans-IO value: it owns
+//! the request id sequence of one connection and the client's view of which
+//! sessions it is attached to, and it decides every `attach`/`detach`.
+//!
+//! # Inputs and outputs
+//!
+//! [`Leases::step`] takes one [`LeaseInput`] and returns every resulting
+//! [`LeaseOutput`], in order:
+//!
+//! - API calls ([`LeaseInput::Acquire`], [`Create`](LeaseInput::Create),
+//!   [`List`](LeaseInput::List), [`Release`](LeaseInput::Release),
+//!   [`Command`](LeaseInput::Command)) carry a driver-chosen [`CallId`]. Each
+//!   call is answered by exactly one [`LeaseOutput::Complete`] with that id:
+//!   in the same step when no I/O is needed (refusals, no-op releases), or in
+//!   the step of the response that settles it. Two releases of the same lease
+//!   while its `detach` is in flight share that `detach` and complete together,
+//!   with the same result.
+//! - Connection life: [`LeaseInput::Connected`] (the server hello arrived),
+//!   [`LeaseInput::Disconnected`], and [`LeaseInput::DisposeClient`].
+//! - Server traffic: [`LeaseInput::Response`] and [`LeaseInput::Event`].
+//! - [`LeaseOutput::Send`] asks the driver to send a request (ids `request-1`,
+//!   `request-2`, … per machine, as the reference client numbers them), and
+//!   [`LeaseOutput::CloseConnection`] asks it to close the transport (client
+//!   disposal, or a response that violates the protocol).
+//!
+//! # The rules
+//!
+//! - **Ownership.** An exclusive lease is refused while any lease on that
+//!   session exists in this client; a shared one is refused while an exclusive
+//!   one exists. The refusal is [`LeaseError::Ownership`] and sends nothing. A
+//!   lease is reserved in the step of its call, before any I/O, so a second
+//!   call in the same instant already sees it.
+//! - **Acquiring** first waits for an in-flight `detach` of a release on that
+//!   session, then, if the session is marked "cleanup required", sends a
+//!   reconciling `detach`, and then sends `attach` unless the client is already
+//!   attached (always after a reconciliation). Concurrent acquisitions share one
+//!   reconciliation and one `attach`.
+//! - **Create** sends `create` and, on success, grants an exclusive lease on
+//!   the new session id (the server attached this connection already).
+//! - **Release.** `detach` is sent only when the last lease of the session is
+//!   released; releasing one of several just drops it. A release that fails
+//!   with [`ReleaseKind::Detach`] makes the lease active again; one that fails
+//!   with [`ReleaseKind::Dispose`] relinquishes it anyway and marks the session
+//!   "cleanup required". Either way the error is the call's result. Releasing
+//!   a released or invalidated lease completes at once, sending nothing.
+//! - **Invalidation.** `session_removed` for a session, a disconnect and the
+//!   client's disposal bump the session's generation: every granted lease on
+//!   it becomes invalidated, and its release completes as a no-op (an in-flight
+//!   one when its response comes or the connection drops). A disconnect also
+//!   clears every cleanup mark and fails every pending request.
+//! - **Commands** (prompt, steer, abort, set_model, set_thinking) are sent
+//!   only for an active lease on an attached session: otherwise
+//!   [`LeaseError::ClientDisposed`], [`LeaseError::Disconnected`] or
+//!   [`LeaseError::Detached`], in that order of precedence.
+//! - **Disposal of the client** fails every pending call, closes the
+//!   connection and invalidates every lease without sending `detach`.
+//!
+//! # Invariants
+//!
+//! [`Leases::invariants`] runs at the end of every step and asserts, among
+//! others: at most one exclusive holder per session and never mixed with
+//! shared ones; a release's `detach` is in flight only while no other lease on
+//! that session is granted; every acquisition waits on a request that is in
+//! flight; every outstanding call is owned by exactly one waiting place; and
+//! while disconnected nothing is pending, held, attached or marked.
+//!
+//! # Deliberate differences from the reference
+//!
+//! - An acquisition still waiting for its `attach` keeps its reservation when
+//!   the session is invalidated (the reference forgets the count, so a second
+//!   exclusive lease could be granted beside it).
+//! - The settling of an invalidated lease's `detach` never touches the
+//!   reservations of newer leases on the same session.
+//! - [`LeaseInput::Forget`] (the driver dropped its handle) has no reference
+//!   counterpart: it disposes a still-held lease without a waiter and lets the
+//!   machine drop the lease's record, so the lease table stays bounded.
+
+#![warn(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::protocol::{
+    Command, CommandResult, CreateParams, ModelRef, ProtocolError, Request, Response, ServerEvent,
+    SessionMetadata, SessionSnapshot, ThinkingLevel,
+};
+
+/// A driver-chosen token naming one API call; its [`LeaseOutput::Complete`]
+/// carries it back. It must not be reused while the call is outstanding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CallId(pub u64);
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}
+
+/// A lease, numbered by the machine when it reserves it (`L1`, `L2`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId(pub u64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "L{}", self.0)
+    }
+}
+
+/// How a lease shares its session with other leases of this client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LeaseMode {
+    /// The only lease on the session.
+    Exclusive,
+    /// One of any number of shared leases on the session.
+    Shared,
+}
+
+/// Which release a caller asked for; they differ only when `detach` fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReleaseKind {
+    /// On failure the lease becomes active again.
+    Detach,
+    /// On failure the lease is relinquished anyway and the session is marked
+    /// for a reconciling `detach` before its next `attach`.
+    Dispose,
+}
+
+/// A session command sent on behalf of a lease.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionCommand {
+    /// `prompt`: run a turn.
+    Prompt {
+        /// The user's text.
+        text: String,
+    },
+    /// `steer`: queue text into the running turn.
+    Steer {
+        /// The user's text.
+        text: String,
+    },
+    /// `abort`: end the running turn.
+    Abort,
+    /// `set_model`: select a model.
+    SetModel {
+        /// The model to select.
+        model: ModelRef,
+    },
+    /// `set_thinking`: select a thinking level.
+    SetThinking {
+        /// The level to select.
+        thinking_level: ThinkingLevel,
+    },
+}
+
+impl SessionCommand {
+    /// The protocol command addressing `session_id`.
+    fn into_command(self, session_id: String) -> Command {
+        match self {
+            Self::Prompt { text } => Command::Prompt { session_id, text },
+            Self::Steer { text } => Command::Steer { session_id, text },
+            Self::Abort => Command::Abort { session_id },
+            Self::SetModel { model } => Command::SetModel { session_id, model },
+            Self::SetThinking { thinking_level } => Command::SetThinking {
+                session_id,
+                thinking_level,
+            },
+        }
+    }
+}
+
+/// One input to [`Leases::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseInput {
+    /// The connection completed its handshake. Resets the view of attached
+    /// sessions. Ignored while connected or after disposal.
+    Connected,
+    /// The connection closed. Ignored while not connected.
+    Disconnected,
+    /// The application disposed the client. Idempotent.
+    DisposeClient,
+    /// Acquire a lease on an existing session (`attachSession` is `Shared`).
+    Acquire {
+        /// Completion token.
+        call: CallId,
+        /// The session to lease.
+        session_id: String,
+        /// Exclusive or shared.
+        mode: LeaseMode,
+    },
+    /// Create a session and acquire an exclusive lease on it.
+    Create {
+        /// Completion token.
+        call: CallId,
+        /// Options of `create`.
+        params: CreateParams,
+    },
+    /// List stored sessions (the request id sequence is this machine's).
+    List {
+        /// Completion token.
+        call: CallId,
+    },
+    /// Release a lease (`detach()` or `dispose()` of the handle).
+    Release {
+        /// Completion token.
+        call: CallId,
+        /// The lease to release.
+        lease: LeaseId,
+        /// What a failure does to the lease.
+        kind: ReleaseKind,
+    },
+    /// Send a session command on behalf of a lease.
+    Command {
+        /// Completion token.
+        call: CallId,
+        /// The lease the command acts through.
+        lease: LeaseId,
+        /// The command.
+        command: SessionCommand,
+    },
+    /// The driver dropped its handle of a lease: a held lease is disposed
+    /// without a waiter, and the machine forgets the lease once it has ended.
+    Forget {
+        /// The lease whose handle was dropped.
+        lease: LeaseId,
+    },
+    /// A response frame from the server. Ignored while not connected.
+    Response(Response),
+    /// An event frame from the server. Ignored while not connected.
+    Event(ServerEvent),
+}
+
+/// One output of [`Leases::step`], to be carried out in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseOutput {
+    /// Send this request on the connection.
+    Send(Request),
+    /// An API call finished.
+    Complete {
+        /// The call's token.
+        call: CallId,
+        /// What it produced.
+        result: Result<Completion, LeaseError>,
+    },
+    /// Close the transport; the machine already treats the connection as gone.
+    CloseConnection {
+        /// Why: [`LeaseError::ClientDisposed`] or [`LeaseError::Protocol`].
+        error: LeaseError,
+    },
+}
+
+/// The successful result of an API call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completion {
+    /// `Acquire` or `Create` granted a lease.
+    Acquired {
+        /// The new lease.
+        lease: LeaseId,
+        /// The session it holds (for `Create`, the id the server assigned).
+        session_id: String,
+    },
+    /// `Release` finished (or had nothing to do).
+    Released,
+    /// A session command's resulting snapshot.
+    Session(Box<SessionSnapshot>),
+    /// `List`'s sessions.
+    Sessions(Vec<SessionMetadata>),
+}
+
+/// Why an API call failed. Mirrors the reference client's error classes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseError {
+    /// `PiSessionOwnershipError`: the requested lease conflicts with one this
+    /// client already holds or is acquiring. Nothing was sent.
+    Ownership {
+        /// The contested session.
+        session_id: String,
+    },
+    /// `PiSessionDetachedError`: the lease is not active or the session is not
+    /// attached.
+    Detached {
+        /// The lease's session.
+        session_id: String,
+    },
+    /// `PiDisconnectedError`: the client is not connected, or the connection
+    /// closed while the call was pending.
+    Disconnected,
+    /// `PiClientDisposedError`: the client has been disposed.
+    ClientDisposed,
+    /// `PiServerError`: the server answered `ok:false`.
+    Server(ProtocolError),
+    /// `ProtocolValidationError`: the server broke the protocol, and the
+    /// connection was failed.
+    Protocol {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Host misuse: the lease id was never granted or has been forgotten.
+    UnknownLease {
+        /// The id the driver passed.
+        lease: LeaseId,
+    },
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ownership { session_id } => {
+                write!(f, "session {session_id} is already leased in this client")
+            }
+            Self::Detached { session_id } => write!(f, "session {session_id} is not attached"),
+            Self::Disconnected => f.write_str("client is disconnected"),
+            Self::ClientDisposed => f.write_str("client is disposed"),
+            Self::Server(error) => {
+                write!(f, "server error {}: {}", error.code.as_str(), error.message)
+            }
+            Self::Protocol { reason } => write!(f, "protocol violation: {reason}"),
+            Self::UnknownLease { lease } => write!(f, "unknown lease {lease}"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// The life stage of a lease, as [`Leases::status`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LeaseStatus {
+    /// Reserved; waiting for a `detach`, a reconciliation or an `attach`.
+    Acquiring,
+    /// Granted and not being released.
+    Active,
+    /// Its `detach` is in flight.
+    Releasing,
+    /// Released by this client.
+    Released,
+    /// Invalidated by `session_removed`, a disconnect or the client's disposal.
+    Invalidated,
+}
+
+/// What an acquisition waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    /// The `detach` (this request) of a release on the same session.
+    Detach(u64),
+    /// The session's reconciling `detach`.
+    Reconcile,
+    /// The session's `attach`.
+    Attach,
+}
+
+/// Where an acquisition resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resume {
+    /// Just reserved.
+    Start,
+    /// The awaited release `detach` settled (either way).
+    AfterDetach,
+    /// The reconciling `detach` succeeded: `attach` unconditionally.
+    AfterReconcile,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum LeaseState {
+    Acquiring {
+        call: CallId,
+        awaiting: Awaiting,
+    },
+    Active,
+    /// `invalidated`: the lease no longer holds; its waiters still complete
+    /// (as no-ops) when `request` settles.
+    Releasing {
+        kind: ReleaseKind,
+        request: u64,
+        waiters: Vec<CallId>,
+        invalidated: bool,
+    },
+    Released,
+    Invalidated,
+}
+
+impl LeaseState {
+    /// True while the lease counts against ownership.
+    fn holds(&self) -> bool {
+        matches!(
+            self,
+            Self::Acquiring { .. }
+                | Self::Active
+                | Self::Releasing {
+                    invalidated: false,
+                    ..
+                }
+        )
+    }
+
+    fn status(&self) -> LeaseStatus {
+        match self {
+            Self::Acquiring { .. } => LeaseStatus::Acquiring,
+            Self::Active => LeaseStatus::Active,
+            Self::Releasing {
+                invalidated: false, ..
+            } => LeaseStatus::Releasing,
+            Self::Releasing {
+                invalidated: true, ..
+            }
+            | Self::Invalidated => LeaseStatus::Invalidated,
+            Self::Released => LeaseStatus::Released,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    session_id: String,
+    mode: LeaseMode,
+    /// The session generation when the lease was granted.
+    generation: u64,
+    state: LeaseState,
+    /// The driver dropped its handle: drop the record once the lease ended.
+    forgotten: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Attaching {
+    request: u64,
+    /// The snapshot revision forgotten when the `attach` was sent, restored
+    /// if it fails and nothing newer arrived (reference `#attachSession`).
+    previous_revision: Option<u64>,
+}
+
+/// Everything the client knows about one session id.
+#[derive(Debug, Clone, Default)]
+struct Session {
+    /// Bumped by every invalidation.
+    generation: u64,
+    /// Leases that count against ownership (acquiring, active, releasing).
+    holders: BTreeSet<LeaseId>,
+    /// The client's view: the last applied snapshot said `attached`.
+    attached: bool,
+    /// Revision of the last applied session snapshot.
+    revision: Option<u64>,
+    /// A dispose failed: reconcile with `detach` before the next `attach`.
+    cleanup_required: bool,
+    attaching: Option<Attaching>,
+    reconciling: Option<u64>,
+    /// The `detach` of the latest release on this session.
+    detaching: Option<u64>,
+}
+
+impl Session {
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty()
+            && !self.attached
+            && self.revision.is_none()
+            && !self.cleanup_required
+            && self.attaching.is_none()
+            && self.reconciling.is_none()
+            && self.detaching.is_none()
+    }
+}
+
+/// Why a request was sent: who its response settles.
+#[derive(Debug, Clone, PartialEq)]
+enum Purpose {
+    Attach { session_id: String },
+    Reconcile { session_id: String },
+    ReleaseDetach { lease: LeaseId },
+    Create { call: CallId },
+    List { call: CallId },
+    Command { call: CallId },
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    /// `Command::name()` of the request, checked against the result.
+    command: &'static str,
+    purpose: Purpose,
+}
+
+/// The lease machine of one client connection. See the [module docs](self).
+#[derive(Debug, Default)]
+pub struct Leases {
+    connected: bool,
+    disposed: bool,
+    request_sequence: u64,
+    lease_sequence: u64,
+    pending: BTreeMap<u64, Pending>,
+    sessions: BTreeMap<String, Session>,
+    leases: BTreeMap<LeaseId, Lease>,
+    /// Calls taken in and not yet completed.
+    outstanding: BTreeSet<CallId>,
+    /// Outputs of the current step.
+    outputs: Vec<LeaseOutput>,
+}
+
+/// The wire id of request number `sequence`.
+fn request_id(sequence: u64) -> String {
+    format!("request-{sequence}")
+}
+
+/// The inverse of [`request_id`], strict (no sign, no leading zeros).
+fn parse_request_id(id: &str) -> Option<u64> {
+    let digits = id.strip_prefix("request-")?;
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    if canonical { digits.parse().ok() } else { None }
+}
+
+/// The session snapshot a result carries, if any.
+fn result_session(result: &CommandResult) -> Option<&SessionSnapshot> {
+    match result {
+        CommandResult::Create { session }
+        | CommandResult::Attach { session }
+        | CommandResult::Prompt { session }
+        | CommandResult::Steer { session }
+        | CommandResult::Abort { session }
+        | CommandResult::SetModel { session }
+        | CommandResult::SetThinking { session } => Some(session),
+        _ => None,
+    }
+}
+
+impl Leases {
+    /// A disconnected client with no leases.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one input and returns everything it causes, in order.
+    ///
+    /// # Panics
+    ///
+    /// If an API call reuses a [`CallId`] that is still outstanding (host
+    /// misuse), or if an invariant breaks (a bug in this machine).
+    pub fn step(&mut self, input: LeaseInput) -> Vec<LeaseOutput> {
+        assert!(self.outputs.is_empty());
+        match input {
+            LeaseInput::Connected => self.on_connected(),
+            LeaseInput::Disconnected => self.on_disconnected(),
+            LeaseInput::DisposeClient => self.on_dispose_client(),
+            LeaseInput::Acquire {
+                call,
+                session_id,
+                mode,
+            } => {
+                self.on_acquire(call, session_id, mode);
+            }
+            LeaseInput::Create { call, params } => {
+                self.begin_call(call);
+                self.request_for_call(call, Command::Create(params), Purpose::Create { call });
+            }
+            LeaseInput::List { call } => {
+                self.begin_call(call);
+                self.request_for_call(call, Command::List, Purpose::List { call });
+            }
+            LeaseInput::Release { call, lease, kind } => self.on_release(call, lease, kind),
+            LeaseInput::Command {
+                call,
+                lease,
+                command,
+            } => self.on_command(call, lease, command),
+            LeaseInput::Forget { lease } => self.on_forget(lease),
+            LeaseInput::Response(response) => self.on_response(response),
+            LeaseInput::Event(event) => self.on_event(event),
+        }
+        self.collect_garbage();
+        self.invariants();
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// True between [`LeaseInput::Connected`] and the connection's end.
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// True after [`LeaseInput::DisposeClient`].
+    pub fn is_disposed(&self) -> bool {
+        self.disposed
+    }
+
+    /// The stage of a lease; `None` for unknown (or forgotten) ids.
+    pub fn status(&self, lease: LeaseId) -> Option<LeaseStatus> {
+        self.leases.get(&lease).map(|l| l.state.status())
+    }
+
+    /// The reference handle's `active`: granted, not being released, and the
+    /// client is attached to its session.
+    pub fn is_active(&self, lease: LeaseId) -> bool {
+        self.leases
+            .get(&lease)
+            .is_some_and(|l| l.state == LeaseState::Active && self.is_attached(&l.session_id))
+    }
+
+    /// The session a lease holds (or held).
+    pub fn session_of(&self, lease: LeaseId) -> Option<&str> {
+        self.leases.get(&lease).map(|l| l.session_id.as_str())
+    }
+
+    /// How many leases count against ownership of `session_id` (acquiring,
+    /// active or releasing).
+    pub fn holder_count(&self, session_id: &str) -> usize {
+        self.sessions.get(session_id).map_or(0, |s| s.holders.len())
+    }
+
+    /// True if the last session snapshot the client applied says attached.
+    pub fn is_attached(&self, session_id: &str) -> bool {
+        self.sessions.get(session_id).is_some_and(|s| s.attached)
+    }
+
+    /// True if the next acquisition of `session_id` first sends a
+    /// reconciling `detach`.
+    pub fn cleanup_required(&self, session_id: &str) -> bool {
+        self.sessions
+            .get(session_id)
+            .is_some_and(|s| s.cleanup_required)
+    }
+
+    /// Number of requests sent and not yet answered.
+    pub fn pending_requests(&self) -> usize {
+        self.pending.len()
+    }
+
+    // ---- connection life ----
+
+    fn on_connected(&mut self) {
+        if self.disposed || self.connected {
+            return;
+        }
+        self.connected = true;
+        for session in self.sessions.values_mut() {
+            session.attached = false;
+            session.revision = None;
+        }
+    }
+
+    fn on_disconnected(&mut self) {
+        if self.connected {
+            self.disconnect(&LeaseError::Disconnected, None);
+        }
+    }
+
+    fn on_dispose_client(&mut self) {
+        if self.disposed {
+            return;
+        }
+        self.disposed = true;
+        if self.connected {
+            self.outputs.push(LeaseOutput::CloseConnection {
+                error: LeaseError::ClientDisposed,
+            });
+        }
+        self.connected = false;
+        for session in self.sessions.values_mut() {
+            session.attached = false;
+            session.revision = None;
+        }
+        self.invalidate_all();
+        let pending = std::mem::take(&mut self.pending);
+        for (_, request) in pending {
+            self.request_failed(request.purpose, &LeaseError::ClientDisposed);
+        }
+        assert!(self.sessions.values().all(|s| s.holders.is_empty()));
+    }
+
+    /// The connection is gone: state first (attachments, invalidation), then
+    /// the continuations of the failed requests, `first` before the others
+    /// (as the reference's promise rejections run after its synchronous
+    /// disconnect handling).
+    fn disconnect(&mut self, error: &LeaseError, first: Option<Purpose>) {
+        assert!(self.connected);
+        self.connected = false;
+        for session in self.sessions.values_mut() {
+            session.attached = false;
+        }
+        self.invalidate_all();
+        let pending = std::mem::take(&mut self.pending);
+        if let Some(purpose) = first {
+            self.request_failed(purpose, error);
+        }
+        for (_, request) in pending {
+            self.request_failed(request.purpose, error);
+        }
+        assert!(self.pending.is_empty());
+    }
+
+    fn fail_connection(&mut self, error: LeaseError, first: Option<Purpose>) {
+        self.outputs.push(LeaseOutput::CloseConnection {
+            error: error.clone(),
+        });
+        self.disconnect(&error, first);
+    }
+
+    /// Bumps the generation of every session and clears every cleanup mark.
+    fn invalidate_all(&mut self) {
+        let ids: Vec<String> = self.sessions.keys().cloned().collect();
+        for session_id in ids {
+            self.invalidate_session(&session_id);
+        }
+        assert!(self.sessions.values().all(|s| !s.cleanup_required));
+    }
+
+    /// Bumps the session's generation: granted leases become invalidated
+    /// (acquisitions keep their reservation), and the cleanup mark goes.
+    fn invalidate_session(&mut self, session_id: &str) {
+        let Some(session) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        session.generation += 1;
+        session.cleanup_required = false;
+        let holders: Vec<LeaseId> = session.holders.iter().copied().collect();
+        for id in holders {
+            let lease = self.leases.get_mut(&id).expect("holders are known leases");
+            match &mut lease.state {
+                LeaseState::Acquiring { .. } => continue,
+                LeaseState::Active => lease.state = LeaseState::Invalidated,
+                LeaseState::Releasing { invalidated, .. } => *invalidated = true,
+                LeaseState::Released | LeaseState::Invalidated => {
+                    unreachable!("ended leases do not hold")
+                }
+            }
+            session.holders.remove(&id);
+        }
+    }
+
+    // ---- calls and requests ----
+
+    fn begin_call(&mut self, call: CallId) {
+        assert!(
+            self.outstanding.insert(call),
+            "call {call} is still outstanding"
+        );
+    }
+
+    fn complete(&mut self, call: CallId, result: Result<Completion, LeaseError>) {
+        assert!(
+            self.outstanding.remove(&call),
+            "call {call} completed twice"
+        );
+        self.outputs.push(LeaseOutput::Complete { call, result });
+    }
+
+    /// Sends a request, or says why it cannot be sent (reference `#request`).
+    fn send(&mut self, command: Command, purpose: Purpose) -> Result<u64, LeaseError> {
+        if self.disposed {
+            return Err(LeaseError::ClientDisposed);
+        }
+        if !self.connected {
+            return Err(LeaseError::Disconnected);
+        }
+        self.request_sequence += 1;
+        let sequence = self.request_sequence;
+        let previous = self.pending.insert(
+            sequence,
+            Pending {
+                command: command.name(),
+                purpose,
+            },
+        );
+        assert!(previous.is_none());
+        self.outputs.push(LeaseOutput::Send(Request {
+            id: request_id(sequence),
+            command,
+        }));
+        Ok(sequence)
+    }
+
+    fn request_for_call(&mut self, call: CallId, command: Command, purpose: Purpose) {
+        if let Err(error) = self.send(command, purpose) {
+            self.complete(call, Err(error));
+        }
+    }
+
+    fn session_mut(&mut self, session_id: &str) -> &mut Session {
+        self.sessions.entry(session_id.to_owned()).or_default()
+    }
+
+    fn lease_mut(&mut self, lease: LeaseId) -> &mut Lease {
+        self.leases.get_mut(&lease).expect("lease is known")
+    }
+
+    // ---- acquisition ----
+
+    fn on_acquire(&mut self, call: CallId, session_id: String, mode: LeaseMode) {
+        self.begin_call(call);
+        if self.disposed {
+            self.complete(call, Err(LeaseError::ClientDisposed));
+            return;
+        }
+        if let Err(error) = self.check_ownership(&session_id, mode) {
+            self.complete(call, Err(error));
+            return;
+        }
+        let placeholder = LeaseState::Acquiring {
+            call,
+            awaiting: Awaiting::Attach,
+        };
+        let lease = self.reserve(session_id, mode, placeholder);
+        self.advance(lease, Resume::Start);
+    }
+
+    /// The reference `#reserveSessionLease` checks.
+    fn check_ownership(&self, session_id: &str, mode: LeaseMode) -> Result<(), LeaseError> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Ok(());
+        };
+        let refused = match mode {
+            LeaseMode::Exclusive => !session.holders.is_empty(),
+            LeaseMode::Shared => session
+                .holders
+                .iter()
+                .any(|id| self.leases[id].mode == LeaseMode::Exclusive),
+        };
+        if refused {
+            Err(LeaseError::Ownership {
+                session_id: session_id.to_owned(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    fn reserve(&mut self, session_id: String, mode: LeaseMode, state: LeaseState) -> LeaseId {
+        assert!(state.holds());
+        self.lease_sequence += 1;
+        let id = LeaseId(self.lease_sequence);
+        let session = self.session_mut(&session_id);
+        let generation = session.generation;
+        assert!(session.holders.insert(id));
+        let lease = Lease {
+            session_id,
+            mode,
+            generation,
+            state,
+            forgotten: false,
+        };
+        assert!(self.leases.insert(id, lease).is_none());
+        id
+    }
+
+    /// Moves an acquisition forward from `resume` until it waits or ends
+    /// (reference `acquireSession` after the reservation).
+    fn advance(&mut self, lease: LeaseId, resume: Resume) {
+        let session_id = self.leases[&lease].session_id.clone();
+        let session = &self.sessions[&session_id];
+        if resume == Resume::Start
+            && let Some(request) = session.detaching
+        {
+            self.set_awaiting(lease, Awaiting::Detach(request));
+            return;
+        }
+        let reconciled = resume == Resume::AfterReconcile;
+        if !reconciled && session.cleanup_required {
+            if session.reconciling.is_none() {
+                let command = Command::Detach {
+                    session_id: session_id.clone(),
+                };
+                let purpose = Purpose::Reconcile {
+                    session_id: session_id.clone(),
+                };
+                match self.send(command, purpose) {
+                    Ok(request) => self.session_mut(&session_id).reconciling = Some(request),
+                    Err(error) => return self.fail_acquisition(lease, error),
+                }
+            }
+            self.set_awaiting(lease, Awaiting::Reconcile);
+            return;
+        }
+        if reconciled || !session.attached {
+            if session.attaching.is_none() {
+                let previous_revision = self.session_mut(&session_id).revision.take();
+                let command = Command::Attach {
+                    session_id: session_id.clone(),
+                };
+                let purpose = Purpose::Attach {
+                    session_id: session_id.clone(),
+                };
+                match self.send(command, purpose) {
+                    Ok(request) => {
+                        self.session_mut(&session_id).attaching = Some(Attaching {
+                            request,
+                            previous_revision,
+                        });
+                    }
+                    Err(error) => {
+                        self.session_mut(&session_id).revision = previous_revision;
+                        return self.fail_acquisition(lease, error);
+                    }
+                }
+            }
+            self.set_awaiting(lease, Awaiting::Attach);
+            return;
+        }
+        self.grant(lease);
+    }
+
+    fn set_awaiting(&mut self, lease: LeaseId, next: Awaiting) {
+        let LeaseState::Acquiring { awaiting, .. } = &mut self.lease_mut(lease).state else {
+            unreachable!("only acquisitions wait")
+        };
+        *awaiting = next;
+    }
+
+    fn grant(&mut self, lease: LeaseId) {
+        let session_id = self.leases[&lease].session_id.clone();
+        let generation = self.sessions[&session_id].generation;
+        let entry = self.lease_mut(lease);
+        let LeaseState::Acquiring { call, .. } = entry.state else {
+            unreachable!("only acquisitions are granted")
+        };
+        entry.state = LeaseState::Active;
+        entry.generation = generation;
+        self.complete(call, Ok(Completion::Acquired { lease, session_id }));
+    }
+
+    fn fail_acquisition(&mut self, lease: LeaseId, error: LeaseError) {
+        let entry = self.leases.remove(&lease).expect("lease is known");
+        let LeaseState::Acquiring { call, .. } = entry.state else {
+            unreachable!("only acquisitions fail")
+        };
+        assert!(self.session_mut(&entry.session_id).holders.remove(&lease));
+        self.complete(call, Err(error));
+    }
+
+    /// Acquisitions of `session_id` waiting for `awaiting`, in lease order.
+    fn acquirers(&self, session_id: &str, awaiting: Awaiting) -> Vec<LeaseId> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Vec::new();
+        };
+        session
+            .holders
+            .iter()
+            .copied()
+            .filter(|id| {
+                matches!(self.leases[id].state, LeaseState::Acquiring { awaiting: a, .. } if a == awaiting)
+            })
+            .collect()
+    }
+
+    // ---- release ----
+
+    fn on_release(&mut self, call: CallId, lease: LeaseId, kind: ReleaseKind) {
+        self.begin_call(call);
+        let Some(entry) = self.leases.get_mut(&lease) else {
+            return self.complete(call, Err(LeaseError::UnknownLease { lease }));
+        };
+        match &mut entry.state {
+            LeaseState::Acquiring { .. } => {
+                self.complete(call, Err(LeaseError::UnknownLease { lease }));
+            }
+            LeaseState::Released
+            | LeaseState::Invalidated
+            | LeaseState::Releasing {
+                invalidated: true, ..
+            } => {
+                self.complete(call, Ok(Completion::Released));
+            }
+            LeaseState::Releasing { waiters, .. } => waiters.push(call),
+            LeaseState::Active => match self.check_active(lease) {
+                Ok(()) => self.start_release(lease, kind, vec![call]),
+                Err(error) => self.complete(call, Err(error)),
+            },
+        }
+    }
+
+    /// The reference `assertActive`.
+    fn check_active(&self, lease: LeaseId) -> Result<(), LeaseError> {
+        if self.disposed {
+            return Err(LeaseError::ClientDisposed);
+        }
+        if !self.connected {
+            return Err(LeaseError::Disconnected);
+        }
+        if self.is_active(lease) {
+            Ok(())
+        } else {
+            let session_id = self.leases[&lease].session_id.clone();
+            Err(LeaseError::Detached { session_id })
+        }
+    }
+
+    /// Releases an active lease: `detach` if it is the last holder.
+    fn start_release(&mut self, lease: LeaseId, kind: ReleaseKind, waiters: Vec<CallId>) {
+        assert_eq!(self.leases[&lease].state, LeaseState::Active);
+        let session_id = self.leases[&lease].session_id.clone();
+        let holders = self.sessions[&session_id].holders.len();
+        assert!(holders >= 1);
+        if holders > 1 {
+            self.lease_mut(lease).state = LeaseState::Released;
+            assert!(self.session_mut(&session_id).holders.remove(&lease));
+            for call in waiters {
+                self.complete(call, Ok(Completion::Released));
+            }
+            return;
+        }
+        let command = Command::Detach {
+            session_id: session_id.clone(),
+        };
+        let Ok(request) = self.send(command, Purpose::ReleaseDetach { lease }) else {
+            unreachable!("an active lease implies a connected client")
+        };
+        self.lease_mut(lease).state = LeaseState::Releasing {
+            kind,
+            request,
+            waiters,
+            invalidated: false,
+        };
+        self.session_mut(&session_id).detaching = Some(request);
+    }
+
+    /// A release's `detach` settled.
+    fn release_settled(&mut self, lease: LeaseId, result: Result<(), LeaseError>) {
+        let entry = self.lease_mut(lease);
+        let LeaseState::Releasing {
+            kind,
+            request,
+            waiters,
+            invalidated,
+        } = std::mem::replace(&mut entry.state, LeaseState::Released)
+        else {
+            unreachable!("only releasing leases have a detach in flight")
+        };
+        let session_id = entry.session_id.clone();
+        let session = self.session_mut(&session_id);
+        if session.detaching == Some(request) {
+            session.detaching = None;
+        }
+        let (state, outcome) = match (invalidated, result, kind) {
+            (true, _, _) => (LeaseState::Invalidated, Ok(Completion::Released)),
+            (false, Ok(()), _) => (LeaseState::Released, Ok(Completion::Released)),
+            (false, Err(error), ReleaseKind::Detach) => (LeaseState::Active, Err(error)),
+            (false, Err(error), ReleaseKind::Dispose) => {
+                session.cleanup_required = true;
+                (LeaseState::Released, Err(error))
+            }
+        };
+        if !invalidated && state != LeaseState::Active {
+            assert!(session.holders.remove(&lease));
+        }
+        self.lease_mut(lease).state = state;
+        for call in waiters {
+            self.complete(call, outcome.clone());
+        }
+        if self.leases[&lease].forgotten && self.leases[&lease].state == LeaseState::Active {
+            self.dispose_forgotten(lease);
+        }
+        for waiting in self.acquirers(&session_id, Awaiting::Detach(request)) {
+            self.advance(waiting, Resume::AfterDetach);
+        }
+    }
+
+    fn on_forget(&mut self, lease: LeaseId) {
+        let Some(entry) = self.leases.get_mut(&lease) else {
+            return;
+        };
+        match entry.state {
+            LeaseState::Acquiring { .. } => {}
+            LeaseState::Released | LeaseState::Invalidated => {
+                self.leases.remove(&lease);
+            }
+            LeaseState::Releasing { .. } => entry.forgotten = true,
+            LeaseState::Active => {
+                entry.forgotten = true;
+                self.dispose_forgotten(lease);
+            }
+        }
+    }
+
+    /// Disposes an active lease nobody waits for; if it cannot send (the
+    /// session is not attached), it relinquishes the lease without a request.
+    fn dispose_forgotten(&mut self, lease: LeaseId) {
+        if self.check_active(lease).is_ok() {
+            self.start_release(lease, ReleaseKind::Dispose, Vec::new());
+        } else {
+            let session_id = self.leases[&lease].session_id.clone();
+            self.lease_mut(lease).state = LeaseState::Released;
+            assert!(self.session_mut(&session_id).holders.remove(&lease));
+        }
+    }
+
+    // ---- commands ----
+
+    fn on_command(&mut self, call: CallId, lease: LeaseId, command: SessionCommand) {
+        self.begin_call(call);
+        let known = self
+            .leases
+            .get(&lease)
+            .is_some_and(|l| !matches!(l.state, LeaseState::Acquiring { .. }));
+        if !known {
+            return self.complete(call, Err(LeaseError::UnknownLease { lease }));
+        }
+        if let Err(error) = self.check_active(lease) {
+            return self.complete(call, Err(error));
+        }
+        let session_id = self.leases[&lease].session_id.clone();
+        self.request_for_call(
+            call,
+            command.into_command(session_id),
+            Purpose::Command { call },
+        );
+    }
+
+    // ---- server traffic ----
+
+    fn on_response(&mut self, response: Response) {
+        if !self.connected {
+            return;
+        }
+        let pending = parse_request_id(&response.id).and_then(|id| self.pending.remove(&id));
+        let Some(pending) = pending else {
+            let reason = "Response has no matching request".to_owned();
+            return self.fail_connection(LeaseError::Protocol { reason }, None);
+        };
+        match response.outcome {
+            Err(error) => self.request_failed(pending.purpose, &LeaseError::Server(error)),
+            Ok(result) if result.name() != pending.command => {
+                let reason = format!(
+                    "Response command {} does not match {}",
+                    result.name(),
+                    pending.command
+                );
+                self.fail_connection(LeaseError::Protocol { reason }, Some(pending.purpose));
+            }
+            Ok(result) => {
+                self.apply_result(&result);
+                self.request_succeeded(pending.purpose, result);
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: ServerEvent) {
+        if !self.connected {
+            return;
+        }
+        match event {
+            ServerEvent::SessionSnapshot { snapshot } => self.apply_snapshot(&snapshot),
+            ServerEvent::SessionRemoved { session_id } => {
+                self.invalidate_session(&session_id);
+                if let Some(session) = self.sessions.get_mut(&session_id) {
+                    session.attached = false;
+                    session.revision = None;
+                }
+            }
+            ServerEvent::ServerSnapshot { .. } | ServerEvent::SessionProgress { .. } => {}
+        }
+    }
+
+    /// The reference `ClientState.applyResult`.
+    fn apply_result(&mut self, result: &CommandResult) {
+        if let CommandResult::Detach { session_id } = result {
+            if let Some(session) = self.sessions.get_mut(session_id) {
+                session.attached = false;
+            }
+        } else if let Some(snapshot) = result_session(result) {
+            self.apply_snapshot(snapshot);
+        }
+    }
+
+    /// Applies a session snapshot unless it is older than the one applied.
+    fn apply_snapshot(&mut self, snapshot: &SessionSnapshot) {
+        let session = self.session_mut(&snapshot.id);
+        if session
+            .revision
+            .is_some_and(|revision| snapshot.revision < revision)
+        {
+            return;
+        }
+        session.revision = Some(snapshot.revision);
+        session.attached = snapshot.attached;
+    }
+
+    fn request_succeeded(&mut self, purpose: Purpose, result: CommandResult) {
+        match purpose {
+            Purpose::Attach { session_id } => {
+                self.session_mut(&session_id).attaching = None;
+                for lease in self.acquirers(&session_id, Awaiting::Attach) {
+                    self.grant(lease);
+                }
+            }
+            Purpose::Reconcile { session_id } => {
+                let session = self.session_mut(&session_id);
+                session.reconciling = None;
+                session.cleanup_required = false;
+                for lease in self.acquirers(&session_id, Awaiting::Reconcile) {
+                    self.advance(lease, Resume::AfterReconcile);
+                }
+            }
+            Purpose::ReleaseDetach { lease } => self.release_settled(lease, Ok(())),
+            Purpose::Create { call } => self.on_created(call, &result),
+            Purpose::List { call } => {
+                let sessions = match result {
+                    CommandResult::List { sessions } => sessions,
+                    _ => unreachable!("the command name was checked"),
+                };
+                self.complete(call, Ok(Completion::Sessions(sessions)));
+            }
+            Purpose::Command { call } => {
+                let snapshot = result_session(&result).expect("the command name was checked");
+                self.complete(call, Ok(Completion::Session(Box::new(snapshot.clone()))));
+            }
+        }
+    }
+
+    /// `create` succeeded: reserve and grant an exclusive lease on the new id.
+    fn on_created(&mut self, call: CallId, result: &CommandResult) {
+        let session_id = result_session(result)
+            .expect("the command name was checked")
+            .id
+            .clone();
+        if let Err(error) = self.check_ownership(&session_id, LeaseMode::Exclusive) {
+            return self.complete(call, Err(error));
+        }
+        let lease = self.reserve(session_id.clone(), LeaseMode::Exclusive, LeaseState::Active);
+        self.complete(call, Ok(Completion::Acquired { lease, session_id }));
+    }
+
+    fn request_failed(&mut self, purpose: Purpose, error: &LeaseError) {
+        match purpose {
+            Purpose::Attach { session_id } => {
+                let session = self.session_mut(&session_id);
+                let attaching = session.attaching.take().expect("an attach is in flight");
+                if session.revision.is_none() {
+                    session.revision = attaching.previous_revision;
+                }
+                for lease in self.acquirers(&session_id, Awaiting::Attach) {
+                    self.fail_acquisition(lease, error.clone());
+                }
+            }
+            Purpose::Reconcile { session_id } => {
+                self.session_mut(&session_id).reconciling = None;
+                for lease in self.acquirers(&session_id, Awaiting::Reconcile) {
+                    self.fail_acquisition(lease, error.clone());
+                }
+            }
+            Purpose::ReleaseDetach { lease } => self.release_settled(lease, Err(error.clone())),
+            Purpose::Create { call } | Purpose::List { call } | Purpose::Command { call } => {
+                self.complete(call, Err(error.clone()));
+            }
+        }
+    }
+
+    fn collect_garbage(&mut self) {
+        self.leases.retain(|_, lease| {
+            !(lease.forgotten
+                && matches!(lease.state, LeaseState::Released | LeaseState::Invalidated))
+        });
+        self.sessions.retain(|_, session| !session.is_idle());
+    }
+
+    // ---- invariants ----
+
+    /// Asserts the machine's invariants; [`step`](Self::step) runs it last.
+    ///
+    /// # Panics
+    ///
+    /// If an invariant does not hold.
+    pub fn invariants(&self) {
+        if self.disposed {
+            assert!(!self.connected, "a disposed client is not connected");
+        }
+        if !self.connected {
+            assert!(
+                self.pending.is_empty(),
+                "requests pending while disconnected"
+            );
+        }
+        assert!(
+            self.pending
+                .keys()
+                .all(|&id| id >= 1 && id <= self.request_sequence)
+        );
+        assert!(
+            self.leases
+                .keys()
+                .all(|id| id.0 >= 1 && id.0 <= self.lease_sequence)
+        );
+        self.lease_invariants();
+        self.session_invariants();
+        self.pending_invariants();
+        self.call_invariants();
+    }
+
+    fn lease_invariants(&self) {
+        for (id, lease) in &self.leases {
+            let session = self.sessions.get(&lease.session_id);
+            let held = session.is_some_and(|s| s.holders.contains(id));
+            assert_eq!(
+                held,
+                lease.state.holds(),
+                "{id}: holders disagree with {:?}",
+                lease.state
+            );
+            match &lease.state {
+                LeaseState::Acquiring { awaiting, .. } => {
+                    let session = session.expect("held");
+                    match awaiting {
+                        Awaiting::Detach(request) => assert!(matches!(
+                            self.pending.get(request),
+                            Some(Pending {
+                                purpose: Purpose::ReleaseDetach { .. },
+                                ..
+                            })
+                        )),
+                        Awaiting::Reconcile => assert!(session.reconciling.is_some()),
+                        Awaiting::Attach => assert!(session.attaching.is_some()),
+                    }
+                }
+                LeaseState::Active
+                | LeaseState::Releasing {
+                    invalidated: false, ..
+                } => {
+                    assert!(self.connected, "{id}: granted while disconnected");
+                    let session = session.expect("held");
+                    assert_eq!(
+                        lease.generation, session.generation,
+                        "{id}: stale generation"
+                    );
+                }
+                LeaseState::Releasing {
+                    invalidated: true, ..
+                }
+                | LeaseState::Released
+                | LeaseState::Invalidated => {}
+            }
+            if let LeaseState::Releasing { request, .. } = &lease.state {
+                let pending = self
+                    .pending
+                    .get(request)
+                    .expect("a releasing lease awaits detach");
+                assert_eq!(pending.purpose, Purpose::ReleaseDetach { lease: *id });
+            }
+        }
+    }
+
+    fn session_invariants(&self) {
+        for (session_id, session) in &self.sessions {
+            assert!(!session.is_idle(), "idle session {session_id} kept");
+            if !self.connected {
+                assert!(
+                    session.holders.is_empty(),
+                    "{session_id}: held while disconnected"
+                );
+                assert!(!session.attached && !session.cleanup_required);
+            }
+            let holders: Vec<&Lease> = session.holders.iter().map(|id| &self.leases[id]).collect();
+            assert!(holders.iter().all(|l| &l.session_id == session_id));
+            let exclusive = holders
+                .iter()
+                .filter(|l| l.mode == LeaseMode::Exclusive)
+                .count();
+            assert!(exclusive <= 1, "{session_id}: two exclusive leases");
+            assert!(
+                exclusive == 0 || holders.len() == 1,
+                "{session_id}: exclusive and shared"
+            );
+            if let Some(attaching) = session.attaching {
+                let purpose = &self.pending[&attaching.request].purpose;
+                assert_eq!(
+                    purpose,
+                    &Purpose::Attach {
+                        session_id: session_id.clone()
+                    }
+                );
+            }
+            if let Some(request) = session.reconciling {
+                let purpose = &self.pending[&request].purpose;
+                assert_eq!(
+                    purpose,
+                    &Purpose::Reconcile {
+                        session_id: session_id.clone()
+                    }
+                );
+            }
+            if let Some(request) = session.detaching {
+                let Purpose::ReleaseDetach { lease } = self.pending[&request].purpose else {
+                    panic!("{session_id}: detaching is not a release")
+                };
+                // Detach only for the last lease: while it holds, every other
+                // holder is an acquisition waiting for that detach.
+                if session.holders.contains(&lease) {
+                    let others_wait = session.holders.iter().filter(|&&id| id != lease).all(|id| {
+                        matches!(self.leases[id].state,
+                            LeaseState::Acquiring { awaiting: Awaiting::Detach(r), .. } if r == request)
+                    });
+                    assert!(
+                        others_wait,
+                        "{session_id}: detach sent while other leases hold"
+                    );
+                }
+            }
+        }
+    }
+
+    fn pending_invariants(&self) {
+        for (request, pending) in &self.pending {
+            match &pending.purpose {
+                Purpose::Attach { session_id } => {
+                    assert_eq!(pending.command, "attach");
+                    let attaching = self.sessions[session_id].attaching.expect("attaching");
+                    assert_eq!(attaching.request, *request);
+                }
+                Purpose::Reconcile { session_id } => {
+                    assert_eq!(pending.command, "detach");
+                    assert_eq!(self.sessions[session_id].reconciling, Some(*request));
+                }
+                Purpose::ReleaseDetach { lease } => {
+                    assert_eq!(pending.command, "detach");
+                    let state = &self.leases[lease].state;
+                    assert!(
+                        matches!(state, LeaseState::Releasing { request: r, .. } if r == request)
+                    );
+                }
+                Purpose::Create { .. } => assert_eq!(pending.command, "create"),
+                Purpose::List { .. } => assert_eq!(pending.command, "list"),
+                Purpose::Command { .. } => {}
+            }
+        }
+    }
+
+    /// Every outstanding call waits in exactly one place.
+    fn call_invariants(&self) {
+        let mut waiting = Vec::new();
+        for lease in self.leases.values() {
+            match &lease.state {
+                LeaseState::Acquiring { call, .. } => waiting.push(*call),
+                LeaseState::Releasing { waiters, .. } => waiting.extend(waiters.iter().copied()),
+                _ => {}
+            }
+        }
+        for pending in self.pending.values() {
+            match pending.purpose {
+                Purpose::Create { call } | Purpose::List { call } | Purpose::Command { call } => {
+                    waiting.push(call);
+                }
+                _ => {}
+            }
+        }
+        let unique: BTreeSet<CallId> = waiting.iter().copied().collect();
+        assert_eq!(unique.len(), waiting.len(), "a call waits in two places");
+        assert_eq!(
+            unique, self.outstanding,
+            "outstanding calls and waiters disagree"
+        );
+    }
+}
+
+// ---- trace formatting ----
+
+fn fmt_command(f: &mut fmt::Formatter<'_>, command: &Command) -> fmt::Result {
+    f.write_str(command.name())?;
+    match command {
+        Command::Prompt { session_id, text } | Command::Steer { session_id, text } => {
+            write!(f, " {session_id} {text:?}")
+        }
+        Command::SetModel { session_id, model } => {
+            write!(f, " {session_id} {}/{}", model.provider, model.id)
+        }
+        Command::SetThinking {
+            session_id,
+            thinking_level,
+        } => {
+            write!(f, " {session_id} {}", thinking_level.as_str())
+        }
+        other => match other.session_id() {
+            Some(session_id) => write!(f, " {session_id}"),
+            None => Ok(()),
+        },
+    }
+}
+
+fn fmt_snapshot(f: &mut fmt::Formatter<'_>, snapshot: &SessionSnapshot) -> fmt::Result {
+    let attached = if snapshot.attached {
+        "attached"
+    } else {
+        "not attached"
+    };
+    write!(f, "{} rev {} {attached}", snapshot.id, snapshot.revision)
+}
+
+fn fmt_result(f: &mut fmt::Formatter<'_>, result: &CommandResult) -> fmt::Result {
+    write!(f, "{} ", result.name())?;
+    match result {
+        CommandResult::List { sessions } => write!(f, "({} sessions)", sessions.len()),
+        CommandResult::Detach { session_id } => f.write_str(session_id),
+        other => match result_session(other) {
+            Some(snapshot) => fmt_snapshot(f, snapshot),
+            None => write!(f, "{other:?}"),
+        },
+    }
+}
+
+impl fmt::Display for LeaseInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Connected => f.write_str("connected"),
+            Self::Disconnected => f.write_str("disconnected"),
+            Self::DisposeClient => f.write_str("dispose client"),
+            Self::Acquire {
+                call,
+                session_id,
+                mode,
+            } => {
+                let mode = match mode {
+                    LeaseMode::Exclusive => "exclusive",
+                    LeaseMode::Shared => "shared",
+                };
+                write!(f, "acquire {call} {session_id} {mode}")
+            }
+            Self::Create { call, .. } => write!(f, "create {call}"),
+            Self::List { call } => write!(f, "list {call}"),
+            Self::Release { call, lease, kind } => {
+                let kind = match kind {
+                    ReleaseKind::Detach => "detach",
+                    ReleaseKind::Dispose => "dispose",
+                };
+                write!(f, "{kind} {call} {lease}")
+            }
+            Self::Command {
+                call,
+                lease,
+                command,
+            } => match command {
+                SessionCommand::Prompt { text } => write!(f, "prompt {call} {lease} {text:?}"),
+                SessionCommand::Steer { text } => write!(f, "steer {call} {lease} {text:?}"),
+                SessionCommand::Abort => write!(f, "abort {call} {lease}"),
+                SessionCommand::SetModel { model } => {
+                    write!(
+                        f,
+                        "set_model {call} {lease} {}/{}",
+                        model.provider, model.id
+                    )
+                }
+                SessionCommand::SetThinking { thinking_level } => {
+                    write!(f, "set_thinking {call} {lease} {}", thinking_level.as_str())
+                }
+            },
+            Self::Forget { lease } => write!(f, "forget {lease}"),
+            Self::Response(response) => {
+                write!(f, "response {} ", response.id)?;
+                match &response.outcome {
+                    Ok(result) => {
+                        f.write_str("ok ")?;
+                        fmt_result(f, result)
+                    }
+                    Err(error) => {
+                        write!(f, "err {} {:?}", error.code.as_str(), error.message)
+                    }
+                }
+            }
+            Self::Event(event) => match event {
+                ServerEvent::ServerSnapshot { snapshot } => {
+                    write!(f, "event server_snapshot rev {}", snapshot.revision)
+                }
+                ServerEvent::SessionSnapshot { snapshot } => {
+                    f.write_str("event session_snapshot ")?;
+                    fmt_snapshot(f, snapshot)
+                }
+                ServerEvent::SessionProgress { session_id, .. } => {
+                    write!(f, "event session_progress {session_id}")
+                }
+                ServerEvent::SessionRemoved { session_id } => {
+                    write!(f, "event session_removed {session_id}")
+                }
+            },
+        }
+    }
+}
+
+impl fmt::Display for LeaseOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Send(request) => {
+                write!(f, "send {} ", request.id)?;
+                fmt_command(f, &request.command)
+            }
+            Self::Complete { call, result } => {
+                write!(f, "complete {call} ")?;
+                match result {
+                    Ok(Completion::Acquired { lease, session_id }) => {
+                        write!(f, "ok acquired {lease} {session_id}")
+                    }
+                    Ok(Completion::Released) => f.write_str("ok released"),
+                    Ok(Completion::Session(snapshot)) => {
+                        f.write_str("ok session ")?;
+                        fmt_snapshot(f, snapshot)
+                    }
+                    Ok(Completion::Sessions(sessions)) => {
+                        write!(f, "ok sessions ({})", sessions.len())
+                    }
+                    Err(error) => write!(f, "err {error}"),
+                }
+            }
+            Self::CloseConnection { error } => write!(f, "close connection: {error}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{ErrorCode, SessionPhase};
+    use proptest::prelude::*;
+
+    fn snapshot(id: &str, revision: u64, attached: bool) -> SessionSnapshot {
+        SessionSnapshot {
+            id: id.to_owned(),
+            name: None,
+            cwd: "/w".to_owned(),
+            created_at: 0,
+            updated_at: 0,
+            phase: SessionPhase::Idle,
+            model: ModelRef {
+                provider: "p".to_owned(),
+                id: "m".to_owned(),
+            },
+            thinking_level: ThinkingLevel::Off,
+            attached,
+            locked: true,
+            revision,
+            transcript: Vec::new(),
+            queued_steer: Vec::new(),
+            queued_steer_count: 0,
+        }
+    }
+
+    fn lines(outputs: &[LeaseOutput]) -> Vec<String> {
+        outputs.iter().map(ToString::to_string).collect()
+    }
+
+    /// A connected machine plus call numbering; every helper returns the
+    /// step's outputs as trace lines.
+    struct Harness {
+        machine: Leases,
+        calls: u64,
+    }
+
+    impl Harness {
+        fn connected() -> Self {
+            let mut harness = Self {
+                machine: Leases::new(),
+                calls: 0,
+            };
+            assert!(harness.step(LeaseInput::Connected).is_empty());
+            harness
+        }
+
+        fn step(&mut self, input: LeaseInput) -> Vec<String> {
+            lines(&self.machine.step(input))
+        }
+
+        fn call(&mut self) -> CallId {
+            self.calls += 1;
+            CallId(self.calls)
+        }
+
+        fn acquire(&mut self, session_id: &str, mode: LeaseMode) -> Vec<String> {
+            let call = self.call();
+            self.step(LeaseInput::Acquire {
+                call,
+                session_id: session_id.to_owned(),
+                mode,
+            })
+        }
+
+        fn release(&mut self, lease: u64, kind: ReleaseKind) -> Vec<String> {
+            let call = self.call();
+            self.step(LeaseInput::Release {
+                call,
+                lease: LeaseId(lease),
+                kind,
+            })
+        }
+
+        fn prompt(&mut self, lease: u64) -> Vec<String> {
+            let call = self.call();
+            let command = SessionCommand::Prompt {
+                text: "hi".to_owned(),
+            };
+            self.step(LeaseInput::Command {
+                call,
+                lease: LeaseId(lease),
+                command,
+            })
+        }
+
+        fn respond(
+            &mut self,
+            request: u64,
+            outcome: Result<CommandResult, ProtocolError>,
+        ) -> Vec<String> {
+            self.step(LeaseInput::Response(Response {
+                id: request_id(request),
+                outcome,
+            }))
+        }
+
+        fn attach_ok(&mut self, request: u64, session_id: &str) -> Vec<String> {
+            let session = snapshot(session_id, request, true);
+            self.respond(request, Ok(CommandResult::Attach { session }))
+        }
+
+        fn detach_ok(&mut self, request: u64, session_id: &str) -> Vec<String> {
+            self.respond(
+                request,
+                Ok(CommandResult::Detach {
+                    session_id: session_id.to_owned(),
+                }),
+            )
+        }
+
+        fn fail(&mut self, request: u64) -> Vec<String> {
+            self.respond(
+                request,
+                Err(ProtocolError::new(ErrorCode::InternalError, "boom")),
+            )
+        }
+
+        /// Acquires and grants a lease, expecting an `attach` as request `request`.
+        fn lease(&mut self, session_id: &str, mode: LeaseMode, request: u64) -> LeaseId {
+            let sent = self.acquire(session_id, mode);
+            assert_eq!(
+                sent,
+                [format!("send request-{request} attach {session_id}")]
+            );
+            let granted = self.attach_ok(request, session_id);
+            assert_eq!(granted.len(), 1, "{granted:?}");
+            let lease = LeaseId(self.machine.lease_sequence);
+            assert_eq!(
+                granted[0],
+                format!("complete c{} ok acquired {lease} {session_id}", self.calls)
+            );
+            lease
+        }
+    }
+
+    const OWNED: &str = "err session s1 is already leased in this client";
+    const SERVER_ERROR: &str = "err server error internal_error: boom";
+
+    #[test]
+    fn exclusive_is_refused_while_any_lease_exists_even_before_attach() {
+        let mut h = Harness::connected();
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            ["send request-1 attach s1"]
+        );
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            [format!("complete c2 {OWNED}")]
+        );
+        assert_eq!(h.attach_ok(1, "s1"), ["complete c1 ok acquired L1 s1"]);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            [format!("complete c3 {OWNED}")]
+        );
+        assert_eq!(h.machine.holder_count("s1"), 1);
+        assert_eq!(h.machine.pending_requests(), 0);
+    }
+
+    #[test]
+    fn shared_is_refused_while_an_exclusive_lease_exists() {
+        let mut h = Harness::connected();
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-1 attach s1"]
+        );
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            [format!("complete c2 {OWNED}")]
+        );
+        assert_eq!(h.attach_ok(1, "s1"), ["complete c1 ok acquired L1 s1"]);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            [format!("complete c3 {OWNED}")]
+        );
+        // Other sessions are independent.
+        assert_eq!(
+            h.acquire("s2", LeaseMode::Shared),
+            ["send request-2 attach s2"]
+        );
+    }
+
+    #[test]
+    fn concurrent_acquisitions_share_one_attach() {
+        let mut h = Harness::connected();
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            ["send request-1 attach s1"]
+        );
+        assert!(h.acquire("s1", LeaseMode::Shared).is_empty());
+        assert_eq!(
+            h.attach_ok(1, "s1"),
+            [
+                "complete c1 ok acquired L1 s1",
+                "complete c2 ok acquired L2 s1"
+            ]
+        );
+    }
+
+    #[test]
+    fn acquiring_an_attached_session_sends_nothing() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            ["complete c2 ok acquired L2 s1"]
+        );
+    }
+
+    #[test]
+    fn failed_attach_fails_every_waiter_and_restores_the_revision() {
+        let mut h = Harness::connected();
+        let session = snapshot("s1", 7, false);
+        assert!(
+            h.step(LeaseInput::Event(ServerEvent::SessionSnapshot {
+                snapshot: session
+            }))
+            .is_empty()
+        );
+        h.acquire("s1", LeaseMode::Shared);
+        h.acquire("s1", LeaseMode::Shared);
+        assert_eq!(
+            h.machine.sessions["s1"].revision, None,
+            "attach forgets the snapshot"
+        );
+        assert_eq!(
+            h.fail(1),
+            [
+                format!("complete c1 {SERVER_ERROR}"),
+                format!("complete c2 {SERVER_ERROR}")
+            ]
+        );
+        assert_eq!(h.machine.sessions["s1"].revision, Some(7));
+        assert_eq!(h.machine.holder_count("s1"), 0);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-2 attach s1"]
+        );
+    }
+
+    #[test]
+    fn acquisition_waits_for_an_in_flight_detach_then_attaches() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["send request-2 detach s1"]
+        );
+        assert!(h.acquire("s1", LeaseMode::Shared).is_empty());
+        assert_eq!(h.machine.holder_count("s1"), 2);
+        assert_eq!(
+            h.detach_ok(2, "s1"),
+            ["complete c2 ok released", "send request-3 attach s1"]
+        );
+        assert_eq!(h.attach_ok(3, "s1"), ["complete c3 ok acquired L2 s1"]);
+    }
+
+    #[test]
+    fn exclusive_is_refused_while_a_release_is_in_flight() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        h.release(1, ReleaseKind::Dispose);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            [format!("complete c3 {OWNED}")]
+        );
+    }
+
+    #[test]
+    fn detach_is_sent_only_when_the_last_lease_is_released() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        h.acquire("s1", LeaseMode::Shared);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c3 ok released"]
+        );
+        assert_eq!(
+            h.release(2, ReleaseKind::Detach),
+            ["send request-2 detach s1"]
+        );
+        assert_eq!(h.detach_ok(2, "s1"), ["complete c4 ok released"]);
+        assert!(!h.machine.is_attached("s1"));
+        assert_eq!(h.machine.status(LeaseId(2)), Some(LeaseStatus::Released));
+    }
+
+    #[test]
+    fn a_second_release_joins_the_first_and_later_ones_are_no_ops() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["send request-2 detach s1"]
+        );
+        assert!(h.release(1, ReleaseKind::Dispose).is_empty());
+        assert!(h.release(1, ReleaseKind::Detach).is_empty());
+        assert_eq!(
+            h.detach_ok(2, "s1"),
+            [
+                "complete c2 ok released",
+                "complete c3 ok released",
+                "complete c4 ok released"
+            ]
+        );
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c5 ok released"]
+        );
+    }
+
+    #[test]
+    fn failed_detach_makes_the_lease_active_again() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        assert_eq!(
+            h.release(1, ReleaseKind::Detach),
+            ["send request-2 detach s1"]
+        );
+        assert!(!h.machine.is_active(LeaseId(1)));
+        assert_eq!(h.fail(2), [format!("complete c2 {SERVER_ERROR}")]);
+        assert!(h.machine.is_active(LeaseId(1)));
+        assert!(!h.machine.cleanup_required("s1"));
+        assert_eq!(h.prompt(1), ["send request-3 prompt s1 \"hi\""]);
+        assert_eq!(
+            h.release(1, ReleaseKind::Detach),
+            ["send request-4 detach s1"]
+        );
+    }
+
+    #[test]
+    fn failed_dispose_relinquishes_and_the_next_acquire_reconciles() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["send request-2 detach s1"]
+        );
+        assert!(h.release(1, ReleaseKind::Dispose).is_empty());
+        assert_eq!(
+            h.fail(2),
+            [
+                format!("complete c2 {SERVER_ERROR}"),
+                format!("complete c3 {SERVER_ERROR}")
+            ]
+        );
+        assert_eq!(h.machine.status(LeaseId(1)), Some(LeaseStatus::Released));
+        assert!(h.machine.cleanup_required("s1"));
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c4 ok released"]
+        );
+        // Two shared acquisitions share the reconciliation and the attach.
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Shared),
+            ["send request-3 detach s1"]
+        );
+        assert!(h.acquire("s1", LeaseMode::Shared).is_empty());
+        assert_eq!(h.detach_ok(3, "s1"), ["send request-4 attach s1"]);
+        assert!(!h.machine.cleanup_required("s1"));
+        assert_eq!(
+            h.attach_ok(4, "s1"),
+            [
+                "complete c5 ok acquired L2 s1",
+                "complete c6 ok acquired L3 s1"
+            ]
+        );
+    }
+
+    #[test]
+    fn reconciliation_sends_attach_even_if_still_attached() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.release(1, ReleaseKind::Dispose);
+        h.fail(2);
+        assert!(
+            h.machine.is_attached("s1"),
+            "the failed detach left the session attached"
+        );
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-3 detach s1"]
+        );
+        let attached_again = snapshot("s1", 9, true);
+        h.step(LeaseInput::Event(ServerEvent::SessionSnapshot {
+            snapshot: attached_again,
+        }));
+        assert_eq!(h.detach_ok(3, "s1"), ["send request-4 attach s1"]);
+    }
+
+    #[test]
+    fn failed_reconciliation_fails_the_acquisition_and_keeps_the_mark() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.release(1, ReleaseKind::Dispose);
+        h.fail(2);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-3 detach s1"]
+        );
+        assert_eq!(h.fail(3), [format!("complete c3 {SERVER_ERROR}")]);
+        assert!(h.machine.cleanup_required("s1"));
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-4 detach s1"]
+        );
+    }
+
+    #[test]
+    fn create_grants_an_exclusive_lease_on_the_new_id() {
+        let mut h = Harness::connected();
+        let call = h.call();
+        let sent = h.step(LeaseInput::Create {
+            call,
+            params: CreateParams::default(),
+        });
+        assert_eq!(sent, ["send request-1 create"]);
+        let created = h.respond(
+            1,
+            Ok(CommandResult::Create {
+                session: snapshot("s9", 1, true),
+            }),
+        );
+        assert_eq!(created, ["complete c1 ok acquired L1 s9"]);
+        assert_eq!(
+            h.acquire("s9", LeaseMode::Shared),
+            ["complete c2 err session s9 is already leased in this client"]
+        );
+        assert_eq!(h.prompt(1), ["send request-2 prompt s9 \"hi\""]);
+    }
+
+    #[test]
+    fn create_of_an_already_leased_id_is_an_ownership_error() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        let call = h.call();
+        h.step(LeaseInput::Create {
+            call,
+            params: CreateParams::default(),
+        });
+        let created = h.respond(
+            2,
+            Ok(CommandResult::Create {
+                session: snapshot("s1", 3, true),
+            }),
+        );
+        assert_eq!(created, [format!("complete c2 {OWNED}")]);
+        assert_eq!(h.machine.holder_count("s1"), 1);
+    }
+
+    #[test]
+    fn session_removed_invalidates_leases_and_clears_the_mark() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.lease("s2", LeaseMode::Shared, 2);
+        let removed = ServerEvent::SessionRemoved {
+            session_id: "s1".to_owned(),
+        };
+        assert!(h.step(LeaseInput::Event(removed)).is_empty());
+        assert_eq!(h.machine.status(LeaseId(1)), Some(LeaseStatus::Invalidated));
+        assert!(h.machine.is_active(LeaseId(2)));
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c3 ok released"]
+        );
+        assert_eq!(
+            h.release(1, ReleaseKind::Detach),
+            ["complete c4 ok released"]
+        );
+        assert_eq!(h.prompt(1), ["complete c5 err session s1 is not attached"]);
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-3 attach s1"]
+        );
+        // The mark of a failed dispose goes with the session too.
+        h.release(2, ReleaseKind::Dispose);
+        h.fail(4);
+        assert!(h.machine.cleanup_required("s2"));
+        let removed = ServerEvent::SessionRemoved {
+            session_id: "s2".to_owned(),
+        };
+        h.step(LeaseInput::Event(removed));
+        assert!(!h.machine.cleanup_required("s2"));
+    }
+
+    #[test]
+    fn an_in_flight_release_of_an_invalidated_lease_completes_as_a_no_op() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["send request-2 detach s1"]
+        );
+        let removed = ServerEvent::SessionRemoved {
+            session_id: "s1".to_owned(),
+        };
+        assert!(h.step(LeaseInput::Event(removed)).is_empty());
+        // A new acquisition still waits for the old detach.
+        assert!(h.acquire("s1", LeaseMode::Exclusive).is_empty());
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c4 ok released"]
+        );
+        assert_eq!(
+            h.fail(2),
+            ["complete c2 ok released", "send request-3 attach s1"]
+        );
+        assert!(!h.machine.cleanup_required("s1"));
+        assert_eq!(h.machine.holder_count("s1"), 1);
+    }
+
+    #[test]
+    fn an_acquisition_keeps_its_reservation_across_session_removed() {
+        let mut h = Harness::connected();
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-1 attach s1"]
+        );
+        let removed = ServerEvent::SessionRemoved {
+            session_id: "s1".to_owned(),
+        };
+        h.step(LeaseInput::Event(removed));
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            [format!("complete c2 {OWNED}")]
+        );
+        assert_eq!(h.attach_ok(1, "s1"), ["complete c1 ok acquired L1 s1"]);
+        assert!(h.machine.is_active(LeaseId(1)));
+    }
+
+    #[test]
+    fn disconnect_invalidates_fails_pending_and_clears_marks() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.lease("s2", LeaseMode::Shared, 2);
+        h.lease("s4", LeaseMode::Exclusive, 3);
+        h.release(3, ReleaseKind::Dispose);
+        h.fail(4);
+        assert!(h.machine.cleanup_required("s4"));
+        assert_eq!(
+            h.release(2, ReleaseKind::Dispose),
+            ["send request-5 detach s2"]
+        );
+        assert_eq!(
+            h.acquire("s3", LeaseMode::Shared),
+            ["send request-6 attach s3"]
+        );
+        assert_eq!(h.prompt(1), ["send request-7 prompt s1 \"hi\""]);
+        assert!(
+            h.acquire("s2", LeaseMode::Shared).is_empty(),
+            "waits for the detach"
+        );
+        assert_eq!(
+            h.step(LeaseInput::Disconnected),
+            [
+                "complete c5 ok released",
+                "complete c8 err client is disconnected",
+                "complete c6 err client is disconnected",
+                "complete c7 err client is disconnected",
+            ]
+        );
+        assert_eq!(h.machine.status(LeaseId(1)), Some(LeaseStatus::Invalidated));
+        assert!(!h.machine.cleanup_required("s4"));
+        assert!(h.step(LeaseInput::Disconnected).is_empty());
+        assert_eq!(h.prompt(1), ["complete c9 err client is disconnected"]);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c10 ok released"]
+        );
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["complete c11 err client is disconnected"]
+        );
+        h.step(LeaseInput::Connected);
+        assert_eq!(
+            h.acquire("s4", LeaseMode::Exclusive),
+            ["send request-8 attach s4"]
+        );
+        assert_eq!(
+            h.acquire("s1", LeaseMode::Exclusive),
+            ["send request-9 attach s1"]
+        );
+    }
+
+    #[test]
+    fn disposing_the_client_sends_nothing_and_refuses_calls() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.prompt(1);
+        assert_eq!(
+            h.step(LeaseInput::DisposeClient),
+            [
+                "close connection: client is disposed",
+                "complete c2 err client is disposed"
+            ]
+        );
+        assert!(h.machine.is_disposed() && !h.machine.is_connected());
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c3 ok released"]
+        );
+        assert_eq!(
+            h.release(1, ReleaseKind::Detach),
+            ["complete c4 ok released"]
+        );
+        assert_eq!(h.prompt(1), ["complete c5 err client is disposed"]);
+        assert_eq!(
+            h.acquire("s2", LeaseMode::Shared),
+            ["complete c6 err client is disposed"]
+        );
+        let call = h.call();
+        assert_eq!(
+            h.step(LeaseInput::List { call }),
+            ["complete c7 err client is disposed"]
+        );
+        assert!(h.step(LeaseInput::DisposeClient).is_empty());
+        assert!(h.step(LeaseInput::Connected).is_empty());
+        assert!(!h.machine.is_connected());
+    }
+
+    #[test]
+    fn commands_need_an_active_lease_on_an_attached_session() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        assert_eq!(h.prompt(1), ["send request-2 prompt s1 \"hi\""]);
+        let answered = h.respond(
+            2,
+            Ok(CommandResult::Prompt {
+                session: snapshot("s1", 5, true),
+            }),
+        );
+        assert_eq!(answered, ["complete c2 ok session s1 rev 5 attached"]);
+        // A newer snapshot saying "not attached" detaches the lease's commands.
+        let stale = snapshot("s1", 4, false);
+        h.step(LeaseInput::Event(ServerEvent::SessionSnapshot {
+            snapshot: stale,
+        }));
+        assert!(
+            h.machine.is_active(LeaseId(1)),
+            "an older snapshot is ignored"
+        );
+        let newer = snapshot("s1", 6, false);
+        h.step(LeaseInput::Event(ServerEvent::SessionSnapshot {
+            snapshot: newer,
+        }));
+        assert!(!h.machine.is_active(LeaseId(1)));
+        assert_eq!(h.prompt(1), ["complete c3 err session s1 is not attached"]);
+        assert_eq!(
+            h.release(1, ReleaseKind::Dispose),
+            ["complete c4 err session s1 is not attached"]
+        );
+        assert_eq!(h.machine.status(LeaseId(1)), Some(LeaseStatus::Active));
+        assert_eq!(h.prompt(7), ["complete c5 err unknown lease L7"]);
+    }
+
+    #[test]
+    fn commands_on_a_releasing_lease_are_detached() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Exclusive, 1);
+        h.release(1, ReleaseKind::Detach);
+        assert_eq!(h.prompt(1), ["complete c3 err session s1 is not attached"]);
+        let call = h.call();
+        let commands = [
+            SessionCommand::Steer {
+                text: "s".to_owned(),
+            },
+            SessionCommand::Abort,
+            SessionCommand::SetModel {
+                model: ModelRef {
+                    provider: "p".to_owned(),
+                    id: "m".to_owned(),
+                },
+            },
+            SessionCommand::SetThinking {
+                thinking_level: ThinkingLevel::High,
+            },
+        ];
+        h.fail(2);
+        let mut sent = Vec::new();
+        for (i, command) in commands.into_iter().enumerate() {
+            let call = CallId(call.0 + i as u64);
+            sent.extend(h.step(LeaseInput::Command {
+                call,
+                lease: LeaseId(1),
+                command,
+            }));
+        }
+        assert_eq!(
+            sent,
+            [
+                "send request-3 steer s1 \"s\"",
+                "send request-4 abort s1",
+                "send request-5 set_model s1 p/m",
+                "send request-6 set_thinking s1 high",
+            ]
+        );
+    }
+
+    #[test]
+    fn request_ids_count_up_per_machine() {
+        let mut h = Harness::connected();
+        let (c1, c2) = (h.call(), h.call());
+        assert_eq!(
+            h.step(LeaseInput::List { call: c1 }),
+            ["send request-1 list"]
+        );
+        assert_eq!(
+            h.step(LeaseInput::List { call: c2 }),
+            ["send request-2 list"]
+        );
+        let answered = h.respond(
+            2,
+            Ok(CommandResult::List {
+                sessions: Vec::new(),
+            }),
+        );
+        assert_eq!(answered, ["complete c2 ok sessions (0)"]);
+        assert_eq!(parse_request_id("request-10"), Some(10));
+        for bad in [
+            "request-01",
+            "request-+1",
+            "request-",
+            "req-1",
+            "request-1x",
+        ] {
+            assert_eq!(parse_request_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_response_without_a_request_fails_the_connection() {
+        let mut h = Harness::connected();
+        h.acquire("s1", LeaseMode::Shared);
+        assert_eq!(
+            h.attach_ok(9, "s1"),
+            [
+                "close connection: protocol violation: Response has no matching request",
+                "complete c1 err protocol violation: Response has no matching request",
+            ]
+        );
+        assert!(!h.machine.is_connected());
+        assert!(
+            h.attach_ok(1, "s1").is_empty(),
+            "ignored while disconnected"
+        );
+    }
+
+    #[test]
+    fn a_response_for_another_command_fails_the_connection() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        h.prompt(1);
+        h.acquire("s2", LeaseMode::Shared);
+        let reason = "protocol violation: Response command detach does not match prompt";
+        assert_eq!(
+            h.detach_ok(2, "s1"),
+            [
+                format!("close connection: {reason}"),
+                format!("complete c2 err {reason}"),
+                format!("complete c3 err {reason}"),
+            ]
+        );
+        assert_eq!(h.machine.status(LeaseId(1)), Some(LeaseStatus::Invalidated));
+    }
+
+    #[test]
+    fn forgetting_a_lease_disposes_it_and_drops_its_record() {
+        let mut h = Harness::connected();
+        h.lease("s1", LeaseMode::Shared, 1);
+        h.acquire("s1", LeaseMode::Shared);
+        assert!(h.step(LeaseInput::Forget { lease: LeaseId(1) }).is_empty());
+        assert_eq!(h.machine.status(LeaseId(1)), None);
+        assert_eq!(
+            h.step(LeaseInput::Forget { lease: LeaseId(2) }),
+            ["send request-2 detach s1"]
+        );
+        assert_eq!(h.machine.status(LeaseId(2)), Some(LeaseStatus::Releasing));
+        assert!(h.detach_ok(2, "s1").is_empty());
+        assert_eq!(h.machine.status(LeaseId(2)), None);
+        assert_eq!(
+            h.release(2, ReleaseKind::Dispose),
+            ["complete c3 err unknown lease L2"]
+        );
+        assert!(h.machine.sessions.is_empty() || !h.machine.is_attached("s1"));
+    }
+
+    // ---- property: random drives keep the invariants and complete every call ----
+
+    #[derive(Debug, Clone)]
+    enum Action {
+        Connect,
+        Disconnect,
+        DisposeClient,
+        Acquire(u8, bool),
+        Create,
+        List,
+        Release(u8, bool),
+        Command(u8),
+        Forget(u8),
+        Respond(u8, bool),
+        Garbage(bool),
+        Removed(u8),
+        Snapshot(u8, bool),
+    }
+
+    fn action() -> impl Strategy<Value = Action> {
+        prop_oneof![
+            6 => Just(Action::Connect),
+            6 => Just(Action::Disconnect),
+            1 => Just(Action::DisposeClient),
+            60 => (0..3u8, any::<bool>()).prop_map(|(s, e)| Action::Acquire(s, e)),
+            8 => Just(Action::Create),
+            4 => Just(Action::List),
+            50 => (any::<u8>(), any::<bool>()).prop_map(|(l, d)| Action::Release(l, d)),
+            20 => any::<u8>().prop_map(Action::Command),
+            8 => any::<u8>().prop_map(Action::Forget),
+            100 => (any::<u8>(), prop::bool::weighted(0.7)).prop_map(|(r, ok)| Action::Respond(r, ok)),
+            3 => any::<bool>().prop_map(Action::Garbage),
+            6 => (0..3u8).prop_map(Action::Removed),
+            10 => (0..3u8, any::<bool>()).prop_map(|(s, a)| Action::Snapshot(s, a)),
+        ]
+    }
+
+    #[derive(Default)]
+    struct World {
+        machine: Leases,
+        calls: u64,
+        outstanding: BTreeSet<CallId>,
+        in_flight: Vec<Request>,
+        granted: Vec<LeaseId>,
+        revision: u64,
+    }
+
+    impl World {
+        fn call(&mut self) -> CallId {
+            self.calls += 1;
+            assert!(self.outstanding.insert(CallId(self.calls)));
+            CallId(self.calls)
+        }
+
+        fn feed(&mut self, input: LeaseInput) {
+            for output in self.machine.step(input) {
+                match output {
+                    LeaseOutput::Send(request) => {
+                        assert!(self.machine.is_connected());
+                        if let Command::Attach { session_id } = &request.command {
+                            let twice = self.in_flight.iter().any(|r| {
+                                matches!(&r.command, Command::Attach { session_id: s } if s == session_id)
+                            });
+                            assert!(!twice, "two attaches of {session_id} in flight");
+                        }
+                        self.in_flight.push(request);
+                    }
+                    LeaseOutput::Complete { call, result } => {
+                        assert!(self.outstanding.remove(&call), "{call} completed twice");
+                        if let Ok(Completion::Acquired { lease, .. }) = result {
+                            self.granted.push(lease);
+                        }
+                    }
+                    LeaseOutput::CloseConnection { .. } => self.in_flight.clear(),
+                }
+            }
+            if !self.machine.is_connected() {
+                self.in_flight.clear();
+            }
+        }
+
+        fn pick_lease(&self, index: u8) -> LeaseId {
+            if self.granted.is_empty() {
+                LeaseId(99)
+            } else {
+                self.granted[usize::from(index) % self.granted.len()]
+            }
+        }
+
+        fn result_for(&mut self, command: &Command) -> CommandResult {
+            self.revision += 1;
+            let session = |id: &str| snapshot(id, self.revision, true);
+            match command {
+                Command::List => CommandResult::List {
+                    sessions: Vec::new(),
+                },
+                Command::Create(_) => CommandResult::Create {
+                    session: session(&format!("s{}", self.revision % 4)),
+                },
+                Command::Attach { session_id } => CommandResult::Attach {
+                    session: session(session_id),
+                },
+                Command::Detach { session_id } => CommandResult::Detach {
+                    session_id: session_id.clone(),
+                },
+                Command::Prompt { session_id, .. } => CommandResult::Prompt {
+                    session: session(session_id),
+                },
+                other => CommandResult::Abort {
+                    session: session(other.session_id().unwrap_or("s0")),
+                },
+            }
+        }
+
+        fn act(&mut self, action: Action) {
+            let input = match action {
+                Action::Connect => LeaseInput::Connected,
+                Action::Disconnect => LeaseInput::Disconnected,
+                Action::DisposeClient => LeaseInput::DisposeClient,
+                Action::Acquire(session, exclusive) => LeaseInput::Acquire {
+                    call: self.call(),
+                    session_id: format!("s{session}"),
+                    mode: if exclusive {
+                        LeaseMode::Exclusive
+                    } else {
+                        LeaseMode::Shared
+                    },
+                },
+                Action::Create => LeaseInput::Create {
+                    call: self.call(),
+                    params: CreateParams::default(),
+                },
+                Action::List => LeaseInput::List { call: self.call() },
+                Action::Release(lease, dispose) => LeaseInput::Release {
+                    call: self.call(),
+                    lease: self.pick_lease(lease),
+                    kind: if dispose {
+                        ReleaseKind::Dispose
+                    } else {
+                        ReleaseKind::Detach
+                    },
+                },
+                Action::Command(lease) => LeaseInput::Command {
+                    call: self.call(),
+                    lease: self.pick_lease(lease),
+                    command: SessionCommand::Prompt {
+                        text: "x".to_owned(),
+                    },
+                },
+                Action::Forget(lease) => LeaseInput::Forget {
+                    lease: self.pick_lease(lease),
+                },
+                Action::Respond(index, ok) => {
+                    if self.in_flight.is_empty() {
+                        return;
+                    }
+                    let request = self
+                        .in_flight
+                        .remove(usize::from(index) % self.in_flight.len());
+                    let outcome = if ok {
+                        Ok(self.result_for(&request.command))
+                    } else {
+                        Err(ProtocolError::new(ErrorCode::Busy, "no"))
+                    };
+                    LeaseInput::Response(Response {
+                        id: request.id,
+                        outcome,
+                    })
+                }
+                Action::Garbage(unknown) => {
+                    let id = if unknown || self.in_flight.is_empty() {
+                        "request-999999".to_owned()
+                    } else {
+                        self.in_flight[0].id.clone()
+                    };
+                    let session = snapshot("s0", 0, true);
+                    let wrong = if self
+                        .in_flight
+                        .first()
+                        .is_some_and(|r| r.command.name() == "create")
+                    {
+                        CommandResult::Attach { session }
+                    } else {
+                        CommandResult::Create { session }
+                    };
+                    LeaseInput::Response(Response {
+                        id,
+                        outcome: Ok(wrong),
+                    })
+                }
+                Action::Removed(session) => LeaseInput::Event(ServerEvent::SessionRemoved {
+                    session_id: format!("s{session}"),
+                }),
+                Action::Snapshot(session, attached) => {
+                    self.revision += 1;
+                    let snapshot = snapshot(&format!("s{session}"), self.revision, attached);
+                    LeaseInput::Event(ServerEvent::SessionSnapshot { snapshot })
+                }
+            };
+            self.feed(input);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_drives_keep_invariants_and_complete_every_call(
+            actions in proptest::collection::vec(action(), 1..120)
+        ) {
+            let mut world = World::default();
+            world.feed(LeaseInput::Connected);
+            for action in actions {
+                world.act(action);
+            }
+            world.feed(LeaseInput::DisposeClient);
+            prop_assert!(world.outstanding.is_empty(), "uncompleted calls: {:?}", world.outstanding);
+            prop_assert_eq!(world.machine.pending_requests(), 0);
+        }
+    }
+}
