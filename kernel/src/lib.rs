@@ -12,11 +12,14 @@
 //! with a tick. Nothing here reads a clock, draws entropy, touches a file or a
 //! socket, or iterates a hash map into an output.
 
+pub mod faux;
+pub mod ids;
+pub mod lease;
+pub mod limits;
 pub mod protocol;
+pub mod rng;
+pub mod runtime;
+pub mod server;
 pub mod time;
 pub mod wire;
-pub mod ids;
-pub mod limits;
-pub mod rng;
-pub mod server;
 pub mod worker;

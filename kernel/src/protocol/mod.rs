@@ -3,6 +3,7 @@
 
 pub mod codec;
 pub mod types;
+pub mod worker;
 
 pub use codec::{
     SchemaError, decode_client_message, decode_server_message, encode_client_message,

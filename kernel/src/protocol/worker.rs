@@ -1,0 +1,337 @@
+//! The private channel between the server and its worker processes.
+//!
+//! Framed like the client protocol (u32 length + one strict CBOR item) with
+//! its own small message set and version. Every frame is a map discriminated
+//! by `type`. Session data inside (snapshots, progress, errors) uses the
+//! client protocol's own schemas, so a worker cannot send the server anything
+//! a client would reject.
+//!
+//! Order on a fresh channel: the worker sends [`WorkerFrame::Hello`] with the
+//! token it was spawned with; the server answers [`WorkerFrame::Start`];
+//! then [`ToWorker`] and [`FromWorker`] frames flow.
+
+use super::codec::{
+    Fields, MapBuilder, Path, Schema, SchemaError, read_id, read_string, read_uint,
+};
+use super::types::{ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress};
+use crate::ids::OpId;
+use crate::wire::{CborLimits, Value, cbor};
+use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
+
+/// Version of the worker channel.
+pub const WORKER_PROTOCOL_VERSION: u64 = 1;
+
+/// Every frame of the worker channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerFrame {
+    /// Worker → server, first: who it is and the token it was given.
+    Hello {
+        /// [`WORKER_PROTOCOL_VERSION`].
+        version: u64,
+        /// Secret passed at spawn.
+        token: String,
+        /// The session it hosts.
+        session_id: String,
+        /// Its process id.
+        pid: u64,
+    },
+    /// Server → worker, after a valid hello: open the session (or create it).
+    Start {
+        /// Set to create a new session.
+        create: Option<CreateSpec>,
+    },
+    /// Server → worker.
+    ToWorker(ToWorker),
+    /// Worker → server.
+    FromWorker(FromWorker),
+}
+
+fn text(s: &str) -> Value {
+    Value::Text(s.to_string())
+}
+
+fn read_thinking(value: &Value, path: &Path<'_>) -> Result<ThinkingLevel, SchemaError> {
+    let s = read_string(value, path)?;
+    ThinkingLevel::parse(&s).ok_or_else(|| SchemaError::new(format!("{path}: unknown thinking level {s:?}")))
+}
+
+fn create_to_value(spec: &CreateSpec) -> Value {
+    MapBuilder::with_capacity(4)
+        .put_opt("cwd", spec.cwd.as_deref().map(text))
+        .put_opt("name", spec.name.as_deref().map(text))
+        .put_opt("model", spec.model.as_ref().map(Schema::to_value))
+        .put_opt("thinkingLevel", spec.thinking_level.map(|l| text(l.as_str())))
+        .build()
+}
+
+fn create_from_value(value: &Value, path: &Path<'_>) -> Result<CreateSpec, SchemaError> {
+    let f = Fields::new(value, path, &["cwd", "name", "model", "thinkingLevel"])?;
+    Ok(CreateSpec {
+        cwd: f.optional("cwd", read_string)?,
+        name: f.optional("name", read_string)?,
+        model: f.optional("model", ModelRef::from_value_at)?,
+        thinking_level: f.optional("thinkingLevel", read_thinking)?,
+    })
+}
+
+fn operation_to_value(op: &Operation) -> Value {
+    let b = MapBuilder::with_capacity(2).put("kind", text(op.name()));
+    match op {
+        Operation::Prompt { text: t } | Operation::Steer { text: t } => b.put("text", text(t)),
+        Operation::Abort => b,
+        Operation::SetModel { model } => b.put("model", model.to_value()),
+        Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
+    }
+    .build()
+}
+
+fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, SchemaError> {
+    let kind = value.get("kind").and_then(|k| match k {
+        Value::Text(s) => Some(s.as_str()),
+        _ => None,
+    });
+    let op = match kind {
+        Some("prompt") | Some("steer") => {
+            let f = Fields::new(value, path, &["kind", "text"])?;
+            let t = f.required("text", read_string)?;
+            if kind == Some("prompt") { Operation::Prompt { text: t } } else { Operation::Steer { text: t } }
+        }
+        Some("abort") => {
+            Fields::new(value, path, &["kind"])?;
+            Operation::Abort
+        }
+        Some("set_model") => {
+            let f = Fields::new(value, path, &["kind", "model"])?;
+            Operation::SetModel { model: f.required("model", ModelRef::from_value_at)? }
+        }
+        Some("set_thinking") => {
+            let f = Fields::new(value, path, &["kind", "thinkingLevel"])?;
+            Operation::SetThinking { level: f.required("thinkingLevel", read_thinking)? }
+        }
+        other => return Err(SchemaError::new(format!("{path}: unknown operation kind {other:?}"))),
+    };
+    Ok(op)
+}
+
+impl Schema for WorkerFrame {
+    fn to_value(&self) -> Value {
+        match self {
+            Self::Hello { version, token, session_id, pid } => MapBuilder::with_capacity(5)
+                .put("type", text("hello"))
+                .put("version", Value::Int(*version as i64))
+                .put("token", text(token))
+                .put("sessionId", text(session_id))
+                .put("pid", Value::Int(*pid as i64))
+                .build(),
+            Self::Start { create } => MapBuilder::with_capacity(2)
+                .put("type", text("start"))
+                .put_opt("create", create.as_ref().map(create_to_value))
+                .build(),
+            Self::ToWorker(ToWorker::Operation { op, operation }) => MapBuilder::with_capacity(3)
+                .put("type", text("operation"))
+                .put("op", Value::Int(op.0 as i64))
+                .put("operation", operation_to_value(operation))
+                .build(),
+            Self::ToWorker(ToWorker::Dispose) => MapBuilder::with_capacity(1).put("type", text("dispose")).build(),
+            Self::FromWorker(m) => from_worker_to_value(m),
+        }
+    }
+
+    fn from_value_at(value: &Value, path: &Path<'_>) -> Result<Self, SchemaError> {
+        let kind = match value.get("type") {
+            Some(Value::Text(s)) => s.as_str(),
+            _ => return Err(SchemaError::new(format!("{path}: missing frame type"))),
+        };
+        let frame = match kind {
+            "hello" => {
+                let f = Fields::new(value, path, &["type", "version", "token", "sessionId", "pid"])?;
+                Self::Hello {
+                    version: f.required("version", read_uint)?,
+                    token: f.required("token", read_string)?,
+                    session_id: f.required("sessionId", read_id)?,
+                    pid: f.required("pid", read_uint)?,
+                }
+            }
+            "start" => {
+                let f = Fields::new(value, path, &["type", "create"])?;
+                Self::Start { create: f.optional("create", create_from_value)? }
+            }
+            "operation" => {
+                let f = Fields::new(value, path, &["type", "op", "operation"])?;
+                Self::ToWorker(ToWorker::Operation {
+                    op: OpId(f.required("op", read_uint)?),
+                    operation: f.required("operation", operation_from_value)?,
+                })
+            }
+            "dispose" => {
+                Fields::new(value, path, &["type"])?;
+                Self::ToWorker(ToWorker::Dispose)
+            }
+            _ => Self::FromWorker(from_worker_from_value(kind, value, path)?),
+        };
+        Ok(frame)
+    }
+}
+
+fn from_worker_to_value(m: &FromWorker) -> Value {
+    match m {
+        FromWorker::Ready { snapshot } => {
+            MapBuilder::with_capacity(2).put("type", text("ready")).put("snapshot", snapshot.to_value())
+        }
+        FromWorker::Failed { error } => {
+            MapBuilder::with_capacity(2).put("type", text("failed")).put("error", error.to_value())
+        }
+        FromWorker::Snapshot { snapshot } => {
+            MapBuilder::with_capacity(2).put("type", text("snapshot")).put("snapshot", snapshot.to_value())
+        }
+        FromWorker::Progress { progress } => {
+            MapBuilder::with_capacity(2).put("type", text("progress")).put("progress", progress.to_value())
+        }
+        FromWorker::OpDone { op, outcome } => {
+            let b = MapBuilder::with_capacity(3).put("type", text("op_done")).put("op", Value::Int(op.0 as i64));
+            match outcome {
+                Ok(snapshot) => b.put("session", snapshot.to_value()),
+                Err(error) => b.put("error", error.to_value()),
+            }
+        }
+        FromWorker::Fatal { message } => {
+            MapBuilder::with_capacity(2).put("type", text("fatal")).put("message", text(message))
+        }
+    }
+    .build()
+}
+
+fn from_worker_from_value(kind: &str, value: &Value, path: &Path<'_>) -> Result<FromWorker, SchemaError> {
+    let m = match kind {
+        "ready" => {
+            let f = Fields::new(value, path, &["type", "snapshot"])?;
+            FromWorker::Ready { snapshot: f.required("snapshot", SessionSnapshot::from_value_at)? }
+        }
+        "failed" => {
+            let f = Fields::new(value, path, &["type", "error"])?;
+            FromWorker::Failed { error: f.required("error", ProtocolError::from_value_at)? }
+        }
+        "snapshot" => {
+            let f = Fields::new(value, path, &["type", "snapshot"])?;
+            FromWorker::Snapshot { snapshot: f.required("snapshot", SessionSnapshot::from_value_at)? }
+        }
+        "progress" => {
+            let f = Fields::new(value, path, &["type", "progress"])?;
+            FromWorker::Progress { progress: f.required("progress", TranscriptProgress::from_value_at)? }
+        }
+        "op_done" => {
+            let f = Fields::new(value, path, &["type", "op", "session", "error"])?;
+            let op = OpId(f.required("op", read_uint)?);
+            let session = f.optional("session", SessionSnapshot::from_value_at)?;
+            let error = f.optional("error", ProtocolError::from_value_at)?;
+            let outcome = match (session, error) {
+                (Some(s), None) => Ok(s),
+                (None, Some(e)) => Err(e),
+                _ => return Err(SchemaError::new(format!("{path}: op_done needs exactly one of session and error"))),
+            };
+            FromWorker::OpDone { op, outcome }
+        }
+        "fatal" => {
+            let f = Fields::new(value, path, &["type", "message"])?;
+            FromWorker::Fatal { message: f.required("message", read_string)? }
+        }
+        other => return Err(SchemaError::new(format!("{path}: unknown worker frame type {other:?}"))),
+    };
+    Ok(m)
+}
+
+/// Encodes a worker-channel frame payload (no length header).
+pub fn encode_worker_frame(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError> {
+    let mut out = Vec::new();
+    cbor::encode(&frame.to_value(), &mut out).map_err(|e| SchemaError::new(e.to_string()))?;
+    Ok(out)
+}
+
+/// Decodes a worker-channel frame payload.
+pub fn decode_worker_frame(payload: &[u8], limits: &CborLimits) -> Result<WorkerFrame, SchemaError> {
+    let value = cbor::decode(payload, limits).map_err(|e| SchemaError::new(e.to_string()))?;
+    WorkerFrame::from_value(&value, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{ErrorCode, SessionPhase};
+
+    fn snapshot() -> SessionSnapshot {
+        SessionSnapshot {
+            id: "s".into(),
+            name: None,
+            cwd: "/w".into(),
+            created_at: 1,
+            updated_at: 2,
+            phase: SessionPhase::Idle,
+            model: ModelRef { provider: "faux".into(), id: "faux-1".into() },
+            thinking_level: ThinkingLevel::Off,
+            attached: false,
+            locked: true,
+            revision: 3,
+            transcript: vec![],
+            queued_steer: vec![],
+            queued_steer_count: 0,
+        }
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        let frames = vec![
+            WorkerFrame::Hello { version: 1, token: "t".into(), session_id: "s".into(), pid: 42 },
+            WorkerFrame::Start { create: None },
+            WorkerFrame::Start {
+                create: Some(CreateSpec {
+                    cwd: Some("/w".into()),
+                    name: Some("n".into()),
+                    model: Some(ModelRef { provider: "p".into(), id: "m".into() }),
+                    thinking_level: Some(ThinkingLevel::High),
+                }),
+            },
+            WorkerFrame::ToWorker(ToWorker::Dispose),
+            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(7), operation: Operation::Prompt { text: "hi".into() } }),
+            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(8), operation: Operation::Steer { text: "s".into() } }),
+            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(9), operation: Operation::Abort }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(10),
+                operation: Operation::SetModel { model: ModelRef { provider: "p".into(), id: "m".into() } },
+            }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(11),
+                operation: Operation::SetThinking { level: ThinkingLevel::Low },
+            }),
+            WorkerFrame::FromWorker(FromWorker::Ready { snapshot: snapshot() }),
+            WorkerFrame::FromWorker(FromWorker::Snapshot { snapshot: snapshot() }),
+            WorkerFrame::FromWorker(FromWorker::Failed { error: ProtocolError::new(ErrorCode::SessionLocked, "x") }),
+            WorkerFrame::FromWorker(FromWorker::OpDone { op: OpId(1), outcome: Ok(snapshot()) }),
+            WorkerFrame::FromWorker(FromWorker::OpDone { op: OpId(2), outcome: Err(ProtocolError::new(ErrorCode::Busy, "b")) }),
+            WorkerFrame::FromWorker(FromWorker::Progress {
+                progress: TranscriptProgress::AssistantDelta {
+                    message_id: "m".into(),
+                    content_index: 0,
+                    kind: crate::protocol::DeltaKind::Text,
+                    delta: "d".into(),
+                },
+            }),
+            WorkerFrame::FromWorker(FromWorker::Fatal { message: "disk full".into() }),
+        ];
+        for frame in frames {
+            let bytes = encode_worker_frame(&frame).expect("encodes");
+            assert_eq!(decode_worker_frame(&bytes, &CborLimits::default()).expect("decodes"), frame);
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_and_ambiguous_frames() {
+        let bad = crate::map! { "type" => Value::text("teleport") };
+        assert!(WorkerFrame::from_value(&bad, "").is_err());
+        let both = crate::map! {
+            "type" => Value::text("op_done"), "op" => Value::Int(1),
+            "session" => snapshot().to_value(),
+            "error" => ProtocolError::new(ErrorCode::Busy, "b").to_value(),
+        };
+        assert!(WorkerFrame::from_value(&both, "").unwrap_err().to_string().contains("exactly one"));
+    }
+}
