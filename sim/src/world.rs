@@ -186,6 +186,7 @@ impl World {
             seed: options.seed.wrapping_add(generation.wrapping_mul(0x9e37_79b9)),
             models: faux::models(),
             limits: options.limits.clone(),
+            idle_exit: None,
         }
     }
 

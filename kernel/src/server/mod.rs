@@ -52,6 +52,9 @@ pub struct Config {
     pub models: Vec<ModelMetadata>,
     /// Bounds and deadlines.
     pub limits: Limits,
+    /// Retire after this long with no connection and no live session
+    /// (servers started on demand by a client); `None` runs until shut down.
+    pub idle_exit: Option<std::time::Duration>,
 }
 
 /// Why the kernel closes a connection.
@@ -158,6 +161,7 @@ pub struct Server {
     next_op: u64,
     shutting_down: bool,
     shutdown_reported: bool,
+    idle_since: Option<Instant>,
     out: Vec<Output>,
 }
 
@@ -184,6 +188,7 @@ impl Server {
             next_op: 1,
             shutting_down: false,
             shutdown_reported: false,
+            idle_since: Some(Instant(0)),
             out: Vec::new(),
         }
     }
@@ -216,6 +221,7 @@ impl Server {
             }
             Input::Shutdown => self.on_shutdown(),
         }
+        self.track_idle();
         self.maybe_report_shutdown();
         self.check_invariants();
         std::mem::take(&mut self.out)
@@ -225,7 +231,25 @@ impl Server {
     pub fn next_deadline(&self) -> Option<Instant> {
         let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
         let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
-        conns.chain(workers).min()
+        conns.chain(workers).chain(self.idle_deadline()).min()
+    }
+
+    /// When an idle server started on demand retires.
+    fn idle_deadline(&self) -> Option<Instant> {
+        let grace = self.config.idle_exit?;
+        if self.shutting_down {
+            return None;
+        }
+        self.idle_since.map(|since| since + grace)
+    }
+
+    fn track_idle(&mut self) {
+        let idle = self.conns.is_empty() && self.sessions.is_empty();
+        match (idle, self.idle_since) {
+            (true, None) => self.idle_since = Some(self.now),
+            (false, Some(_)) => self.idle_since = None,
+            _ => {}
+        }
     }
 
     /// The server snapshot revision (increments only when a broadcast goes out).
@@ -471,6 +495,9 @@ impl Server {
             self.fail_protocol(id, ErrorCode::InvalidRequest, "Handshake timeout".into());
         }
         self.on_worker_deadlines();
+        if self.idle_deadline().is_some_and(|d| d <= now) {
+            self.on_shutdown();
+        }
     }
 
     /// Sends `hello_error` and closes: the end of a connection that broke the protocol.

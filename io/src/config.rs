@@ -1,0 +1,178 @@
+//! Where things live on disk, and making those places safe to use.
+//!
+//! - server dir: `--server-dir`, else `$PI_SERVER_DIR`, else `~/.pi/server`;
+//!   mode 0700, owned by the current user.
+//! - server id: `--server-id`, else `$PI_SERVER_ID`, else the file
+//!   `<serverDir>/default-server-id` (a lowercase UUIDv4, created exclusively, 0600).
+//! - public socket: `<serverDir>/<serverId>.sock`, mode 0600.
+//! - session dir: `--session-dir`, else `$PI_CODING_AGENT_DIR/sessions`, else
+//!   `~/.pi/agent/sessions`.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A configuration problem, shown to the user as is.
+pub type ConfigError = String;
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// The server directory.
+pub fn server_dir(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| env_path("PI_SERVER_DIR")).unwrap_or_else(|| home().join(".pi/server"))
+}
+
+/// The agent directory (settings, auth, models, default sessions).
+pub fn agent_dir() -> PathBuf {
+    env_path("PI_CODING_AGENT_DIR").unwrap_or_else(|| home().join(".pi/agent"))
+}
+
+/// The session directory.
+pub fn session_dir(flag: Option<PathBuf>) -> PathBuf {
+    flag.unwrap_or_else(|| agent_dir().join("sessions"))
+}
+
+/// The public socket of a server.
+pub fn socket_path(server_dir: &Path, server_id: &str) -> PathBuf {
+    server_dir.join(format!("{server_id}.sock"))
+}
+
+/// The socket workers connect to.
+pub fn worker_socket_path(server_dir: &Path, server_id: &str) -> PathBuf {
+    server_dir.join(format!("{server_id}.workers.sock"))
+}
+
+/// Creates `dir` (and parents) private to this user, or checks and repairs it:
+/// it must be a directory owned by the current user, and is made mode 0700.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+    }
+    let meta = fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} exists and is not a directory", dir.display()));
+    }
+    let uid = rustix::process::getuid().as_raw();
+    if meta.uid() != uid {
+        return Err(format!(
+            "refusing to use {}: it is owned by uid {}, not by you (uid {uid})",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
+            format!("{} is open to other users and cannot be made private: {e}", dir.display())
+        })?;
+        tracing::warn!(dir = %dir.display(), "directory was open to other users; made it mode 0700");
+    }
+    Ok(())
+}
+
+/// 64 bits from the operating system's entropy source.
+pub fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if let Ok(mut f) = fs::File::open("/dev/urandom")
+        && f.read_exact(&mut bytes).is_ok()
+    {
+        return u64::from_le_bytes(bytes);
+    }
+    // Last resort: time and pid. Ids stay unique per server, just guessable.
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// A fresh lowercase UUIDv4.
+pub fn new_uuid() -> String {
+    kernel::rng::Rng::new(random_u64()).uuid_v4()
+}
+
+/// The server id: the flag, else `$PI_SERVER_ID`, else `default-server-id`
+/// in the server dir (created on first use).
+pub fn server_id(flag: Option<String>, server_dir: &Path) -> Result<String, ConfigError> {
+    let given = flag.or_else(|| std::env::var("PI_SERVER_ID").ok().filter(|s| !s.is_empty()));
+    if let Some(id) = given {
+        return check_server_id(id);
+    }
+    let file = server_dir.join("default-server-id");
+    let fresh = new_uuid();
+    match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {
+        Ok(mut f) => {
+            f.write_all(format!("{fresh}\n").as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            Ok(fresh)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let text = fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            check_server_id(text.trim().to_string()).map_err(|e| format!("{}: {e}", file.display()))
+        }
+        Err(e) => Err(format!("cannot create {}: {e}", file.display())),
+    }
+}
+
+fn check_server_id(id: String) -> Result<String, ConfigError> {
+    if kernel::rng::is_uuid_v4(&id) {
+        Ok(id)
+    } else {
+        Err(format!("invalid server id {id:?}: expected a lowercase UUIDv4 such as 01234567-89ab-4def-8123-456789abcdef"))
+    }
+}
+
+/// Reads a token file (trimmed); it must not be empty.
+pub fn read_token_file(path: &Path) -> Result<String, ConfigError> {
+    let text = fs::read_to_string(path).map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    let token = text.trim().to_string();
+    if token.is_empty() {
+        return Err(format!("token file {} is empty", path.display()));
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pi-config-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn private_dir_is_created_and_repaired() {
+        let dir = scratch("private");
+        ensure_private_dir(&dir).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&dir).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let file = dir.join("f");
+        fs::write(&file, "x").unwrap();
+        assert!(ensure_private_dir(&file).unwrap_err().contains("not a directory"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn default_server_id_is_created_once() {
+        let dir = scratch("id");
+        ensure_private_dir(&dir).unwrap();
+        let a = server_id(None, &dir).unwrap();
+        let b = server_id(None, &dir).unwrap();
+        assert_eq!(a, b);
+        assert!(kernel::rng::is_uuid_v4(&a));
+        assert_eq!(fs::metadata(dir.join("default-server-id")).unwrap().mode() & 0o777, 0o600);
+        assert!(server_id(Some("nope".into()), &dir).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,534 @@
+//! `pi-server serve`: one task owns the kernel [`Server`] and turns
+//! everything that happens (accepts, bytes, writes, worker frames, process
+//! exits, timers, signals) into kernel inputs, then carries out the outputs.
+//! It makes no protocol decisions.
+//!
+//! Tasks around the loop: the public and worker accept loops, one reader and
+//! one writer per client connection, one reader and one writer per worker
+//! channel, one waiter per worker process, and blocking-pool jobs for the
+//! catalog scan and session removal. They talk to the loop through one
+//! bounded event channel (readers block when the loop falls behind) and are
+//! talked to through per-task channels whose size the kernel already bounds.
+
+use crate::config::{self, new_uuid};
+use crate::socket;
+use crate::store;
+use kernel::faux;
+use kernel::ids::{ConnId, WorkerId};
+use kernel::limits::Limits;
+use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
+use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
+use kernel::wire::frame::encode_frame;
+use kernel::wire::{CborLimits, FrameDecoder};
+use kernel::worker::CreateSpec;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How to run a server.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Private directory holding sockets and ids.
+    pub server_dir: PathBuf,
+    /// This server's id (lowercase UUIDv4).
+    pub server_id: String,
+    /// Where sessions are stored.
+    pub session_dir: PathBuf,
+    /// Token clients must send in hello, if any.
+    pub token: Option<String>,
+    /// Retire after this long without clients and sessions (auto-started servers).
+    pub idle_exit: Option<Duration>,
+}
+
+enum Event {
+    Accepted(UnixStream),
+    CatalogLoaded(Vec<kernel::protocol::SessionMetadata>),
+    Received { conn: ConnId, bytes: Vec<u8> },
+    ReadClosed { conn: ConnId },
+    Written { conn: ConnId, bytes: usize },
+    WriterClosed { conn: ConnId },
+    WorkerHello { stream: UnixStream, token: String, session_id: String, pid: u64 },
+    FromWorker { worker: WorkerId, frame: WorkerFrame },
+    WorkerChannelClosed { worker: WorkerId },
+    WorkerExited { worker: WorkerId, status: String },
+    SessionRemoved { session_id: String, result: Result<(), String> },
+}
+
+enum WriterMsg {
+    Frame(Frame),
+    Close,
+}
+
+struct ClientConn {
+    writer: mpsc::UnboundedSender<WriterMsg>,
+    reader: JoinHandle<()>,
+    writer_task: JoinHandle<()>,
+}
+
+struct WorkerProc {
+    session_id: String,
+    token: String,
+    pid: Option<u32>,
+    create: Option<CreateSpec>,
+    channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    queued: Vec<Vec<u8>>,
+}
+
+struct Daemon {
+    opts: ServeOptions,
+    server: Server,
+    base: tokio::time::Instant,
+    events: mpsc::Sender<Event>,
+    conns: BTreeMap<ConnId, ClientConn>,
+    workers: BTreeMap<WorkerId, WorkerProc>,
+    next_conn: u64,
+    public_path: PathBuf,
+    worker_path: PathBuf,
+    accept_task: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+/// Runs a server until it is shut down (signal, or idle exit).
+pub async fn serve(opts: ServeOptions) -> Result<(), String> {
+    config::ensure_private_dir(&opts.server_dir)?;
+    std::fs::create_dir_all(&opts.session_dir)
+        .map_err(|e| format!("cannot create session directory {}: {e}", opts.session_dir.display()))?;
+    let public_path = config::socket_path(&opts.server_dir, &opts.server_id);
+    let worker_path = config::worker_socket_path(&opts.server_dir, &opts.server_id);
+    let public = socket::bind(&public_path).map_err(|e| e.to_string())?;
+    let workers = match socket::bind(&worker_path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_file(&public_path);
+            return Err(e.to_string());
+        }
+    };
+    let public = UnixListener::from_std(public).map_err(|e| e.to_string())?;
+    let workers = UnixListener::from_std(workers).map_err(|e| e.to_string())?;
+    tracing::info!(server_id = %opts.server_id, socket = %public_path.display(), sessions = %opts.session_dir.display(), "serving");
+
+    let (tx, mut rx) = mpsc::channel::<Event>(4096);
+    let server = Server::new(Config {
+        server_id: opts.server_id.clone(),
+        token: opts.token.clone(),
+        seed: config::random_u64(),
+        models: faux::models(),
+        limits: Limits::default(),
+        idle_exit: opts.idle_exit,
+    });
+    let accept_task = Some(tokio::spawn(accept_clients(public, tx.clone())));
+    let worker_accept = tokio::spawn(accept_workers(workers, tx.clone()));
+    let session_dir = opts.session_dir.clone();
+    let catalog_tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let sessions = store::scan_catalog(&session_dir);
+        let _ = catalog_tx.blocking_send(Event::CatalogLoaded(sessions));
+    });
+
+    let mut d = Daemon {
+        opts,
+        server,
+        base: tokio::time::Instant::now(),
+        events: tx,
+        conns: BTreeMap::new(),
+        workers: BTreeMap::new(),
+        next_conn: 1,
+        public_path,
+        worker_path,
+        accept_task,
+        done: false,
+    };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut signals = 0;
+    while !d.done {
+        let deadline = d.server.next_deadline().map(|at| d.base + Duration::from_millis(at.as_millis()));
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(event) = rx.recv() => d.on_event(event),
+            () = sleep => d.step(Input::Tick),
+            _ = sigterm.recv() => { signals += 1; d.on_signal(signals) }
+            _ = sigint.recv() => { signals += 1; d.on_signal(signals) }
+        }
+    }
+    worker_accept.abort();
+    d.cleanup_sockets();
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                if tx.send(Event::Accepted(stream)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let hello = tokio::time::timeout(Duration::from_secs(5), read_worker_hello(stream)).await;
+            match hello {
+                Ok(Ok((stream, WorkerFrame::Hello { token, session_id, pid, .. }))) => {
+                    let _ = tx.send(Event::WorkerHello { stream, token, session_id, pid }).await;
+                }
+                Ok(Ok(_)) => tracing::warn!("worker channel: first frame was not hello"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "worker channel: bad hello"),
+                Err(_) => tracing::warn!("worker channel: no hello within 5 s"),
+            }
+        });
+    }
+}
+
+/// Reads exactly one frame from a fresh worker channel.
+async fn read_worker_hello(mut stream: UnixStream) -> Result<(UnixStream, WorkerFrame), String> {
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header).await.map_err(|e| e.to_string())?;
+    let len = u32::from_be_bytes(header) as usize;
+    if len > 64 * 1024 {
+        return Err(format!("hello frame of {len} bytes"));
+    }
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.map_err(|e| e.to_string())?;
+    let frame = decode_worker_frame(&payload, &CborLimits::default()).map_err(|e| e.to_string())?;
+    Ok((stream, frame))
+}
+
+impl Daemon {
+    fn now(&self) -> kernel::time::Instant {
+        kernel::time::Instant(self.base.elapsed().as_millis() as u64)
+    }
+
+    fn step(&mut self, input: Input) {
+        let now = self.now();
+        let outputs = self.server.step(now, input);
+        for output in outputs {
+            self.carry_out(output);
+        }
+    }
+
+    fn on_signal(&mut self, count: u32) {
+        if count == 1 {
+            tracing::info!("shutting down (signal again to stop at once)");
+            self.step(Input::Shutdown);
+        } else {
+            tracing::warn!("second signal: stopping now");
+            for w in self.workers.values() {
+                if let Some(pid) = w.pid {
+                    kill(pid, rustix::process::Signal::KILL);
+                }
+            }
+            self.done = true;
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Accepted(stream) => self.on_accepted(stream),
+            Event::CatalogLoaded(sessions) => {
+                tracing::info!(count = sessions.len(), "session catalog loaded");
+                self.step(Input::CatalogLoaded { sessions });
+            }
+            Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
+            Event::ReadClosed { conn } => {
+                // While closing, the writer is flushing a final hello_error; it reports the end.
+                if self.server.connection_stage(conn) != Some(kernel::server::Stage::Closing) {
+                    self.drop_conn(conn);
+                }
+            }
+            Event::Written { conn, bytes } => {
+                if self.conns.contains_key(&conn) {
+                    self.step(Input::Written { conn, bytes });
+                }
+            }
+            Event::WriterClosed { conn } => self.drop_conn(conn),
+            Event::WorkerHello { stream, token, session_id, pid } => self.on_worker_hello(stream, token, session_id, pid),
+            Event::FromWorker { worker, frame } => match frame {
+                WorkerFrame::FromWorker(message) => {
+                    self.step(Input::FromWorker { worker, message: Box::new(message) })
+                }
+                other => tracing::warn!(%worker, ?other, "unexpected frame from worker"),
+            },
+            Event::WorkerChannelClosed { worker } => {
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.channel = None;
+                }
+            }
+            Event::WorkerExited { worker, status } => {
+                if let Some(w) = self.workers.remove(&worker) {
+                    tracing::info!(%worker, session = %w.session_id, %status, "worker exited");
+                }
+                self.step(Input::WorkerExited { worker });
+            }
+            Event::SessionRemoved { session_id, result } => self.step(Input::SessionRemoved { session_id, result }),
+        }
+    }
+
+    fn on_accepted(&mut self, stream: UnixStream) {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        let (mut read, mut write) = stream.into_split();
+        let tx = self.events.clone();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match read.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx.send(Event::Received { conn, bytes: buf[..n].to_vec() }).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(Event::ReadClosed { conn }).await;
+        });
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
+        let tx = self.events.clone();
+        let writer_task = tokio::spawn(async move {
+            'outer: while let Some(msg) = wrx.recv().await {
+                let mut batch = Vec::new();
+                let mut close = false;
+                let mut next = Some(msg);
+                while let Some(m) = next {
+                    match m {
+                        WriterMsg::Frame(f) => batch.push(f),
+                        WriterMsg::Close => {
+                            close = true;
+                            break;
+                        }
+                    }
+                    next = if batch.len() < 256 { wrx.try_recv().ok() } else { None };
+                }
+                let mut written = 0;
+                for frame in &batch {
+                    if write.write_all(frame).await.is_err() {
+                        break 'outer;
+                    }
+                    written += frame.len();
+                }
+                if written > 0 && tx.send(Event::Written { conn, bytes: written }).await.is_err() {
+                    return;
+                }
+                if close {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), write.shutdown()).await;
+                    break;
+                }
+            }
+            let _ = tx.send(Event::WriterClosed { conn }).await;
+        });
+        self.conns.insert(conn, ClientConn { writer: wtx, reader, writer_task });
+        self.step(Input::Accepted { conn });
+    }
+
+    /// The connection is gone: stop its tasks and tell the kernel (once).
+    fn drop_conn(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.remove(&conn) {
+            c.reader.abort();
+            c.writer_task.abort();
+            self.step(Input::Disconnected { conn });
+        }
+    }
+
+    fn carry_out(&mut self, output: Output) {
+        match output {
+            Output::Send { conn, frame } => {
+                if let Some(c) = self.conns.get(&conn) {
+                    let _ = c.writer.send(WriterMsg::Frame(frame));
+                }
+            }
+            Output::Close { conn, reason } => {
+                tracing::debug!(%conn, %reason, "closing connection");
+                match reason {
+                    CloseReason::Protocol(_) | CloseReason::TooManyConnections => {
+                        if let Some(c) = self.conns.get(&conn) {
+                            let _ = c.writer.send(WriterMsg::Close);
+                        }
+                    }
+                    CloseReason::SlowConsumer | CloseReason::RuntimeError | CloseReason::Shutdown => {
+                        if reason == CloseReason::SlowConsumer {
+                            tracing::warn!(%conn, "client is not reading; cut off at its output bound");
+                        }
+                        self.drop_conn(conn);
+                    }
+                }
+            }
+            Output::SpawnWorker { worker, session_id, create } => self.spawn_worker(worker, session_id, create),
+            Output::ToWorker { worker, message } => {
+                let frame = WorkerFrame::ToWorker(message);
+                self.send_to_worker(worker, &frame);
+            }
+            Output::KillWorker { worker } => {
+                if let Some(pid) = self.workers.get(&worker).and_then(|w| w.pid) {
+                    tracing::warn!(%worker, pid, "killing worker that missed its deadline");
+                    kill(pid, rustix::process::Signal::KILL);
+                }
+            }
+            Output::RemoveSession { session_id } => {
+                let dir = self.opts.session_dir.clone();
+                let tx = self.events.clone();
+                tokio::task::spawn_blocking(move || {
+                    let result = store::remove_session(&dir, &session_id).map_err(|e| e.to_string());
+                    let _ = tx.blocking_send(Event::SessionRemoved { session_id, result });
+                });
+            }
+            Output::StopAccepting => {
+                if let Some(task) = self.accept_task.take() {
+                    task.abort();
+                }
+                let _ = std::fs::remove_file(&self.public_path);
+            }
+            Output::ShutdownComplete => self.done = true,
+        }
+    }
+
+    fn spawn_worker(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
+        let token = new_uuid();
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => return self.step(Input::WorkerSpawnFailed { worker, error: e.to_string() }),
+        };
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.arg("worker")
+            .env("PI_WORKER_SOCKET", &self.worker_path)
+            .env("PI_WORKER_TOKEN", &token)
+            .env("PI_WORKER_SESSION_ID", &session_id)
+            .env("PI_WORKER_SESSION_DIR", &self.opts.session_dir)
+            .stdin(std::process::Stdio::null())
+            .process_group(0);
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id();
+                tracing::info!(%worker, session = %session_id, pid, "worker spawned");
+                self.workers.insert(
+                    worker,
+                    WorkerProc { session_id, token, pid, create, channel: None, queued: Vec::new() },
+                );
+                let tx = self.events.clone();
+                tokio::spawn(async move {
+                    let status = match child.wait().await {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    let _ = tx.send(Event::WorkerExited { worker, status }).await;
+                });
+                self.step(Input::WorkerSpawned { worker });
+            }
+            Err(e) => self.step(Input::WorkerSpawnFailed { worker, error: e.to_string() }),
+        }
+    }
+
+    fn on_worker_hello(&mut self, stream: UnixStream, token: String, session_id: String, pid: u64) {
+        let found = self.workers.iter().find(|(_, w)| {
+            w.channel.is_none() && w.session_id == session_id && token_eq(&w.token, &token)
+        });
+        let Some((&worker, _)) = found else {
+            tracing::warn!(session = %session_id, pid, "rejected a worker channel with an unknown token");
+            return;
+        };
+        let (mut read, mut write) = stream.into_split();
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            while let Some(bytes) = wrx.recv().await {
+                if write.write_all(&bytes).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let tx = self.events.clone();
+        tokio::spawn(async move {
+            let mut decoder = FrameDecoder::new(kernel::wire::frame::DEFAULT_MAX_FRAME_LEN);
+            let mut buf = vec![0u8; 64 * 1024];
+            let limits = CborLimits::default();
+            'read: loop {
+                let n = match read.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let mut payloads = Vec::new();
+                let failed = decoder.push(&buf[..n], &mut payloads).is_err();
+                for payload in payloads {
+                    match decode_worker_frame(&payload, &limits) {
+                        Ok(frame) => {
+                            if tx.send(Event::FromWorker { worker, frame }).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(%worker, error = %e, "worker sent an invalid frame");
+                            break 'read;
+                        }
+                    }
+                }
+                if failed {
+                    break;
+                }
+            }
+            let _ = tx.send(Event::WorkerChannelClosed { worker }).await;
+        });
+        let w = self.workers.get_mut(&worker).expect("found");
+        w.pid = w.pid.or(u32::try_from(pid).ok());
+        w.channel = Some(wtx);
+        let start = WorkerFrame::Start { create: w.create.take() };
+        let queued = std::mem::take(&mut w.queued);
+        self.send_to_worker(worker, &start);
+        let w = self.workers.get_mut(&worker).expect("found");
+        for bytes in queued {
+            if let Some(ch) = &w.channel {
+                let _ = ch.send(bytes);
+            }
+        }
+    }
+
+    fn send_to_worker(&mut self, worker: WorkerId, frame: &WorkerFrame) {
+        let Some(w) = self.workers.get_mut(&worker) else { return };
+        let bytes = match encode_worker_frame(frame)
+            .map_err(|e| e.to_string())
+            .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))
+        {
+            Ok(b) => b,
+            Err(e) => return tracing::error!(%worker, error = %e, "cannot encode a worker frame"),
+        };
+        match &w.channel {
+            Some(ch) => {
+                let _ = ch.send(bytes);
+            }
+            None => w.queued.push(bytes),
+        }
+    }
+
+    fn cleanup_sockets(&mut self) {
+        let _ = std::fs::remove_file(&self.public_path);
+        let _ = std::fs::remove_file(&self.worker_path);
+    }
+}
+
+fn token_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn kill(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}

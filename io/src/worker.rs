@@ -1,0 +1,245 @@
+//! `pi-server worker` (internal): the process hosting one live session.
+//!
+//! It connects to its server's worker socket, proves itself with the token it
+//! was spawned with, opens (or creates) the session's storage, and then runs
+//! the kernel [`Runtime`]: operations from the server and model events go in,
+//! storage writes, model calls and frames to the server come out. Storage
+//! writes of one step are committed in one transaction before any later
+//! output of that step is carried out, so an item is durable before its
+//! `item_finished` leaves the process.
+
+use crate::store::{SessionStore, StoreError};
+use kernel::faux::{self, FauxStream};
+use kernel::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, encode_worker_frame};
+use kernel::protocol::{ErrorCode, ProtocolError};
+use kernel::runtime::{Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::time::Instant;
+use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+use kernel::wire::{CborLimits, FrameDecoder};
+use kernel::worker::{FromWorker, ToWorker};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+fn env(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set: `pi-server worker` is started by the server, not by hand"))
+}
+
+fn wall_now() -> Instant {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    Instant(ms)
+}
+
+/// Delay between faux deltas: `$PI_FAUX_DELAY_MS`, default 30 ms.
+pub fn faux_delay() -> Duration {
+    let ms = std::env::var("PI_FAUX_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    Duration::from_millis(ms)
+}
+
+struct Channel {
+    read: OwnedReadHalf,
+    write: Option<OwnedWriteHalf>,
+    decoder: FrameDecoder,
+    ready: std::collections::VecDeque<WorkerFrame>,
+    buf: Vec<u8>,
+}
+
+impl Channel {
+    async fn send(&mut self, frame: &WorkerFrame) {
+        let Some(write) = &mut self.write else { return };
+        let bytes = encode_worker_frame(frame).and_then(|p| {
+            encode_frame(&p, DEFAULT_MAX_FRAME_LEN).map_err(|e| kernel::protocol::SchemaError::new(e.to_string()))
+        });
+        match bytes {
+            Ok(bytes) => {
+                if write.write_all(&bytes).await.is_err() {
+                    tracing::warn!("server channel lost");
+                    self.write = None;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode a frame for the server"),
+        }
+    }
+
+    /// The next frame from the server; `None` when the channel is closed.
+    async fn recv(&mut self) -> Option<WorkerFrame> {
+        loop {
+            if let Some(frame) = self.ready.pop_front() {
+                return Some(frame);
+            }
+            let n = self.read.read(&mut self.buf).await.ok().filter(|n| *n > 0)?;
+            let mut payloads = Vec::new();
+            if let Err(e) = self.decoder.push(&self.buf[..n], &mut payloads) {
+                tracing::error!(error = %e, "bad frame from the server");
+                return None;
+            }
+            for p in payloads {
+                match decode_worker_frame(&p, &CborLimits::default()) {
+                    Ok(frame) => self.ready.push_back(frame),
+                    Err(e) => {
+                        tracing::error!(error = %e, "bad frame from the server");
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the worker until its runtime exits.
+pub async fn run_worker() -> Result<(), String> {
+    let socket = PathBuf::from(env("PI_WORKER_SOCKET")?);
+    let token = env("PI_WORKER_TOKEN")?;
+    let session_id = env("PI_WORKER_SESSION_ID")?;
+    let session_dir = PathBuf::from(env("PI_WORKER_SESSION_DIR")?);
+    let stream = UnixStream::connect(&socket).await.map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
+    let (read, write) = stream.into_split();
+    let mut ch = Channel { read, write: Some(write), decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN), ready: Default::default(), buf: vec![0; 64 * 1024] };
+    let hello = WorkerFrame::Hello { version: WORKER_PROTOCOL_VERSION, token, session_id: session_id.clone(), pid: u64::from(std::process::id()) };
+    ch.send(&hello).await;
+    let create = match ch.recv().await {
+        Some(WorkerFrame::Start { create }) => create,
+        Some(other) => return Err(format!("expected start from the server, got {other:?}")),
+        None => return Err("the server closed the channel before start".into()),
+    };
+    let models = faux::models();
+    let now = wall_now();
+    let opened = match create {
+        Some(spec) => Runtime::resolve_create(&spec, &faux::default_model(), &models).and_then(|(model, thinking_level)| {
+            let cwd = spec.cwd.clone().unwrap_or_else(|| {
+                std::env::current_dir().map_or_else(|_| "/".to_string(), |d| d.display().to_string())
+            });
+            let stored = StoredSession {
+                id: session_id.clone(),
+                name: spec.name.clone(),
+                cwd,
+                created_at: now.as_millis(),
+                updated_at: now.as_millis(),
+                model,
+                thinking_level,
+                revision: 0,
+                transcript: Vec::new(),
+                queued_steer: Vec::new(),
+            };
+            let store = SessionStore::create(&session_dir, &stored).map_err(store_error)?;
+            Ok((store, Runtime::create(stored, models.clone(), now)))
+        }),
+        None => SessionStore::open(&session_dir, &session_id)
+            .map_err(store_error)
+            .map(|(store, stored)| (store, Runtime::open(stored, models.clone(), now))),
+    };
+    let (mut store, (mut runtime, outputs)) = match opened {
+        Ok(v) => v,
+        Err(error) => {
+            tracing::warn!(session = %session_id, error = %error.message, "cannot open session");
+            ch.send(&WorkerFrame::FromWorker(FromWorker::Failed { error })).await;
+            return Ok(());
+        }
+    };
+    tracing::info!(session = %session_id, "session open");
+    let mut w = Worker { stream: None, delay: faux_delay(), exit: false, orphaned: false };
+    w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+    while !w.exit {
+        let deadline = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep(Duration::from_millis(at.as_millis().saturating_sub(wall_now().as_millis()))).await,
+                None => std::future::pending().await,
+            }
+        };
+        let input = tokio::select! {
+            frame = ch.recv() => match frame {
+                Some(WorkerFrame::ToWorker(ToWorker::Operation { op, operation })) => vec![RuntimeInput::Operation { op, operation }],
+                Some(WorkerFrame::ToWorker(ToWorker::Dispose)) => vec![RuntimeInput::Dispose],
+                Some(other) => { tracing::warn!(?other, "unexpected frame"); continue }
+                None => {
+                    // The server is gone. An idle session ends here; a running turn finishes first.
+                    if runtime.phase() == kernel::protocol::SessionPhase::Idle { vec![RuntimeInput::Dispose] } else {
+                        ch.write = None;
+                        tracing::warn!("server gone; finishing the running turn before exiting");
+                        w.orphaned = true;
+                        continue;
+                    }
+                }
+            },
+            () = sleep => {
+                let now = wall_now();
+                match &mut w.stream {
+                    Some((call, s)) => { let call = *call; s.poll(now).into_iter().map(|event| RuntimeInput::Model { call, event }).collect() }
+                    None => continue,
+                }
+            }
+        };
+        for i in input {
+            let outputs = runtime.step(wall_now(), i);
+            w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+            if w.exit {
+                break;
+            }
+        }
+        if w.orphaned && runtime.phase() == kernel::protocol::SessionPhase::Idle && !w.exit {
+            let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
+            w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+        }
+    }
+    store.close().map_err(|e| e.to_string())?;
+    tracing::info!(session = %session_id, "session closed");
+    Ok(())
+}
+
+fn store_error(e: StoreError) -> ProtocolError {
+    let code = match &e {
+        StoreError::Locked(_) => ErrorCode::SessionLocked,
+        StoreError::NotFound(_) => ErrorCode::NotFound,
+        StoreError::InvalidId(_) | StoreError::Exists(_) => ErrorCode::InvalidRequest,
+        _ => ErrorCode::InternalError,
+    };
+    ProtocolError::new(code, e.to_string())
+}
+
+struct Worker {
+    stream: Option<(u64, FauxStream)>,
+    delay: Duration,
+    exit: bool,
+    orphaned: bool,
+}
+
+impl Worker {
+    /// Carries out runtime outputs in order; consecutive writes commit together.
+    async fn apply(&mut self, ch: &mut Channel, store: &mut SessionStore, runtime: &mut Runtime, outputs: Vec<RuntimeOutput>) {
+        let mut queue: std::collections::VecDeque<RuntimeOutput> = outputs.into();
+        let mut batch: Vec<Persist> = Vec::new();
+        while let Some(output) = queue.pop_front() {
+            if let RuntimeOutput::Persist(p) = output {
+                batch.push(p);
+                if !matches!(queue.front(), Some(RuntimeOutput::Persist(_))) {
+                    if let Err(e) = store.apply(&batch) {
+                        tracing::error!(error = %e, "storage write failed");
+                        let message = format!("storage write failed: {e}");
+                        queue = runtime.step(wall_now(), RuntimeInput::StorageFailed { message }).into();
+                    }
+                    batch.clear();
+                }
+                continue;
+            }
+            match output {
+                RuntimeOutput::Persist(_) => unreachable!("handled above"),
+                RuntimeOutput::Send(message) => ch.send(&WorkerFrame::FromWorker(message)).await,
+                RuntimeOutput::StartModel { call, request } => {
+                    self.stream = Some((call, FauxStream::start(&request, wall_now(), self.delay)));
+                }
+                RuntimeOutput::CancelModel { call } => {
+                    if self.stream.as_ref().is_some_and(|(c, _)| *c == call) {
+                        self.stream = None;
+                    }
+                }
+                RuntimeOutput::Exit => {
+                    self.exit = true;
+                    return;
+                }
+            }
+        }
+    }
+}
