@@ -1,34 +1,132 @@
 //! Strict CBOR subset: encoder and decoder of one data item.
+//!
+//! The subset is the one pi protocol v1 allows (RFC 8949, definite lengths
+//! only): `null`, `true`, `false`, integers within ±(2^53 − 1) (major types 0
+//! and 1), float64 (`0xfb`), UTF-8 text strings, byte strings, arrays and maps
+//! whose keys are unique text strings.
+//!
+//! The decoder rejects everything else: tags, indefinite lengths, the break
+//! code, `undefined`, float16/float32, other simple values, non-finite floats,
+//! integers outside the safe range, duplicate or non-text map keys, invalid
+//! UTF-8, truncated input and trailing bytes. It enforces [`CborLimits`] before
+//! allocating anything sized by the input, and never panics.
+//!
+//! The encoder writes shortest-form integers, writes a number as float64 only
+//! when it is not a safe integer (or is −0), and writes map keys in the order
+//! given, so that its output is byte-exact with the reference implementation.
+//! Error texts follow the reference implementation's `CborError` messages.
 
 use super::Value;
+use super::value::MAX_SAFE_INTEGER;
+use std::collections::BTreeSet;
 use std::fmt;
+
+/// The largest nesting depth the decoder honours, whatever
+/// [`CborLimits::max_depth`] says (the reference rejects a larger setting).
+pub const MAX_CONFIGURABLE_DEPTH: usize = 512;
+
+/// How many characters of an offending map key an error message quotes.
+const MAX_QUOTED_KEY_CHARS: usize = 64;
 
 /// Limits the decoder enforces on untrusted input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CborLimits {
-    /// Maximum nesting depth (default 64, at most 512).
+    /// Maximum nesting depth (default 64, at most 512; a larger value acts as
+    /// 512). The top-level item is at depth 0, so the default admits 64 levels
+    /// of containers below the top-level one.
     pub max_depth: usize,
     /// Maximum elements of an array or entries of a map (default 1,000,000).
     pub max_container_len: usize,
-    /// Maximum byte length of a text or byte string (default 16 MiB).
+    /// Maximum byte length of a text or byte string, and of the whole encoded
+    /// item (default 16 MiB).
     pub max_byte_len: usize,
 }
 
 impl Default for CborLimits {
     fn default() -> Self {
-        Self { max_depth: 64, max_container_len: 1_000_000, max_byte_len: 16 * 1024 * 1024 }
+        Self {
+            max_depth: 64,
+            max_container_len: 1_000_000,
+            max_byte_len: 16 * 1024 * 1024,
+        }
     }
+}
+
+impl CborLimits {
+    fn effective_max_depth(&self) -> usize {
+        self.max_depth.min(MAX_CONFIGURABLE_DEPTH)
+    }
+}
+
+/// What class of problem a [`CborError`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CborErrorKind {
+    /// The input ended inside an item (this includes empty input).
+    Truncated,
+    /// Bytes follow the single top-level item.
+    TrailingData,
+    /// A tag (major type 6).
+    Tag,
+    /// An indefinite-length item (additional information 31).
+    IndefiniteLength,
+    /// The break code `0xff`.
+    Break,
+    /// `undefined`, float16, float32 or another simple value.
+    UnsupportedSimple,
+    /// Additional information 28–30, which RFC 8949 reserves.
+    MalformedAdditionalInfo,
+    /// NaN or ±Infinity.
+    NonFiniteNumber,
+    /// An integer, or an integral float, outside ±(2^53 − 1).
+    IntegerOutOfRange,
+    /// An integer argument or length of 2^53 or more.
+    ArgumentOutOfRange,
+    /// A map key that is not a text string.
+    NonTextKey,
+    /// A map key that occurs twice in one map.
+    DuplicateKey,
+    /// A text string that is not valid UTF-8.
+    InvalidUtf8,
+    /// Nesting deeper than [`CborLimits::max_depth`].
+    DepthLimit,
+    /// An array or map longer than [`CborLimits::max_container_len`].
+    ContainerLimit,
+    /// A string, or the whole item, longer than [`CborLimits::max_byte_len`].
+    ByteLengthLimit,
+    /// Anything else.
+    Other,
 }
 
 /// Why an item could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CborError {
+    kind: CborErrorKind,
     message: String,
 }
 
 impl CborError {
+    /// An error of kind [`CborErrorKind::Other`], for other modules of the crate.
+    #[allow(dead_code)]
     pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into() }
+        Self::with_kind(CborErrorKind::Other, message)
+    }
+
+    fn with_kind(kind: CborErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The class of problem.
+    pub fn kind(&self) -> CborErrorKind {
+        self.kind
+    }
+
+    /// The human-readable message (the same text as `Display`).
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -40,14 +138,512 @@ impl fmt::Display for CborError {
 
 impl std::error::Error for CborError {}
 
-/// Appends the encoding of `value` to `out`.
-pub fn encode(value: &Value, out: &mut Vec<u8>) -> Result<(), CborError> {
-    let _ = (value, out);
-    Err(CborError::new("not yet implemented"))
+/// Quotes a map key for an error message, shortened to a bounded length.
+fn quote_key(key: &str) -> String {
+    let mut chars = key.chars();
+    let head: String = chars.by_ref().take(MAX_QUOTED_KEY_CHARS).collect();
+    if chars.next().is_some() {
+        format!("{head:?}…")
+    } else {
+        format!("{head:?}")
+    }
 }
 
+fn depth_error(max_depth: usize) -> CborError {
+    CborError::with_kind(
+        CborErrorKind::DepthLimit,
+        format!("CBOR nesting depth exceeds configured limit of {max_depth}"),
+    )
+}
+
+fn duplicate_key_error(key: &str) -> CborError {
+    CborError::with_kind(
+        CborErrorKind::DuplicateKey,
+        format!("CBOR map contains a duplicate key {}", quote_key(key)),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Encoder
+// ---------------------------------------------------------------------------
+
+/// Appends the encoding of `value` to `out`, enforcing the default
+/// [`CborLimits`] (so that whatever is encoded also decodes).
+///
+/// On error nothing is appended: `out` is left as it was.
+pub fn encode(value: &Value, out: &mut Vec<u8>) -> Result<(), CborError> {
+    encode_with_limits(value, out, &CborLimits::default())
+}
+
+/// Like [`encode`], with explicit limits on depth, container length, string
+/// length and the total encoded length.
+pub fn encode_with_limits(
+    value: &Value,
+    out: &mut Vec<u8>,
+    limits: &CborLimits,
+) -> Result<(), CborError> {
+    let start = out.len();
+    let mut encoder = Encoder {
+        out,
+        max_depth: limits.effective_max_depth(),
+        limits,
+    };
+    let result = encoder.value(value, 0).and_then(|()| {
+        let written = encoder.out.len() - start;
+        if written > limits.max_byte_len {
+            Err(CborError::with_kind(
+                CborErrorKind::ByteLengthLimit,
+                format!(
+                    "CBOR byte length exceeds configured limit of {}",
+                    limits.max_byte_len
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    });
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+/// Encodes `value` into a fresh buffer (see [`encode`]).
+pub fn to_vec(value: &Value) -> Result<Vec<u8>, CborError> {
+    let mut out = Vec::new();
+    encode(value, &mut out)?;
+    Ok(out)
+}
+
+struct Encoder<'o, 'l> {
+    out: &'o mut Vec<u8>,
+    limits: &'l CborLimits,
+    max_depth: usize,
+}
+
+impl Encoder<'_, '_> {
+    /// Writes an initial byte and argument in the shortest form.
+    fn head(&mut self, major: u8, argument: u64) {
+        let prefix = major << 5;
+        if argument < 24 {
+            // Lossless: argument < 24.
+            self.out.push(prefix | argument as u8);
+        } else if let Ok(byte) = u8::try_from(argument) {
+            self.out.extend_from_slice(&[prefix | 24, byte]);
+        } else if let Ok(short) = u16::try_from(argument) {
+            self.out.push(prefix | 25);
+            self.out.extend_from_slice(&short.to_be_bytes());
+        } else if let Ok(word) = u32::try_from(argument) {
+            self.out.push(prefix | 26);
+            self.out.extend_from_slice(&word.to_be_bytes());
+        } else {
+            self.out.push(prefix | 27);
+            self.out.extend_from_slice(&argument.to_be_bytes());
+        }
+    }
+
+    fn integer(&mut self, n: i64) -> Result<(), CborError> {
+        if !(-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).contains(&n) {
+            return Err(CborError::with_kind(
+                CborErrorKind::IntegerOutOfRange,
+                format!(
+                    "CBOR integers must be safe JavaScript integers (within ±(2^53 − 1)), got {n}"
+                ),
+            ));
+        }
+        match u64::try_from(n) {
+            Ok(positive) => self.head(0, positive),
+            // n is in [-(2^53 - 1), -1], so -1 - n is in [0, 2^53 - 2].
+            Err(_) => self.head(1, (-1 - n).unsigned_abs()),
+        }
+        Ok(())
+    }
+
+    fn float(&mut self, f: f64) -> Result<(), CborError> {
+        if !f.is_finite() {
+            return Err(CborError::with_kind(
+                CborErrorKind::NonFiniteNumber,
+                format!("CBOR numbers must be finite, got {f}"),
+            ));
+        }
+        let negative_zero = f == 0.0 && f.is_sign_negative();
+        if f.fract() == 0.0 && !negative_zero {
+            if f.abs() > MAX_SAFE_INTEGER as f64 {
+                return Err(CborError::with_kind(
+                    CborErrorKind::IntegerOutOfRange,
+                    format!(
+                        "CBOR integers must be safe JavaScript integers (within ±(2^53 − 1)), got {f:e}"
+                    ),
+                ));
+            }
+            // Lossless: f is integral and within ±(2^53 - 1).
+            return self.integer(f as i64);
+        }
+        self.out.push(0xfb);
+        self.out.extend_from_slice(&f.to_be_bytes());
+        Ok(())
+    }
+
+    fn text(&mut self, s: &str) -> Result<(), CborError> {
+        if s.len() > self.limits.max_byte_len {
+            return Err(CborError::with_kind(
+                CborErrorKind::ByteLengthLimit,
+                format!(
+                    "CBOR text string length exceeds configured limit of {}",
+                    self.limits.max_byte_len
+                ),
+            ));
+        }
+        self.head(3, s.len() as u64);
+        self.out.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+
+    fn container_len(&self, kind: &str, len: usize) -> Result<(), CborError> {
+        if len > self.limits.max_container_len {
+            return Err(CborError::with_kind(
+                CborErrorKind::ContainerLimit,
+                format!(
+                    "CBOR {kind} length exceeds configured limit of {}",
+                    self.limits.max_container_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn value(&mut self, value: &Value, depth: usize) -> Result<(), CborError> {
+        if depth > self.max_depth {
+            return Err(depth_error(self.max_depth));
+        }
+        match value {
+            Value::Null => self.out.push(0xf6),
+            Value::Bool(false) => self.out.push(0xf4),
+            Value::Bool(true) => self.out.push(0xf5),
+            Value::Int(n) => self.integer(*n)?,
+            Value::Float(f) => self.float(*f)?,
+            Value::Text(s) => self.text(s)?,
+            Value::Bytes(bytes) => {
+                if bytes.len() > self.limits.max_byte_len {
+                    return Err(CborError::with_kind(
+                        CborErrorKind::ByteLengthLimit,
+                        format!(
+                            "CBOR byte string length exceeds configured limit of {}",
+                            self.limits.max_byte_len
+                        ),
+                    ));
+                }
+                self.head(2, bytes.len() as u64);
+                self.out.extend_from_slice(bytes);
+            }
+            Value::Array(items) => {
+                self.container_len("array", items.len())?;
+                self.head(4, items.len() as u64);
+                for item in items {
+                    self.value(item, depth + 1)?;
+                }
+            }
+            Value::Map(entries) => {
+                self.container_len("map", entries.len())?;
+                check_unique_keys(entries)?;
+                self.head(5, entries.len() as u64);
+                for (key, item) in entries {
+                    self.text(key)?;
+                    self.value(item, depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Value::Map`] may hold the same key twice; the wire format may not.
+fn check_unique_keys(entries: &[(String, Value)]) -> Result<(), CborError> {
+    const LINEAR_SCAN_MAX: usize = 16;
+    if entries.len() <= LINEAR_SCAN_MAX {
+        for (i, (key, _)) in entries.iter().enumerate() {
+            if entries[..i].iter().any(|(earlier, _)| earlier == key) {
+                return Err(duplicate_key_error(key));
+            }
+        }
+    } else {
+        let mut seen = BTreeSet::new();
+        for (key, _) in entries {
+            if !seen.insert(key.as_str()) {
+                return Err(duplicate_key_error(key));
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Decoder
+// ---------------------------------------------------------------------------
+
 /// Decodes exactly one item from `bytes`; trailing bytes are an error.
+///
+/// Integral float64 values within the safe range (other than −0) come back as
+/// [`Value::Int`] (see [`Value::number`]). Non-minimal integer and length
+/// encodings are accepted.
 pub fn decode(bytes: &[u8], limits: &CborLimits) -> Result<Value, CborError> {
-    let _ = (bytes, limits);
-    Err(CborError::new("not yet implemented"))
+    if bytes.len() > limits.max_byte_len {
+        return Err(CborError::with_kind(
+            CborErrorKind::ByteLengthLimit,
+            format!(
+                "CBOR byte length exceeds configured limit of {}",
+                limits.max_byte_len
+            ),
+        ));
+    }
+    let mut decoder = Decoder {
+        bytes,
+        pos: 0,
+        limits,
+        max_depth: limits.effective_max_depth(),
+    };
+    let value = decoder.item(0)?;
+    let trailing = bytes.len() - decoder.pos;
+    if trailing != 0 {
+        return Err(CborError::with_kind(
+            CborErrorKind::TrailingData,
+            format!("CBOR payload contains trailing data ({trailing} bytes after the item)"),
+        ));
+    }
+    Ok(value)
+}
+
+struct Decoder<'a, 'l> {
+    bytes: &'a [u8],
+    pos: usize,
+    limits: &'l CborLimits,
+    max_depth: usize,
+}
+
+fn truncated() -> CborError {
+    CborError::with_kind(CborErrorKind::Truncated, "Truncated CBOR payload")
+}
+
+impl<'a> Decoder<'a, '_> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    fn byte(&mut self) -> Result<u8, CborError> {
+        let byte = *self.bytes.get(self.pos).ok_or_else(truncated)?;
+        self.pos += 1;
+        Ok(byte)
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], CborError> {
+        if len > self.remaining() {
+            return Err(truncated());
+        }
+        let bytes: &'a [u8] = self.bytes;
+        let slice = &bytes[self.pos..self.pos + len];
+        self.pos += len;
+        Ok(slice)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CborError> {
+        let mut array = [0u8; N];
+        array.copy_from_slice(self.take(N)?);
+        Ok(array)
+    }
+
+    /// Reads the argument that follows an initial byte (integer value or length).
+    fn argument(&mut self, info: u8) -> Result<u64, CborError> {
+        let argument = match info {
+            0..=23 => u64::from(info),
+            24 => u64::from(self.byte()?),
+            25 => u64::from(u16::from_be_bytes(self.array()?)),
+            26 => u64::from(u32::from_be_bytes(self.array()?)),
+            27 => u64::from_be_bytes(self.array()?),
+            31 => {
+                return Err(CborError::with_kind(
+                    CborErrorKind::IndefiniteLength,
+                    "Indefinite-length CBOR items are not supported",
+                ));
+            }
+            _ => {
+                return Err(CborError::with_kind(
+                    CborErrorKind::MalformedAdditionalInfo,
+                    format!("Malformed CBOR additional information ({info})"),
+                ));
+            }
+        };
+        if argument > MAX_SAFE_INTEGER as u64 {
+            return Err(CborError::with_kind(
+                CborErrorKind::ArgumentOutOfRange,
+                "Decoded CBOR integer or length is outside the safe range",
+            ));
+        }
+        Ok(argument)
+    }
+
+    /// Reads the length of a string or container and checks it against `limit`.
+    fn length(&mut self, info: u8, kind: &str, limit: usize) -> Result<usize, CborError> {
+        if info == 31 {
+            return Err(CborError::with_kind(
+                CborErrorKind::IndefiniteLength,
+                format!("Indefinite-length CBOR {kind}s are not supported"),
+            ));
+        }
+        let length = self.argument(info)?;
+        match usize::try_from(length) {
+            Ok(length) if length <= limit => Ok(length),
+            _ => {
+                let error_kind = if kind == "array" || kind == "map" {
+                    CborErrorKind::ContainerLimit
+                } else {
+                    CborErrorKind::ByteLengthLimit
+                };
+                Err(CborError::with_kind(
+                    error_kind,
+                    format!("CBOR {kind} length exceeds configured limit of {limit}"),
+                ))
+            }
+        }
+    }
+
+    fn item(&mut self, depth: usize) -> Result<Value, CborError> {
+        if depth > self.max_depth {
+            return Err(depth_error(self.max_depth));
+        }
+        let initial = self.byte()?;
+        let info = initial & 0x1f;
+        match initial >> 5 {
+            0 => {
+                // Lossless: argument() caps at 2^53 - 1.
+                Ok(Value::Int(self.argument(info)? as i64))
+            }
+            1 => {
+                let argument = self.argument(info)?;
+                if argument >= MAX_SAFE_INTEGER as u64 {
+                    return Err(CborError::with_kind(
+                        CborErrorKind::IntegerOutOfRange,
+                        "Decoded CBOR integer is outside the safe range",
+                    ));
+                }
+                // Lossless: argument < 2^53 - 1.
+                Ok(Value::Int(-1 - argument as i64))
+            }
+            2 => {
+                let len = self.length(info, "byte string", self.limits.max_byte_len)?;
+                Ok(Value::Bytes(self.take(len)?.to_vec()))
+            }
+            3 => Ok(Value::Text(self.text(info)?.to_owned())),
+            4 => {
+                let len = self.length(info, "array", self.limits.max_container_len)?;
+                // Every element takes at least one byte: never reserve more than could arrive.
+                let mut items = Vec::with_capacity(len.min(self.remaining()));
+                for _ in 0..len {
+                    items.push(self.item(depth + 1)?);
+                }
+                Ok(Value::Array(items))
+            }
+            5 => self.map(info, depth),
+            6 => Err(CborError::with_kind(
+                CborErrorKind::Tag,
+                "CBOR tags are not supported",
+            )),
+            _ => self.simple(info),
+        }
+    }
+
+    /// Reads the length and bytes of a text string whose initial byte is read.
+    fn text(&mut self, info: u8) -> Result<&'a str, CborError> {
+        let len = self.length(info, "text string", self.limits.max_byte_len)?;
+        let bytes = self.take(len)?;
+        std::str::from_utf8(bytes).map_err(|error| {
+            CborError::with_kind(
+                CborErrorKind::InvalidUtf8,
+                format!(
+                    "CBOR text string contains invalid UTF-8 (at byte {})",
+                    error.valid_up_to()
+                ),
+            )
+        })
+    }
+
+    fn map(&mut self, info: u8, depth: usize) -> Result<Value, CborError> {
+        let len = self.length(info, "map", self.limits.max_container_len)?;
+        // Every entry takes at least two bytes.
+        let mut entries = Vec::with_capacity(len.min(self.remaining() / 2));
+        // Keys borrow the input: valid UTF-8 compares equal exactly when its bytes do.
+        let mut seen: BTreeSet<&'a str> = BTreeSet::new();
+        for _ in 0..len {
+            let key = self.key(depth + 1)?;
+            if !seen.insert(key) {
+                return Err(duplicate_key_error(key));
+            }
+            let value = self.item(depth + 1)?;
+            entries.push((key.to_owned(), value));
+        }
+        Ok(Value::Map(entries))
+    }
+
+    /// Reads a map key, which must be a text string.
+    fn key(&mut self, depth: usize) -> Result<&'a str, CborError> {
+        if depth > self.max_depth {
+            return Err(depth_error(self.max_depth));
+        }
+        let initial = *self.bytes.get(self.pos).ok_or_else(truncated)?;
+        if initial >> 5 == 3 {
+            self.pos += 1;
+            return self.text(initial & 0x1f);
+        }
+        // Decode the item anyway so that a malformed key reports what is wrong
+        // with it (as the reference does), and otherwise name its kind.
+        let key = self.item(depth)?;
+        Err(CborError::with_kind(
+            CborErrorKind::NonTextKey,
+            format!("CBOR map keys must be strings, got {}", key.kind()),
+        ))
+    }
+
+    fn simple(&mut self, info: u8) -> Result<Value, CborError> {
+        match info {
+            20 => Ok(Value::Bool(false)),
+            21 => Ok(Value::Bool(true)),
+            22 => Ok(Value::Null),
+            27 => {
+                let f = f64::from_be_bytes(self.array()?);
+                if !f.is_finite() {
+                    return Err(CborError::with_kind(
+                        CborErrorKind::NonFiniteNumber,
+                        format!("Decoded CBOR number must be finite, got {f}"),
+                    ));
+                }
+                if f.fract() == 0.0 && f.abs() > MAX_SAFE_INTEGER as f64 {
+                    return Err(CborError::with_kind(
+                        CborErrorKind::IntegerOutOfRange,
+                        format!("Decoded CBOR integer is outside the safe range ({f:e})"),
+                    ));
+                }
+                Ok(Value::number(f))
+            }
+            31 => Err(CborError::with_kind(
+                CborErrorKind::Break,
+                "CBOR break marker is not supported",
+            )),
+            _ => {
+                let what = match info {
+                    23 => "undefined",
+                    24 => "one-byte simple value",
+                    25 => "float16",
+                    26 => "float32",
+                    28..=30 => "reserved additional information",
+                    _ => "unassigned simple value",
+                };
+                Err(CborError::with_kind(
+                    CborErrorKind::UnsupportedSimple,
+                    format!(
+                        "Unsupported CBOR simple value or floating-point width: 0x{:02x} ({what})",
+                        0xe0 | info
+                    ),
+                ))
+            }
+        }
+    }
 }

@@ -1,19 +1,72 @@
 //! Frames: a u32 big-endian payload length, then the payload.
+//!
+//! The length counts the payload only (not the 4 header bytes). A length equal
+//! to the configured maximum is accepted. The decoder checks the length as soon
+//! as the header is complete, before buffering any payload, and grows its
+//! payload buffer only as bytes arrive, so a peer declaring a huge frame cannot
+//! make it allocate. Error texts follow the reference implementation.
 
 use std::fmt;
 
 /// Default maximum payload length: 16 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
 
+/// Bytes of the length prefix.
+pub const FRAME_HEADER_LEN: usize = 4;
+
+/// The most payload buffer the decoder reserves ahead of bytes that have arrived.
+const PAYLOAD_BLOCK_LEN: usize = 64 * 1024;
+
+/// What class of problem a [`FrameError`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FrameErrorKind {
+    /// A header declared, or a payload to encode has, more than the maximum.
+    TooLong {
+        /// The declared or actual payload length.
+        len: u64,
+        /// The configured maximum.
+        max: u32,
+    },
+    /// The stream ended inside a header or a payload.
+    Truncated,
+    /// The decoder failed earlier and accepts nothing more.
+    Failed,
+    /// [`FrameDecoder::end`] was already called.
+    Ended,
+    /// Anything else.
+    Other,
+}
+
 /// Why the byte stream cannot be framed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameError {
+    kind: FrameErrorKind,
     message: String,
 }
 
 impl FrameError {
+    /// An error of kind [`FrameErrorKind::Other`], for other modules of the crate.
+    #[allow(dead_code)]
     pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into() }
+        Self::with_kind(FrameErrorKind::Other, message)
+    }
+
+    fn with_kind(kind: FrameErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The class of problem.
+    pub fn kind(&self) -> FrameErrorKind {
+        self.kind
+    }
+
+    /// The human-readable message (the same text as `Display`).
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -25,33 +78,186 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Open,
+    /// Holds the message of the error that failed the decoder.
+    Failed(String),
+    Ended,
+}
+
 /// Incremental frame decoder. Accepts any split or coalescing of the stream.
 /// Once it has failed it stays failed.
 #[derive(Debug)]
 pub struct FrameDecoder {
     max_frame_len: u32,
+    header: [u8; FRAME_HEADER_LEN],
+    header_len: usize,
+    /// The declared length of the payload being read, once its header is complete.
+    expected: Option<usize>,
+    payload: Vec<u8>,
+    state: State,
 }
 
 impl FrameDecoder {
     /// A decoder accepting payloads up to `max_frame_len` bytes (inclusive).
     pub fn new(max_frame_len: u32) -> Self {
-        Self { max_frame_len }
+        Self {
+            max_frame_len,
+            header: [0; FRAME_HEADER_LEN],
+            header_len: 0,
+            expected: None,
+            payload: Vec::new(),
+            state: State::Open,
+        }
+    }
+
+    /// The configured maximum payload length.
+    pub fn max_frame_len(&self) -> u32 {
+        self.max_frame_len
+    }
+
+    /// True once any error has occurred; every later call fails.
+    pub fn is_failed(&self) -> bool {
+        matches!(self.state, State::Failed(_))
+    }
+
+    /// Bytes of an incomplete header or payload currently held.
+    pub fn buffered_len(&self) -> usize {
+        self.header_len + self.payload.len()
     }
 
     /// Feeds `chunk`, appending each completed payload to `out`.
+    ///
+    /// Payloads completed before an error in the same chunk stay in `out`;
+    /// after an error the decoder is permanently failed.
     pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), FrameError> {
-        let _ = (chunk, out, self.max_frame_len);
-        Err(FrameError::new("not yet implemented"))
+        self.check_open()?;
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let Some(expected) = self.expected else {
+                let wanted = FRAME_HEADER_LEN - self.header_len;
+                let (head, tail) = rest.split_at(wanted.min(rest.len()));
+                self.header[self.header_len..self.header_len + head.len()].copy_from_slice(head);
+                self.header_len += head.len();
+                rest = tail;
+                if self.header_len < FRAME_HEADER_LEN {
+                    break;
+                }
+                self.header_len = 0;
+                let len = u32::from_be_bytes(self.header);
+                if len > self.max_frame_len {
+                    return Err(self.fail(FrameError::with_kind(
+                        FrameErrorKind::TooLong {
+                            len: u64::from(len),
+                            max: self.max_frame_len,
+                        },
+                        format!(
+                            "Frame length {len} exceeds configured limit of {}",
+                            self.max_frame_len
+                        ),
+                    )));
+                }
+                // Lossless: usize is at least 32 bits on every supported target.
+                let len = len as usize;
+                if len == 0 {
+                    out.push(Vec::new());
+                } else {
+                    // Reserve no more than has arrived, or one block, whichever is larger.
+                    self.payload = Vec::with_capacity(len.min(rest.len().max(PAYLOAD_BLOCK_LEN)));
+                    self.expected = Some(len);
+                }
+                continue;
+            };
+            let (head, tail) = rest.split_at((expected - self.payload.len()).min(rest.len()));
+            self.append_payload(head, expected);
+            rest = tail;
+            if self.payload.len() == expected {
+                out.push(std::mem::take(&mut self.payload));
+                self.expected = None;
+            }
+        }
+        Ok(())
     }
 
     /// Signals end of stream: a partial header or payload is an error.
     pub fn end(&mut self) -> Result<(), FrameError> {
-        Err(FrameError::new("not yet implemented"))
+        self.check_open()?;
+        if self.header_len != 0 {
+            let detail = format!("{} of {FRAME_HEADER_LEN} header bytes", self.header_len);
+            return Err(self.fail(truncated(&detail)));
+        }
+        if let Some(expected) = self.expected {
+            let detail = format!("{} of {expected} payload bytes", self.payload.len());
+            return Err(self.fail(truncated(&detail)));
+        }
+        self.state = State::Ended;
+        Ok(())
     }
+
+    fn check_open(&self) -> Result<(), FrameError> {
+        match &self.state {
+            State::Open => Ok(()),
+            State::Failed(cause) => Err(FrameError::with_kind(
+                FrameErrorKind::Failed,
+                format!("Frame decoder has failed (earlier error: {cause})"),
+            )),
+            State::Ended => Err(FrameError::with_kind(
+                FrameErrorKind::Ended,
+                "Frame decoder has ended",
+            )),
+        }
+    }
+
+    /// Appends to the payload, growing the buffer geometrically but never
+    /// beyond the declared length.
+    fn append_payload(&mut self, bytes: &[u8], expected: usize) {
+        let needed = self.payload.len() + bytes.len();
+        if needed > self.payload.capacity() {
+            let target = needed
+                .max(self.payload.capacity().saturating_mul(2))
+                .min(expected);
+            self.payload.reserve_exact(target - self.payload.len());
+        }
+        self.payload.extend_from_slice(bytes);
+    }
+
+    /// Drops all buffered state and records the failure.
+    fn fail(&mut self, error: FrameError) -> FrameError {
+        self.header_len = 0;
+        self.expected = None;
+        self.payload = Vec::new();
+        self.state = State::Failed(error.message.clone());
+        error
+    }
+}
+
+fn truncated(detail: &str) -> FrameError {
+    FrameError::with_kind(
+        FrameErrorKind::Truncated,
+        format!("Truncated frame at end of stream ({detail})"),
+    )
 }
 
 /// Prefixes `payload` with its length. Fails when it exceeds `max_frame_len`.
 pub fn encode_frame(payload: &[u8], max_frame_len: u32) -> Result<Vec<u8>, FrameError> {
-    let _ = (payload, max_frame_len);
-    Err(FrameError::new("not yet implemented"))
+    let len = match u32::try_from(payload.len()) {
+        Ok(len) if len <= max_frame_len => len,
+        _ => {
+            return Err(FrameError::with_kind(
+                FrameErrorKind::TooLong {
+                    len: payload.len() as u64,
+                    max: max_frame_len,
+                },
+                format!(
+                    "Frame payload length {} exceeds configured limit of {max_frame_len}",
+                    payload.len()
+                ),
+            ));
+        }
+    };
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(payload);
+    Ok(frame)
 }
