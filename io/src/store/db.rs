@@ -1,0 +1,491 @@
+//! `session.sqlite`: connection settings, schema migrations, and the
+//! encoding of transcript items and state rows.
+
+use super::{DB_FILE, StoreError, Synchronous};
+use kernel::protocol::codec::{Path as SchemaPath, Schema};
+use kernel::protocol::{
+    AssistantStatus, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, UserItem,
+};
+use kernel::runtime::{Persist, StoredSession};
+use kernel::wire::{CborLimits, Value, cbor};
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// How long a statement waits for a lock held by another connection.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One schema migration: `sql` brings a database at `version - 1` to `version`.
+pub(super) struct Migration {
+    /// The version the database is at afterwards.
+    pub(super) version: u32,
+    /// What it does, for logs.
+    pub(super) description: &'static str,
+    /// The statements, run in the migration transaction.
+    pub(super) sql: &'static str,
+}
+
+/// Every migration, oldest first; entry `i` has version `i + 1`. To change
+/// the schema, append an entry: databases are brought up to date on open.
+pub(super) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "transcript items and the state row",
+    sql: "
+        CREATE TABLE items (
+            seq     INTEGER PRIMARY KEY,
+            item_id TEXT NOT NULL UNIQUE,
+            role    TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+            status  TEXT,
+            body    BLOB NOT NULL
+        ) STRICT;
+        CREATE TABLE state (
+            id             INTEGER PRIMARY KEY CHECK (id = 1),
+            revision       INTEGER NOT NULL,
+            updated_at     INTEGER NOT NULL,
+            model_provider TEXT NOT NULL,
+            model_id       TEXT NOT NULL,
+            thinking_level TEXT NOT NULL,
+            queued_steer   BLOB NOT NULL
+        ) STRICT;
+    ",
+}];
+
+/// The schema version this build writes.
+pub(super) fn latest_version() -> u32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// The state row, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct StateRow {
+    pub(super) revision: u64,
+    pub(super) updated_at: u64,
+    pub(super) model: ModelRef,
+    pub(super) thinking_level: ThinkingLevel,
+    pub(super) queued_steer: Vec<UserItem>,
+}
+
+fn sqlite_error(dir: &Path, id: &str, what: &str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    let context = format!(
+        "Session {id}: cannot {what} ({})",
+        dir.join(DB_FILE).display()
+    );
+    move |e| StoreError::sqlite(context, e)
+}
+
+fn corrupt(dir: &Path, id: &str, problem: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!(
+        "Session {id} is corrupt: {problem} ({})",
+        dir.join(DB_FILE).display()
+    ))
+}
+
+/// Opens `<dir>/session.sqlite` (creating it if `create`) and applies the
+/// connection settings described in the module documentation.
+pub(super) fn open(
+    dir: &Path,
+    id: &str,
+    create: bool,
+    synchronous: Synchronous,
+) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(dir.join(DB_FILE), flags).map_err(sqlite_error(
+        dir,
+        id,
+        "open the database",
+    ))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(sqlite_error(dir, id, "set busy_timeout"))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(sqlite_error(dir, id, "set journal_mode=WAL"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::sqlite(
+            format!(
+                "Session {id}: cannot set journal_mode=WAL on {} (got {mode})",
+                dir.join(DB_FILE).display()
+            ),
+            rusqlite::Error::InvalidQuery,
+        ));
+    }
+    conn.pragma_update(None, "synchronous", synchronous.pragma_value())
+        .map_err(sqlite_error(dir, id, "set synchronous"))?;
+    Ok(conn)
+}
+
+/// Brings the schema up to date in one `BEGIN IMMEDIATE` transaction.
+/// A database newer than this build is [`StoreError::Corrupt`].
+pub(super) fn migrate(conn: &mut Connection, dir: &Path, id: &str) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sqlite_error(dir, id, "begin the migration"))?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (
+            id      INTEGER PRIMARY KEY CHECK (id = 1),
+            version INTEGER NOT NULL
+        ) STRICT;",
+    )
+    .map_err(sqlite_error(dir, id, "create the schema_version table"))?;
+    let current: u32 = tx
+        .query_row(
+            "SELECT version FROM schema_version WHERE id = 1",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(sqlite_error(dir, id, "read the schema version"))?
+        .unwrap_or(0);
+    let latest = latest_version();
+    if current > latest {
+        return Err(corrupt(
+            dir,
+            id,
+            format!("its schema version {current} is newer than this build supports ({latest})"),
+        ));
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tracing::debug!(session = %id, version = migration.version, description = migration.description, "migrating");
+        tx.execute_batch(migration.sql).map_err(sqlite_error(
+            dir,
+            id,
+            &format!(
+                "apply schema migration {} ({})",
+                migration.version, migration.description
+            ),
+        ))?;
+    }
+    if current < latest {
+        tx.execute(
+            "INSERT INTO schema_version (id, version) VALUES (1, ?1)
+             ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+            [latest],
+        )
+        .map_err(sqlite_error(dir, id, "record the schema version"))?;
+    }
+    tx.commit()
+        .map_err(sqlite_error(dir, id, "commit the migration"))
+}
+
+/// Writes the state row and transcript of a new session in one transaction.
+pub(super) fn write_initial(
+    conn: &mut Connection,
+    dir: &Path,
+    initial: &StoredSession,
+) -> Result<(), StoreError> {
+    let id = initial.id.as_str();
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sqlite_error(dir, id, "begin a transaction"))?;
+    let steer = encode_steer(&initial.queued_steer, id)?;
+    let revision = to_sql_int(initial.revision, "revision", id)?;
+    let updated_at = to_sql_int(initial.updated_at, "updatedAt", id)?;
+    tx.execute(
+        "INSERT INTO state (id, revision, updated_at, model_provider, model_id, thinking_level, queued_steer)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            revision,
+            updated_at,
+            initial.model.provider,
+            initial.model.id,
+            initial.thinking_level.as_str(),
+            steer
+        ],
+    )
+    .map_err(sqlite_error(dir, id, "write the initial state"))?;
+    for item in &initial.transcript {
+        upsert_item(&tx, dir, id, item)?;
+    }
+    tx.commit()
+        .map_err(sqlite_error(dir, id, "commit the initial state"))
+}
+
+/// Applies a batch in one `BEGIN IMMEDIATE` transaction. Returns the model
+/// and thinking level of the batch's last state write, if any.
+pub(super) fn apply(
+    conn: &mut Connection,
+    dir: &Path,
+    id: &str,
+    batch: &[Persist],
+) -> Result<Option<(ModelRef, ThinkingLevel)>, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sqlite_error(dir, id, "begin a transaction"))?;
+    let mut settings = None;
+    for write in batch {
+        match write {
+            Persist::Item(item) => upsert_item(&tx, dir, id, item)?,
+            Persist::State {
+                revision,
+                updated_at,
+                model,
+                thinking_level,
+                queued_steer,
+            } => {
+                let steer = encode_steer(queued_steer, id)?;
+                let revision = to_sql_int(*revision, "revision", id)?;
+                let updated_at = to_sql_int(*updated_at, "updatedAt", id)?;
+                let changed = tx
+                    .prepare_cached(
+                        "UPDATE state SET revision = ?1, updated_at = ?2, model_provider = ?3,
+                         model_id = ?4, thinking_level = ?5, queued_steer = ?6 WHERE id = 1",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(params![
+                            revision,
+                            updated_at,
+                            model.provider,
+                            model.id,
+                            thinking_level.as_str(),
+                            steer
+                        ])
+                    })
+                    .map_err(sqlite_error(dir, id, "write the state row"))?;
+                if changed != 1 {
+                    return Err(corrupt(dir, id, "its state row is missing"));
+                }
+                settings = Some((model.clone(), *thinking_level));
+            }
+        }
+    }
+    tx.commit().map_err(sqlite_error(dir, id, "commit"))?;
+    Ok(settings)
+}
+
+/// Inserts an item at the end of the transcript, or replaces the item with
+/// the same id in place (keeping its `seq`).
+fn upsert_item(
+    tx: &Transaction<'_>,
+    dir: &Path,
+    id: &str,
+    item: &TranscriptItem,
+) -> Result<(), StoreError> {
+    let body = encode_item(item, id)?;
+    let (role, status) = role_and_status(item);
+    tx.prepare_cached(
+        "INSERT INTO items (item_id, role, status, body) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (item_id) DO UPDATE SET role = excluded.role, status = excluded.status, body = excluded.body",
+    )
+    .and_then(|mut stmt| stmt.execute(params![item.id(), role, status, body]))
+    .map_err(sqlite_error(dir, id, &format!("write item {}", item.id())))?;
+    Ok(())
+}
+
+/// The `role` and `status` columns of an item (user items have no status).
+fn role_and_status(item: &TranscriptItem) -> (&'static str, Option<&'static str>) {
+    match item {
+        TranscriptItem::User(_) => ("user", None),
+        TranscriptItem::Assistant(a) => (
+            "assistant",
+            Some(match a.status {
+                AssistantStatus::Streaming => "streaming",
+                AssistantStatus::Complete(_) => "complete",
+                AssistantStatus::Error => "error",
+                AssistantStatus::Aborted => "aborted",
+            }),
+        ),
+        TranscriptItem::Tool(t) => (
+            "tool",
+            Some(match t.status {
+                ToolStatus::Running => "running",
+                ToolStatus::Complete => "complete",
+                ToolStatus::Error => "error",
+            }),
+        ),
+    }
+}
+
+/// Loads the state row and the transcript, oldest item first.
+pub(super) fn load(
+    conn: &Connection,
+    dir: &Path,
+    id: &str,
+) -> Result<(StateRow, Vec<TranscriptItem>), StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT revision, updated_at, model_provider, model_id, thinking_level, queued_steer
+             FROM state WHERE id = 1",
+            [],
+            |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, Vec<u8>>(5)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(sqlite_error(dir, id, "read the state row"))?;
+    let Some((revision, updated_at, provider, model_id, level, steer)) = row else {
+        return Err(corrupt(dir, id, "its state row is missing"));
+    };
+    let thinking_level = ThinkingLevel::parse(&level).ok_or_else(|| {
+        corrupt(
+            dir,
+            id,
+            format!("unknown thinking level {level:?} in the state row"),
+        )
+    })?;
+    if provider.is_empty() || model_id.is_empty() {
+        return Err(corrupt(dir, id, "empty model in the state row"));
+    }
+    let queued_steer = decode_steer(&steer).map_err(|problem| corrupt(dir, id, problem))?;
+    let revision = u64::try_from(revision).map_err(|_| {
+        corrupt(
+            dir,
+            id,
+            format!("negative revision {revision} in the state row"),
+        )
+    })?;
+    let updated_at = u64::try_from(updated_at).map_err(|_| {
+        corrupt(
+            dir,
+            id,
+            format!("negative updated_at {updated_at} in the state row"),
+        )
+    })?;
+    let state = StateRow {
+        revision,
+        updated_at,
+        model: ModelRef {
+            provider,
+            id: model_id,
+        },
+        thinking_level,
+        queued_steer,
+    };
+
+    let mut stmt = conn
+        .prepare("SELECT item_id, body FROM items ORDER BY seq")
+        .map_err(sqlite_error(dir, id, "read the transcript"))?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, Vec<u8>>(1)?))
+        })
+        .map_err(sqlite_error(dir, id, "read the transcript"))?;
+    let mut transcript = Vec::new();
+    for row in rows {
+        let (item_id, body) = row.map_err(sqlite_error(dir, id, "read the transcript"))?;
+        let item = decode_item(&body).map_err(|problem| {
+            corrupt(
+                dir,
+                id,
+                format!("item {item_id:?} does not decode: {problem}"),
+            )
+        })?;
+        if item.id() != item_id {
+            return Err(corrupt(
+                dir,
+                id,
+                format!("item {item_id:?} holds an item with id {:?}", item.id()),
+            ));
+        }
+        transcript.push(item);
+    }
+    Ok((state, transcript))
+}
+
+/// Encodes an item as CBOR of its checked wire form.
+fn encode_item(item: &TranscriptItem, id: &str) -> Result<Vec<u8>, StoreError> {
+    let value = item.to_checked_value().map_err(|e| {
+        StoreError::Invalid(format!(
+            "Session {id}: cannot store item {:?}: {e}",
+            item.id()
+        ))
+    })?;
+    to_cbor(&value).map_err(|e| {
+        StoreError::Invalid(format!(
+            "Session {id}: cannot store item {:?}: {e}",
+            item.id()
+        ))
+    })
+}
+
+fn decode_item(body: &[u8]) -> Result<TranscriptItem, String> {
+    let value =
+        cbor::decode(body, &CborLimits::default()).map_err(|e| format!("invalid CBOR: {e}"))?;
+    TranscriptItem::from_value(&value, "item").map_err(|e| e.to_string())
+}
+
+/// Encodes the steer queue as a CBOR array of user items.
+fn encode_steer(steer: &[UserItem], id: &str) -> Result<Vec<u8>, StoreError> {
+    let values = steer
+        .iter()
+        .map(|item| {
+            item.to_checked_value().map_err(|e| {
+                StoreError::Invalid(format!(
+                    "Session {id}: cannot store steer message {:?}: {e}",
+                    item.id
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    to_cbor(&Value::Array(values)).map_err(|e| {
+        StoreError::Invalid(format!("Session {id}: cannot store the steer queue: {e}"))
+    })
+}
+
+fn decode_steer(blob: &[u8]) -> Result<Vec<UserItem>, String> {
+    let value = cbor::decode(blob, &CborLimits::default())
+        .map_err(|e| format!("the queued steer messages are invalid CBOR: {e}"))?;
+    let Value::Array(values) = &value else {
+        return Err(format!(
+            "the queued steer messages are a {}, not an array",
+            value.kind()
+        ));
+    };
+    let root = SchemaPath::Root("queuedSteer");
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| UserItem::from_value_at(v, &root.index(i)).map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// A counter or timestamp as an SQLite integer.
+fn to_sql_int(n: u64, what: &str, id: &str) -> Result<i64, StoreError> {
+    i64::try_from(n)
+        .map_err(|_| StoreError::Invalid(format!("Session {id}: {what} {n} is out of range")))
+}
+
+fn to_cbor(value: &Value) -> Result<Vec<u8>, cbor::CborError> {
+    let mut out = Vec::new();
+    cbor::encode(value, &mut out)?;
+    Ok(out)
+}
+
+/// `PRAGMA integrity_check`, its rows joined by newlines.
+pub(super) fn integrity_check(
+    conn: &Connection,
+    dir: &Path,
+    id: &str,
+) -> Result<String, StoreError> {
+    let mut stmt = conn
+        .prepare("PRAGMA integrity_check")
+        .map_err(sqlite_error(dir, id, "run integrity_check"))?;
+    let rows = stmt
+        .query_map([], |row| row.get::<_, String>(0))
+        .map_err(sqlite_error(dir, id, "run integrity_check"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sqlite_error(dir, id, "run integrity_check"))?;
+    Ok(rows.join("\n"))
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)`. A checkpoint blocked by a reader is
+/// logged, not an error: the log is checkpointed later.
+pub(super) fn checkpoint(conn: &Connection, dir: &Path, id: &str) -> Result<(), StoreError> {
+    let busy: i64 = conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get(0))
+        .map_err(sqlite_error(dir, id, "checkpoint the write-ahead log"))?;
+    if busy != 0 {
+        tracing::warn!(session = %id, "wal_checkpoint(TRUNCATE) could not complete: a reader holds the database");
+    }
+    Ok(())
+}
