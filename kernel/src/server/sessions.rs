@@ -623,7 +623,9 @@ impl Server {
 
     pub(super) fn on_worker_exited(&mut self, worker: WorkerId) {
         let Some(session_id) = self.session_of(worker) else { return };
-        let phase = self.sessions[&session_id].phase;
+        let live = self.sessions.get_mut(&session_id).expect("indexed");
+        live.worker.on_exit(); // nothing more can be sent to it
+        let phase = live.phase;
         match phase {
             Phase::Opening => {
                 let message = "Session worker exited before it was ready".to_string();
@@ -637,7 +639,6 @@ impl Server {
         }
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
-        live.worker.on_exit();
         if !live.removing.is_empty() {
             self.removals.insert(session_id.clone(), std::mem::take(&mut live.removing));
             self.out.push(Output::RemoveSession { session_id });
