@@ -1,0 +1,1760 @@
+//! Protocol v1 schema layer: typed messages ↔ `Value` ↔ CBOR bytes.
+//!
+//! - Byte vectors: messages built here must encode to exactly the bytes the
+//!   reference encoder (`@earendil-works/pi-protocol` 0.84.4, `encodeCbor`)
+//!   produces for the same object written in schema key order, and those
+//!   bytes must decode back to the same typed message. The reference's
+//!   `parseServerMessage`/`parseClientMessage` accepted every vector.
+//! - Rejections: one test per class of schema violation, on `Value` trees.
+//! - Round trip: arbitrary messages of every variant survive
+//!   `decode(encode(m))`, through `Value` and through bytes.
+
+use kernel::map;
+use kernel::protocol::codec::{MAX_ERROR_LEN, Schema};
+use kernel::protocol::*;
+use kernel::wire::{CborLimits, MAX_SAFE_INTEGER, Value};
+use proptest::prelude::*;
+
+fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn text(s: &str) -> Value {
+    Value::text(s)
+}
+
+// ---------------------------------------------------------------------------
+// Fixtures matching the reference vectors.
+// ---------------------------------------------------------------------------
+
+fn model_ref() -> ModelRef {
+    ModelRef {
+        provider: "anthropic".into(),
+        id: "claude-sonnet-4".into(),
+    }
+}
+
+fn tool_input() -> Value {
+    map! {
+        "command" => text("ls -la"),
+        "timeout" => Value::Int(30),
+        "env" => Value::Null,
+        "flags" => Value::Array(vec![Value::Bool(true), Value::Float(1.5), text("x")]),
+    }
+}
+
+fn server_hello() -> ServerMessage {
+    let models = vec![
+        ModelMetadata {
+            provider: "anthropic".into(),
+            id: "claude-sonnet-4".into(),
+            name: "Claude Sonnet 4".into(),
+            api: "anthropic-messages".into(),
+            reasoning: true,
+            input: vec![InputKind::Text, InputKind::Image],
+            context_window: 200_000,
+            max_tokens: 64_000,
+            cost: ModelCost {
+                input: 3.0,
+                output: 15.0,
+                cache_read: 0.3,
+                cache_write: 3.75,
+            },
+            supported_thinking_levels: vec![
+                ThinkingLevel::Off,
+                ThinkingLevel::Low,
+                ThinkingLevel::Medium,
+                ThinkingLevel::High,
+            ],
+            authenticated: true,
+        },
+        ModelMetadata {
+            provider: "openai".into(),
+            id: "gpt-5-mini".into(),
+            name: "GPT-5 mini".into(),
+            api: "openai-responses".into(),
+            reasoning: false,
+            input: vec![InputKind::Text],
+            context_window: 1,
+            max_tokens: 1,
+            cost: ModelCost::default(),
+            supported_thinking_levels: vec![ThinkingLevel::Off],
+            authenticated: false,
+        },
+    ];
+    let sessions = vec![
+        SessionMetadata {
+            id: "s1".into(),
+            created_at: 1_700_000_000_000,
+            updated_at: None,
+            parent_session_id: None,
+            session_name: None,
+            cwd: None,
+        },
+        SessionMetadata {
+            id: "s2".into(),
+            created_at: 1_700_000_000_001,
+            updated_at: Some(1_700_000_005_000),
+            parent_session_id: Some("s1".into()),
+            session_name: Some("fork of s1".into()),
+            cwd: Some("/home/u/p".into()),
+        },
+    ];
+    ServerMessage::Hello(ServerHello {
+        version: 1,
+        connection_id: "c-1".into(),
+        snapshot: ServerSnapshot {
+            server_id: "srv".into(),
+            protocol_version: 1,
+            revision: 7,
+            sessions,
+            models,
+        },
+    })
+}
+
+const SERVER_HELLO_HEX: &str = "a464747970656568656c6c6f6776657273696f6e016c636f6e6e656374696f6e496463632d3168736e617073686f74a5687365727665724964637372766f70726f746f636f6c56657273696f6e01687265766973696f6e076873657373696f6e7382a2626964627331696372656174656441741b0000018bcfe56800a6626964627332696372656174656441741b0000018bcfe56801697570646174656441741b0000018bcfe57b886f706172656e7453657373696f6e49646273316b73657373696f6e4e616d656a666f726b206f6620733163637764692f686f6d652f752f70666d6f64656c7382ab6870726f766964657269616e7468726f7069636269646f636c617564652d736f6e6e65742d34646e616d656f436c6175646520536f6e6e657420346361706972616e7468726f7069632d6d6573736167657369726561736f6e696e67f565696e70757482647465787465696d6167656d636f6e7465787457696e646f771a00030d40696d6178546f6b656e7319fa0064636f7374a465696e70757403666f75747075740f69636163686552656164fb3fd33333333333336a63616368655772697465fb400e00000000000077737570706f727465645468696e6b696e674c6576656c7384636f6666636c6f77666d656469756d64686967686d61757468656e74696361746564f5ab6870726f7669646572666f70656e61696269646a6770742d352d6d696e69646e616d656a4750542d35206d696e6963617069706f70656e61692d726573706f6e73657369726561736f6e696e67f465696e7075748164746578746d636f6e7465787457696e646f7701696d6178546f6b656e730164636f7374a465696e70757400666f75747075740069636163686552656164006a636163686557726974650077737570706f727465645468696e6b696e674c6576656c7381636f66666d61757468656e74696361746564f4";
+
+fn snapshot_with_transcript() -> SessionSnapshot {
+    let user = UserItem {
+        id: "u1".into(),
+        content: vec![
+            Content::Text {
+                text: "list files".into(),
+            },
+            Content::Image {
+                data: "iVBORw0KGgo=".into(),
+                mime_type: "image/png".into(),
+            },
+        ],
+        timestamp: 1_700_000_001_000,
+    };
+    let assistant = AssistantItem {
+        id: "a1".into(),
+        content: vec![
+            Content::Thinking {
+                thinking: "need ls".into(),
+                redacted: Some(false),
+            },
+            Content::Text {
+                text: "Running ls.".into(),
+            },
+            Content::ToolCall {
+                tool_call_id: "call_1".into(),
+                tool_name: "bash".into(),
+                input: tool_input(),
+            },
+        ],
+        model: model_ref(),
+        response_model: Some("claude-sonnet-4-20250514".into()),
+        usage: Some(Usage {
+            input: 1200,
+            output: 345,
+            cache_read: 0,
+            cache_write: 100_000,
+            reasoning: Some(20),
+            total_tokens: 101_565,
+            cost: UsageCost {
+                input: 0.0036,
+                output: 0.005175,
+                cache_read: 0.0,
+                cache_write: 0.375,
+                total: 0.383775,
+            },
+        }),
+        timestamp: 1_700_000_002_000,
+        status: AssistantStatus::Complete(StopReason::ToolUse),
+        error_message: None,
+    };
+    let tool = ToolItem {
+        id: "t1".into(),
+        tool_call_id: "call_1".into(),
+        tool_name: "bash".into(),
+        input: tool_input(),
+        content: vec![Content::Text {
+            text: "a.txt\nb.txt".into(),
+        }],
+        details: Some(map! { "exitCode" => Value::Int(2), "truncated" => Value::Bool(false) }),
+        usage: None,
+        timestamp: 1_700_000_003_000,
+        status: ToolStatus::Error,
+    };
+    let steer = UserItem {
+        id: "u2".into(),
+        content: vec![Content::Text {
+            text: "also show hidden".into(),
+        }],
+        timestamp: 1_700_000_004_000,
+    };
+    SessionSnapshot {
+        id: "s2".into(),
+        name: Some("demo".into()),
+        cwd: "/home/u/p".into(),
+        created_at: 1_700_000_000_001,
+        updated_at: 1_700_000_005_000,
+        phase: SessionPhase::Turn,
+        model: model_ref(),
+        thinking_level: ThinkingLevel::Medium,
+        attached: true,
+        locked: true,
+        revision: 42,
+        transcript: vec![
+            TranscriptItem::User(user),
+            TranscriptItem::Assistant(assistant),
+            TranscriptItem::Tool(tool),
+        ],
+        queued_steer: vec![steer],
+        queued_steer_count: 1,
+    }
+}
+
+fn prompt_response() -> ServerMessage {
+    ServerMessage::Response(Response {
+        id: "req-9".into(),
+        outcome: Ok(CommandResult::Prompt {
+            session: snapshot_with_transcript(),
+        }),
+    })
+}
+
+const PROMPT_RESPONSE_HEX: &str = "a4647479706568726573706f6e7365626964657265712d39626f6bf566726573756c74a267636f6d6d616e646670726f6d70746773657373696f6eae626964627332646e616d656464656d6f63637764692f686f6d652f752f70696372656174656441741b0000018bcfe56801697570646174656441741b0000018bcfe57b88657068617365647475726e656d6f64656ca26870726f766964657269616e7468726f7069636269646f636c617564652d736f6e6e65742d346d7468696e6b696e674c6576656c666d656469756d686174746163686564f5666c6f636b6564f5687265766973696f6e182a6a7472616e73637269707483a462696462753164726f6c65647573657267636f6e74656e7482a26474797065647465787464746578746a6c6973742066696c6573a3647479706565696d61676564646174616c6956424f5277304b47676f3d686d696d655479706569696d6167652f706e676974696d657374616d701b0000018bcfe56be8a962696462613164726f6c6569617373697374616e7467636f6e74656e7483a36474797065687468696e6b696e67687468696e6b696e67676e656564206c73687265646163746564f4a26474797065647465787464746578746b52756e6e696e67206c732ea4647479706568746f6f6c43616c6c6a746f6f6c43616c6c49646663616c6c5f3168746f6f6c4e616d65646261736865696e707574a467636f6d6d616e64666c73202d6c616774696d656f7574181e63656e76f665666c61677383f5fb3ff80000000000006178656d6f64656ca26870726f766964657269616e7468726f7069636269646f636c617564652d736f6e6e65742d346d726573706f6e73654d6f64656c7818636c617564652d736f6e6e65742d342d3230323530353134657573616765a765696e7075741904b0666f757470757419015969636163686552656164006a636163686557726974651a000186a069726561736f6e696e67146b746f74616c546f6b656e731a00018cbd64636f7374a565696e707574fb3f6d7dbf487fcb92666f7574707574fb3f7532617c1bda5169636163686552656164006a63616368655772697465fb3fd800000000000065746f74616cfb3fd88fc504816f006974696d657374616d701b0000018bcfe56fd06673746174757368636f6d706c6574656a73746f70526561736f6e67746f6f6c557365aa62696462743164726f6c6564746f6f6c6a746f6f6c43616c6c49646663616c6c5f3168746f6f6c4e616d65646261736865696e707574a467636f6d6d616e64666c73202d6c616774696d656f7574181e63656e76f665666c61677383f5fb3ff8000000000000617867636f6e74656e7481a26474797065647465787464746578746b612e7478740a622e7478746764657461696c73a26865786974436f646502697472756e6361746564f46974696d657374616d701b0000018bcfe573b866737461747573656572726f726769734572726f72f56b717565756564537465657281a462696462753264726f6c65647573657267636f6e74656e7481a264747970656474657874647465787470616c736f2073686f772068696464656e6974696d657374616d701b0000018bcfe577a0707175657565645374656572436f756e7401";
+
+fn assistant_delta() -> ServerMessage {
+    ServerMessage::Event(ServerEvent::SessionProgress {
+        session_id: "s2".into(),
+        progress: TranscriptProgress::AssistantDelta {
+            message_id: "a1".into(),
+            content_index: 1,
+            kind: DeltaKind::Text,
+            delta: "Hé ✓".into(),
+        },
+    })
+}
+
+const ASSISTANT_DELTA_HEX: &str = "a26474797065656576656e74656576656e74a364747970657073657373696f6e5f70726f67726573736973657373696f6e49646273326870726f6772657373a564747970656f617373697374616e745f64656c7461696d65737361676549646261316c636f6e74656e74496e64657801646b696e6464746578746564656c74616748c3a920e29c93";
+
+fn error_response() -> ServerMessage {
+    let details = map! {
+        "phase" => text("turn"),
+        "retryAfterMs" => Value::Int(250),
+        "nested" => Value::Array(vec![Value::Int(1), Value::Int(-2), Value::Float(0.5), map! { "k" => text("v") }]),
+    };
+    ServerMessage::Response(Response {
+        id: "req-10".into(),
+        outcome: Err(ProtocolError {
+            code: ErrorCode::Busy,
+            message: "Session is busy".into(),
+            details: Some(details),
+        }),
+    })
+}
+
+const ERROR_RESPONSE_HEX: &str = "a4647479706568726573706f6e7365626964667265712d3130626f6bf4656572726f72a364636f64656462757379676d6573736167656f53657373696f6e20697320627573796764657461696c73a3657068617365647475726e6c726574727941667465724d7318fa666e6573746564840121fb3fe0000000000000a1616b6176";
+
+fn aborted_finished() -> ServerMessage {
+    ServerMessage::Event(ServerEvent::SessionProgress {
+        session_id: "s2".into(),
+        progress: TranscriptProgress::ItemFinished {
+            item: TranscriptItem::Assistant(AssistantItem {
+                id: "a2".into(),
+                content: vec![],
+                model: model_ref(),
+                response_model: None,
+                usage: None,
+                timestamp: 0,
+                status: AssistantStatus::Aborted,
+                error_message: Some(String::new()),
+            }),
+        },
+    })
+}
+
+const ABORTED_FINISHED_HEX: &str = "a26474797065656576656e74656576656e74a364747970657073657373696f6e5f70726f67726573736973657373696f6e49646273326870726f6772657373a264747970656d6974656d5f66696e6973686564646974656da862696462613264726f6c6569617373697374616e7467636f6e74656e7480656d6f64656ca26870726f766964657269616e7468726f7069636269646f636c617564652d736f6e6e65742d346974696d657374616d7000667374617475736761626f727465646a73746f70526561736f6e6761626f727465646c6572726f724d65737361676560";
+
+fn hello_error() -> ServerMessage {
+    ServerMessage::HelloError(ProtocolError::new(
+        ErrorCode::Version,
+        "Unsupported protocol version 2; expected 1",
+    ))
+}
+
+const HELLO_ERROR_HEX: &str = "a264747970656b68656c6c6f5f6572726f72656572726f72a264636f64656776657273696f6e676d657373616765782a556e737570706f727465642070726f746f636f6c2076657273696f6e20323b2065787065637465642031";
+
+fn create_request() -> ClientMessage {
+    ClientMessage::Request(Request {
+        id: "r1".into(),
+        command: Command::Create(CreateParams {
+            cwd: Some("/tmp".into()),
+            name: Some(String::new()),
+            model: Some(model_ref()),
+            thinking_level: Some(ThinkingLevel::Xhigh),
+        }),
+    })
+}
+
+const CREATE_REQUEST_HEX: &str = "a3647479706567726571756573746269646272316772657175657374a567636f6d6d616e646663726561746563637764642f746d70646e616d6560656d6f64656ca26870726f766964657269616e7468726f7069636269646f636c617564652d736f6e6e65742d346d7468696e6b696e674c6576656c657868696768";
+
+/// From the reference notes (§a test vectors), without the frame header.
+const CLIENT_HELLO_HEX: &str = "a264747970656568656c6c6f6776657273696f6e01";
+
+fn server_vectors() -> Vec<(&'static str, ServerMessage, &'static str)> {
+    vec![
+        ("server hello", server_hello(), SERVER_HELLO_HEX),
+        ("prompt response", prompt_response(), PROMPT_RESPONSE_HEX),
+        ("assistant delta", assistant_delta(), ASSISTANT_DELTA_HEX),
+        ("error response", error_response(), ERROR_RESPONSE_HEX),
+        (
+            "aborted item_finished",
+            aborted_finished(),
+            ABORTED_FINISHED_HEX,
+        ),
+        ("hello_error", hello_error(), HELLO_ERROR_HEX),
+    ]
+}
+
+fn client_vectors() -> Vec<(&'static str, ClientMessage, &'static str)> {
+    vec![
+        ("create request", create_request(), CREATE_REQUEST_HEX),
+        (
+            "client hello",
+            ClientMessage::Hello(ClientHello {
+                version: 1,
+                token: None,
+            }),
+            CLIENT_HELLO_HEX,
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Byte-exact vectors.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn server_messages_encode_to_reference_bytes() {
+    for (name, message, expected) in server_vectors() {
+        let bytes = encode_server_message(&message).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(hex(&bytes), expected, "{name}");
+    }
+}
+
+#[test]
+fn reference_bytes_decode_to_server_messages() {
+    for (name, message, bytes) in server_vectors() {
+        let decoded = decode_server_message(&unhex(bytes), &CborLimits::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(decoded, message, "{name}");
+    }
+}
+
+#[test]
+fn client_messages_match_reference_bytes() {
+    for (name, message, expected) in client_vectors() {
+        let bytes = encode_client_message(&message).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(hex(&bytes), expected, "{name}");
+        let decoded = decode_client_message(&bytes, &CborLimits::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(decoded, message, "{name}");
+    }
+}
+
+/// The key order of a session snapshot, checked on the `Value` tree without
+/// going through CBOR.
+#[test]
+fn session_snapshot_keys_are_in_schema_order() {
+    fn keys(value: &Value) -> Vec<&str> {
+        match value {
+            Value::Map(entries) => entries.iter().map(|(k, _)| k.as_str()).collect(),
+            other => panic!("not a map: {other:?}"),
+        }
+    }
+    let value = snapshot_with_transcript().to_value();
+    assert_eq!(
+        keys(&value),
+        [
+            "id",
+            "name",
+            "cwd",
+            "createdAt",
+            "updatedAt",
+            "phase",
+            "model",
+            "thinkingLevel",
+            "attached",
+            "locked",
+            "revision",
+            "transcript",
+            "queuedSteer",
+            "queuedSteerCount"
+        ]
+    );
+    let Some(Value::Array(transcript)) = value.get("transcript") else {
+        panic!("transcript")
+    };
+    assert_eq!(keys(&transcript[0]), ["id", "role", "content", "timestamp"]);
+    assert_eq!(
+        keys(&transcript[1]),
+        [
+            "id",
+            "role",
+            "content",
+            "model",
+            "responseModel",
+            "usage",
+            "timestamp",
+            "status",
+            "stopReason"
+        ]
+    );
+    assert_eq!(
+        keys(&transcript[2]),
+        [
+            "id",
+            "role",
+            "toolCallId",
+            "toolName",
+            "input",
+            "content",
+            "details",
+            "timestamp",
+            "status",
+            "isError"
+        ]
+    );
+    let usage = transcript[1].get("usage").unwrap();
+    assert_eq!(
+        keys(usage),
+        [
+            "input",
+            "output",
+            "cacheRead",
+            "cacheWrite",
+            "reasoning",
+            "totalTokens",
+            "cost"
+        ]
+    );
+    assert_eq!(
+        keys(usage.get("cost").unwrap()),
+        ["input", "output", "cacheRead", "cacheWrite", "total"]
+    );
+}
+
+#[test]
+fn error_item_puts_error_message_last() {
+    let item = AssistantItem {
+        id: "a".into(),
+        content: vec![],
+        model: model_ref(),
+        response_model: None,
+        usage: None,
+        timestamp: 5,
+        status: AssistantStatus::Error,
+        error_message: Some("boom".into()),
+    };
+    let value = item.to_value();
+    let Value::Map(entries) = &value else {
+        panic!()
+    };
+    let tail: Vec<(&str, &Value)> = entries[entries.len() - 4..]
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("timestamp", &Value::Int(5)),
+            ("status", &text("error")),
+            ("stopReason", &text("error")),
+            ("errorMessage", &text("boom"))
+        ]
+    );
+    assert_eq!(AssistantItem::from_value(&value, "item").unwrap(), item);
+}
+
+#[test]
+fn client_hello_token_is_optional_extension() {
+    let with = ClientMessage::Hello(ClientHello {
+        version: 1,
+        token: Some("s3cret".into()),
+    });
+    let value = with.to_value();
+    assert_eq!(
+        value,
+        map! { "type" => text("hello"), "version" => Value::Int(1), "token" => text("s3cret") }
+    );
+    assert_eq!(ClientMessage::from_value(&value, "").unwrap(), with);
+    let without = ClientMessage::Hello(ClientHello {
+        version: 0,
+        token: None,
+    });
+    assert_eq!(
+        without.to_value(),
+        map! { "type" => text("hello"), "version" => Value::Int(0) }
+    );
+    let bad =
+        map! { "type" => text("hello"), "version" => Value::Int(1), "token" => Value::Int(1) };
+    assert_err(
+        ClientMessage::from_value(&bad, ""),
+        "hello.token: expected a string",
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Rejections.
+// ---------------------------------------------------------------------------
+
+#[track_caller]
+fn assert_err<T: std::fmt::Debug>(result: Result<T, SchemaError>, needle: &str) {
+    match result {
+        Ok(value) => panic!("expected an error containing {needle:?}, decoded {value:?}"),
+        Err(error) => {
+            let message = error.to_string();
+            assert!(
+                message.contains(needle),
+                "error {message:?} does not contain {needle:?}"
+            );
+            assert!(message.len() <= MAX_ERROR_LEN);
+        }
+    }
+}
+
+fn client(value: &Value) -> Result<ClientMessage, SchemaError> {
+    ClientMessage::from_value(value, "")
+}
+
+fn server(value: &Value) -> Result<ServerMessage, SchemaError> {
+    ServerMessage::from_value(value, "")
+}
+
+fn request(command: Value) -> Value {
+    map! { "type" => text("request"), "id" => text("r1"), "request" => command }
+}
+
+/// Replaces (or appends) `key` in a map value.
+fn with(mut value: Value, key: &str, new: Value) -> Value {
+    let Value::Map(entries) = &mut value else {
+        panic!("not a map")
+    };
+    match entries.iter_mut().find(|(k, _)| k == key) {
+        Some(entry) => entry.1 = new,
+        None => entries.push((key.to_owned(), new)),
+    }
+    value
+}
+
+/// Removes `key` from a map value.
+fn without(mut value: Value, key: &str) -> Value {
+    let Value::Map(entries) = &mut value else {
+        panic!("not a map")
+    };
+    entries.retain(|(k, _)| k != key);
+    value
+}
+
+/// A session progress event around `progress`.
+fn progress_event(progress: Value) -> Value {
+    map! {
+        "type" => text("event"),
+        "event" => map! { "type" => text("session_progress"), "sessionId" => text("s"), "progress" => progress },
+    }
+}
+
+fn assistant_value(status: AssistantStatus, error_message: Option<&str>) -> Value {
+    AssistantItem {
+        id: "a".into(),
+        content: vec![],
+        model: model_ref(),
+        response_model: None,
+        usage: None,
+        timestamp: 1,
+        status,
+        error_message: error_message.map(Into::into),
+    }
+    .to_value()
+}
+
+fn tool_value(status: ToolStatus) -> Value {
+    ToolItem {
+        id: "t".into(),
+        tool_call_id: "c".into(),
+        tool_name: "bash".into(),
+        input: Value::Null,
+        content: vec![],
+        details: None,
+        usage: None,
+        timestamp: 1,
+        status,
+    }
+    .to_value()
+}
+
+fn user_value() -> Value {
+    UserItem {
+        id: "u".into(),
+        content: vec![Content::Text { text: "hi".into() }],
+        timestamp: 1,
+    }
+    .to_value()
+}
+
+fn snapshot_value() -> Value {
+    snapshot_with_transcript().to_value()
+}
+
+fn session_snapshot_event(snapshot: Value) -> Value {
+    map! { "type" => text("event"), "event" => map! { "type" => text("session_snapshot"), "snapshot" => snapshot } }
+}
+
+#[test]
+fn rejects_unknown_field() {
+    let value = with(
+        request(map! { "command" => text("list") }),
+        "foo",
+        Value::Int(1),
+    );
+    assert_err(client(&value), "unknown field \"foo\" in request");
+    let nested = request(map! { "command" => text("list"), "sessionId" => text("s") });
+    assert_err(
+        client(&nested),
+        "unknown field \"sessionId\" in request.request",
+    );
+    let deep = request(map! {
+        "command" => text("set_model"),
+        "sessionId" => text("s"),
+        "model" => map! { "provider" => text("p"), "id" => text("m"), "x" => Value::Null },
+    });
+    assert_err(
+        client(&deep),
+        "unknown field \"x\" in request.request.model",
+    );
+}
+
+#[test]
+fn rejects_missing_field() {
+    let value = without(request(map! { "command" => text("list") }), "id");
+    assert_err(client(&value), "missing field \"id\" in request");
+    let command = request(map! { "command" => text("prompt"), "sessionId" => text("s") });
+    assert_err(
+        client(&command),
+        "missing field \"text\" in request.request",
+    );
+    assert_err(
+        client(&map! { "version" => Value::Int(1) }),
+        "missing field \"type\" in message",
+    );
+    let snapshot = session_snapshot_event(without(snapshot_value(), "queuedSteerCount"));
+    assert_err(
+        server(&snapshot),
+        "missing field \"queuedSteerCount\" in event.event.snapshot",
+    );
+}
+
+#[test]
+fn rejects_empty_ids() {
+    let value = request(map! { "command" => text("attach"), "sessionId" => text("") });
+    assert_err(
+        client(&value),
+        "request.request.sessionId: expected a non-empty string",
+    );
+    let value = with(request(map! { "command" => text("list") }), "id", text(""));
+    assert_err(client(&value), "request.id: expected a non-empty string");
+    let snapshot = session_snapshot_event(with(snapshot_value(), "id", text("")));
+    assert_err(
+        server(&snapshot),
+        "event.event.snapshot.id: expected a non-empty string",
+    );
+}
+
+#[test]
+fn rejects_wrong_kinds() {
+    let value = request(
+        map! { "command" => text("prompt"), "sessionId" => text("s"), "text" => Value::Int(3) },
+    );
+    assert_err(
+        client(&value),
+        "request.request.text: expected a string, got integer",
+    );
+    let value = session_snapshot_event(with(snapshot_value(), "attached", text("yes")));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.attached: expected a boolean, got string",
+    );
+    let value = session_snapshot_event(with(snapshot_value(), "transcript", Value::Null));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.transcript: expected an array, got null",
+    );
+    assert_err(
+        client(&Value::Array(vec![])),
+        "message: expected a map, got array",
+    );
+    let value = request(text("list"));
+    assert_err(
+        client(&value),
+        "request.request: expected a map, got string",
+    );
+    let value = map! { "type" => Value::Int(1) };
+    assert_err(client(&value), "type: expected a string, got integer");
+}
+
+#[test]
+fn rejects_bad_enum_strings() {
+    let value = request(map! {
+        "command" => text("set_thinking"),
+        "sessionId" => text("s"),
+        "thinkingLevel" => text("extreme"),
+    });
+    assert_err(
+        client(&value),
+        "request.request.thinkingLevel: expected one of \"off\"",
+    );
+    assert_err(client(&value), "got \"extreme\"");
+    assert_err(
+        client(&request(map! { "command" => text("fly") })),
+        "request.request: unknown command \"fly\"",
+    );
+    assert_err(
+        client(&map! { "type" => text("bye") }),
+        "message: unknown type \"bye\"",
+    );
+    let value = session_snapshot_event(with(snapshot_value(), "phase", text("sleeping")));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.phase: expected one of",
+    );
+    let value = map! {
+        "type" => text("hello_error"),
+        "error" => map! { "code" => text("teapot"), "message" => text("m") },
+    };
+    assert_err(server(&value), "hello_error.error.code: expected one of");
+    let value = map! { "type" => text("event"), "event" => map! { "type" => text("party") } };
+    assert_err(server(&value), "event.event: unknown event type \"party\"");
+    let item = with(
+        assistant_value(AssistantStatus::Streaming, None),
+        "status",
+        text("paused"),
+    );
+    let value = progress_event(map! { "type" => text("item_started"), "item" => item });
+    assert_err(
+        server(&value),
+        "event.event.progress.item: unknown assistant status \"paused\"",
+    );
+}
+
+#[test]
+fn rejects_negative_and_non_integral_integers() {
+    let value = map! { "type" => text("hello"), "version" => Value::Int(-1) };
+    assert_err(
+        client(&value),
+        "hello.version: expected an integer ≥ 0, got -1",
+    );
+    let value = map! { "type" => text("hello"), "version" => Value::Float(1.5) };
+    assert_err(
+        client(&value),
+        "hello.version: expected an integer, got a non-integral number",
+    );
+    let value = session_snapshot_event(with(snapshot_value(), "revision", Value::Int(-3)));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.revision: expected an integer ≥ 0",
+    );
+    let value = session_snapshot_event(with(
+        snapshot_value(),
+        "createdAt",
+        Value::Int(MAX_SAFE_INTEGER + 1),
+    ));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.createdAt: expected an integer ≤",
+    );
+    let delta = map! {
+        "type" => text("assistant_delta"),
+        "messageId" => text("m"),
+        "contentIndex" => Value::Int(-1),
+        "kind" => text("text"),
+        "delta" => text(""),
+    };
+    assert_err(
+        server(&progress_event(delta)),
+        "event.event.progress.contentIndex: expected an integer ≥ 0",
+    );
+}
+
+#[test]
+fn rejects_string_version() {
+    let value = map! { "type" => text("hello"), "version" => text("1") };
+    assert_err(
+        client(&value),
+        "hello.version: expected an integer, got string",
+    );
+    let mut hello = server_hello().to_value();
+    hello = with(hello, "version", text("1"));
+    assert_err(
+        server(&hello),
+        "hello.version: expected the integer 1, got string",
+    );
+}
+
+#[test]
+fn server_versions_are_literal_one() {
+    let hello = with(server_hello().to_value(), "version", Value::Int(2));
+    assert_err(server(&hello), "hello.version: expected 1, got 2");
+    let Some(snapshot) = server_hello().to_value().get("snapshot").cloned() else {
+        panic!()
+    };
+    let hello = with(
+        server_hello().to_value(),
+        "snapshot",
+        with(snapshot, "protocolVersion", Value::Int(0)),
+    );
+    assert_err(
+        server(&hello),
+        "hello.snapshot.protocolVersion: expected 1, got 0",
+    );
+    // The client hello accepts any version ≥ 0; the server answers `version` errors.
+    let value = map! { "type" => text("hello"), "version" => Value::Int(8) };
+    assert_eq!(
+        client(&value).unwrap(),
+        ClientMessage::Hello(ClientHello {
+            version: 8,
+            token: None
+        })
+    );
+}
+
+#[test]
+fn rejects_byte_strings_inside_json() {
+    let input = map! { "path" => Value::Array(vec![Value::Bytes(vec![1, 2])]) };
+    let mut tool = tool_value(ToolStatus::Running);
+    tool = with(tool, "input", input);
+    assert_err(
+        server(&progress_event(
+            map! { "type" => text("item_started"), "item" => tool },
+        )),
+        "event.event.progress.item.input.path[0]: expected strict JSON, found a byte string",
+    );
+    let value = map! {
+        "type" => text("response"),
+        "id" => text("r"),
+        "ok" => Value::Bool(false),
+        "error" => map! { "code" => text("busy"), "message" => text("m"), "details" => Value::Bytes(vec![]) },
+    };
+    assert_err(
+        server(&value),
+        "response.error.details: expected strict JSON, found a byte string",
+    );
+    // A byte string where a string is expected is a kind error.
+    let value =
+        request(map! { "command" => text("attach"), "sessionId" => Value::Bytes(b"s".to_vec()) });
+    assert_err(
+        client(&value),
+        "request.request.sessionId: expected a non-empty string, got byte string",
+    );
+}
+
+#[test]
+fn item_finished_accepts_only_terminal_assistant_and_tool_items() {
+    let finished = |item: Value| {
+        server(&progress_event(
+            map! { "type" => text("item_finished"), "item" => item },
+        ))
+    };
+    assert_err(
+        finished(assistant_value(AssistantStatus::Streaming, None)),
+        "event.event.progress.item: expected a finished item, got status \"streaming\"",
+    );
+    assert_err(
+        finished(tool_value(ToolStatus::Running)),
+        "expected a finished item, got status \"running\"",
+    );
+    assert_err(
+        finished(user_value()),
+        "event.event.progress.item: expected an assistant or tool item",
+    );
+    for status in [
+        AssistantStatus::Complete(StopReason::Stop),
+        AssistantStatus::Complete(StopReason::Length),
+        AssistantStatus::Error,
+        AssistantStatus::Aborted,
+    ] {
+        finished(assistant_value(status, None)).unwrap();
+    }
+    finished(tool_value(ToolStatus::Complete)).unwrap();
+    finished(tool_value(ToolStatus::Error)).unwrap();
+}
+
+#[test]
+fn item_updated_accepts_only_assistant_and_tool_items() {
+    let updated = |item: Value| {
+        server(&progress_event(
+            map! { "type" => text("item_updated"), "item" => item },
+        ))
+    };
+    assert_err(
+        updated(user_value()),
+        "event.event.progress.item: expected an assistant or tool item, got a user item",
+    );
+    updated(assistant_value(AssistantStatus::Streaming, None)).unwrap();
+    updated(tool_value(ToolStatus::Running)).unwrap();
+    let started = map! { "type" => text("item_started"), "item" => user_value() };
+    server(&progress_event(started)).unwrap();
+}
+
+#[test]
+fn queued_steer_accepts_only_user_items() {
+    let queued = Value::Array(vec![
+        user_value(),
+        assistant_value(AssistantStatus::Streaming, None),
+    ]);
+    let value = session_snapshot_event(with(snapshot_value(), "queuedSteer", queued));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.queuedSteer[1]: expected a user item, got role \"assistant\"",
+    );
+}
+
+#[test]
+fn rejects_empty_strings_where_min_length_is_one() {
+    let value = request(map! { "command" => text("create"), "cwd" => text("") });
+    assert_err(
+        client(&value),
+        "request.request.cwd: expected a non-empty string",
+    );
+    let value = request(map! { "command" => text("create"), "name" => text("") });
+    client(&value).unwrap();
+
+    let value = session_snapshot_event(with(snapshot_value(), "cwd", text("")));
+    assert_err(
+        server(&value),
+        "event.event.snapshot.cwd: expected a non-empty string",
+    );
+
+    let image = map! { "type" => text("image"), "data" => text(""), "mimeType" => text("") };
+    let user = with(user_value(), "content", Value::Array(vec![image]));
+    let value = progress_event(map! { "type" => text("item_started"), "item" => user });
+    assert_err(
+        server(&value),
+        "event.event.progress.item.content[0].mimeType: expected a non-empty string",
+    );
+
+    let item = with(
+        assistant_value(AssistantStatus::Streaming, None),
+        "responseModel",
+        text(""),
+    );
+    let value = progress_event(map! { "type" => text("item_started"), "item" => item });
+    assert_err(
+        server(&value),
+        "event.event.progress.item.responseModel: expected a non-empty string",
+    );
+
+    let item = assistant_value(AssistantStatus::Error, Some(""));
+    let value = progress_event(map! { "type" => text("item_finished"), "item" => item });
+    assert_err(
+        server(&value),
+        "event.event.progress.item.errorMessage: expected a non-empty string",
+    );
+    // `aborted` allows an empty errorMessage.
+    let item = assistant_value(AssistantStatus::Aborted, Some(""));
+    server(&progress_event(
+        map! { "type" => text("item_finished"), "item" => item },
+    ))
+    .unwrap();
+}
+
+fn hello_with_model(edit: impl FnOnce(Value) -> Value) -> Value {
+    let hello = server_hello().to_value();
+    let snapshot = hello.get("snapshot").unwrap().clone();
+    let Some(Value::Array(models)) = snapshot.get("models") else {
+        panic!()
+    };
+    let model = edit(models[0].clone());
+    let snapshot = with(snapshot, "models", Value::Array(vec![model]));
+    with(hello, "snapshot", snapshot)
+}
+
+#[test]
+fn rejects_model_metadata_violations() {
+    let value = hello_with_model(|m| with(m, "supportedThinkingLevels", Value::Array(vec![])));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].supportedThinkingLevels: expected at least 1 item",
+    );
+    let value = hello_with_model(|m| with(m, "contextWindow", Value::Int(0)));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].contextWindow: expected an integer ≥ 1, got 0",
+    );
+    let value = hello_with_model(|m| with(m, "name", text("")));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].name: expected a non-empty string",
+    );
+    let value = hello_with_model(|m| with(m, "input", Value::Array(vec![text("audio")])));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].input[0]: expected one of \"text\", \"image\"",
+    );
+    let cost = map! {
+        "input" => Value::Float(-0.5),
+        "output" => Value::Int(0),
+        "cacheRead" => Value::Int(0),
+        "cacheWrite" => Value::Int(0),
+    };
+    let value = hello_with_model(|m| with(m, "cost", cost));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].cost.input: expected a finite number ≥ 0",
+    );
+    let cost = map! {
+        "input" => text("1"),
+        "output" => Value::Int(0),
+        "cacheRead" => Value::Int(0),
+        "cacheWrite" => Value::Int(0),
+    };
+    let value = hello_with_model(|m| with(m, "cost", cost));
+    assert_err(
+        server(&value),
+        "hello.snapshot.models[0].cost.input: expected a number, got string",
+    );
+}
+
+#[test]
+fn rejects_status_field_mismatches() {
+    let item_started = |item: Value| {
+        server(&progress_event(
+            map! { "type" => text("item_started"), "item" => item },
+        ))
+    };
+    let complete = assistant_value(AssistantStatus::Complete(StopReason::Stop), None);
+    assert_err(
+        item_started(without(complete.clone(), "stopReason")),
+        "missing field \"stopReason\"",
+    );
+    assert_err(
+        item_started(with(complete.clone(), "stopReason", text("error"))),
+        "item.stopReason: expected one of",
+    );
+    assert_err(
+        item_started(with(complete, "errorMessage", text("x"))),
+        "unknown field \"errorMessage\"",
+    );
+    let streaming = assistant_value(AssistantStatus::Streaming, None);
+    assert_err(
+        item_started(with(streaming, "stopReason", text("stop"))),
+        "unknown field \"stopReason\"",
+    );
+    let error = assistant_value(AssistantStatus::Error, None);
+    assert_err(
+        item_started(with(error, "stopReason", text("stop"))),
+        "item.stopReason: expected \"error\"",
+    );
+    let tool = tool_value(ToolStatus::Running);
+    assert_err(
+        item_started(with(tool, "isError", Value::Bool(true))),
+        "item.isError: expected false for status",
+    );
+    let tool = tool_value(ToolStatus::Error);
+    assert_err(
+        item_started(with(tool, "isError", Value::Bool(false))),
+        "item.isError: expected true for status",
+    );
+    let user = with(user_value(), "role", text("robot"));
+    assert_err(
+        item_started(user),
+        "event.event.progress.item: unknown role \"robot\"",
+    );
+}
+
+#[test]
+fn rejects_content_not_allowed_for_role() {
+    let item_started = |item: Value| {
+        server(&progress_event(
+            map! { "type" => text("item_started"), "item" => item },
+        ))
+    };
+    let thinking = map! { "type" => text("thinking"), "thinking" => text("t") };
+    let user = with(user_value(), "content", Value::Array(vec![thinking]));
+    assert_err(
+        item_started(user),
+        "item.content[0]: content type \"thinking\" is not allowed in a user item",
+    );
+    let image =
+        map! { "type" => text("image"), "data" => text(""), "mimeType" => text("image/png") };
+    let assistant = with(
+        assistant_value(AssistantStatus::Streaming, None),
+        "content",
+        Value::Array(vec![image]),
+    );
+    assert_err(
+        item_started(assistant),
+        "content type \"image\" is not allowed in an assistant item",
+    );
+    let call = map! { "type" => text("toolCall"), "toolCallId" => text("c"), "toolName" => text("t"), "input" => Value::Null };
+    let tool = with(
+        tool_value(ToolStatus::Running),
+        "content",
+        Value::Array(vec![call]),
+    );
+    assert_err(
+        item_started(tool),
+        "content type \"toolCall\" is not allowed in a tool item",
+    );
+    let video = map! { "type" => text("video") };
+    let user = with(user_value(), "content", Value::Array(vec![video]));
+    assert_err(
+        item_started(user),
+        "item.content[0]: unknown content type \"video\"",
+    );
+}
+
+#[test]
+fn rejects_response_shape_violations() {
+    let base = map! { "type" => text("response"), "id" => text("r"), "ok" => Value::Bool(true) };
+    let error = map! { "code" => text("busy"), "message" => text("m") };
+    assert_err(
+        server(&with(base.clone(), "error", error.clone())),
+        "unknown field \"error\" in response",
+    );
+    let failed = with(with(base.clone(), "ok", Value::Bool(false)), "error", error);
+    server(&failed).unwrap();
+    assert_err(
+        server(&with(failed, "result", Value::Null)),
+        "unknown field \"result\" in response",
+    );
+    assert_err(server(&base), "missing field \"result\" in response");
+    assert_err(
+        server(&with(base.clone(), "ok", text("true"))),
+        "response.ok: expected a boolean, got string",
+    );
+    assert_err(
+        server(&without(base, "ok")),
+        "missing field \"ok\" in response",
+    );
+}
+
+#[test]
+fn rejects_duplicate_keys_in_hand_built_values() {
+    let value = Value::Map(vec![
+        ("type".into(), text("hello")),
+        ("version".into(), Value::Int(1)),
+        ("version".into(), Value::Int(1)),
+    ]);
+    assert_err(client(&value), "duplicate field \"version\" in hello");
+}
+
+#[test]
+fn error_messages_are_bounded() {
+    let key = "k".repeat(10_000);
+    let value = with(
+        request(map! { "command" => text("list") }),
+        &key,
+        Value::Null,
+    );
+    let error = client(&value).unwrap_err();
+    assert!(
+        error.to_string().len() <= MAX_ERROR_LEN,
+        "{}",
+        error.to_string().len()
+    );
+    assert!(error.to_string().starts_with("unknown field \"kkk"));
+    let long = "é".repeat(1000);
+    let error = SchemaError::new(long);
+    assert!(error.message().len() <= MAX_ERROR_LEN);
+    assert!(error.message().ends_with("..."));
+}
+
+#[test]
+fn cbor_errors_are_wrapped() {
+    let error = decode_client_message(&[], &CborLimits::default()).unwrap_err();
+    assert!(error.to_string().starts_with("invalid CBOR: "), "{error}");
+    // A valid CBOR item that is not a message is a schema error.
+    let error = decode_client_message(&[0x01], &CborLimits::default()).unwrap_err();
+    assert_eq!(error.to_string(), "message: expected a map, got integer");
+}
+
+#[test]
+fn encoding_validates_typed_values() {
+    let empty_id = ClientMessage::Request(Request {
+        id: String::new(),
+        command: Command::List,
+    });
+    assert_err(
+        encode_client_message(&empty_id),
+        "request.id: expected a non-empty string",
+    );
+    let Ok(CommandResult::Prompt { session }) = (match prompt_response() {
+        ServerMessage::Response(response) => response.outcome,
+        _ => unreachable!(),
+    }) else {
+        unreachable!()
+    };
+    let mut streaming_with_error = session.clone();
+    if let TranscriptItem::Assistant(item) = &mut streaming_with_error.transcript[1] {
+        item.status = AssistantStatus::Streaming;
+        item.error_message = Some("nope".into());
+    }
+    let message = ServerMessage::Event(ServerEvent::SessionSnapshot {
+        snapshot: streaming_with_error,
+    });
+    assert_err(
+        encode_server_message(&message),
+        "unknown field \"errorMessage\" in event.event.snapshot.transcript[1]",
+    );
+    let mut nan_cost = session.clone();
+    if let TranscriptItem::Assistant(item) = &mut nan_cost.transcript[1] {
+        item.usage.as_mut().unwrap().cost.total = f64::NAN;
+    }
+    let message = ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot: nan_cost });
+    assert_err(
+        encode_server_message(&message),
+        "transcript[1].usage.cost.total: expected a finite number ≥ 0",
+    );
+    let mut huge = session;
+    huge.revision = u64::MAX;
+    let message = ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot: huge });
+    assert_err(
+        encode_server_message(&message),
+        "event.event.snapshot.revision: expected an integer",
+    );
+    let bad_version = ServerMessage::Hello(ServerHello {
+        version: 2,
+        ..match server_hello() {
+            ServerMessage::Hello(hello) => hello,
+            _ => unreachable!(),
+        }
+    });
+    assert_err(
+        encode_server_message(&bad_version),
+        "hello.version: expected 1, got 2",
+    );
+}
+
+#[test]
+fn extensions_round_trip() {
+    let remove = ClientMessage::Request(Request {
+        id: "r".into(),
+        command: Command::Remove {
+            session_id: "s".into(),
+        },
+    });
+    let expected = map! {
+        "type" => text("request"),
+        "id" => text("r"),
+        "request" => map! { "command" => text("remove"), "sessionId" => text("s") },
+    };
+    assert_eq!(remove.to_value(), expected);
+    assert_eq!(client(&remove.to_value()).unwrap(), remove);
+    let auth = ServerMessage::HelloError(ProtocolError::new(ErrorCode::Auth, "bad token"));
+    assert_eq!(server(&auth.to_value()).unwrap(), auth);
+    let removed = ServerMessage::Response(Response {
+        id: "r".into(),
+        outcome: Ok(CommandResult::Remove {
+            session_id: "s".into(),
+        }),
+    });
+    assert_eq!(server(&removed.to_value()).unwrap(), removed);
+}
+
+// ---------------------------------------------------------------------------
+// Property: decode(encode(m)) == m.
+// ---------------------------------------------------------------------------
+
+fn id() -> BoxedStrategy<String> {
+    "[a-zA-Z0-9_-]{1,8}".boxed()
+}
+
+fn any_text() -> BoxedStrategy<String> {
+    "\\PC{0,8}".boxed()
+}
+
+fn uint() -> BoxedStrategy<u64> {
+    prop_oneof![0..100u64, 0..=MAX_SAFE_INTEGER as u64].boxed()
+}
+
+fn cost() -> BoxedStrategy<f64> {
+    prop_oneof![Just(0.0), (0..1000u32).prop_map(f64::from), 0.0..1.0e9f64].boxed()
+}
+
+fn json() -> BoxedStrategy<Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).prop_map(Value::Int),
+        any::<f64>()
+            .prop_filter("representable", |x| x.is_finite()
+                && (x.fract() != 0.0 || x.abs() <= MAX_SAFE_INTEGER as f64))
+            .prop_map(Value::number),
+        any_text().prop_map(Value::Text),
+    ];
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(any_text(), inner, 0..4)
+                .prop_map(|m| Value::Map(m.into_iter().collect())),
+        ]
+    })
+    .boxed()
+}
+
+fn thinking_level() -> BoxedStrategy<ThinkingLevel> {
+    prop::sample::select(ThinkingLevel::ALL.to_vec()).boxed()
+}
+
+fn model_ref_strategy() -> BoxedStrategy<ModelRef> {
+    (id(), id())
+        .prop_map(|(provider, id)| ModelRef { provider, id })
+        .boxed()
+}
+
+fn usage() -> BoxedStrategy<Usage> {
+    (
+        (
+            uint(),
+            uint(),
+            uint(),
+            uint(),
+            prop::option::of(uint()),
+            uint(),
+        ),
+        (cost(), cost(), cost(), cost(), cost()),
+    )
+        .prop_map(
+            |((input, output, cache_read, cache_write, reasoning, total_tokens), c)| Usage {
+                input,
+                output,
+                cache_read,
+                cache_write,
+                reasoning,
+                total_tokens,
+                cost: UsageCost {
+                    input: c.0,
+                    output: c.1,
+                    cache_read: c.2,
+                    cache_write: c.3,
+                    total: c.4,
+                },
+            },
+        )
+        .boxed()
+}
+
+fn user_content() -> BoxedStrategy<Content> {
+    prop_oneof![
+        any_text().prop_map(|text| Content::Text { text }),
+        (any_text(), id()).prop_map(|(data, mime_type)| Content::Image { data, mime_type }),
+    ]
+    .boxed()
+}
+
+fn assistant_content() -> BoxedStrategy<Content> {
+    prop_oneof![
+        any_text().prop_map(|text| Content::Text { text }),
+        (any_text(), prop::option::of(any::<bool>()))
+            .prop_map(|(thinking, redacted)| Content::Thinking { thinking, redacted }),
+        (id(), id(), json()).prop_map(|(tool_call_id, tool_name, input)| Content::ToolCall {
+            tool_call_id,
+            tool_name,
+            input
+        }),
+    ]
+    .boxed()
+}
+
+fn user_item() -> BoxedStrategy<UserItem> {
+    (id(), prop::collection::vec(user_content(), 0..3), uint())
+        .prop_map(|(id, content, timestamp)| UserItem {
+            id,
+            content,
+            timestamp,
+        })
+        .boxed()
+}
+
+fn assistant_item(terminal: bool) -> BoxedStrategy<AssistantItem> {
+    let status = prop_oneof![
+        Just(AssistantStatus::Streaming),
+        Just(AssistantStatus::Complete(StopReason::Stop)),
+        Just(AssistantStatus::Complete(StopReason::Length)),
+        Just(AssistantStatus::Complete(StopReason::ToolUse)),
+        Just(AssistantStatus::Error),
+        Just(AssistantStatus::Aborted),
+    ]
+    .prop_filter("terminal", move |s| {
+        !terminal || *s != AssistantStatus::Streaming
+    });
+    (
+        id(),
+        prop::collection::vec(assistant_content(), 0..3),
+        model_ref_strategy(),
+        prop::option::of(id()),
+        prop::option::of(usage()),
+        uint(),
+        status,
+        prop::option::of(id()),
+        any_text(),
+    )
+        .prop_map(
+            |(id, content, model, response_model, usage, timestamp, status, error, aborted)| {
+                let error_message = match status {
+                    AssistantStatus::Error => error,
+                    AssistantStatus::Aborted => error.map(|_| aborted),
+                    _ => None,
+                };
+                AssistantItem {
+                    id,
+                    content,
+                    model,
+                    response_model,
+                    usage,
+                    timestamp,
+                    status,
+                    error_message,
+                }
+            },
+        )
+        .boxed()
+}
+
+fn tool_item(terminal: bool) -> BoxedStrategy<ToolItem> {
+    let status = prop::sample::select(vec![
+        ToolStatus::Running,
+        ToolStatus::Complete,
+        ToolStatus::Error,
+    ])
+    .prop_filter("terminal", move |s| !terminal || *s != ToolStatus::Running);
+    (
+        (id(), id(), id(), json()),
+        prop::collection::vec(user_content(), 0..3),
+        prop::option::of(json()),
+        prop::option::of(usage()),
+        uint(),
+        status,
+    )
+        .prop_map(
+            |((id, tool_call_id, tool_name, input), content, details, usage, timestamp, status)| {
+                ToolItem {
+                    id,
+                    tool_call_id,
+                    tool_name,
+                    input,
+                    content,
+                    details,
+                    usage,
+                    timestamp,
+                    status,
+                }
+            },
+        )
+        .boxed()
+}
+
+fn transcript_item() -> BoxedStrategy<TranscriptItem> {
+    prop_oneof![
+        user_item().prop_map(TranscriptItem::User),
+        assistant_item(false).prop_map(TranscriptItem::Assistant),
+        tool_item(false).prop_map(TranscriptItem::Tool),
+    ]
+    .boxed()
+}
+
+fn progress() -> BoxedStrategy<TranscriptProgress> {
+    prop_oneof![
+        transcript_item().prop_map(|item| TranscriptProgress::ItemStarted { item }),
+        (
+            id(),
+            uint(),
+            prop::sample::select(vec![
+                DeltaKind::Text,
+                DeltaKind::Thinking,
+                DeltaKind::ToolCall
+            ]),
+            any_text()
+        )
+            .prop_map(|(message_id, content_index, kind, delta)| {
+                TranscriptProgress::AssistantDelta {
+                    message_id,
+                    content_index,
+                    kind,
+                    delta,
+                }
+            }),
+        prop_oneof![
+            assistant_item(false).prop_map(TranscriptItem::Assistant),
+            tool_item(false).prop_map(TranscriptItem::Tool),
+        ]
+        .prop_map(|item| TranscriptProgress::ItemUpdated { item }),
+        prop_oneof![
+            assistant_item(true).prop_map(TranscriptItem::Assistant),
+            tool_item(true).prop_map(TranscriptItem::Tool),
+        ]
+        .prop_map(|item| TranscriptProgress::ItemFinished { item }),
+    ]
+    .boxed()
+}
+
+fn session_metadata() -> BoxedStrategy<SessionMetadata> {
+    (
+        id(),
+        uint(),
+        prop::option::of(uint()),
+        prop::option::of(id()),
+        prop::option::of(any_text()),
+        prop::option::of(id()),
+    )
+        .prop_map(
+            |(id, created_at, updated_at, parent_session_id, session_name, cwd)| SessionMetadata {
+                id,
+                created_at,
+                updated_at,
+                parent_session_id,
+                session_name,
+                cwd,
+            },
+        )
+        .boxed()
+}
+
+fn session_snapshot() -> BoxedStrategy<SessionSnapshot> {
+    (
+        (id(), prop::option::of(any_text()), id(), uint(), uint()),
+        (
+            prop::sample::select(SessionPhase::ALL.to_vec()),
+            model_ref_strategy(),
+            thinking_level(),
+        ),
+        (any::<bool>(), any::<bool>(), uint()),
+        (
+            prop::collection::vec(transcript_item(), 0..4),
+            prop::collection::vec(user_item(), 0..2),
+            uint(),
+        ),
+    )
+        .prop_map(
+            |(
+                (id, name, cwd, created_at, updated_at),
+                (phase, model, thinking_level),
+                (attached, locked, revision),
+                (transcript, queued_steer, queued_steer_count),
+            )| SessionSnapshot {
+                id,
+                name,
+                cwd,
+                created_at,
+                updated_at,
+                phase,
+                model,
+                thinking_level,
+                attached,
+                locked,
+                revision,
+                transcript,
+                queued_steer,
+                queued_steer_count,
+            },
+        )
+        .boxed()
+}
+
+fn model_metadata() -> BoxedStrategy<ModelMetadata> {
+    (
+        (id(), id(), id(), id(), any::<bool>()),
+        prop::collection::vec(
+            prop::sample::select(vec![InputKind::Text, InputKind::Image]),
+            0..3,
+        ),
+        (1..=MAX_SAFE_INTEGER as u64, 1..1_000_000u64),
+        (cost(), cost(), cost(), cost()),
+        prop::collection::vec(thinking_level(), 1..4),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(
+                (provider, id, name, api, reasoning),
+                input,
+                (context_window, max_tokens),
+                c,
+                levels,
+                authenticated,
+            )| {
+                ModelMetadata {
+                    provider,
+                    id,
+                    name,
+                    api,
+                    reasoning,
+                    input,
+                    context_window,
+                    max_tokens,
+                    cost: ModelCost {
+                        input: c.0,
+                        output: c.1,
+                        cache_read: c.2,
+                        cache_write: c.3,
+                    },
+                    supported_thinking_levels: levels,
+                    authenticated,
+                }
+            },
+        )
+        .boxed()
+}
+
+fn server_snapshot() -> BoxedStrategy<ServerSnapshot> {
+    (
+        id(),
+        uint(),
+        prop::collection::vec(session_metadata(), 0..3),
+        prop::collection::vec(model_metadata(), 0..3),
+    )
+        .prop_map(|(server_id, revision, sessions, models)| ServerSnapshot {
+            server_id,
+            protocol_version: 1,
+            revision,
+            sessions,
+            models,
+        })
+        .boxed()
+}
+
+fn protocol_error() -> BoxedStrategy<ProtocolError> {
+    (
+        prop::sample::select(ErrorCode::ALL.to_vec()),
+        any_text(),
+        prop::option::of(json()),
+    )
+        .prop_map(|(code, message, details)| ProtocolError {
+            code,
+            message,
+            details,
+        })
+        .boxed()
+}
+
+fn command() -> BoxedStrategy<Command> {
+    prop_oneof![
+        Just(Command::List),
+        (
+            prop::option::of(id()),
+            prop::option::of(any_text()),
+            prop::option::of(model_ref_strategy()),
+            prop::option::of(thinking_level())
+        )
+            .prop_map(
+                |(cwd, name, model, thinking_level)| Command::Create(CreateParams {
+                    cwd,
+                    name,
+                    model,
+                    thinking_level
+                })
+            ),
+        id().prop_map(|session_id| Command::Attach { session_id }),
+        id().prop_map(|session_id| Command::Detach { session_id }),
+        (id(), any_text()).prop_map(|(session_id, text)| Command::Prompt { session_id, text }),
+        (id(), any_text()).prop_map(|(session_id, text)| Command::Steer { session_id, text }),
+        id().prop_map(|session_id| Command::Abort { session_id }),
+        (id(), model_ref_strategy())
+            .prop_map(|(session_id, model)| Command::SetModel { session_id, model }),
+        (id(), thinking_level()).prop_map(|(session_id, thinking_level)| Command::SetThinking {
+            session_id,
+            thinking_level
+        }),
+        id().prop_map(|session_id| Command::Remove { session_id }),
+    ]
+    .boxed()
+}
+
+fn command_result() -> BoxedStrategy<CommandResult> {
+    prop_oneof![
+        prop::collection::vec(session_metadata(), 0..3)
+            .prop_map(|sessions| CommandResult::List { sessions }),
+        session_snapshot().prop_map(|session| CommandResult::Create { session }),
+        session_snapshot().prop_map(|session| CommandResult::Attach { session }),
+        id().prop_map(|session_id| CommandResult::Detach { session_id }),
+        session_snapshot().prop_map(|session| CommandResult::Prompt { session }),
+        session_snapshot().prop_map(|session| CommandResult::Steer { session }),
+        session_snapshot().prop_map(|session| CommandResult::Abort { session }),
+        session_snapshot().prop_map(|session| CommandResult::SetModel { session }),
+        session_snapshot().prop_map(|session| CommandResult::SetThinking { session }),
+        id().prop_map(|session_id| CommandResult::Remove { session_id }),
+    ]
+    .boxed()
+}
+
+fn client_message() -> BoxedStrategy<ClientMessage> {
+    prop_oneof![
+        (0..=MAX_SAFE_INTEGER as u64, prop::option::of(any_text()))
+            .prop_map(|(version, token)| ClientMessage::Hello(ClientHello { version, token })),
+        (id(), command()).prop_map(|(id, command)| ClientMessage::Request(Request { id, command })),
+    ]
+    .boxed()
+}
+
+fn server_event() -> BoxedStrategy<ServerEvent> {
+    prop_oneof![
+        server_snapshot().prop_map(|snapshot| ServerEvent::ServerSnapshot { snapshot }),
+        session_snapshot().prop_map(|snapshot| ServerEvent::SessionSnapshot { snapshot }),
+        (id(), progress()).prop_map(|(session_id, progress)| ServerEvent::SessionProgress {
+            session_id,
+            progress
+        }),
+        id().prop_map(|session_id| ServerEvent::SessionRemoved { session_id }),
+    ]
+    .boxed()
+}
+
+fn server_message() -> BoxedStrategy<ServerMessage> {
+    prop_oneof![
+        (id(), server_snapshot()).prop_map(|(connection_id, snapshot)| ServerMessage::Hello(
+            ServerHello {
+                version: 1,
+                connection_id,
+                snapshot
+            }
+        )),
+        protocol_error().prop_map(ServerMessage::HelloError),
+        (
+            id(),
+            prop_oneof![
+                command_result().prop_map(Ok),
+                protocol_error().prop_map(Err)
+            ]
+        )
+            .prop_map(|(id, outcome)| ServerMessage::Response(Response { id, outcome })),
+        server_event().prop_map(ServerMessage::Event),
+    ]
+    .boxed()
+}
+
+proptest! {
+    #[test]
+    fn client_messages_round_trip_through_values(message in client_message()) {
+        prop_assert_eq!(ClientMessage::from_value(&message.to_value(), "")?, message);
+    }
+
+    #[test]
+    fn server_messages_round_trip_through_values(message in server_message()) {
+        prop_assert_eq!(ServerMessage::from_value(&message.to_value(), "")?, message);
+    }
+
+    #[test]
+    fn client_messages_round_trip_through_bytes(message in client_message()) {
+        let bytes = encode_client_message(&message)?;
+        prop_assert_eq!(decode_client_message(&bytes, &CborLimits::default())?, message);
+    }
+
+    #[test]
+    fn server_messages_round_trip_through_bytes(message in server_message()) {
+        let bytes = encode_server_message(&message)?;
+        prop_assert_eq!(decode_server_message(&bytes, &CborLimits::default())?, message);
+    }
+}
