@@ -1,2 +1,10 @@
 //! The io layer of pi-server: carries out the kernel's outputs on real sockets,
 //! processes and SQLite, and feeds back inputs. It makes no protocol decisions.
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod socket;
+pub mod store;
+pub mod worker;
