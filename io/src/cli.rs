@@ -1,0 +1,1300 @@
+//! The `pi-server` command line: the server (`serve`), its internal worker
+//! (`worker`), and client commands that talk pi protocol v1 to a server
+//! through [`crate::client::Client`].
+//!
+//! Client commands find the server at `<serverDir>/<serverId>.sock` (see
+//! [`crate::config`]) unless `--connect` names a socket. When no server
+//! answers there, they start one in the background ("cold activation"):
+//!
+//! 1. take the exclusive lock `<serverDir>/launcher-<serverId>.lock`, which
+//!    serialises racing clients (the kernel releases it if we die);
+//! 2. connect again, since the client that held the lock before us may have
+//!    started a server meanwhile;
+//! 3. otherwise spawn `pi-server serve … --idle-exit-ms <grace>` detached in
+//!    its own process group, logging to `<serverDir>/server-<serverId>.log`;
+//! 4. poll the socket every 10 ms for up to 10 s, then release the lock.
+//!
+//! Such a server retires `grace` after its last client left and no worker is
+//! busy (default 1000 ms, `$PI_SERVER_IDLE_EXIT_MS` overrides).
+
+mod demo;
+
+use crate::client::{Client, ClientError};
+use crate::config;
+use clap::{Args, Parser, Subcommand};
+use kernel::protocol::{
+    AssistantItem, AssistantStatus, Content, CreateParams, DeltaKind, ErrorCode, ModelMetadata,
+    ModelRef, ServerEvent, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel,
+    TranscriptItem, TranscriptProgress,
+};
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::{broadcast, mpsc};
+
+/// Grace period of an auto-started server when `$PI_SERVER_IDLE_EXIT_MS` is unset.
+const DEFAULT_IDLE_EXIT_MS: u64 = 1000;
+
+/// How often a starting server's socket is tried.
+const START_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How long a starting server may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A durable multi-client server for coding-agent sessions (pi protocol v1).
+///
+/// Client commands (list, create, prompt, attach, rm, models) talk to the
+/// server of the selected server directory and id, and start one in the
+/// background when none is running. Run `pi-server demo` for a tour.
+#[derive(Debug, Parser)]
+#[command(name = "pi-server", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Commands,
+}
+
+/// Options every command accepts.
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// Directory of server sockets, ids and logs [default: $PI_SERVER_DIR, else ~/.pi/server]
+    #[arg(long, global = true, value_name = "DIR")]
+    server_dir: Option<PathBuf>,
+
+    /// Logical server id, a lowercase UUIDv4 [default: $PI_SERVER_ID, else <DIR>/default-server-id]
+    #[arg(long, global = true, value_name = "UUID")]
+    server_id: Option<String>,
+
+    /// Where sessions are stored [default: $PI_CODING_AGENT_DIR/sessions, else ~/.pi/agent/sessions]
+    #[arg(long, global = true, value_name = "DIR")]
+    session_dir: Option<PathBuf>,
+
+    /// Use the server at this socket; never start one (client commands only)
+    #[arg(long, global = true, value_name = "unix:///PATH", value_parser = parse_connect)]
+    connect: Option<PathBuf>,
+
+    /// File holding a shared secret: clients send it in hello, `serve` requires it
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Commands {
+    /// Run a server in the foreground until SIGINT or SIGTERM.
+    ///
+    /// It listens at <server-dir>/<server-id>.sock (mode 0600) and stores
+    /// sessions in the session directory. With --token-file, clients must
+    /// send that token in their hello.
+    Serve(ServeArgs),
+
+    /// Internal: run one session worker (started by the server).
+    #[command(hide = true)]
+    Worker,
+
+    /// List stored sessions: id, creation time (UTC), working directory, name.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Create a session and print its id.
+    Create(CreateArgs),
+
+    /// Send one prompt to a session and stream the reply to stdout.
+    ///
+    /// Exits 0 when the turn completes; non-zero when the server refuses the
+    /// prompt (for example `busy` during another turn) or the reply ends in
+    /// an error. Ctrl-C aborts the turn.
+    Prompt {
+        /// Session id (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// The prompt; several words are joined with spaces.
+        #[arg(required = true, num_args = 1.., value_name = "TEXT")]
+        text: Vec<String>,
+    },
+
+    /// Follow a session interactively.
+    ///
+    /// Each line read from stdin is sent as a prompt when the session is
+    /// idle, and as a steering message while a turn runs. Replies stream to
+    /// stdout, from this and every other attached client. Ctrl-C aborts the
+    /// running turn (or exits when idle); Ctrl-D detaches and exits.
+    Attach {
+        /// Session id (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+    },
+
+    /// Delete a stored session.
+    Rm {
+        /// Session id (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+    },
+
+    /// List the models the server offers.
+    Models {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// A one-command tour: a throwaway server, a session, a streamed reply,
+    /// and a second client sharing the session.
+    ///
+    /// Everything lives in a fresh temporary directory that is removed at
+    /// the end; no network or API key is needed (the embedded faux model
+    /// answers).
+    Demo,
+}
+
+/// Options of `serve`.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Internal (cold activation): retire this long after the last client
+    /// left and no worker is busy.
+    #[arg(long, hide = true, value_name = "MS")]
+    idle_exit_ms: Option<u64>,
+}
+
+/// Options of `create`.
+#[derive(Debug, Args)]
+struct CreateArgs {
+    /// Working directory of the session [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+
+    /// Display name.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+
+    /// Model to start with, as PROVIDER/MODEL (see `pi-server models`).
+    #[arg(long, value_name = "PROVIDER/MODEL", value_parser = parse_model)]
+    model: Option<ModelRef>,
+
+    /// Thinking level: off, minimal, low, medium, high, xhigh or max.
+    #[arg(long, value_name = "LEVEL", value_parser = parse_thinking)]
+    thinking: Option<ThinkingLevel>,
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.command);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("pi-server: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    // Do not wait for a blocking read of stdin (attach) to finish.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pi-server: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(command: &Commands) {
+    let default = match command {
+        Commands::Serve(_) | Commands::Worker => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let Cli { global, command } = cli;
+    match command {
+        Commands::Serve(args) => run_serve(global, args).await,
+        Commands::Worker => crate::worker::run_worker().await,
+        Commands::Demo => demo::run_demo().await,
+        Commands::List { json } => run_list(&client_target(&global)?, json).await,
+        Commands::Create(args) => run_create(&client_target(&global)?, args).await,
+        Commands::Prompt { id, text } => {
+            run_prompt(&client_target(&global)?, &id, &text.join(" ")).await
+        }
+        Commands::Attach { id } => run_attach(&client_target(&global)?, &id).await,
+        Commands::Rm { id } => run_rm(&client_target(&global)?, &id).await,
+        Commands::Models { json } => run_models(&client_target(&global)?, json).await,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Argument parsing
+
+/// Parses `unix:///absolute/path.sock` (percent-escapes allowed) into a path.
+fn parse_connect(address: &str) -> Result<PathBuf, String> {
+    let Some(rest) = address.strip_prefix("unix://") else {
+        return Err("expected unix:///absolute/path.sock (only Unix sockets are supported)".into());
+    };
+    if !rest.starts_with('/') {
+        return Err("the socket path must be absolute, as in unix:///run/pi/server.sock".into());
+    }
+    let bytes = percent_decode(rest)?;
+    if bytes.len() < 2 {
+        return Err("the socket path is missing, as in unix:///run/pi/server.sock".into());
+    }
+    Ok(PathBuf::from(OsString::from_vec(bytes)))
+}
+
+fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = bytes
+                .get(index + 1..index + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("bad percent-escape at byte {index} of the path"))?;
+            out.push(hex);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `PROVIDER/MODEL`; the model id may itself contain slashes.
+fn parse_model(text: &str) -> Result<ModelRef, String> {
+    match text.split_once('/') {
+        Some((provider, id)) if !provider.is_empty() && !id.is_empty() => Ok(ModelRef {
+            provider: provider.to_owned(),
+            id: id.to_owned(),
+        }),
+        _ => {
+            Err("expected PROVIDER/MODEL, for example faux/faux-1 (see `pi-server models`)".into())
+        }
+    }
+}
+
+fn parse_thinking(text: &str) -> Result<ThinkingLevel, String> {
+    ThinkingLevel::parse(text).ok_or_else(|| {
+        let names: Vec<&str> = ThinkingLevel::ALL.iter().map(|l| l.as_str()).collect();
+        format!(
+            "unknown thinking level; expected one of {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn parse_non_empty(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(text.to_owned())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Finding (or starting) the server
+
+/// Where a client command connects, and how to start a server there.
+#[derive(Debug)]
+struct Target {
+    socket: PathBuf,
+    token: Option<String>,
+    /// `None` with `--connect`: an explicit server is never started.
+    launch: Option<Launch>,
+}
+
+/// Everything needed to start a server in the background.
+#[derive(Debug)]
+struct Launch {
+    server_dir: PathBuf,
+    server_id: String,
+    session_dir: PathBuf,
+    token_file: Option<PathBuf>,
+    idle_exit_ms: u64,
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
+}
+
+fn client_target(global: &GlobalArgs) -> Result<Target, String> {
+    let token = global
+        .token_file
+        .as_deref()
+        .map(config::read_token_file)
+        .transpose()?;
+    if let Some(socket) = &global.connect {
+        return Ok(Target {
+            socket: socket.clone(),
+            token,
+            launch: None,
+        });
+    }
+    let server_dir = absolute(&config::server_dir(global.server_dir.clone()))?;
+    config::ensure_private_dir(&server_dir)?;
+    let server_id = config::server_id(global.server_id.clone(), &server_dir)?;
+    let session_dir = absolute(&config::session_dir(global.session_dir.clone()))?;
+    let token_file = global.token_file.as_deref().map(absolute).transpose()?;
+    Ok(Target {
+        socket: config::socket_path(&server_dir, &server_id),
+        token,
+        launch: Some(Launch {
+            server_dir,
+            server_id,
+            session_dir,
+            token_file,
+            idle_exit_ms: idle_exit_ms()?,
+        }),
+    })
+}
+
+fn idle_exit_ms() -> Result<u64, String> {
+    match std::env::var("PI_SERVER_IDLE_EXIT_MS") {
+        Ok(value) if !value.trim().is_empty() => value.trim().parse().map_err(|_| {
+            format!("PI_SERVER_IDLE_EXIT_MS must be a whole number of milliseconds, not {value:?}")
+        }),
+        _ => Ok(DEFAULT_IDLE_EXIT_MS),
+    }
+}
+
+/// True when nothing listens at the socket (so one may be started).
+fn no_server(error: &ClientError) -> bool {
+    matches!(error, ClientError::Io(e)
+        if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused))
+}
+
+fn connect_error(socket: &Path, error: ClientError) -> String {
+    let at = socket.display();
+    match error {
+        ClientError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!("no server at {at} (no such socket); start one with `pi-server serve`")
+        }
+        ClientError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("no server is listening at {at} (connection refused)")
+        }
+        ClientError::Server(e) if e.code == ErrorCode::Auth => format!(
+            "the server at {at} refused the token: {} (pass the right --token-file)",
+            e.message
+        ),
+        ClientError::Server(e) => {
+            format!("the server at {at} refused the connection: {}", e.message)
+        }
+        other => format!("cannot connect to {at}: {other}"),
+    }
+}
+
+/// Connects to the target's server, starting one first if none answers.
+async fn connect(target: &Target) -> Result<Client, String> {
+    match Client::connect(&target.socket, target.token.as_deref()).await {
+        Ok(client) => return Ok(client),
+        Err(e) if no_server(&e) && target.launch.is_some() => {}
+        Err(e) => return Err(connect_error(&target.socket, e)),
+    }
+    let launch = target.launch.as_ref().expect("checked above");
+    let lock_path = launch
+        .server_dir
+        .join(format!("launcher-{}.lock", launch.server_id));
+    let lock = tokio::task::spawn_blocking(move || lock_file(&lock_path))
+        .await
+        .map_err(|e| format!("cannot take the launcher lock: {e}"))??;
+    // Whoever held the lock before us may have started a server.
+    match Client::connect(&target.socket, target.token.as_deref()).await {
+        Ok(client) => return Ok(client),
+        Err(e) if no_server(&e) => {}
+        Err(e) => return Err(connect_error(&target.socket, e)),
+    }
+    let client = start_server(target, launch).await;
+    drop(lock);
+    client
+}
+
+/// Opens and exclusively locks `path`, waiting for other holders.
+fn lock_file(path: &Path) -> Result<fs::File, String> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
+}
+
+/// Spawns a detached, idle-exiting server and waits until it answers.
+async fn start_server(target: &Target, launch: &Launch) -> Result<Client, String> {
+    let log_path = launch
+        .server_dir
+        .join(format!("server-{}.log", launch.server_id));
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("serve")
+        .arg("--server-dir")
+        .arg(&launch.server_dir)
+        .arg("--server-id")
+        .arg(&launch.server_id)
+        .arg("--session-dir")
+        .arg(&launch.session_dir)
+        .arg("--idle-exit-ms")
+        .arg(launch.idle_exit_ms.to_string());
+    if let Some(token_file) = &launch.token_file {
+        command.arg("--token-file").arg(token_file);
+    }
+    command
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0);
+    let child = command
+        .spawn()
+        .map_err(|e| format!("cannot start a server: {e}"))?;
+    tracing::info!(pid = child.id(), socket = %target.socket.display(), "started a background server");
+    let mut child = Some(child);
+    let outcome = wait_for_server(target, &mut child, &log_path).await;
+    if let Some(mut child) = child {
+        if outcome.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        } else {
+            // Reap it whenever it retires, so it never lingers as a zombie.
+            std::thread::spawn(move || child.wait());
+        }
+    }
+    outcome
+}
+
+/// Polls the socket until the server answers, it exits, or time runs out.
+/// Leaves `child` as `None` once it has been reaped.
+async fn wait_for_server(
+    target: &Target,
+    child: &mut Option<Child>,
+    log_path: &Path,
+) -> Result<Client, String> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        tokio::time::sleep(START_POLL_INTERVAL).await;
+        match Client::connect(&target.socket, target.token.as_deref()).await {
+            Ok(client) => return Ok(client),
+            Err(e) if no_server(&e) => {}
+            Err(e) => return Err(connect_error(&target.socket, e)),
+        }
+        if let Some(process) = child.as_mut()
+            && let Ok(Some(status)) = process.try_wait()
+        {
+            *child = None;
+            return Err(format!(
+                "the server exited during startup ({status}); see {}{}",
+                log_path.display(),
+                log_tail(log_path)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the server did not answer at {} within {} s; see {}",
+                target.socket.display(),
+                START_TIMEOUT.as_secs(),
+                log_path.display()
+            ));
+        }
+    }
+}
+
+/// The last lines of a log, indented, for an error message.
+fn log_tail(path: &Path) -> String {
+    let Ok(text) = fs::read_to_string(path) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(10);
+    lines[start..]
+        .iter()
+        .map(|line| format!("\n  {line}"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// serve
+
+async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(), String> {
+    if global.connect.is_some() {
+        return Err(
+            "--connect is for client commands; `serve` listens at <server-dir>/<server-id>.sock"
+                .into(),
+        );
+    }
+    let server_dir = absolute(&config::server_dir(global.server_dir))?;
+    config::ensure_private_dir(&server_dir)?;
+    let server_id = config::server_id(global.server_id, &server_dir)?;
+    let session_dir = absolute(&config::session_dir(global.session_dir))?;
+    let token = global
+        .token_file
+        .as_deref()
+        .map(config::read_token_file)
+        .transpose()?;
+    let options = crate::daemon::ServeOptions {
+        server_dir,
+        server_id,
+        session_dir,
+        token,
+        idle_exit: args.idle_exit_ms.map(Duration::from_millis),
+    };
+    crate::daemon::serve(options).await
+}
+
+// ---------------------------------------------------------------------------
+// list, create, rm, models
+
+async fn run_list(target: &Target, json: bool) -> Result<(), String> {
+    let client = connect(target).await?;
+    let sessions = client
+        .list()
+        .await
+        .map_err(|e| format!("cannot list sessions: {e}"))?;
+    client.close().await;
+    if json {
+        let list: Vec<serde_json::Value> = sessions.iter().map(session_json).collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    if sessions.is_empty() {
+        eprintln!("no sessions yet; create one with `pi-server create`");
+        return Ok(());
+    }
+    let mut rows = vec![vec![
+        "ID".into(),
+        "CREATED (UTC)".into(),
+        "CWD".into(),
+        "NAME".into(),
+    ]];
+    for s in &sessions {
+        rows.push(vec![
+            s.id.clone(),
+            format_utc(s.created_at),
+            s.cwd.clone().unwrap_or_default(),
+            s.session_name.clone().unwrap_or_default(),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+fn session_json(s: &SessionMetadata) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("id".into(), s.id.clone().into());
+    map.insert("createdAt".into(), s.created_at.into());
+    if let Some(t) = s.updated_at {
+        map.insert("updatedAt".into(), t.into());
+    }
+    if let Some(p) = &s.parent_session_id {
+        map.insert("parentSessionId".into(), p.clone().into());
+    }
+    if let Some(n) = &s.session_name {
+        map.insert("sessionName".into(), n.clone().into());
+    }
+    if let Some(c) = &s.cwd {
+        map.insert("cwd".into(), c.clone().into());
+    }
+    serde_json::Value::Object(map)
+}
+
+async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
+    let cwd = match args.cwd {
+        Some(dir) => absolute(&dir)?,
+        None => std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    if !cwd.is_dir() {
+        return Err(format!("--cwd {}: no such directory", cwd.display()));
+    }
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| format!("--cwd {}: the path is not valid UTF-8", cwd.display()))?
+        .to_owned();
+    let client = connect(target).await?;
+    if let Some(model) = &args.model {
+        check_model(&client.server_snapshot().models, model, args.thinking)?;
+    }
+    let params = CreateParams {
+        cwd: Some(cwd),
+        name: args.name,
+        model: args.model,
+        thinking_level: args.thinking,
+    };
+    let session = client
+        .create(params)
+        .await
+        .map_err(|e| format!("cannot create the session: {e}"))?;
+    client.close().await;
+    println!("{}", session.id);
+    Ok(())
+}
+
+/// Checks a requested model (and thinking level) against the server's list.
+fn check_model(
+    models: &[ModelMetadata],
+    model: &ModelRef,
+    thinking: Option<ThinkingLevel>,
+) -> Result<(), String> {
+    let Some(found) = models
+        .iter()
+        .find(|m| m.provider == model.provider && m.id == model.id)
+    else {
+        let known: Vec<String> = models
+            .iter()
+            .map(|m| format!("{}/{}", m.provider, m.id))
+            .collect();
+        return Err(format!(
+            "unknown model {}/{}; the server offers: {}",
+            model.provider,
+            model.id,
+            known.join(", ")
+        ));
+    };
+    if let Some(level) = thinking
+        && !found.supported_thinking_levels.contains(&level)
+    {
+        return Err(format!(
+            "model {}/{} does not support thinking level {}; it supports: {}",
+            model.provider,
+            model.id,
+            level.as_str(),
+            levels(&found.supported_thinking_levels)
+        ));
+    }
+    Ok(())
+}
+
+fn levels(levels: &[ThinkingLevel]) -> String {
+    levels
+        .iter()
+        .map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn run_rm(target: &Target, id: &str) -> Result<(), String> {
+    let client = connect(target).await?;
+    let result = client.remove(id).await;
+    client.close().await;
+    result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
+    println!("removed session {id}");
+    Ok(())
+}
+
+async fn run_models(target: &Target, json: bool) -> Result<(), String> {
+    let client = connect(target).await?;
+    let models = client.server_snapshot().models;
+    client.close().await;
+    if json {
+        let list: Vec<serde_json::Value> = models
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "provider": m.provider,
+                    "id": m.id,
+                    "name": m.name,
+                    "reasoning": m.reasoning,
+                    "supportedThinkingLevels": m.supported_thinking_levels.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
+                    "authenticated": m.authenticated,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    let mut rows = vec![vec![
+        "MODEL".into(),
+        "NAME".into(),
+        "REASONING".into(),
+        "THINKING LEVELS".into(),
+    ]];
+    for m in &models {
+        rows.push(vec![
+            format!("{}/{}", m.provider, m.id),
+            m.name.clone(),
+            if m.reasoning { "yes" } else { "no" }.into(),
+            levels(&m.supported_thinking_levels),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// Prints rows in left-aligned columns; the last column is not padded.
+fn print_table(rows: &[Vec<String>]) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = std::io::stdout().lock();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == columns {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[c]));
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+/// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn format_utc(epoch_ms: u64) -> String {
+    let secs = epoch_ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Streaming replies
+
+/// Text written to stdout as it arrives, remembering whether a line is open.
+#[derive(Debug)]
+struct Stream {
+    line_open: bool,
+    /// The assistant item whose text is being written.
+    message_id: Option<String>,
+    /// How many deltas were written (the demo reports it).
+    deltas: usize,
+}
+
+impl Stream {
+    fn new() -> Self {
+        Self {
+            line_open: false,
+            message_id: None,
+            deltas: 0,
+        }
+    }
+
+    fn write(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        self.line_open = !text.ends_with('\n');
+    }
+
+    /// Ends the current line, if one is open.
+    fn end_line(&mut self) {
+        if self.line_open {
+            self.write("\n");
+        }
+    }
+
+    /// Writes a text delta of `session_id` carried by `event`, if it is one.
+    fn on_event(&mut self, session_id: &str, event: &ServerEvent) {
+        let ServerEvent::SessionProgress {
+            session_id: of,
+            progress:
+                TranscriptProgress::AssistantDelta {
+                    message_id,
+                    kind: DeltaKind::Text,
+                    delta,
+                    ..
+                },
+        } = event
+        else {
+            return;
+        };
+        if of != session_id {
+            return;
+        }
+        if self.message_id.as_deref() != Some(message_id) {
+            if self.message_id.is_some() {
+                self.end_line();
+            }
+            self.message_id = Some(message_id.clone());
+        }
+        self.deltas += 1;
+        self.write(delta);
+    }
+}
+
+/// The latest assistant item of a transcript.
+fn last_assistant(snapshot: &SessionSnapshot) -> Option<&AssistantItem> {
+    snapshot
+        .transcript
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            TranscriptItem::Assistant(a) => Some(a),
+            _ => None,
+        })
+}
+
+fn text_of(item: &AssistantItem) -> String {
+    item.content
+        .iter()
+        .filter_map(|c| match c {
+            Content::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sends a prompt and writes its reply's text deltas to `stream` until the
+/// prompt's response arrives. With `sigint`, a first Ctrl-C aborts the turn
+/// and a second gives up waiting.
+async fn stream_prompt(
+    client: &Client,
+    session_id: &str,
+    text: &str,
+    stream: &mut Stream,
+    mut sigint: Option<&mut Signal>,
+) -> Result<SessionSnapshot, String> {
+    let mut events = client.events();
+    let mut events_open = true;
+    let mut aborting = false;
+    let prompt = client.prompt(session_id, text);
+    tokio::pin!(prompt);
+    let outcome = loop {
+        let interrupted = async {
+            match sigint.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            outcome = &mut prompt => break outcome,
+            event = events.recv(), if events_open => match event {
+                Ok(event) => stream.on_event(session_id, &event),
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => events_open = false,
+            },
+            _ = interrupted => {
+                stream.end_line();
+                if aborting {
+                    return Err("interrupted".into());
+                }
+                aborting = true;
+                eprintln!("aborting the turn (Ctrl-C again to stop waiting)");
+                if let Err(e) = client.abort(session_id).await {
+                    eprintln!("cannot abort: {e}");
+                }
+            }
+        }
+    };
+    // Events that arrived before the response may still be queued.
+    while let Ok(event) = events.try_recv() {
+        stream.on_event(session_id, &event);
+    }
+    let snapshot = outcome.map_err(|e| format!("the prompt failed: {e}"))?;
+    if stream.deltas == 0
+        && let Some(item) = last_assistant(&snapshot)
+    {
+        // Nothing streamed (a slow reader lagged behind): show the final text.
+        stream.write(&text_of(item));
+    }
+    stream.end_line();
+    Ok(snapshot)
+}
+
+/// How a turn ended, from its final snapshot: `Ok(summary)` or `Err(problem)`.
+fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
+    let summary = format!(
+        "revision {}, {} transcript items",
+        snapshot.revision,
+        snapshot.transcript.len()
+    );
+    match last_assistant(snapshot).map(|a| (a.status, a.error_message.as_deref())) {
+        Some((AssistantStatus::Error, message)) => Err(format!(
+            "the model reported an error: {}",
+            message.unwrap_or("no message")
+        )),
+        Some((AssistantStatus::Aborted, _)) => Err("the turn was aborted".into()),
+        _ => Ok(summary),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// prompt
+
+async fn run_prompt(target: &Target, id: &str, text: &str) -> Result<(), String> {
+    let client = connect(target).await?;
+    let result = prompt_attached(&client, id, text).await;
+    let _ = client.detach(id).await;
+    client.close().await;
+    result
+}
+
+async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), String> {
+    client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
+    let mut stream = Stream::new();
+    let snapshot = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await?;
+    turn_outcome(&snapshot).map(drop)
+}
+
+// ---------------------------------------------------------------------------
+// attach
+
+/// Lines of stdin, read on a plain thread (a blocking read must not hold up
+/// the runtime's shutdown). The channel closes at end of input.
+fn stdin_lines() -> mpsc::Receiver<String> {
+    let (lines, receiver) = mpsc::channel(16);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if lines.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// State of an interactive session view.
+struct Attached {
+    client: Arc<Client>,
+    id: String,
+    stream: Stream,
+    /// The phase of the latest snapshot, to notice turns ending.
+    phase: SessionPhase,
+    /// True while our own prompt request is pending.
+    prompting: bool,
+    done_tx: mpsc::Sender<Result<SessionSnapshot, ClientError>>,
+}
+
+async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
+    let client = Arc::new(connect(target).await?);
+    let mut events = client.events();
+    let snapshot = client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
+    eprintln!(
+        "attached to session {id}: phase {}, model {}/{}, {} transcript items.\n\
+         Type a line to prompt (it steers while a turn runs). Ctrl-C aborts a turn or exits; Ctrl-D detaches.",
+        snapshot.phase.as_str(),
+        snapshot.model.provider,
+        snapshot.model.id,
+        snapshot.transcript.len()
+    );
+    let (done_tx, mut done_rx) = mpsc::channel(4);
+    let mut view = Attached {
+        client: Arc::clone(&client),
+        id: id.to_owned(),
+        stream: Stream::new(),
+        phase: snapshot.phase,
+        prompting: false,
+        done_tx,
+    };
+    let mut lines = stdin_lines();
+    let result = loop {
+        tokio::select! {
+            line = lines.recv() => match line {
+                Some(line) => view.on_line(line.trim()),
+                None => break Ok(()),
+            },
+            Some(outcome) = done_rx.recv() => view.on_prompt_done(outcome),
+            event = events.recv() => match event {
+                Ok(event) => {
+                    if let Err(reason) = view.on_event(&event) {
+                        break Err(reason);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    view.stream.end_line();
+                    eprintln!("(missed {n} events)");
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    let reason = client.closed_reason().map_or_else(|| "closed".into(), |e| e.to_string());
+                    break Err(format!("lost the connection to the server: {reason}"));
+                }
+            },
+            _ = sigint.recv() => {
+                if !view.on_interrupt() {
+                    break Ok(());
+                }
+            }
+        }
+    };
+    view.stream.end_line();
+    drop(view);
+    if result.is_ok() {
+        let _ = client.detach(id).await;
+        eprintln!("detached from session {id}");
+    }
+    if let Ok(client) = Arc::try_unwrap(client) {
+        client.close().await;
+    }
+    result
+}
+
+impl Attached {
+    fn busy(&self) -> bool {
+        self.prompting || self.phase != SessionPhase::Idle
+    }
+
+    /// A line of input: a prompt when idle, a steer during a turn.
+    fn on_line(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let (client, id, text) = (Arc::clone(&self.client), self.id.clone(), text.to_owned());
+        if self.busy() {
+            tokio::spawn(async move {
+                match client.steer(&id, &text).await {
+                    Ok(_) => eprintln!("(steering message queued)"),
+                    Err(e) => eprintln!("(cannot steer: {e})"),
+                }
+            });
+        } else {
+            self.prompting = true;
+            let done = self.done_tx.clone();
+            tokio::spawn(async move {
+                let _ = done.send(client.prompt(&id, &text).await).await;
+            });
+        }
+    }
+
+    /// Ctrl-C: abort the running turn; returns false when idle (exit).
+    fn on_interrupt(&mut self) -> bool {
+        if !self.busy() {
+            return false;
+        }
+        self.stream.end_line();
+        eprintln!("(aborting the turn)");
+        let (client, id) = (Arc::clone(&self.client), self.id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = client.abort(&id).await {
+                eprintln!("(cannot abort: {e})");
+            }
+        });
+        true
+    }
+
+    fn on_prompt_done(&mut self, outcome: Result<SessionSnapshot, ClientError>) {
+        self.prompting = false;
+        self.stream.end_line();
+        match outcome {
+            Ok(snapshot) => {
+                self.phase = self
+                    .client
+                    .session_snapshot(&self.id)
+                    .map_or(snapshot.phase, |s| s.phase);
+                self.status_line(&snapshot);
+            }
+            Err(e) => eprintln!("[prompt refused: {e}]"),
+        }
+    }
+
+    fn status_line(&self, snapshot: &SessionSnapshot) {
+        match turn_outcome(snapshot) {
+            Ok(summary) => eprintln!("[turn complete: {summary}]"),
+            Err(problem) => eprintln!("[turn ended: {problem}]"),
+        }
+    }
+
+    /// An event; `Err` ends the view.
+    fn on_event(&mut self, event: &ServerEvent) -> Result<(), String> {
+        match event {
+            ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.id => {
+                let latest = self
+                    .client
+                    .session_snapshot(&self.id)
+                    .unwrap_or_else(|| snapshot.clone());
+                let ended = self.phase != SessionPhase::Idle && latest.phase == SessionPhase::Idle;
+                self.phase = latest.phase;
+                if ended && !self.prompting {
+                    // A turn another client started (ours report on their response).
+                    self.stream.end_line();
+                    self.status_line(&latest);
+                }
+            }
+            ServerEvent::SessionRemoved { session_id } if *session_id == self.id => {
+                return Err(format!("session {} was removed", self.id));
+            }
+            _ => self.stream.on_event(&self.id, event),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pi-server").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn model_is_provider_slash_id() {
+        let model = parse_model("faux/faux-1").unwrap();
+        assert_eq!(
+            (model.provider.as_str(), model.id.as_str()),
+            ("faux", "faux-1")
+        );
+        let nested = parse_model("openrouter/anthropic/claude").unwrap();
+        assert_eq!(nested.id, "anthropic/claude");
+        for bad in ["faux", "/x", "x/", ""] {
+            assert!(parse_model(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn create_flags_parse() {
+        let cli = parse(&[
+            "create",
+            "--model",
+            "faux/faux-reasoner",
+            "--thinking",
+            "high",
+            "--name",
+            "n",
+        ])
+        .unwrap();
+        let Commands::Create(args) = cli.command else {
+            panic!("not create")
+        };
+        assert_eq!(args.model.unwrap().id, "faux-reasoner");
+        assert_eq!(args.thinking, Some(ThinkingLevel::High));
+        assert_eq!(args.name.as_deref(), Some("n"));
+
+        let error = parse(&["create", "--model", "nomodel"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("PROVIDER/MODEL"), "{error}");
+        let error = parse(&["create", "--thinking", "extreme"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown thinking level"), "{error}");
+    }
+
+    #[test]
+    fn connect_url_is_an_absolute_unix_path() {
+        assert_eq!(
+            parse_connect("unix:///tmp/a.sock").unwrap(),
+            PathBuf::from("/tmp/a.sock")
+        );
+        assert_eq!(
+            parse_connect("unix:///tmp/a%20b.sock").unwrap(),
+            PathBuf::from("/tmp/a b.sock")
+        );
+        for bad in [
+            "/tmp/a.sock",
+            "unix://tmp/a.sock",
+            "unix://",
+            "unix:///",
+            "tcp://x:1",
+            "unix:///a%zz",
+        ] {
+            assert!(parse_connect(bad).is_err(), "{bad:?}");
+        }
+        let cli = parse(&["list", "--connect", "unix:///run/pi.sock"]).unwrap();
+        assert_eq!(cli.global.connect, Some(PathBuf::from("/run/pi.sock")));
+        assert!(parse(&["--connect", "http://x", "list"]).is_err());
+    }
+
+    #[test]
+    fn prompt_joins_words_and_rejects_empty_ids() {
+        let cli = parse(&["prompt", "abc", "hello", "there"]).unwrap();
+        let Commands::Prompt { id, text } = cli.command else {
+            panic!("not prompt")
+        };
+        assert_eq!(
+            (id.as_str(), text.join(" ").as_str()),
+            ("abc", "hello there")
+        );
+        assert!(parse(&["prompt", "", "x"]).is_err());
+        assert!(parse(&["prompt", "abc"]).is_err());
+    }
+
+    #[test]
+    fn serve_accepts_token_file_and_hidden_idle_exit() {
+        let cli = parse(&["serve", "--token-file", "/t", "--idle-exit-ms", "250"]).unwrap();
+        let Commands::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.idle_exit_ms, Some(250));
+        assert_eq!(cli.global.token_file, Some(PathBuf::from("/t")));
+    }
+
+    #[test]
+    fn model_check_names_the_alternatives() {
+        let models = kernel::faux::models();
+        let reasoner = parse_model("faux/faux-reasoner").unwrap();
+        assert!(check_model(&models, &reasoner, Some(ThinkingLevel::High)).is_ok());
+        let error = check_model(&models, &reasoner, Some(ThinkingLevel::Max)).unwrap_err();
+        assert!(error.contains("does not support"), "{error}");
+        let error = check_model(&models, &parse_model("x/y").unwrap(), None).unwrap_err();
+        assert!(error.contains("faux/faux-1"), "{error}");
+    }
+
+    #[test]
+    fn utc_formatting() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(format_utc(1_787_400_000_123), "2026-08-22 12:00:00");
+    }
+}
