@@ -18,12 +18,18 @@ impl Names {
     /// The short name of a session id.
     pub fn session(&mut self, id: &str) -> String {
         let n = self.map.len() + 1;
-        self.map.entry(id.to_string()).or_insert_with(|| format!("s{n}")).clone()
+        self.map
+            .entry(id.to_string())
+            .or_insert_with(|| format!("s{n}"))
+            .clone()
     }
 
     /// The session id behind a short name.
     pub fn lookup(&self, short: &str) -> Option<String> {
-        self.map.iter().find(|(_, v)| v.as_str() == short).map(|(k, _)| k.clone())
+        self.map
+            .iter()
+            .find(|(_, v)| v.as_str() == short)
+            .map(|(k, _)| k.clone())
     }
 }
 
@@ -66,15 +72,24 @@ pub fn snapshot(names: &mut Names, s: &SessionSnapshot) -> String {
 pub fn client(names: &mut Names, m: &ClientMessage) -> String {
     match m {
         ClientMessage::Hello(h) => {
-            format!("hello v{}{}", h.version, if h.token.is_some() { " token" } else { "" })
+            format!(
+                "hello v{}{}",
+                h.version,
+                if h.token.is_some() { " token" } else { "" }
+            )
         }
         ClientMessage::Request(r) => {
             let c = &r.command;
-            let target = c.session_id().map(|s| format!(" {}", names.session(s))).unwrap_or_default();
+            let target = c
+                .session_id()
+                .map(|s| format!(" {}", names.session(s)))
+                .unwrap_or_default();
             let extra = match c {
                 Command::Prompt { text, .. } | Command::Steer { text, .. } => format!(" {text:?}"),
                 Command::SetModel { model, .. } => format!(" {}/{}", model.provider, model.id),
-                Command::SetThinking { thinking_level, .. } => format!(" {}", thinking_level.as_str()),
+                Command::SetThinking { thinking_level, .. } => {
+                    format!(" {}", thinking_level.as_str())
+                }
                 _ => String::new(),
             };
             format!("#{} {}{target}{extra}", r.id, c.name())
@@ -86,22 +101,47 @@ pub fn client(names: &mut Names, m: &ClientMessage) -> String {
 pub fn server(names: &mut Names, m: &ServerMessage) -> String {
     match m {
         ServerMessage::Hello(h) => {
-            format!("hello v{} rev={} sessions={}", h.version, h.snapshot.revision, h.snapshot.sessions.len())
+            format!(
+                "hello v{} rev={} sessions={}",
+                h.version,
+                h.snapshot.revision,
+                h.snapshot.sessions.len()
+            )
         }
         ServerMessage::HelloError(e) => format!("hello_error {}: {}", e.code.as_str(), e.message),
         ServerMessage::Response(r) => match &r.outcome {
             Ok(result) => format!("#{} ok {}", r.id, result_summary(names, result)),
-            Err(e) => format!("#{} err {}: {}", r.id, e.code.as_str(), shorten(names, &e.message)),
+            Err(e) => format!(
+                "#{} err {}: {}",
+                r.id,
+                e.code.as_str(),
+                shorten(names, &e.message)
+            ),
         },
         ServerMessage::Event(e) => match e {
             ServerEvent::ServerSnapshot { snapshot } => {
-                format!("server_snapshot rev={} sessions={}", snapshot.revision, snapshot.sessions.len())
+                format!(
+                    "server_snapshot rev={} sessions={}",
+                    snapshot.revision,
+                    snapshot.sessions.len()
+                )
             }
-            ServerEvent::SessionSnapshot { snapshot: s } => format!("session_snapshot {}", snapshot(names, s)),
-            ServerEvent::SessionProgress { session_id, progress } => {
-                format!("progress {} {}", names.session(session_id), progress_summary(progress))
+            ServerEvent::SessionSnapshot { snapshot: s } => {
+                format!("session_snapshot {}", snapshot(names, s))
             }
-            ServerEvent::SessionRemoved { session_id } => format!("session_removed {}", names.session(session_id)),
+            ServerEvent::SessionProgress {
+                session_id,
+                progress,
+            } => {
+                format!(
+                    "progress {} {}",
+                    names.session(session_id),
+                    progress_summary(progress)
+                )
+            }
+            ServerEvent::SessionRemoved { session_id } => {
+                format!("session_removed {}", names.session(session_id))
+            }
         },
     }
 }
@@ -120,14 +160,21 @@ fn result_summary(names: &mut Names, r: &CommandResult) -> String {
         | CommandResult::Steer { session }
         | CommandResult::Abort { session }
         | CommandResult::SetModel { session }
-        | CommandResult::SetThinking { session } => format!("{} {}", r.name(), snapshot(names, session)),
+        | CommandResult::SetThinking { session } => {
+            format!("{} {}", r.name(), snapshot(names, session))
+        }
     }
 }
 
 fn progress_summary(p: &TranscriptProgress) -> String {
     match p {
         TranscriptProgress::ItemStarted { item: i } => format!("item_started {}", item(i)),
-        TranscriptProgress::AssistantDelta { content_index, kind, delta, .. } => {
+        TranscriptProgress::AssistantDelta {
+            content_index,
+            kind,
+            delta,
+            ..
+        } => {
             format!("delta {kind:?}[{content_index}] {delta:?}")
         }
         TranscriptProgress::ItemUpdated { item: i } => format!("item_updated {}", item(i)),
@@ -164,7 +211,11 @@ pub fn to_worker(m: &ToWorker) -> String {
 pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
     match m {
         FromWorker::Ready { snapshot: s } => format!("ready {}", snapshot(names, s)),
-        FromWorker::Failed { error } => format!("failed {}: {}", error.code.as_str(), shorten(names, &error.message)),
+        FromWorker::Failed { error } => format!(
+            "failed {}: {}",
+            error.code.as_str(),
+            shorten(names, &error.message)
+        ),
         FromWorker::Snapshot { snapshot: s } => format!("snapshot {}", snapshot(names, s)),
         FromWorker::Progress { progress } => format!("progress {}", progress_summary(progress)),
         FromWorker::OpDone { op, outcome } => match outcome {

@@ -1,30 +1,112 @@
-//! A fake world around the real kernel: scripted clients speaking bytes, fake
-//! worker processes running the real [`Runtime`] with the faux provider, a
-//! fake durable store, and virtual time.
+//! A fake world around the real kernel: clients speaking bytes, fake worker
+//! processes running the real [`Runtime`] with the faux provider, a fake
+//! durable store, and virtual time.
 //!
-//! Everything is delivered through one FIFO of server inputs, so a run is a
-//! pure function of the calls made on the world. Scenario scripts call it
-//! directly; the swarm drives it from a seed.
+//! # Deliveries
+//!
+//! Every input reaches the kernel through one FIFO ([`World::run`] drains it
+//! and carries out each step's outputs in order). What happens *between* the
+//! kernel and its peers is decided by [`Holds`]:
+//!
+//! - With [`Holds::none`] (the scripted scenarios) everything is delivered at
+//!   once: a client's frame reaches the kernel as soon as it is sent, a worker
+//!   boots as soon as it is spawned, a worker's messages arrive as soon as it
+//!   writes them. A run is then a pure function of the calls made.
+//! - With held deliveries (the swarm and the model checker) each of those
+//!   hops waits in a per-channel FIFO until a driver calls
+//!   [`World::deliver`]. Channels are per connection (each direction), per
+//!   worker (each direction), plus worker boots, exit notices, the catalog
+//!   load and store removals. Order is kept *within* a channel (a byte stream
+//!   or a pipe never reorders) and is free *across* channels, which is where
+//!   delays and reordering come from. Client bytes can be delivered in any
+//!   split (a prefix of what is queued) or coalesced (everything queued).
+//!
+//! # Facts
+//!
+//! With [`Options::record_facts`] the world records what checkers need to
+//! judge the kernel ([`Fact`]): requests sent, every message the kernel
+//! queued together with the requester's attachment right after that kernel
+//! step, operations the runtimes received, completions the kernel consumed,
+//! connections that ended. The checkers (`crate::checkers`) read them; the
+//! world itself judges nothing.
 
 use crate::summary::{self, Names};
 use kernel::faux::{self, FauxStream};
-use kernel::ids::{ConnId, WorkerId};
+use kernel::ids::{ConnId, OpId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, ErrorCode, ProtocolError, Request, ServerMessage,
-    SessionMetadata, decode_server_message, encode_client_message,
+    ClientHello, ClientMessage, Command, CommandResult, Content, ErrorCode, ModelRef,
+    ProtocolError, Request, ServerEvent, ServerMessage, SessionMetadata, SessionPhase,
+    TranscriptProgress, decode_server_message, encode_client_message,
 };
 use kernel::runtime::{Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
-use kernel::server::{Config, Input, Output, Server};
+use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
-use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
-use kernel::wire::{CborLimits, FrameDecoder};
-use kernel::worker::{FromWorker, ToWorker};
-use std::collections::{BTreeMap, VecDeque};
+use kernel::wire::CborLimits;
+use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, FRAME_HEADER_LEN, encode_frame};
+use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
 use std::time::Duration;
 
 /// The server id every simulated server reports.
 pub const SERVER_ID: &str = "00000000-0000-4000-8000-000000000001";
+
+/// Appends a trace line, formatting it only when the world keeps a trace.
+macro_rules! trace {
+    ($world:expr, $($arg:tt)*) => {
+        if $world.options.trace {
+            let line = format!($($arg)*);
+            $world.log(line);
+        }
+    };
+}
+
+/// Which hops wait for an explicit [`World::deliver`]. See the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Holds {
+    /// Client → server bytes (and the client's end of stream).
+    pub to_server: bool,
+    /// Server → client frames (and the server's close).
+    pub to_client: bool,
+    /// A spawned worker opening its session and reporting ready.
+    pub boot: bool,
+    /// Server → worker messages.
+    pub to_worker: bool,
+    /// Worker → server messages.
+    pub from_worker: bool,
+    /// The notice that a worker process exited.
+    pub exit: bool,
+    /// The catalog load after a server (re)start.
+    pub catalog: bool,
+    /// Store removals requested by the kernel.
+    pub removal: bool,
+    /// An exit notice may overtake the worker's messages still in flight (as
+    /// in the daemon, where `wait()` and the channel reader are separate tasks).
+    pub exit_overtakes: bool,
+}
+
+impl Holds {
+    /// Everything delivered at once (the scripted scenarios).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Everything held (the swarm).
+    pub fn all() -> Self {
+        Self {
+            to_server: true,
+            to_client: true,
+            boot: true,
+            to_worker: true,
+            from_worker: true,
+            exit: true,
+            catalog: true,
+            removal: true,
+            exit_overtakes: true,
+        }
+    }
+}
 
 /// Knobs of a world.
 #[derive(Debug, Clone)]
@@ -37,8 +119,18 @@ pub struct Options {
     pub limits: Limits,
     /// Delay between faux deltas.
     pub faux_delay: Duration,
+    /// How long a fake tool run takes.
+    pub tool_delay: Duration,
     /// Record progress deltas in the trace (they are many).
     pub trace_deltas: bool,
+    /// Keep a trace at all (the swarm turns it off for speed).
+    pub trace: bool,
+    /// Keep every message each client received ([`Client::received`]).
+    pub keep_received: bool,
+    /// Record [`Fact`]s for the checkers.
+    pub record_facts: bool,
+    /// Which hops wait for a delivery.
+    pub holds: Holds,
 }
 
 impl Default for Options {
@@ -48,7 +140,12 @@ impl Default for Options {
             token: None,
             limits: Limits::default(),
             faux_delay: Duration::from_millis(10),
+            tool_delay: Duration::from_millis(20),
             trace_deltas: false,
+            trace: true,
+            keep_received: true,
+            record_facts: false,
+            holds: Holds::none(),
         }
     }
 }
@@ -58,8 +155,12 @@ impl Default for Options {
 pub struct Store {
     /// Sessions by id.
     pub sessions: BTreeMap<String, StoredSession>,
+    /// The model new sessions start with (the most recently selected one).
+    pub default_model: Option<ModelRef>,
     /// When set, every write fails.
     pub fail_writes: bool,
+    /// Sessions written, created or removed since [`Store::take_dirty`].
+    dirty: BTreeSet<String>,
 }
 
 impl Store {
@@ -67,21 +168,49 @@ impl Store {
         if self.fail_writes {
             return Err("simulated storage write failure".into());
         }
-        let s = self.sessions.get_mut(id).ok_or("session directory is gone")?;
+        let s = self
+            .sessions
+            .get_mut(id)
+            .ok_or("session directory is gone")?;
         match p {
             Persist::Item(item) => match s.transcript.iter_mut().find(|i| i.id() == item.id()) {
                 Some(existing) => *existing = item.clone(),
                 None => s.transcript.push(item.clone()),
             },
-            Persist::State { revision, updated_at, model, thinking_level, queued_steer } => {
+            Persist::State {
+                revision,
+                updated_at,
+                model,
+                thinking_level,
+                queued_steer,
+                summary,
+            } => {
                 s.revision = *revision;
                 s.updated_at = *updated_at;
                 s.model = model.clone();
                 s.thinking_level = *thinking_level;
                 s.queued_steer = queued_steer.clone();
+                s.summary = summary.clone();
             }
+            Persist::DefaultModel(model) => self.default_model = Some(model.clone()),
         }
+        self.dirty.insert(id.to_string());
         Ok(())
+    }
+
+    fn insert(&mut self, stored: StoredSession) {
+        self.dirty.insert(stored.id.clone());
+        self.sessions.insert(stored.id.clone(), stored);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<StoredSession> {
+        self.dirty.insert(id.to_string());
+        self.sessions.remove(id)
+    }
+
+    /// The sessions changed since the last call, in id order.
+    pub fn take_dirty(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.dirty)
     }
 
     /// The catalog a server loads at start.
@@ -114,25 +243,161 @@ pub enum WorkerScript {
     Hang,
 }
 
+/// Where a fake worker process is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkerStage {
+    /// Running, has not opened its session yet.
+    Booting,
+    /// Hangs forever while opening ([`WorkerScript::Hang`]).
+    Hung,
+    /// Running with its runtime (or about to exit after a failed open).
+    Running,
+    /// The process is gone; its exit notice is not delivered yet.
+    Dead,
+}
+
 #[derive(Debug)]
 struct FakeWorker {
     session_id: String,
+    create: Option<CreateSpec>,
+    stage: WorkerStage,
     runtime: Option<Runtime>,
     stream: Option<(u64, FauxStream)>,
+    /// Fake tool runs in flight: tool item id → (due, tool name).
+    tools: BTreeMap<String, (Instant, String)>,
+    /// Sequence number of the boot (or, once dead, of the death).
+    since: u64,
+    to_runtime: VecDeque<(u64, ToWorker)>,
+    to_server: VecDeque<(u64, FromWorker)>,
 }
 
-/// One scripted client: a byte-level peer of the server.
+/// A message the kernel queued for a client, decoded once.
+#[derive(Debug, Clone)]
+enum Incoming {
+    Frame {
+        len: usize,
+        message: Rc<ServerMessage>,
+    },
+    Close,
+}
+
+/// One client: a byte-level peer of the server.
 #[derive(Debug)]
 pub struct Client {
-    decoder: FrameDecoder,
-    /// Every message received, in order.
+    /// Every message received, in order (when [`Options::keep_received`]).
     pub received: Vec<ServerMessage>,
-    /// The server closed it (or it disconnected).
+    /// The server closed it, or it disconnected.
     pub closed: bool,
     /// When false, the client does not read: output piles up in the server.
     pub reading: bool,
+    /// It sent a hello.
+    pub said_hello: bool,
+    /// It received the server hello.
+    pub ready: bool,
     unread: usize,
     next_request: u64,
+    /// Bytes not yet delivered to the server, in chunks tagged with a sequence number.
+    outbox: VecDeque<(u64, Vec<u8>)>,
+    /// The client closed its end after the outbox (sequence number).
+    eof: Option<u64>,
+    /// Frames (and the close) queued by the server and not yet read.
+    inbox: VecDeque<(u64, Incoming)>,
+}
+
+impl Client {
+    fn new() -> Self {
+        Self {
+            received: Vec::new(),
+            closed: false,
+            reading: true,
+            said_hello: false,
+            ready: false,
+            unread: 0,
+            next_request: 1,
+            outbox: VecDeque::new(),
+            eof: None,
+            inbox: VecDeque::new(),
+        }
+    }
+
+    /// Bytes written by the client and not yet delivered to the server.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.iter().map(|(_, b)| b.len()).sum()
+    }
+}
+
+/// Something the checkers need to know, in the order it happened.
+#[derive(Debug, Clone)]
+pub enum Fact {
+    /// A client sent a request: one response is owed while the connection lives.
+    RequestSent {
+        conn: ConnId,
+        id: String,
+        command: Command,
+    },
+    /// The kernel queued `message` for `conn`. `attached_after` says whether
+    /// `conn` was attached to the message's session right after that kernel
+    /// step; `open_after` whether the kernel still served the connection.
+    Emitted {
+        conn: ConnId,
+        message: Rc<ServerMessage>,
+        attached_after: bool,
+        open_after: bool,
+    },
+    /// A connection ended (closed by the kernel, by the client, or by a restart).
+    ConnClosed { conn: ConnId },
+    /// A runtime received an operation. `immediate` is the outcome it
+    /// reported in the same step (a prompt that starts a turn reports later).
+    RuntimeOp {
+        worker: WorkerId,
+        session_id: String,
+        op: OpId,
+        operation: Operation,
+        phase_before: SessionPhase,
+        immediate: Option<Result<(), ErrorCode>>,
+    },
+    /// The kernel consumed the completion of operation `op` of `worker`.
+    OpDoneConsumed { worker: WorkerId, op: OpId },
+    /// The kernel consumed the exit (or failed spawn) of `worker`.
+    WorkerExitConsumed { worker: WorkerId },
+    /// The kernel asked the store to delete a session, and it was deleted.
+    StoreRemoved { session_id: String },
+    /// The server process was replaced; every connection and worker is gone.
+    ServerRestarted,
+}
+
+/// A pending hop, as offered to drivers by [`World::deliveries`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Delivery {
+    /// Client bytes (or its end of stream) to the server.
+    ToServer(ConnId),
+    /// Server frames (or its close) to a reading client.
+    ToClient(ConnId),
+    /// A spawned worker opens its session.
+    Boot(WorkerId),
+    /// The next server message to a worker.
+    ToWorker(WorkerId),
+    /// The next worker message to the server.
+    FromWorker(WorkerId),
+    /// The server learns that a worker process exited.
+    Exit(WorkerId),
+    /// The new server's catalog finishes loading.
+    Catalog,
+    /// A store removal finishes.
+    Removal(String),
+}
+
+/// How much of a channel one [`World::deliver`] moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Amount {
+    /// Everything queued (coalesced client bytes; all frames or messages).
+    All,
+    /// The first item (the first chunk of client bytes as it was written).
+    One,
+    /// At most this many client bytes, or this many frames or messages.
+    Up(usize),
+    /// Worker messages up to and including the first that is not progress.
+    Significant,
 }
 
 /// The world. See the module documentation.
@@ -145,16 +410,24 @@ pub struct World {
     pub store: Store,
     /// Short names for session ids.
     pub names: Names,
-    /// One line per input and output.
+    /// One line per input and output (when [`Options::trace`]).
     pub trace: Vec<String>,
     /// Behaviour of the next workers to open, by session id (`""` = any).
     pub worker_scripts: BTreeMap<String, WorkerScript>,
+    /// When set, spawning a worker fails.
+    pub fail_spawns: bool,
     options: Options,
     workers: BTreeMap<WorkerId, FakeWorker>,
     clients: BTreeMap<ConnId, Client>,
     inbox: VecDeque<Input>,
     next_conn: u64,
-    server_generation: u64,
+    generation: u64,
+    catalog_pending: Option<u64>,
+    removals: BTreeMap<String, u64>,
+    unwritten: BTreeMap<ConnId, usize>,
+    facts: Vec<Fact>,
+    seq: u64,
+    kernel_steps: u64,
 }
 
 impl World {
@@ -168,12 +441,19 @@ impl World {
             names: Names::default(),
             trace: Vec::new(),
             worker_scripts: BTreeMap::new(),
+            fail_spawns: false,
             options,
             workers: BTreeMap::new(),
             clients: BTreeMap::new(),
             inbox: VecDeque::new(),
             next_conn: 1,
-            server_generation: 0,
+            generation: 0,
+            catalog_pending: None,
+            removals: BTreeMap::new(),
+            unwritten: BTreeMap::new(),
+            facts: Vec::new(),
+            seq: 0,
+            kernel_steps: 0,
         };
         world.load_catalog();
         world
@@ -183,17 +463,25 @@ impl World {
         Config {
             server_id: SERVER_ID.to_string(),
             token: options.token.clone(),
-            seed: options.seed.wrapping_add(generation.wrapping_mul(0x9e37_79b9)),
+            seed: options
+                .seed
+                .wrapping_add(generation.wrapping_mul(0x9e37_79b9)),
             models: faux::models(),
             limits: options.limits.clone(),
             idle_exit: None,
         }
     }
 
+    /// The options it runs with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
     /// Feeds the store's catalog to the server.
     pub fn load_catalog(&mut self) {
+        self.catalog_pending = None;
         let sessions = self.store.catalog();
-        self.log(format!("server catalog loaded ({} sessions)", sessions.len()));
+        trace!(self, "server catalog loaded ({} sessions)", sessions.len());
         self.push(Input::CatalogLoaded { sessions });
         self.run();
     }
@@ -206,134 +494,380 @@ impl World {
         self.inbox.push_back(input);
     }
 
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn fact(&mut self, fact: Fact) {
+        if self.options.record_facts {
+            self.facts.push(fact);
+        }
+    }
+
+    /// The facts recorded since the last call, in order.
+    pub fn take_facts(&mut self) -> Vec<Fact> {
+        std::mem::take(&mut self.facts)
+    }
+
+    /// Number of [`Server::step`] calls so far, across server restarts.
+    pub fn kernel_steps(&self) -> u64 {
+        self.kernel_steps
+    }
+
+    /// How many times the server was replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    // ---- the kernel --------------------------------------------------------
+
     /// Delivers every queued input and carries out every output until quiet.
     pub fn run(&mut self) {
         while let Some(input) = self.inbox.pop_front() {
+            self.run_before(&input);
+            let disconnected = match &input {
+                Input::Disconnected { conn } => Some(*conn),
+                _ => None,
+            };
             let outputs = self.server.step(self.now, input);
-            for output in outputs {
-                self.carry_out(output);
+            self.kernel_steps += 1;
+            let decoded = self.run_decode(&outputs);
+            if self.options.record_facts {
+                self.run_record(&outputs, &decoded);
+            }
+            if let Some(conn) = disconnected
+                && self.server.connection_stage(conn).is_none()
+            {
+                self.unwritten.remove(&conn);
+            }
+            for (output, message) in outputs.into_iter().zip(decoded) {
+                self.carry_out(output, message);
             }
         }
     }
 
-    fn carry_out(&mut self, output: Output) {
-        match output {
-            Output::Send { conn, frame } => self.deliver(conn, &frame),
-            Output::Close { conn, reason } => {
-                self.log(format!("{conn} closed by server ({reason})"));
-                if let Some(c) = self.clients.get_mut(&conn) {
-                    c.closed = true;
+    /// Accounting and facts about an input the kernel is about to consume.
+    fn run_before(&mut self, input: &Input) {
+        match input {
+            Input::Written { conn, bytes } => {
+                if let Some(unwritten) = self.unwritten.get_mut(conn) {
+                    assert!(*unwritten >= *bytes, "{conn}: wrote more than was queued");
+                    *unwritten -= bytes;
                 }
-                self.push(Input::Disconnected { conn });
             }
-            Output::SpawnWorker { worker, session_id, create } => {
-                let short = self.names.session(&session_id);
-                let kind = if create.is_some() { "create" } else { "open" };
-                self.log(format!("server spawn {worker} for {short} ({kind})"));
-                self.workers.insert(worker, FakeWorker { session_id: session_id.clone(), runtime: None, stream: None });
-                self.push(Input::WorkerSpawned { worker });
-                self.start_worker(worker, session_id, create);
+            Input::Disconnected { conn } => self.fact(Fact::ConnClosed { conn: *conn }),
+            Input::FromWorker { worker, message } => {
+                if let FromWorker::OpDone { op, .. } = message.as_ref() {
+                    self.fact(Fact::OpDoneConsumed {
+                        worker: *worker,
+                        op: *op,
+                    });
+                }
             }
+            Input::WorkerExited { worker } | Input::WorkerSpawnFailed { worker, .. } => {
+                self.fact(Fact::WorkerExitConsumed { worker: *worker });
+            }
+            _ => {}
+        }
+    }
+
+    /// Decodes every frame of a step once (a broadcast shares one frame).
+    fn run_decode(&mut self, outputs: &[Output]) -> Vec<Option<Rc<ServerMessage>>> {
+        let mut last: Option<(&Frame, Rc<ServerMessage>)> = None;
+        let mut decoded = Vec::with_capacity(outputs.len());
+        for output in outputs {
+            let Output::Send { conn, frame } = output else {
+                decoded.push(None);
+                continue;
+            };
+            *self.unwritten.entry(*conn).or_insert(0) += frame.len();
+            let message = match &last {
+                Some((previous, message)) if std::sync::Arc::ptr_eq(previous, frame) => {
+                    message.clone()
+                }
+                _ => Rc::new(decode_frame(frame)),
+            };
+            last = Some((frame, message.clone()));
+            decoded.push(Some(message));
+        }
+        decoded
+    }
+
+    /// Records what the checkers must know about a step's messages, judged
+    /// against the kernel's state right after the step.
+    fn run_record(&mut self, outputs: &[Output], decoded: &[Option<Rc<ServerMessage>>]) {
+        let mut attachments: BTreeMap<ConnId, Vec<String>> = BTreeMap::new();
+        for (output, message) in outputs.iter().zip(decoded) {
+            match (output, message) {
+                (Output::Send { conn, .. }, Some(message)) => {
+                    let attached = attachments
+                        .entry(*conn)
+                        .or_insert_with(|| self.server.attachments(*conn));
+                    let attached_after = session_of(message)
+                        .is_some_and(|s| attached.iter().any(|a| a.as_str() == s));
+                    let open_after = self
+                        .server
+                        .connection_stage(*conn)
+                        .is_some_and(|s| s != kernel::server::Stage::Closing);
+                    let message = message.clone();
+                    let conn = *conn;
+                    self.fact(Fact::Emitted {
+                        conn,
+                        message,
+                        attached_after,
+                        open_after,
+                    });
+                }
+                (Output::Close { conn, .. }, _) => self.fact(Fact::ConnClosed { conn: *conn }),
+                _ => {}
+            }
+        }
+    }
+
+    fn carry_out(&mut self, output: Output, message: Option<Rc<ServerMessage>>) {
+        match output {
+            Output::Send { conn, frame } => {
+                self.on_send(conn, frame.len(), message.expect("decoded"));
+            }
+            Output::Close { conn, reason } => self.on_close(conn, reason),
+            Output::SpawnWorker {
+                worker,
+                session_id,
+                create,
+            } => self.on_spawn(worker, session_id, create),
             Output::ToWorker { worker, message } => {
-                self.log(format!("{worker} ← {}", summary::to_worker(&message)));
-                let input = match message {
-                    ToWorker::Operation { op, operation } => RuntimeInput::Operation { op, operation },
-                    ToWorker::Dispose => RuntimeInput::Dispose,
-                };
-                self.runtime_step(worker, input);
+                trace!(self, "{worker} ← {}", summary::to_worker(&message));
+                if self.options.holds.to_worker {
+                    let seq = self.next_seq();
+                    if let Some(w) = self.workers.get_mut(&worker)
+                        && w.stage != WorkerStage::Dead
+                    {
+                        w.to_runtime.push_back((seq, message));
+                    }
+                } else {
+                    self.worker_receive(worker, message);
+                }
             }
             Output::KillWorker { worker } => {
-                self.log(format!("server kill {worker}"));
+                trace!(self, "server kill {worker}");
                 self.exit_worker(worker);
             }
             Output::RemoveSession { session_id } => {
-                let short = self.names.session(&session_id);
-                self.log(format!("server remove {short} from store"));
-                let result = match self.store.sessions.remove(&session_id) {
-                    Some(_) => Ok(()),
-                    None => Err("no such session directory".to_string()),
-                };
-                self.push(Input::SessionRemoved { session_id, result });
+                trace!(
+                    self,
+                    "server remove {} from store",
+                    self.names.session(&session_id)
+                );
+                if self.options.holds.removal {
+                    let seq = self.next_seq();
+                    self.removals.insert(session_id, seq);
+                } else {
+                    self.finish_removal(session_id);
+                }
             }
-            Output::StopAccepting => self.log("server stops accepting".into()),
-            Output::ShutdownComplete => self.log("server shutdown complete".into()),
+            Output::StopAccepting => {
+                trace!(self, "server stops accepting");
+            }
+            Output::ShutdownComplete => {
+                trace!(self, "server shutdown complete");
+            }
         }
     }
 
-    fn deliver(&mut self, conn: ConnId, frame: &[u8]) {
-        let Some(client) = self.clients.get_mut(&conn) else { return };
-        let mut payloads = Vec::new();
-        client.decoder.push(frame, &mut payloads).expect("the server sends valid frames");
-        let mut lines = Vec::new();
-        for payload in payloads {
-            let message = decode_server_message(&payload, &CborLimits::default()).expect("the server sends valid messages");
-            let is_delta = matches!(
-                &message,
-                ServerMessage::Event(kernel::protocol::ServerEvent::SessionProgress {
-                    progress: kernel::protocol::TranscriptProgress::AssistantDelta { .. },
-                    ..
-                })
-            );
-            if !is_delta || self.options.trace_deltas {
-                lines.push(summary::server(&mut self.names, &message));
+    fn on_send(&mut self, conn: ConnId, len: usize, message: Rc<ServerMessage>) {
+        if self.options.trace && (!is_delta(&message) || self.options.trace_deltas) {
+            let line = summary::server(&mut self.names, &message);
+            trace!(self, "{conn} ← {line}");
+        }
+        let held = self.options.holds.to_client;
+        let seq = self.next_seq();
+        let Some(client) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if held {
+            if !client.closed {
+                client
+                    .inbox
+                    .push_back((seq, Incoming::Frame { len, message }));
             }
-            client.received.push(message);
+            return;
         }
-        let reading = client.reading;
-        if reading {
-            self.push(Input::Written { conn, bytes: frame.len() });
+        if let ServerMessage::Hello(_) = message.as_ref() {
+            client.ready = true;
+        }
+        if self.options.keep_received {
+            client.received.push(message.as_ref().clone());
+        }
+        if client.reading {
+            self.push(Input::Written { conn, bytes: len });
         } else {
-            client.unread += frame.len();
+            client.unread += len;
         }
-        for line in lines {
-            self.log(format!("{conn} ← {line}"));
+    }
+
+    fn on_close(&mut self, conn: ConnId, reason: CloseReason) {
+        trace!(self, "{conn} closed by server ({reason})");
+        // As in the daemon: a protocol close flushes the queued frames first;
+        // every other close drops the connection at once.
+        let flush = matches!(
+            reason,
+            CloseReason::Protocol(_) | CloseReason::TooManyConnections
+        );
+        if self.options.holds.to_client && flush {
+            let seq = self.next_seq();
+            if let Some(c) = self.clients.get_mut(&conn).filter(|c| !c.closed) {
+                c.inbox.push_back((seq, Incoming::Close));
+                return;
+            }
         }
+        self.client_closed(conn);
+        self.push(Input::Disconnected { conn });
+    }
+
+    /// The client side of a connection is gone: nothing more is sent or read.
+    fn client_closed(&mut self, conn: ConnId) {
+        if let Some(c) = self.clients.get_mut(&conn) {
+            if !c.closed {
+                self.facts_closed(conn);
+            }
+            let c = self.clients.get_mut(&conn).expect("checked");
+            c.closed = true;
+            c.inbox.clear();
+            c.outbox.clear();
+            c.eof = None;
+        }
+    }
+
+    fn facts_closed(&mut self, conn: ConnId) {
+        self.fact(Fact::ConnClosed { conn });
     }
 
     // ---- workers -----------------------------------------------------------
 
-    fn start_worker(&mut self, worker: WorkerId, session_id: String, create: Option<kernel::worker::CreateSpec>) {
+    fn on_spawn(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
+        let short = self.names_session(&session_id);
+        let kind = if create.is_some() { "create" } else { "open" };
+        if self.fail_spawns {
+            trace!(self, "server spawn {worker} for {short} ({kind}) fails");
+            let error = "simulated spawn failure".to_string();
+            self.push(Input::WorkerSpawnFailed { worker, error });
+            return;
+        }
+        trace!(self, "server spawn {worker} for {short} ({kind})");
+        let since = self.next_seq();
+        let fake = FakeWorker {
+            session_id,
+            create,
+            stage: WorkerStage::Booting,
+            runtime: None,
+            stream: None,
+            tools: BTreeMap::new(),
+            since,
+            to_runtime: VecDeque::new(),
+            to_server: VecDeque::new(),
+        };
+        self.workers.insert(worker, fake);
+        self.push(Input::WorkerSpawned { worker });
+        if !self.options.holds.boot {
+            self.boot_worker(worker);
+        }
+    }
+
+    fn names_session(&mut self, session_id: &str) -> String {
+        if self.options.trace {
+            self.names.session(session_id)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The worker opens (or creates) its session and reports ready, or fails.
+    fn boot_worker(&mut self, worker: WorkerId) {
+        let Some(w) = self
+            .workers
+            .get(&worker)
+            .filter(|w| w.stage == WorkerStage::Booting)
+        else {
+            return;
+        };
+        let session_id = w.session_id.clone();
+        let create = w.create.clone();
         let script = self
             .worker_scripts
             .get(&session_id)
             .or_else(|| self.worker_scripts.get(""))
             .cloned()
             .unwrap_or_default();
-        let locked = self.workers.iter().any(|(w, f)| *w != worker && f.session_id == session_id && f.runtime.is_some());
+        let locked = self
+            .workers
+            .iter()
+            .any(|(w, f)| *w != worker && f.session_id == session_id && f.runtime.is_some());
+        self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Running;
         let message = match script {
-            WorkerScript::Hang => return self.log(format!("{worker} hangs while opening")),
-            WorkerScript::Fail(code, message) => FromWorker::Failed { error: ProtocolError::new(code, message) },
-            _ if locked => FromWorker::Failed {
-                error: ProtocolError::new(ErrorCode::SessionLocked, format!("Session is locked by another worker: {session_id}")),
-            },
-            script => {
-                let outputs = match self.open_runtime(worker, &session_id, create) {
-                    Ok(outputs) => outputs,
-                    Err(error) => return self.worker_says(worker, FromWorker::Failed { error }, true),
-                };
-                if let WorkerScript::WrongId(id) = script {
-                    let mut snapshot = self.workers[&worker].runtime.as_ref().expect("opened").snapshot();
-                    snapshot.id = id;
-                    self.apply_runtime(worker, outputs.into_iter().filter(|o| !matches!(o, RuntimeOutput::Send(_))).collect());
-                    return self.worker_says(worker, FromWorker::Ready { snapshot }, false);
-                }
-                return self.apply_runtime(worker, outputs);
+            WorkerScript::Hang => {
+                self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Hung;
+                trace!(self, "{worker} hangs while opening");
+                return;
             }
+            WorkerScript::Fail(code, message) => FromWorker::Failed {
+                error: ProtocolError::new(code, message),
+            },
+            _ if locked => FromWorker::Failed {
+                error: ProtocolError::new(
+                    ErrorCode::SessionLocked,
+                    format!("Session is locked by another worker: {session_id}"),
+                ),
+            },
+            script => return self.boot_runtime(worker, &session_id, create, script),
         };
         self.worker_says(worker, message, true);
+    }
+
+    fn boot_runtime(
+        &mut self,
+        worker: WorkerId,
+        session_id: &str,
+        create: Option<CreateSpec>,
+        script: WorkerScript,
+    ) {
+        let outputs = match self.open_runtime(worker, session_id, create) {
+            Ok(outputs) => outputs,
+            Err(error) => return self.worker_says(worker, FromWorker::Failed { error }, true),
+        };
+        if let WorkerScript::WrongId(id) = script {
+            let runtime = self.workers[&worker].runtime.as_ref().expect("opened");
+            let mut snapshot = runtime.snapshot();
+            snapshot.id = id;
+            let quiet = outputs
+                .into_iter()
+                .filter(|o| !matches!(o, RuntimeOutput::Send(_)));
+            self.apply_runtime(worker, quiet.collect());
+            return self.worker_says(worker, FromWorker::Ready { snapshot }, false);
+        }
+        self.apply_runtime(worker, outputs);
     }
 
     fn open_runtime(
         &mut self,
         worker: WorkerId,
         session_id: &str,
-        create: Option<kernel::worker::CreateSpec>,
+        create: Option<CreateSpec>,
     ) -> Result<Vec<RuntimeOutput>, ProtocolError> {
         let models = faux::models();
         let now = self.now;
         let (runtime, outputs) = match create {
             Some(spec) => {
-                let (model, thinking_level) = Runtime::resolve_create(&spec, &faux::default_model(), &models)?;
+                let default = self
+                    .store
+                    .default_model
+                    .clone()
+                    .unwrap_or_else(faux::default_model);
+                let (model, thinking_level) = Runtime::resolve_create(&spec, &default, &models)?;
+                if self.store.fail_writes {
+                    let message = "Could not create the session directory (simulated)";
+                    return Err(ProtocolError::new(ErrorCode::InternalError, message));
+                }
                 let stored = StoredSession {
                     id: session_id.to_string(),
                     name: spec.name,
@@ -345,14 +879,25 @@ impl World {
                     revision: 0,
                     transcript: Vec::new(),
                     queued_steer: Vec::new(),
+                    summary: None,
                 };
-                self.store.sessions.insert(session_id.to_string(), stored.clone());
+                assert!(
+                    !self.store.sessions.contains_key(session_id),
+                    "{session_id}: created twice"
+                );
+                self.store.insert(stored.clone());
                 Runtime::create(stored, models, now)
             }
             None => {
-                let stored = self.store.sessions.get(session_id).cloned().ok_or_else(|| {
-                    ProtocolError::new(ErrorCode::NotFound, format!("Session not found: {session_id}"))
-                })?;
+                let stored = self
+                    .store
+                    .sessions
+                    .get(session_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        let message = format!("Session not found: {session_id}");
+                        ProtocolError::new(ErrorCode::NotFound, message)
+                    })?;
                 Runtime::open(stored, models, now)
             }
         };
@@ -361,17 +906,92 @@ impl World {
     }
 
     fn worker_says(&mut self, worker: WorkerId, message: FromWorker, then_exit: bool) {
-        let line = summary::from_worker(&mut self.names, &message);
-        self.log(format!("{worker} → {line}"));
-        self.push(Input::FromWorker { worker, message: Box::new(message) });
+        if self.options.trace {
+            let line = summary::from_worker(&mut self.names, &message);
+            trace!(self, "{worker} → {line}");
+        }
+        self.worker_send(worker, message);
         if then_exit {
             self.exit_worker(worker);
         }
     }
 
+    fn worker_send(&mut self, worker: WorkerId, message: FromWorker) {
+        if self.options.holds.from_worker {
+            let seq = self.next_seq();
+            self.workers
+                .get_mut(&worker)
+                .expect("alive")
+                .to_server
+                .push_back((seq, message));
+        } else {
+            self.push(Input::FromWorker {
+                worker,
+                message: Box::new(message),
+            });
+        }
+    }
+
+    /// A message from the server reaches a worker's runtime.
+    fn worker_receive(&mut self, worker: WorkerId, message: ToWorker) {
+        let input = match message {
+            ToWorker::Operation { op, operation } => {
+                return self.worker_operation(worker, op, operation);
+            }
+            ToWorker::Dispose => RuntimeInput::Dispose,
+        };
+        self.runtime_step(worker, input);
+    }
+
+    fn worker_operation(&mut self, worker: WorkerId, op: OpId, operation: Operation) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let Some(runtime) = w.runtime.as_ref() else {
+            return;
+        };
+        let phase_before = runtime.phase();
+        let session_id = w.session_id.clone();
+        let now = self.now;
+        let input = RuntimeInput::Operation {
+            op,
+            operation: operation.clone(),
+        };
+        let outputs = self
+            .workers
+            .get_mut(&worker)
+            .and_then(|w| w.runtime.as_mut())
+            .expect("checked")
+            .step(now, input);
+        if self.options.record_facts {
+            let immediate = outputs.iter().find_map(|o| match o {
+                RuntimeOutput::Send(FromWorker::OpDone { op: done, outcome }) if *done == op => {
+                    Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code))
+                }
+                _ => None,
+            });
+            let fact = Fact::RuntimeOp {
+                worker,
+                session_id,
+                op,
+                operation,
+                phase_before,
+                immediate,
+            };
+            self.fact(fact);
+        }
+        self.apply_runtime(worker, outputs);
+    }
+
     fn runtime_step(&mut self, worker: WorkerId, input: RuntimeInput) {
         let now = self.now;
-        let Some(runtime) = self.workers.get_mut(&worker).and_then(|w| w.runtime.as_mut()) else { return };
+        let Some(runtime) = self
+            .workers
+            .get_mut(&worker)
+            .and_then(|w| w.runtime.as_mut())
+        else {
+            return;
+        };
         let outputs = runtime.step(now, input);
         self.apply_runtime(worker, outputs);
     }
@@ -380,65 +1000,126 @@ impl World {
         for output in outputs {
             match output {
                 RuntimeOutput::Persist(p) => {
-                    let id = self.workers[&worker].session_id.clone();
-                    if let Err(message) = self.store.apply(&id, &p) {
-                        self.log(format!("{worker} storage write failed: {message}"));
+                    let id = &self.workers[&worker].session_id;
+                    if let Err(message) = self.store.apply(id, &p) {
+                        trace!(self, "{worker} storage write failed: {message}");
                         return self.runtime_step(worker, RuntimeInput::StorageFailed { message });
                     }
                 }
                 RuntimeOutput::Send(message) => {
-                    let is_delta = matches!(
-                        &message,
-                        FromWorker::Progress { progress: kernel::protocol::TranscriptProgress::AssistantDelta { .. } }
-                    );
-                    if !is_delta || self.options.trace_deltas {
+                    let quiet = is_worker_delta(&message) && !self.options.trace_deltas;
+                    if self.options.trace && !quiet {
                         let line = summary::from_worker(&mut self.names, &message);
-                        self.log(format!("{worker} → {line}"));
+                        trace!(self, "{worker} → {line}");
                     }
-                    self.push(Input::FromWorker { worker, message: Box::new(message) });
+                    self.worker_send(worker, message);
                 }
                 RuntimeOutput::StartModel { call, request } => {
                     let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
                     self.workers.get_mut(&worker).expect("live").stream = Some((call, stream));
                 }
-                RuntimeOutput::CancelModel { .. } => self.workers.get_mut(&worker).expect("live").stream = None,
+                RuntimeOutput::CancelModel { .. } => {
+                    self.workers.get_mut(&worker).expect("live").stream = None;
+                }
+                RuntimeOutput::RunTool { id, tool_name, .. } => {
+                    let due = self.now + self.options.tool_delay;
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.tools.insert(id, (due, tool_name));
+                }
+                RuntimeOutput::CancelTool { id } => {
+                    self.workers
+                        .get_mut(&worker)
+                        .expect("live")
+                        .tools
+                        .remove(&id);
+                }
                 RuntimeOutput::Exit => {
-                    self.log(format!("{worker} exits"));
+                    trace!(self, "{worker} exits");
                     return self.exit_worker(worker);
                 }
             }
         }
     }
 
+    /// The worker process ends: its runtime (and session lock) is gone at
+    /// once; the server learns it from the exit notice.
     fn exit_worker(&mut self, worker: WorkerId) {
+        if !self.options.holds.exit && !self.options.holds.from_worker {
+            if self.workers.remove(&worker).is_some() {
+                self.push(Input::WorkerExited { worker });
+            }
+            return;
+        }
+        let since = self.next_seq();
+        let Some(w) = self
+            .workers
+            .get_mut(&worker)
+            .filter(|w| w.stage != WorkerStage::Dead)
+        else {
+            return;
+        };
+        w.stage = WorkerStage::Dead;
+        w.runtime = None;
+        w.stream = None;
+        w.tools.clear();
+        w.to_runtime.clear();
+        w.since = since;
+        if !self.options.holds.exit && w.to_server.is_empty() {
+            self.report_exit(worker);
+        }
+    }
+
+    /// The server learns that the worker exited; whatever it still had in
+    /// flight is lost.
+    fn report_exit(&mut self, worker: WorkerId) {
         if self.workers.remove(&worker).is_some() {
+            trace!(self, "{worker} exit reported");
             self.push(Input::WorkerExited { worker });
         }
     }
 
     /// Kills a worker process abruptly (SIGKILL): nothing is flushed beyond what was persisted.
     pub fn crash_worker(&mut self, worker: WorkerId) {
-        self.log(format!("{worker} crashes"));
+        trace!(self, "{worker} crashes");
         self.exit_worker(worker);
         self.run();
     }
 
     /// The live worker of a session, if any.
     pub fn worker_of(&self, session_id: &str) -> Option<WorkerId> {
-        self.workers.iter().find(|(_, w)| w.session_id == session_id).map(|(id, _)| *id)
+        let mut alive = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.stage != WorkerStage::Dead);
+        alive
+            .find(|(_, w)| w.session_id == session_id)
+            .map(|(id, _)| *id)
     }
 
     /// Number of fake worker processes alive.
     pub fn worker_count(&self) -> usize {
-        self.workers.len()
+        self.workers
+            .values()
+            .filter(|w| w.stage != WorkerStage::Dead)
+            .count()
+    }
+
+    /// Every fake worker the server has not yet seen exit: id, session, stage,
+    /// whether its runtime is open and in a turn.
+    pub fn workers(&self) -> Vec<(WorkerId, &str, WorkerStage, Option<SessionPhase>)> {
+        let phase = |w: &FakeWorker| w.runtime.as_ref().map(Runtime::phase);
+        self.workers
+            .iter()
+            .map(|(id, w)| (*id, w.session_id.as_str(), w.stage, phase(w)))
+            .collect()
     }
 
     // ---- time --------------------------------------------------------------
 
     /// The earliest pending deadline of the server or a model stream.
     pub fn next_event(&self) -> Option<Instant> {
-        let streams = self.workers.values().filter_map(|w| w.stream.as_ref()?.1.next_deadline());
-        self.server.next_deadline().into_iter().chain(streams).min()
+        let workers = self.workers.values().filter_map(worker_deadline);
+        self.server.next_deadline().into_iter().chain(workers).min()
     }
 
     /// Advances virtual time by `d`, delivering every deadline on the way.
@@ -451,6 +1132,16 @@ impl World {
         self.now = until;
     }
 
+    /// Jumps to the next deadline and fires it. Returns false when none is pending.
+    pub fn advance_to_next(&mut self) -> bool {
+        let Some(at) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(at);
+        self.fire_due();
+        true
+    }
+
     fn fire_due(&mut self) {
         let now = self.now;
         if self.server.next_deadline().is_some_and(|d| d <= now) {
@@ -460,22 +1151,56 @@ impl World {
         let due: Vec<WorkerId> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.stream.as_ref().is_some_and(|(_, s)| s.next_deadline().is_some_and(|d| d <= now)))
+            .filter(|(_, w)| worker_deadline(w).is_some_and(|d| d <= now))
             .map(|(id, _)| *id)
             .collect();
         for worker in due {
-            let Some((call, events)) = self
-                .workers
-                .get_mut(&worker)
-                .and_then(|w| w.stream.as_mut())
-                .map(|(call, s)| (*call, s.poll(now)))
-            else {
-                continue;
-            };
-            for event in events {
+            self.fire_worker(worker);
+            self.run();
+        }
+    }
+
+    /// Delivers what is due in a worker: model events, finished tool runs, a runtime tick.
+    fn fire_worker(&mut self, worker: WorkerId) {
+        let now = self.now;
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if let Some((call, stream)) = w.stream.as_mut() {
+            let call = *call;
+            for event in stream.poll(now) {
                 self.runtime_step(worker, RuntimeInput::Model { call, event });
             }
-            self.run();
+        }
+        let done: Vec<(String, String)> = match self.workers.get(&worker) {
+            Some(w) => {
+                let due = w.tools.iter().filter(|(_, (at, _))| *at <= now);
+                due.map(|(id, (_, name))| (id.clone(), name.clone()))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        for (id, tool_name) in done {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return;
+            };
+            w.tools.remove(&id);
+            let text = format!("fake {tool_name} output for {id}");
+            let content = vec![Content::Text { text }];
+            let input = RuntimeInput::ToolDone {
+                id,
+                content,
+                details: None,
+                is_error: false,
+            };
+            self.runtime_step(worker, input);
+        }
+        let tick = self
+            .workers
+            .get(&worker)
+            .and_then(|w| w.runtime.as_ref()?.next_deadline());
+        if tick.is_some_and(|d| d <= now) {
+            self.runtime_step(worker, RuntimeInput::Tick);
         }
     }
 
@@ -494,18 +1219,8 @@ impl World {
     pub fn connect(&mut self) -> ConnId {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        self.clients.insert(
-            conn,
-            Client {
-                decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN),
-                received: Vec::new(),
-                closed: false,
-                reading: true,
-                unread: 0,
-                next_request: 1,
-            },
-        );
-        self.log(format!("{conn} connects"));
+        self.clients.insert(conn, Client::new());
+        trace!(self, "{conn} connects");
         self.push(Input::Accepted { conn });
         self.run();
         conn
@@ -513,24 +1228,47 @@ impl World {
 
     /// Sends raw bytes.
     pub fn send_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
-        self.log(format!("{conn} → {} raw bytes", bytes.len()));
+        trace!(self, "{conn} → {} raw bytes", bytes.len());
+        self.write(conn, bytes);
+    }
+
+    fn write(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        if self.options.holds.to_server {
+            let seq = self.next_seq();
+            let client = self.clients.get_mut(&conn).expect("known client");
+            if !client.closed && client.eof.is_none() {
+                client.outbox.push_back((seq, bytes));
+            }
+            return;
+        }
         self.push(Input::Received { conn, bytes });
         self.run();
     }
 
     /// Sends one message.
     pub fn send(&mut self, conn: ConnId, message: &ClientMessage) {
-        let line = summary::client(&mut self.names, message);
-        self.log(format!("{conn} → {line}"));
+        if self.options.trace {
+            let line = summary::client(&mut self.names, message);
+            trace!(self, "{conn} → {line}");
+        }
+        if let ClientMessage::Hello(_) = message {
+            self.clients
+                .get_mut(&conn)
+                .expect("known client")
+                .said_hello = true;
+        }
         let payload = encode_client_message(message).expect("encodable");
         let bytes = encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits");
-        self.push(Input::Received { conn, bytes });
-        self.run();
+        self.write(conn, bytes);
     }
 
     /// Sends `hello` (with the token, if any).
     pub fn hello(&mut self, conn: ConnId, version: u64, token: Option<&str>) {
-        self.send(conn, &ClientMessage::Hello(ClientHello { version, token: token.map(str::to_string) }));
+        let hello = ClientHello {
+            version,
+            token: token.map(str::to_string),
+        };
+        self.send(conn, &ClientMessage::Hello(hello));
     }
 
     /// Connects and completes the handshake.
@@ -546,15 +1284,61 @@ impl World {
         let client = self.clients.get_mut(&conn).expect("known client");
         let id = format!("r{}", client.next_request);
         client.next_request += 1;
-        self.send(conn, &ClientMessage::Request(Request { id: id.clone(), command }));
+        let open = !client.closed && client.eof.is_none();
+        if open && self.options.record_facts {
+            let fact = Fact::RequestSent {
+                conn,
+                id: id.clone(),
+                command: command.clone(),
+            };
+            self.fact(fact);
+        }
+        self.send(
+            conn,
+            &ClientMessage::Request(Request {
+                id: id.clone(),
+                command,
+            }),
+        );
         id
     }
 
-    /// The client disconnects.
+    /// The id the next request of `conn` gets.
+    pub fn next_request_id(&self, conn: ConnId) -> String {
+        format!("r{}", self.clients[&conn].next_request)
+    }
+
+    /// The client disconnects. With held deliveries, the server sees the end
+    /// of the stream after the bytes already written (`abrupt` drops them).
     pub fn disconnect(&mut self, conn: ConnId) {
-        self.log(format!("{conn} disconnects"));
-        if let Some(c) = self.clients.get_mut(&conn) {
+        self.disconnect_with(conn, false);
+    }
+
+    /// [`World::disconnect`], choosing whether bytes still in flight are lost.
+    pub fn disconnect_with(&mut self, conn: ConnId, abrupt: bool) {
+        trace!(
+            self,
+            "{conn} disconnects{}",
+            if abrupt { " abruptly" } else { "" }
+        );
+        let held = self.options.holds.to_server;
+        let seq = self.next_seq();
+        let Some(c) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if held && !abrupt && !c.closed {
+            c.inbox.clear();
+            c.eof = Some(seq);
+            if !c.closed {
+                c.closed = true;
+                self.facts_closed(conn);
+            }
+            return;
+        }
+        if !held {
             c.closed = true;
+        } else {
+            self.client_closed(conn);
         }
         self.push(Input::Disconnected { conn });
         self.run();
@@ -566,7 +1350,10 @@ impl World {
         client.reading = reading;
         let unread = std::mem::take(&mut client.unread);
         if reading && unread > 0 && !client.closed {
-            self.push(Input::Written { conn, bytes: unread });
+            self.push(Input::Written {
+                conn,
+                bytes: unread,
+            });
             self.run();
         }
     }
@@ -574,6 +1361,16 @@ impl World {
     /// A client's state.
     pub fn client(&self, conn: ConnId) -> &Client {
         &self.clients[&conn]
+    }
+
+    /// Every client, in id order.
+    pub fn clients(&self) -> impl Iterator<Item = (ConnId, &Client)> {
+        self.clients.iter().map(|(id, c)| (*id, c))
+    }
+
+    /// Bytes the kernel queued for `conn` that were not reported written.
+    pub fn unwritten(&self, conn: ConnId) -> usize {
+        self.unwritten.get(&conn).copied().unwrap_or(0)
     }
 
     /// The response to request `id` on `conn`, if it arrived.
@@ -587,16 +1384,251 @@ impl World {
     /// The session id created by request `id` on `conn`.
     pub fn created(&self, conn: ConnId, id: &str) -> String {
         match self.response(conn, id).map(|r| &r.outcome) {
-            Some(Ok(kernel::protocol::CommandResult::Create { session })) => session.id.clone(),
+            Some(Ok(CommandResult::Create { session })) => session.id.clone(),
             other => panic!("request {id} did not create a session: {other:?}"),
         }
+    }
+
+    // ---- held deliveries -----------------------------------------------------
+
+    /// Every pending hop with the sequence number of its oldest item, in a
+    /// fixed order (channel kind, then id).
+    pub fn deliveries(&self) -> Vec<(u64, Delivery)> {
+        let mut out = Vec::new();
+        for (conn, c) in &self.clients {
+            if let Some((seq, _)) = c.outbox.front() {
+                out.push((*seq, Delivery::ToServer(*conn)));
+            } else if let Some(seq) = c.eof {
+                out.push((seq, Delivery::ToServer(*conn)));
+            }
+            let closing = matches!(c.inbox.front(), Some((_, Incoming::Close)));
+            if let Some((seq, _)) = c.inbox.front().filter(|_| c.reading || closing) {
+                out.push((*seq, Delivery::ToClient(*conn)));
+            }
+        }
+        for (id, w) in &self.workers {
+            self.worker_deliveries(*id, w, &mut out);
+        }
+        if let Some(seq) = self.catalog_pending {
+            out.push((seq, Delivery::Catalog));
+        }
+        for (session, seq) in &self.removals {
+            out.push((*seq, Delivery::Removal(session.clone())));
+        }
+        out
+    }
+
+    fn worker_deliveries(&self, id: WorkerId, w: &FakeWorker, out: &mut Vec<(u64, Delivery)>) {
+        match w.stage {
+            WorkerStage::Booting => out.push((w.since, Delivery::Boot(id))),
+            WorkerStage::Running => {
+                if let Some((seq, _)) = w.to_runtime.front() {
+                    out.push((*seq, Delivery::ToWorker(id)));
+                }
+            }
+            WorkerStage::Hung => {}
+            WorkerStage::Dead => {
+                if w.to_server.is_empty() || self.options.holds.exit_overtakes {
+                    out.push((w.since, Delivery::Exit(id)));
+                }
+            }
+        }
+        if let Some((seq, _)) = w.to_server.front() {
+            out.push((*seq, Delivery::FromWorker(id)));
+        }
+    }
+
+    /// Carries out one pending hop (see [`World::deliveries`]). A hop that is
+    /// not pending does nothing.
+    pub fn deliver(&mut self, delivery: &Delivery, amount: Amount) {
+        match delivery {
+            Delivery::ToServer(conn) => self.deliver_to_server(*conn, amount),
+            Delivery::ToClient(conn) => self.deliver_to_client(*conn, amount),
+            Delivery::Boot(worker) => {
+                trace!(self, "{worker} boots");
+                self.boot_worker(*worker);
+            }
+            Delivery::ToWorker(worker) => self.deliver_to_worker(*worker),
+            Delivery::FromWorker(worker) => self.deliver_from_worker(*worker, amount),
+            Delivery::Exit(worker) => {
+                let dead = self
+                    .workers
+                    .get(worker)
+                    .is_some_and(|w| w.stage == WorkerStage::Dead);
+                if dead {
+                    self.report_exit(*worker);
+                }
+            }
+            Delivery::Catalog => {
+                if self.catalog_pending.is_some() {
+                    self.load_catalog();
+                }
+            }
+            Delivery::Removal(session_id) => {
+                if self.removals.remove(session_id).is_some() {
+                    self.finish_removal(session_id.clone());
+                }
+            }
+        }
+        self.run();
+    }
+
+    fn deliver_to_server(&mut self, conn: ConnId, amount: Amount) {
+        let Some(c) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        let mut bytes = Vec::new();
+        let max = match amount {
+            Amount::All => usize::MAX,
+            Amount::One | Amount::Significant => c.outbox.front().map_or(0, |(_, b)| b.len()),
+            Amount::Up(n) => n.max(1),
+        };
+        while bytes.len() < max {
+            let Some((_, chunk)) = c.outbox.front_mut() else {
+                break;
+            };
+            let take = chunk.len().min(max - bytes.len());
+            bytes.extend(chunk.drain(..take));
+            if chunk.is_empty() {
+                c.outbox.pop_front();
+            }
+        }
+        if !bytes.is_empty() {
+            trace!(self, "{conn} ⇒ server {} bytes", bytes.len());
+            self.push(Input::Received { conn, bytes });
+            return;
+        }
+        if c.eof.take().is_some() {
+            trace!(self, "{conn} ⇒ server end of stream");
+            self.push(Input::Disconnected { conn });
+        }
+    }
+
+    fn deliver_to_client(&mut self, conn: ConnId, amount: Amount) {
+        let count = match amount {
+            Amount::All => usize::MAX,
+            Amount::One | Amount::Significant => 1,
+            Amount::Up(n) => n.max(1),
+        };
+        let keep = self.options.keep_received;
+        let mut written = 0;
+        let mut closed = false;
+        let Some(c) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        for _ in 0..count {
+            let reading = c.reading;
+            match c.inbox.front() {
+                Some((_, Incoming::Frame { .. })) if reading => {}
+                Some((_, Incoming::Close)) => {}
+                _ => break,
+            }
+            match c.inbox.pop_front().expect("checked").1 {
+                Incoming::Frame { len, message } => {
+                    written += len;
+                    if let ServerMessage::Hello(_) = message.as_ref() {
+                        c.ready = true;
+                    }
+                    if keep {
+                        c.received.push(message.as_ref().clone());
+                    }
+                }
+                Incoming::Close => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if written > 0 {
+            self.push(Input::Written {
+                conn,
+                bytes: written,
+            });
+        }
+        if closed {
+            trace!(self, "{conn} sees the server close");
+            self.client_closed(conn);
+            self.push(Input::Disconnected { conn });
+        }
+    }
+
+    fn deliver_to_worker(&mut self, worker: WorkerId) {
+        let Some(w) = self
+            .workers
+            .get_mut(&worker)
+            .filter(|w| w.stage == WorkerStage::Running)
+        else {
+            return;
+        };
+        let Some((_, message)) = w.to_runtime.pop_front() else {
+            return;
+        };
+        trace!(self, "server ⇒ {worker} {}", summary::to_worker(&message));
+        self.worker_receive(worker, message);
+    }
+
+    fn deliver_from_worker(&mut self, worker: WorkerId, amount: Amount) {
+        let count = match amount {
+            Amount::All => usize::MAX,
+            Amount::One => 1,
+            Amount::Up(n) => n.max(1),
+            Amount::Significant => usize::MAX,
+        };
+        for _ in 0..count {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return;
+            };
+            let Some((_, message)) = w.to_server.pop_front() else {
+                break;
+            };
+            let significant = !matches!(message, FromWorker::Progress { .. });
+            if self.options.trace && significant {
+                let line = summary::from_worker(&mut self.names, &message);
+                trace!(self, "{worker} ⇒ server {line}");
+            }
+            self.push(Input::FromWorker {
+                worker,
+                message: Box::new(message),
+            });
+            if significant && amount == Amount::Significant {
+                break;
+            }
+        }
+        let drained = self
+            .workers
+            .get(&worker)
+            .is_some_and(|w| w.to_server.is_empty());
+        let dead = self
+            .workers
+            .get(&worker)
+            .is_some_and(|w| w.stage == WorkerStage::Dead);
+        if drained && dead && !self.options.holds.exit {
+            self.report_exit(worker);
+        }
+    }
+
+    fn finish_removal(&mut self, session_id: String) {
+        let result = if self.store.fail_writes {
+            Err("simulated storage failure while removing".to_string())
+        } else {
+            match self.store.remove(&session_id) {
+                Some(_) => Ok(()),
+                None => Err("no such session directory".to_string()),
+            }
+        };
+        if result.is_ok() {
+            self.fact(Fact::StoreRemoved {
+                session_id: session_id.clone(),
+            });
+        }
+        self.push(Input::SessionRemoved { session_id, result });
     }
 
     // ---- server lifecycle --------------------------------------------------
 
     /// Graceful close of the server.
     pub fn shutdown(&mut self) {
-        self.log("server shutdown requested".into());
+        trace!(self, "server shutdown requested");
         self.push(Input::Shutdown);
         self.run();
     }
@@ -604,22 +1636,100 @@ impl World {
     /// The server process dies and a new one starts on the same store. Every
     /// client is disconnected and every worker dies with it.
     pub fn restart_server(&mut self) {
-        self.log("server crashes and restarts".into());
+        trace!(self, "server crashes and restarts");
         self.inbox.clear();
-        let workers: Vec<WorkerId> = self.workers.keys().copied().collect();
-        for w in workers {
-            self.workers.remove(&w);
+        self.workers.clear();
+        self.removals.clear();
+        self.unwritten.clear();
+        let conns: Vec<ConnId> = self.clients.keys().copied().collect();
+        for conn in conns {
+            if self.options.holds == Holds::none() {
+                self.clients.get_mut(&conn).expect("listed").closed = true;
+            } else {
+                self.client_closed(conn);
+            }
         }
-        for c in self.clients.values_mut() {
-            c.closed = true;
+        self.fact(Fact::ServerRestarted);
+        self.generation += 1;
+        self.server = Server::new(Self::config(&self.options, self.generation));
+        if self.options.holds.catalog {
+            self.catalog_pending = Some(self.next_seq());
+        } else {
+            self.load_catalog();
         }
-        self.server_generation += 1;
-        self.server = Server::new(Self::config(&self.options, self.server_generation));
-        self.load_catalog();
     }
 
     /// The trace as one string.
     pub fn trace_text(&self) -> String {
         self.trace.join("\n") + "\n"
     }
+}
+
+/// Decodes one frame the kernel queued (length header included).
+fn decode_frame(frame: &[u8]) -> ServerMessage {
+    assert!(frame.len() >= FRAME_HEADER_LEN, "a frame has a header");
+    let header: [u8; FRAME_HEADER_LEN] = frame[..FRAME_HEADER_LEN].try_into().expect("sized");
+    let payload = &frame[FRAME_HEADER_LEN..];
+    assert_eq!(
+        u32::from_be_bytes(header) as usize,
+        payload.len(),
+        "frame length header"
+    );
+    decode_server_message(payload, &CborLimits::default()).expect("the server sends valid messages")
+}
+
+/// The session a server message is about, if any.
+pub fn session_of(message: &ServerMessage) -> Option<&str> {
+    match message {
+        ServerMessage::Response(r) => match &r.outcome {
+            Ok(result) => result_session(result).map(|s| s.id.as_str()),
+            Err(_) => None,
+        },
+        ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }) => Some(&snapshot.id),
+        ServerMessage::Event(ServerEvent::SessionProgress { session_id, .. }) => Some(session_id),
+        _ => None,
+    }
+}
+
+/// The session snapshot a successful response carries, if any.
+pub fn result_session(result: &CommandResult) -> Option<&kernel::protocol::SessionSnapshot> {
+    match result {
+        CommandResult::Create { session }
+        | CommandResult::Attach { session }
+        | CommandResult::Prompt { session }
+        | CommandResult::Steer { session }
+        | CommandResult::Abort { session }
+        | CommandResult::SetModel { session }
+        | CommandResult::SetThinking { session } => Some(session),
+        CommandResult::List { .. }
+        | CommandResult::Detach { .. }
+        | CommandResult::Remove { .. } => None,
+    }
+}
+
+/// The earliest thing a worker's process is waiting for.
+fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
+    let stream = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
+    let tools = w.tools.values().map(|(at, _)| *at).min();
+    let tick = w.runtime.as_ref().and_then(Runtime::next_deadline);
+    [stream, tools, tick].into_iter().flatten().min()
+}
+
+fn is_delta(message: &ServerMessage) -> bool {
+    matches!(
+        message,
+        ServerMessage::Event(ServerEvent::SessionProgress {
+            progress: TranscriptProgress::AssistantDelta { .. },
+            ..
+        })
+    )
+}
+
+fn is_worker_delta(message: &FromWorker) -> bool {
+    matches!(
+        message,
+        FromWorker::Progress {
+            progress: TranscriptProgress::AssistantDelta { .. }
+        }
+    )
 }

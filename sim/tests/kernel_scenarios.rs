@@ -47,7 +47,7 @@ fn prompt(s: &str, text: &str) -> Command {
     Command::Prompt { session_id: s.to_string(), text: text.to_string() }
 }
 
-/// 1. A hello with the right token and version is accepted; a missing or
+/// Scenario 1: A hello with the right token and version is accepted; a missing or
 /// wrong token gets `auth` (checked before the version); a wrong version gets
 /// `version`. Each rejection is the last frame before the close.
 #[test]
@@ -79,7 +79,7 @@ fn s01_handshake_auth_and_version() {
     snapshot("s01_handshake_auth_and_version", &w);
 }
 
-/// 2. A connection that does not complete the handshake within 5 s gets
+/// Scenario 2: A connection that does not complete the handshake within 5 s gets
 /// `hello_error invalid_request "Handshake timeout"` and is closed; one that
 /// sends a request first is rejected the same way.
 #[test]
@@ -97,7 +97,7 @@ fn s02_handshake_timeout() {
     snapshot("s02_handshake_timeout", &w);
 }
 
-/// 3. The server assigns session ids; list shows them; attach and detach work
+/// Scenario 3: The server assigns session ids; list shows them; attach and detach work
 /// from any connection; detaching when not attached still answers.
 #[test]
 fn s03_server_assigned_ids_list_attach_detach() {
@@ -119,7 +119,7 @@ fn s03_server_assigned_ids_list_attach_detach() {
     snapshot("s03_server_assigned_ids_list_attach_detach", &w);
 }
 
-/// 4. One connection holds independent attachments to two sessions: a turn
+/// Scenario 4: One connection holds independent attachments to two sessions: a turn
 /// in one does not touch the other, and detaching one leaves the other.
 #[test]
 fn s04_independent_attachments_on_one_connection() {
@@ -139,7 +139,7 @@ fn s04_independent_attachments_on_one_connection() {
     snapshot("s04_independent_attachments_on_one_connection", &w);
 }
 
-/// 5. Session snapshots and progress go only to attached connections; an
+/// Scenario 5: Session snapshots and progress go only to attached connections; an
 /// unattached connection sees server snapshots only.
 #[test]
 fn s05_snapshots_and_progress_only_to_attached() {
@@ -162,7 +162,7 @@ fn s05_snapshots_and_progress_only_to_attached() {
     snapshot("s05_snapshots_and_progress_only_to_attached", &w);
 }
 
-/// 6. Every attached client controls the one runtime: a prompt from one, a
+/// Scenario 6: Every attached client controls the one runtime: a prompt from one, a
 /// steer from the other, both seen by both; one worker serves them.
 #[test]
 fn s06_every_attached_client_controls_the_runtime() {
@@ -184,7 +184,7 @@ fn s06_every_attached_client_controls_the_runtime() {
     snapshot("s06_every_attached_client_controls_the_runtime", &w);
 }
 
-/// 7. Nothing queues: a second prompt during a turn is `busy`; steer and
+/// Scenario 7: Nothing queues: a second prompt during a turn is `busy`; steer and
 /// abort work only while a prompt runs; abort ends the turn with an aborted
 /// item and the prompt's response still succeeds; settings need idle.
 #[test]
@@ -219,7 +219,7 @@ fn s07_no_prompt_queueing_steer_and_abort() {
     snapshot("s07_no_prompt_queueing_steer_and_abort", &w);
 }
 
-/// 8. The snapshot in a response says whether the requester is attached: a
+/// Scenario 8: The snapshot in a response says whether the requester is attached: a
 /// client that detaches during its prompt gets `attached:false`, while the
 /// other client's broadcasts say `attached:true`.
 #[test]
@@ -243,7 +243,7 @@ fn s08_attachment_state_relative_to_requester() {
     snapshot("s08_attachment_state_relative_to_requester", &w);
 }
 
-/// 9. A running turn survives its only client's disconnect; the runtime is
+/// Scenario 9: A running turn survives its only client's disconnect; the runtime is
 /// disposed when the turn ends, and the finished reply is stored.
 #[test]
 fn s09_busy_work_survives_disconnect() {
@@ -261,7 +261,7 @@ fn s09_busy_work_survives_disconnect() {
     snapshot("s09_busy_work_survives_disconnect", &w);
 }
 
-/// 10. After a restart, stored sessions are listed without starting anything,
+/// Scenario 10: After a restart, stored sessions are listed without starting anything,
 /// and attaching opens one lazily with its transcript.
 #[test]
 fn s10_lazy_restore_after_restart() {
@@ -283,7 +283,7 @@ fn s10_lazy_restore_after_restart() {
     snapshot("s10_lazy_restore_after_restart", &w);
 }
 
-/// 11. A runtime that reports another session id than the one assigned is
+/// Scenario 11: A runtime that reports another session id than the one assigned is
 /// disposed, and the create fails `invalid_request`.
 #[test]
 fn s11_wrong_runtime_id_rejected_and_disposed() {
@@ -297,7 +297,7 @@ fn s11_wrong_runtime_id_rejected_and_disposed() {
     snapshot("s11_wrong_runtime_id_rejected_and_disposed", &w);
 }
 
-/// 12. A worker that finds the session locked maps to `session_locked`;
+/// Scenario 12: A worker that finds the session locked maps to `session_locked`;
 /// control commands on a session the connection is not attached to are
 /// `invalid_request`.
 #[test]
@@ -316,7 +316,7 @@ fn s12_lock_errors_and_unattached_control() {
     snapshot("s12_lock_errors_and_unattached_control", &w);
 }
 
-/// 13. Graceful close stops accepting, closes every connection and disposes
+/// Scenario 13: Graceful close stops accepting, closes every connection and disposes
 /// every runtime, busy ones included; the interrupted reply is stored as aborted.
 #[test]
 fn s13_graceful_close_releases_all_runtimes() {

@@ -1,0 +1,146 @@
+//! The simulator's only source of randomness: a seeded SplitMix64 generator
+//! with the few helpers the swarm needs (ratios, ranges, picks, sub-seeds).
+//!
+//! Self-contained on purpose: a run is a pure function of its seed, whatever
+//! the platform, the Rust version or the order in which a hash map iterates.
+
+use std::fmt;
+
+/// A probability as an exact fraction (`numerator / denominator`), as in
+/// TigerBeetle's `Ratio`. Printed as `3/100`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ratio {
+    /// Chances in favour.
+    pub numerator: u32,
+    /// Chances in all (never zero).
+    pub denominator: u32,
+}
+
+impl Ratio {
+    /// Never happens.
+    pub const NEVER: Self = Self {
+        numerator: 0,
+        denominator: 1,
+    };
+    /// Always happens.
+    pub const ALWAYS: Self = Self {
+        numerator: 1,
+        denominator: 1,
+    };
+
+    /// `numerator / denominator`, at most one.
+    pub fn new(numerator: u32, denominator: u32) -> Self {
+        assert!(denominator > 0, "a ratio needs a denominator");
+        assert!(numerator <= denominator, "a probability is at most one");
+        Self {
+            numerator,
+            denominator,
+        }
+    }
+
+    /// True when it can happen at all.
+    pub fn is_possible(self) -> bool {
+        self.numerator > 0
+    }
+}
+
+impl fmt::Display for Ratio {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.numerator, self.denominator)
+    }
+}
+
+/// SplitMix64 (Steele, Lea and Flood 2014): one `u64` of state, full period.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Prng {
+    state: u64,
+}
+
+impl Prng {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..count` (Lemire's multiply-shift; the bias is below 2^-32
+    /// for the small counts used here).
+    pub fn below(&mut self, count: u64) -> u64 {
+        assert!(count > 0, "below(0) has no value");
+        ((u128::from(self.next_u64()) * u128::from(count)) >> 64) as u64
+    }
+
+    /// A number in `min..=max`.
+    pub fn range_inclusive(&mut self, min: u64, max: u64) -> u64 {
+        assert!(min <= max, "empty range {min}..={max}");
+        min + self.below(max - min + 1)
+    }
+
+    /// True with probability `ratio`.
+    pub fn chance(&mut self, ratio: Ratio) -> bool {
+        ratio.is_possible() && self.below(u64::from(ratio.denominator)) < u64::from(ratio.numerator)
+    }
+
+    /// True half of the time.
+    pub fn coin(&mut self) -> bool {
+        self.next_u64() & 1 == 1
+    }
+
+    /// A ratio `n/100` with `n` uniform in `0..=percent_max`.
+    pub fn ratio_percent(&mut self, percent_max: u32) -> Ratio {
+        Ratio::new(self.range_inclusive(0, u64::from(percent_max)) as u32, 100)
+    }
+
+    /// One element of a non-empty slice.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        assert!(!items.is_empty(), "pick from nothing");
+        &items[self.below(items.len() as u64) as usize]
+    }
+
+    /// An index chosen with the given weights (at least one positive).
+    pub fn weighted(&mut self, weights: &[u32]) -> usize {
+        let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+        assert!(total > 0, "all weights are zero");
+        let mut roll = self.below(total);
+        for (index, weight) in weights.iter().enumerate() {
+            if roll < u64::from(*weight) {
+                return index;
+            }
+            roll -= u64::from(*weight);
+        }
+        unreachable!("roll below the total")
+    }
+
+    /// A sub-seed for an independent generator.
+    pub fn fork(&mut self) -> u64 {
+        self.next_u64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_sequence_and_ranges_hold() {
+        let mut a = Prng::new(42);
+        let mut b = Prng::new(42);
+        for _ in 0..1000 {
+            assert_eq!(a.next_u64(), b.next_u64());
+            let x = a.range_inclusive(3, 7);
+            assert!((3..=7).contains(&x));
+            b.range_inclusive(3, 7);
+        }
+        assert!(!Prng::new(1).chance(Ratio::NEVER));
+        assert!(Prng::new(1).chance(Ratio::ALWAYS));
+        assert_eq!(Prng::new(9).weighted(&[0, 5, 0]), 1);
+    }
+}
