@@ -486,6 +486,7 @@ impl SessionStore {
             revision: state.revision,
             transcript,
             queued_steer: state.queued_steer,
+            summary: state.summary,
         };
         let store = Self {
             conn,

@@ -12,7 +12,8 @@ use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
 use kernel::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, encode_worker_frame};
 use kernel::protocol::{ErrorCode, ProtocolError};
-use kernel::runtime::{Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::protocol::SessionPhase;
+use kernel::runtime::{ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
 use kernel::time::Instant;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
@@ -21,7 +22,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+use std::collections::VecDeque;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set: `pi-server worker` is started by the server, not by hand"))
@@ -94,10 +98,24 @@ pub async fn run_worker() -> Result<(), String> {
     let token = env("PI_WORKER_TOKEN")?;
     let session_id = env("PI_WORKER_SESSION_ID")?;
     let session_dir = PathBuf::from(env("PI_WORKER_SESSION_DIR")?);
-    let stream = UnixStream::connect(&socket).await.map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
+    let agent_dir = crate::config::agent_dir();
+    let stream = UnixStream::connect(&socket)
+        .await
+        .map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
     let (read, write) = stream.into_split();
-    let mut ch = Channel { read, write: Some(write), decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN), ready: Default::default(), buf: vec![0; 64 * 1024] };
-    let hello = WorkerFrame::Hello { version: WORKER_PROTOCOL_VERSION, token, session_id: session_id.clone(), pid: u64::from(std::process::id()) };
+    let mut ch = Channel {
+        read,
+        write: Some(write),
+        decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN),
+        ready: Default::default(),
+        buf: vec![0; 64 * 1024],
+    };
+    let hello = WorkerFrame::Hello {
+        version: WORKER_PROTOCOL_VERSION,
+        token,
+        session_id: session_id.clone(),
+        pid: u64::from(std::process::id()),
+    };
     ch.send(&hello).await;
     let create = match ch.recv().await {
         Some(WorkerFrame::Start { create }) => create,
@@ -107,25 +125,31 @@ pub async fn run_worker() -> Result<(), String> {
     let models = faux::models();
     let now = wall_now();
     let opened = match create {
-        Some(spec) => Runtime::resolve_create(&spec, &faux::default_model(), &models).and_then(|(model, thinking_level)| {
-            let cwd = spec.cwd.clone().unwrap_or_else(|| {
-                std::env::current_dir().map_or_else(|_| "/".to_string(), |d| d.display().to_string())
-            });
-            let stored = StoredSession {
-                id: session_id.clone(),
-                name: spec.name.clone(),
-                cwd,
-                created_at: now.as_millis(),
-                updated_at: now.as_millis(),
-                model,
-                thinking_level,
-                revision: 0,
-                transcript: Vec::new(),
-                queued_steer: Vec::new(),
-            };
-            let store = SessionStore::create(&session_dir, &stored).map_err(store_error)?;
-            Ok((store, Runtime::create(stored, models.clone(), now)))
-        }),
+        Some(spec) => {
+            let default = crate::settings::default_model(&agent_dir)
+                .filter(|m| models.iter().any(|x| x.provider == m.provider && x.id == m.id))
+                .unwrap_or_else(faux::default_model);
+            Runtime::resolve_create(&spec, &default, &models).and_then(|(model, thinking_level)| {
+                let cwd = spec.cwd.clone().unwrap_or_else(|| {
+                    std::env::current_dir().map_or_else(|_| "/".to_string(), |d| d.display().to_string())
+                });
+                let stored = StoredSession {
+                    id: session_id.clone(),
+                    name: spec.name.clone(),
+                    cwd,
+                    created_at: now.as_millis(),
+                    updated_at: now.as_millis(),
+                    model,
+                    thinking_level,
+                    revision: 0,
+                    transcript: Vec::new(),
+                    queued_steer: Vec::new(),
+                    summary: None,
+                };
+                let store = SessionStore::create(&session_dir, &stored).map_err(store_error)?;
+                Ok((store, Runtime::create(stored, models.clone(), now)))
+            })
+        }
         None => SessionStore::open(&session_dir, &session_id)
             .map_err(store_error)
             .map(|(store, stored)| (store, Runtime::open(stored, models.clone(), now))),
@@ -139,51 +163,59 @@ pub async fn run_worker() -> Result<(), String> {
         }
     };
     tracing::info!(session = %session_id, "session open");
-    let mut w = Worker { stream: None, delay: faux_delay(), exit: false, orphaned: false };
+    let (events_tx, mut events) = mpsc::channel::<RuntimeInput>(1024);
+    let mut w = Worker {
+        events: events_tx,
+        model_task: None,
+        tool_task: None,
+        agent_dir,
+        delay: faux_delay(),
+        exit: false,
+        orphaned: false,
+    };
     w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
     while !w.exit {
-        let deadline = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
+        let deadline = runtime.next_deadline();
         let sleep = async {
             match deadline {
-                Some(at) => tokio::time::sleep(Duration::from_millis(at.as_millis().saturating_sub(wall_now().as_millis()))).await,
+                Some(at) => {
+                    let wait = at.as_millis().saturating_sub(wall_now().as_millis());
+                    tokio::time::sleep(Duration::from_millis(wait)).await
+                }
                 None => std::future::pending().await,
             }
         };
         let input = tokio::select! {
-            frame = ch.recv() => match frame {
-                Some(WorkerFrame::ToWorker(ToWorker::Operation { op, operation })) => vec![RuntimeInput::Operation { op, operation }],
-                Some(WorkerFrame::ToWorker(ToWorker::Dispose)) => vec![RuntimeInput::Dispose],
-                Some(other) => { tracing::warn!(?other, "unexpected frame"); continue }
+            frame = ch.recv(), if !w.orphaned => match frame {
+                Some(WorkerFrame::ToWorker(ToWorker::Operation { op, operation })) => RuntimeInput::Operation { op, operation },
+                Some(WorkerFrame::ToWorker(ToWorker::Dispose)) => RuntimeInput::Dispose,
+                Some(other) => {
+                    tracing::warn!(?other, "unexpected frame from the server");
+                    continue;
+                }
                 None => {
                     // The server is gone. An idle session ends here; a running turn finishes first.
-                    if runtime.phase() == kernel::protocol::SessionPhase::Idle { vec![RuntimeInput::Dispose] } else {
-                        ch.write = None;
+                    w.orphaned = true;
+                    ch.write = None;
+                    if runtime.phase() == SessionPhase::Idle {
+                        RuntimeInput::Dispose
+                    } else {
                         tracing::warn!("server gone; finishing the running turn before exiting");
-                        w.orphaned = true;
                         continue;
                     }
                 }
             },
-            () = sleep => {
-                let now = wall_now();
-                match &mut w.stream {
-                    Some((call, s)) => { let call = *call; s.poll(now).into_iter().map(|event| RuntimeInput::Model { call, event }).collect() }
-                    None => continue,
-                }
-            }
+            Some(input) = events.recv() => input,
+            () = sleep => RuntimeInput::Tick,
         };
-        for i in input {
-            let outputs = runtime.step(wall_now(), i);
-            w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
-            if w.exit {
-                break;
-            }
-        }
-        if w.orphaned && runtime.phase() == kernel::protocol::SessionPhase::Idle && !w.exit {
+        let outputs = runtime.step(wall_now(), input);
+        w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+        if w.orphaned && !w.exit && runtime.phase() == SessionPhase::Idle {
             let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
             w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
         }
     }
+    w.stop_tasks();
     store.close().map_err(|e| e.to_string())?;
     tracing::info!(session = %session_id, "session closed");
     Ok(())
@@ -200,7 +232,11 @@ fn store_error(e: StoreError) -> ProtocolError {
 }
 
 struct Worker {
-    stream: Option<(u64, FauxStream)>,
+    /// Model events and tool results come back through here.
+    events: mpsc::Sender<RuntimeInput>,
+    model_task: Option<(u64, JoinHandle<()>)>,
+    tool_task: Option<(String, JoinHandle<()>)>,
+    agent_dir: PathBuf,
     delay: Duration,
     exit: bool,
     orphaned: bool,
@@ -209,10 +245,15 @@ struct Worker {
 impl Worker {
     /// Carries out runtime outputs in order; consecutive writes commit together.
     async fn apply(&mut self, ch: &mut Channel, store: &mut SessionStore, runtime: &mut Runtime, outputs: Vec<RuntimeOutput>) {
-        let mut queue: std::collections::VecDeque<RuntimeOutput> = outputs.into();
+        let mut queue: VecDeque<RuntimeOutput> = outputs.into();
         let mut batch: Vec<Persist> = Vec::new();
         while let Some(output) = queue.pop_front() {
             if let RuntimeOutput::Persist(p) = output {
+                if let Persist::DefaultModel(model) = &p
+                    && let Err(e) = crate::settings::set_default_model(&self.agent_dir, model)
+                {
+                    tracing::warn!(error = %e, "cannot record the default model");
+                }
                 batch.push(p);
                 if !matches!(queue.front(), Some(RuntimeOutput::Persist(_))) {
                     if let Err(e) = store.apply(&batch) {
@@ -227,12 +268,24 @@ impl Worker {
             match output {
                 RuntimeOutput::Persist(_) => unreachable!("handled above"),
                 RuntimeOutput::Send(message) => ch.send(&WorkerFrame::FromWorker(message)).await,
-                RuntimeOutput::StartModel { call, request } => {
-                    self.stream = Some((call, FauxStream::start(&request, wall_now(), self.delay)));
-                }
+                RuntimeOutput::StartModel { call, request } => self.start_model(call, request),
                 RuntimeOutput::CancelModel { call } => {
-                    if self.stream.as_ref().is_some_and(|(c, _)| *c == call) {
-                        self.stream = None;
+                    if let Some((c, task)) = self.model_task.take() {
+                        if c == call {
+                            task.abort();
+                        } else {
+                            self.model_task = Some((c, task));
+                        }
+                    }
+                }
+                RuntimeOutput::RunTool { id, tool_name, input, cwd } => self.run_tool(id, tool_name, input, cwd),
+                RuntimeOutput::CancelTool { id } => {
+                    if let Some((i, task)) = self.tool_task.take() {
+                        if i == id {
+                            task.abort(); // dropping the tool's future kills its process group
+                        } else {
+                            self.tool_task = Some((i, task));
+                        }
                     }
                 }
                 RuntimeOutput::Exit => {
@@ -240,6 +293,55 @@ impl Worker {
                     return;
                 }
             }
+        }
+    }
+
+    fn start_model(&mut self, call: u64, request: ModelRequest) {
+        let events = self.events.clone();
+        let delay = self.delay;
+        let task = tokio::spawn(async move {
+            if request.model.provider == faux::PROVIDER {
+                let mut stream = FauxStream::start(&request, wall_now(), delay);
+                while let Some(at) = stream.next_deadline() {
+                    let wait = at.as_millis().saturating_sub(wall_now().as_millis());
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    for event in stream.poll(wall_now()) {
+                        if events.send(RuntimeInput::Model { call, event }).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            } else {
+                let message = format!("Provider {} is not available in this build", request.model.provider);
+                let event = ModelEvent::Failed { message, retryable: false, retry_after_ms: None };
+                let _ = events.send(RuntimeInput::Model { call, event }).await;
+            }
+        });
+        if let Some((_, old)) = self.model_task.replace((call, task)) {
+            old.abort();
+        }
+    }
+
+    fn run_tool(&mut self, id: String, tool_name: String, input: kernel::wire::Value, cwd: String) {
+        let events = self.events.clone();
+        let task_id = id.clone();
+        let task = tokio::spawn(async move {
+            let done = crate::tools::run(&tool_name, &input, std::path::Path::new(&cwd)).await;
+            let _ = events
+                .send(RuntimeInput::ToolDone { id, content: done.content, details: done.details, is_error: done.is_error })
+                .await;
+        });
+        if let Some((_, old)) = self.tool_task.replace((task_id, task)) {
+            old.abort();
+        }
+    }
+
+    fn stop_tasks(&mut self) {
+        if let Some((_, t)) = self.model_task.take() {
+            t.abort();
+        }
+        if let Some((_, t)) = self.tool_task.take() {
+            t.abort();
         }
     }
 }

@@ -8,9 +8,10 @@
 
 use crate::protocol::{
     Content, DeltaKind, InputKind, ModelCost, ModelMetadata, ModelRef, StopReason, ThinkingLevel,
-    TranscriptItem, Usage, UsageCost,
+    ToolStatus, TranscriptItem, Usage, UsageCost,
 };
-use crate::runtime::{ModelEvent, ModelRequest};
+use crate::runtime::{ModelEvent, ModelRequest, Purpose};
+use crate::wire::Value;
 use crate::time::Instant;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub fn models() -> Vec<ModelMetadata> {
     vec![
         model("faux-1", "Faux 1 (embedded, offline)", false, vec![Off]),
         model("faux-reasoner", "Faux Reasoner (embedded, offline)", true, vec![Off, Minimal, Low, Medium, High]),
+        // A tiny context window, so that compaction can be seen (and tested) within a few turns.
+        ModelMetadata { context_window: 400, ..model("faux-tiny", "Faux Tiny (embedded, 400-token window)", false, vec![Off]) },
     ]
 }
 
@@ -55,19 +58,72 @@ pub struct FauxStream {
 
 impl FauxStream {
     /// Starts replying to `request` at `now`, one event every `delay`.
+    ///
+    /// - A summarise request answers with a short summary of the user messages.
+    /// - A prompt starting with `!` asks for the `bash` tool with the rest of
+    ///   the text as the command; once the tool result is in the context, the
+    ///   reply reports its first line.
+    /// - Otherwise the reply repeats the latest user message, word by word
+    ///   (after some thinking on a reasoning level above `off`).
     pub fn start(request: &ModelRequest, now: Instant, delay: Duration) -> Self {
-        let said = latest_user_text(&request.context);
         let mut pending = VecDeque::new();
-        if request.thinking_level != ThinkingLevel::Off {
-            let thinking = format!("The user wrote {} characters; answer plainly. ", said.chars().count());
-            pending.push_back(ModelEvent::Delta { kind: DeltaKind::Thinking, text: thinking });
+        let text_reply = |pending: &mut VecDeque<ModelEvent>, reply: &str| {
+            for chunk in chunks(reply) {
+                pending.push_back(ModelEvent::Delta { kind: DeltaKind::Text, text: chunk });
+            }
+        };
+        let mut stop = StopReason::Stop;
+        match request.purpose {
+            Purpose::Summarize => {
+                let users: Vec<String> = request
+                    .context
+                    .iter()
+                    .filter_map(|i| match i {
+                        TranscriptItem::User(u) => Some(text_of(&u.content).chars().take(60).collect()),
+                        _ => None,
+                    })
+                    .collect();
+                let previous = request.summary.as_deref().map(|s| format!("{s} ")).unwrap_or_default();
+                let summary = format!("{previous}Earlier the user asked: {}.", users.join("; "));
+                text_reply(&mut pending, &summary);
+            }
+            Purpose::Reply => {
+                if request.thinking_level != ThinkingLevel::Off {
+                    let said = latest_user_text(&request.context);
+                    let thinking = format!("The user wrote {} characters; answer plainly. ", said.chars().count());
+                    pending.push_back(ModelEvent::Delta { kind: DeltaKind::Thinking, text: thinking });
+                }
+                match request.context.last() {
+                    Some(TranscriptItem::Tool(tool)) => {
+                        let output = text_of(&tool.content);
+                        let first = output.lines().next().unwrap_or("").trim();
+                        let verdict = if tool.status == ToolStatus::Error { "failed" } else { "finished" };
+                        text_reply(&mut pending, &format!("The {} tool {verdict}: {first}", tool.tool_name));
+                    }
+                    _ => {
+                        let said = latest_user_text(&request.context);
+                        match said.strip_prefix('!') {
+                            Some(command) => {
+                                let id = format!("call-{}", request.context.len());
+                                pending.push_back(ModelEvent::ToolCall { tool_call_id: id, tool_name: "bash".into() });
+                                let args = format!("{{\"command\":{command:?}}}");
+                                for chunk in chunks(&args) {
+                                    pending.push_back(ModelEvent::Delta { kind: DeltaKind::ToolCall, text: chunk });
+                                }
+                                let input = Value::Map(vec![("command".into(), Value::Text(command.trim().into()))]);
+                                pending.push_back(ModelEvent::ToolInput { input });
+                                stop = StopReason::ToolUse;
+                            }
+                            None => text_reply(
+                                &mut pending,
+                                &format!("You said: {said}. This is the faux model answering offline, word by word."),
+                            ),
+                        }
+                    }
+                }
+            }
         }
-        let reply = format!("You said: {said}. This is the faux model answering offline, word by word.");
-        let mut output_tokens = 0;
-        for chunk in chunks(&reply) {
-            output_tokens += 1;
-            pending.push_back(ModelEvent::Delta { kind: DeltaKind::Text, text: chunk });
-        }
+        let output_tokens = pending.len() as u64;
         let input_tokens = request.context.len() as u64 * 8;
         let usage = Usage {
             input: input_tokens,
@@ -76,7 +132,7 @@ impl FauxStream {
             cost: UsageCost::default(),
             ..Usage::default()
         };
-        pending.push_back(ModelEvent::Done { stop: StopReason::Stop, usage: Some(usage) });
+        pending.push_back(ModelEvent::Done { stop, usage: Some(usage), response_model: None });
         Self { pending, next_at: now + delay, delay }
     }
 
@@ -96,18 +152,20 @@ impl FauxStream {
     }
 }
 
+fn text_of(content: &[Content]) -> String {
+    content
+        .iter()
+        .filter_map(|c| match c {
+            Content::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn latest_user_text(context: &[TranscriptItem]) -> String {
     let text = context.iter().rev().find_map(|item| match item {
-        TranscriptItem::User(u) => Some(
-            u.content
-                .iter()
-                .filter_map(|c| match c {
-                    Content::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
-        ),
+        TranscriptItem::User(u) => Some(text_of(&u.content)),
         _ => None,
     });
     text.unwrap_or_default()
@@ -136,7 +194,13 @@ mod tests {
 
     fn request(text: &str, level: ThinkingLevel) -> ModelRequest {
         let user = UserItem { id: "item-1".into(), content: vec![Content::Text { text: text.into() }], timestamp: 0 };
-        ModelRequest { model: default_model(), thinking_level: level, context: vec![TranscriptItem::User(user)] }
+        ModelRequest {
+            model: default_model(),
+            thinking_level: level,
+            purpose: Purpose::Reply,
+            summary: None,
+            context: vec![TranscriptItem::User(user)],
+        }
     }
 
     #[test]

@@ -3,28 +3,59 @@
 //!
 //! It enforces the v1 busy rules (nothing queues: a prompt while a turn runs
 //! is `busy`; steer and abort need a running prompt; `set_model` and
-//! `set_thinking` need idle), builds snapshots, streams progress, and decides
-//! what is stored. It does no IO: storage writes, model calls and messages to
-//! the server are [`RuntimeOutput`]s; model events and storage failures come
-//! back as [`RuntimeInput`]s.
+//! `set_thinking` need idle), runs the agent loop (model call → tool calls →
+//! model call … until the model stops), retries transient model errors in
+//! phase `retry`, compacts the model's context in phase `compaction` when it
+//! nears the model's window, builds snapshots, streams progress, and decides
+//! what is stored. It does no IO: storage writes, model calls, tool runs and
+//! messages to the server are [`RuntimeOutput`]s; model events, tool results,
+//! storage failures and time come back as [`RuntimeInput`]s.
+//!
+//! ```text
+//!            prompt                      Done(toolUse)               all tools done
+//!  Idle ─────────────► Streaming ───────────────────────► Tools ──────────────────► (next call)
+//!                        │  ▲  Done(stop): steer queued? ──► take steer ─► (next call)
+//!                        │  │  Done(stop), no steer ───────► Idle
+//!           Failed(retry)▼  │ deadline
+//!                      Retrying          (next call) = Compacting first when the
+//!                                         context nears the model's window
+//! ```
 //!
 //! **Calling protocol.** The driver carries out outputs in order. A
 //! [`RuntimeOutput::Persist`] must be durable before any later output of the
 //! same step is carried out; if it fails, the driver drops the rest of the
 //! batch and feeds [`RuntimeInput::StorageFailed`]. This is how "an item is
-//! committed before its `item_finished` is broadcast" holds.
+//! committed before its `item_finished` is broadcast" holds. Deliver
+//! [`RuntimeInput::Tick`] at [`Runtime::next_deadline`].
 //!
 //! **Durable revision.** Every change bumps the snapshot revision and
 //! persists it, so revisions keep increasing across worker restarts.
+//!
+//! **Steering.** Steer text waits in `queuedSteer` until the current model
+//! call or tool call finishes; it is then taken into the transcript before
+//! the next model call. Tool calls of the same reply that have not started
+//! yet are skipped (recorded as errors) so the model hears the user first.
 
 use crate::ids::OpId;
 use crate::protocol::{
-    AssistantItem, AssistantStatus, Content, DeltaKind, ErrorCode, ModelMetadata, ModelRef,
-    ProtocolError, SessionPhase, SessionSnapshot, StopReason, ThinkingLevel, ToolStatus,
-    TranscriptItem, TranscriptProgress, Usage, UserItem,
+    AssistantItem, AssistantStatus, Content, DeltaKind, ErrorCode, JsonValue, ModelMetadata,
+    ModelRef, ProtocolError, SessionPhase, SessionSnapshot, StopReason, ThinkingLevel, ToolItem,
+    ToolStatus, TranscriptItem, TranscriptProgress, Usage, UserItem,
 };
 use crate::time::Instant;
+use crate::wire::Value;
 use crate::worker::{CreateSpec, FromWorker, Operation};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// A summary standing in for the conversation up to an item, in model calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// The summary text.
+    pub text: String,
+    /// Id of the last transcript item it covers.
+    pub through: String,
+}
 
 /// Everything about a session that is stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,18 +76,21 @@ pub struct StoredSession {
     pub thinking_level: ThinkingLevel,
     /// Last persisted snapshot revision.
     pub revision: u64,
-    /// Items, oldest first.
+    /// Items, oldest first. Never shortened: compaction only changes what
+    /// the model is sent.
     pub transcript: Vec<TranscriptItem>,
     /// Steer messages not yet taken into a turn.
     pub queued_steer: Vec<UserItem>,
+    /// The latest context summary, if the session was compacted.
+    pub summary: Option<Summary>,
 }
 
 /// A durable write.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Persist {
-    /// Insert or replace a transcript item (by id).
+    /// Insert or replace a transcript item (by id; a replaced item keeps its position).
     Item(TranscriptItem),
-    /// The session settings, steer queue and revision.
+    /// The session settings, steer queue, summary and revision.
     State {
         /// Snapshot revision.
         revision: u64,
@@ -68,41 +102,77 @@ pub enum Persist {
         thinking_level: ThinkingLevel,
         /// Steer messages waiting.
         queued_steer: Vec<UserItem>,
+        /// The latest context summary.
+        summary: Option<Summary>,
     },
+    /// The model a new session should start with (the most recently selected one).
+    DefaultModel(ModelRef),
 }
 
-/// What a model call is asked to continue.
+/// What a model call is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Continue the conversation (stream a reply, maybe call tools).
+    Reply,
+    /// Summarise `context` (and the previous summary) into a shorter text.
+    Summarize,
+}
+
+/// What a model call is asked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelRequest {
     /// Model to call.
     pub model: ModelRef,
     /// Thinking level.
     pub thinking_level: ThinkingLevel,
-    /// The conversation so far (the streaming reply excluded).
+    /// Reply or summarise.
+    pub purpose: Purpose,
+    /// Summary of the conversation before `context`.
+    pub summary: Option<String>,
+    /// The conversation since the summary (the streaming reply excluded).
     pub context: Vec<TranscriptItem>,
 }
 
 /// A model stream event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {
-    /// More text, thinking or tool-call input.
+    /// More text or thinking; for [`DeltaKind::ToolCall`], a fragment of the
+    /// latest tool call's JSON arguments (shown to clients, not parsed here).
     Delta {
         /// What the delta extends.
         kind: DeltaKind,
         /// The text.
         text: String,
     },
+    /// A tool call part starts.
+    ToolCall {
+        /// The provider's id of the call.
+        tool_call_id: String,
+        /// Which tool.
+        tool_name: String,
+    },
+    /// The complete arguments of the latest tool call (strict JSON).
+    ToolInput {
+        /// Parsed arguments.
+        input: JsonValue,
+    },
     /// The reply finished.
     Done {
         /// Why it stopped.
         stop: StopReason,
-        /// Token usage.
+        /// Token usage and cost.
         usage: Option<Usage>,
+        /// The model that actually answered, if the provider says.
+        response_model: Option<String>,
     },
-    /// The call failed; the turn ends with an error item.
+    /// The call failed.
     Failed {
         /// Clear, non-empty description.
         message: String,
+        /// Whether trying again may succeed (network, 429, 5xx).
+        retryable: bool,
+        /// The provider's requested delay before retrying.
+        retry_after_ms: Option<u64>,
     },
 }
 
@@ -123,6 +193,19 @@ pub enum RuntimeInput {
         /// The event.
         event: ModelEvent,
     },
+    /// A tool run finished (see [`RuntimeOutput::RunTool`]).
+    ToolDone {
+        /// The tool item's id.
+        id: String,
+        /// Its output (text and image parts).
+        content: Vec<Content>,
+        /// Tool-specific details (strict JSON).
+        details: Option<JsonValue>,
+        /// Whether the tool failed.
+        is_error: bool,
+    },
+    /// Time passed (see [`Runtime::next_deadline`]).
+    Tick,
     /// The server disposes the session: finish and exit.
     Dispose,
     /// A [`Persist`] failed. The runtime reports a fatal error and exits.
@@ -151,16 +234,72 @@ pub enum RuntimeOutput {
         /// The call to stop.
         call: u64,
     },
+    /// Run a tool in the session's working directory; answer with [`RuntimeInput::ToolDone`].
+    RunTool {
+        /// The tool item's id.
+        id: String,
+        /// Which tool.
+        tool_name: String,
+        /// Its arguments.
+        input: JsonValue,
+        /// Working directory.
+        cwd: String,
+    },
+    /// Stop a running tool (kill its processes); no [`RuntimeInput::ToolDone`] is expected.
+    CancelTool {
+        /// The tool item's id.
+        id: String,
+    },
     /// The runtime is finished: exit the process.
     Exit,
+}
+
+/// Retry and compaction settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Model calls per reply before a transient error ends the turn.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Compact when the estimated context passes this share of the window, in percent.
+    pub compaction_percent: u64,
+    /// Items kept verbatim after a compaction.
+    pub keep_recent: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+            compaction_percent: 80,
+            keep_recent: 6,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Stage {
+    /// A model reply streams into the transcript item at `item`.
+    Streaming { call: u64, item: usize },
+    /// Tool calls of the last reply run one at a time: `running` is the tool
+    /// item in flight, `waiting` the tool items not started yet.
+    Tools { running: String, waiting: VecDeque<String> },
+    /// A transient model error; the next call starts at `at`.
+    Retrying { at: Instant },
+    /// The context is being summarised.
+    Compacting { call: u64, text: String, through: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 struct Turn {
     prompt_op: OpId,
-    call: u64,
-    /// Index in the transcript of the streaming assistant item.
-    streaming: usize,
+    stage: Stage,
+    /// Failed attempts of the current model call.
+    failures: u32,
 }
 
 /// The session runtime. See the module documentation.
@@ -168,6 +307,7 @@ struct Turn {
 pub struct Runtime {
     state: StoredSession,
     models: Vec<ModelMetadata>,
+    policy: Policy,
     turn: Option<Turn>,
     next_call: u64,
     next_item: u64,
@@ -203,7 +343,7 @@ impl Runtime {
     }
 
     /// Opens a stored session: marks anything a crashed worker left running
-    /// as interrupted, persists that, and emits `Ready`.
+    /// as interrupted (never re-running it), persists that, and emits `Ready`.
     pub fn open(state: StoredSession, models: Vec<ModelMetadata>, now: Instant) -> (Self, Vec<RuntimeOutput>) {
         let next_item = state
             .transcript
@@ -214,19 +354,37 @@ impl Runtime {
             .max()
             .unwrap_or(0)
             + 1;
-        let mut rt = Self { state, models, turn: None, next_call: 1, next_item, finished: false, now, out: Vec::new() };
+        let mut rt = Self {
+            state,
+            models,
+            policy: Policy::default(),
+            turn: None,
+            next_call: 1,
+            next_item,
+            finished: false,
+            now,
+            out: Vec::new(),
+        };
         for i in 0..rt.state.transcript.len() {
             if let Some(item) = interrupted(&rt.state.transcript[i]) {
                 rt.state.transcript[i] = item.clone();
                 rt.out.push(RuntimeOutput::Persist(Persist::Item(item)));
             }
         }
+        // Steer text a dead worker never delivered still belongs to the conversation.
+        rt.take_steer();
         rt.bump();
         let snapshot = rt.snapshot();
         rt.out.push(RuntimeOutput::Send(FromWorker::Ready { snapshot }));
         let out = std::mem::take(&mut rt.out);
         rt.check_invariants();
         (rt, out)
+    }
+
+    /// Replaces the retry and compaction policy.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Feeds one input at `now` (epoch ms in the daemon, virtual in the simulator).
@@ -238,6 +396,10 @@ impl Runtime {
         match input {
             RuntimeInput::Operation { op, operation } => self.on_operation(op, operation),
             RuntimeInput::Model { call, event } => self.on_model(call, event),
+            RuntimeInput::ToolDone { id, content, details, is_error } => {
+                self.on_tool_done(id, content, details, is_error)
+            }
+            RuntimeInput::Tick => self.on_tick(),
             RuntimeInput::Dispose => self.on_dispose(),
             RuntimeInput::StorageFailed { message } => {
                 self.finished = true;
@@ -247,6 +409,14 @@ impl Runtime {
         }
         self.check_invariants();
         std::mem::take(&mut self.out)
+    }
+
+    /// When [`RuntimeInput::Tick`] has something to do (a retry is due).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match &self.turn {
+            Some(Turn { stage: Stage::Retrying { at }, .. }) => Some(*at),
+            _ => None,
+        }
     }
 
     /// The current snapshot (`attached` false, `locked` true; the server normalises both).
@@ -272,7 +442,14 @@ impl Runtime {
 
     /// The agent phase.
     pub fn phase(&self) -> SessionPhase {
-        if self.turn.is_some() { SessionPhase::Turn } else { SessionPhase::Idle }
+        match &self.turn {
+            None => SessionPhase::Idle,
+            Some(t) => match t.stage {
+                Stage::Streaming { .. } | Stage::Tools { .. } => SessionPhase::Turn,
+                Stage::Retrying { .. } => SessionPhase::Retry,
+                Stage::Compacting { .. } => SessionPhase::Compaction,
+            },
+        }
     }
 
     /// The stored state as it stands.
@@ -305,7 +482,8 @@ impl Runtime {
         }
         let user = self.user_item(text);
         self.commit(TranscriptItem::User(user));
-        self.start_reply(op);
+        self.turn = Some(Turn { prompt_op: op, stage: Stage::Retrying { at: self.now }, failures: 0 });
+        self.next_call();
     }
 
     fn on_steer(&mut self, text: String) -> Result<(), ProtocolError> {
@@ -320,15 +498,13 @@ impl Runtime {
     }
 
     fn on_abort(&mut self, op: OpId) {
-        let Some(turn) = self.turn.clone() else {
+        if self.turn.is_none() {
             let error = ProtocolError::new(ErrorCode::Busy, "There is no active prompt to abort");
             return self.done(op, Err(error));
-        };
-        self.out.push(RuntimeOutput::CancelModel { call: turn.call });
-        self.finish_reply(AssistantStatus::Aborted, None, Some("Aborted".to_string()));
-        self.end_turn();
+        }
+        let prompt_op = self.stop_turn("Aborted");
         self.done(op, Ok(self.snapshot()));
-        self.done(turn.prompt_op, Ok(self.snapshot()));
+        self.done(prompt_op, Ok(self.snapshot()));
     }
 
     fn on_set_model(&mut self, model: ModelRef) -> Result<(), ProtocolError> {
@@ -342,8 +518,9 @@ impl Runtime {
         } else {
             levels.iter().copied().filter(|l| *l <= level).max().unwrap_or(levels[0])
         };
-        self.state.model = model;
+        self.state.model = model.clone();
         self.state.thinking_level = level;
+        self.out.push(RuntimeOutput::Persist(Persist::DefaultModel(model)));
         self.bump();
         Ok(())
     }
@@ -365,19 +542,70 @@ impl Runtime {
 
     fn on_dispose(&mut self) {
         if self.turn.is_some() {
-            let call = self.turn.as_ref().expect("checked").call;
-            self.out.push(RuntimeOutput::CancelModel { call });
-            self.finish_reply(AssistantStatus::Aborted, None, Some(INTERRUPTED.to_string()));
-            self.end_turn();
+            // The server already answered the prompt when it disposed the session.
+            self.stop_turn(INTERRUPTED);
         }
         self.finished = true;
         self.out.push(RuntimeOutput::Exit);
     }
 
-    // ---- the turn ----------------------------------------------------------
+    fn on_tick(&mut self) {
+        let due = matches!(&self.turn, Some(Turn { stage: Stage::Retrying { at }, .. }) if *at <= self.now);
+        if due {
+            self.next_call();
+        }
+    }
 
-    fn start_reply(&mut self, prompt_op: OpId) {
-        let context = self.state.transcript.clone();
+    // ---- the agent loop ----------------------------------------------------
+
+    /// Starts the next model call of the running turn: a compaction first when
+    /// the context nears the model's window, otherwise a reply.
+    fn next_call(&mut self) {
+        let compacting_allowed = !matches!(self.turn, Some(Turn { stage: Stage::Compacting { .. }, .. }));
+        if compacting_allowed && let Some((context, through)) = self.compaction_due() {
+            let call = self.fresh_call();
+            let request = ModelRequest {
+                model: self.state.model.clone(),
+                thinking_level: ThinkingLevel::Off,
+                purpose: Purpose::Summarize,
+                summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+                context,
+            };
+            self.set_stage(Stage::Compacting { call, text: String::new(), through });
+            self.bump();
+            self.send_snapshot();
+            self.out.push(RuntimeOutput::StartModel { call, request });
+            return;
+        }
+        self.start_reply();
+    }
+
+    /// The items to summarise and the last one's id, when the context is too big.
+    fn compaction_due(&self) -> Option<(Vec<TranscriptItem>, String)> {
+        let window = find_model(&self.models, &self.state.model).ok()?.context_window;
+        let context = self.context();
+        let tokens: u64 = self.state.summary.as_ref().map_or(0, |s| estimate_text(&s.text))
+            + context.iter().map(estimate_item).sum::<u64>();
+        if tokens * 100 <= window * self.policy.compaction_percent {
+            return None;
+        }
+        let keep = self.policy.keep_recent.min(context.len());
+        let older = context[..context.len() - keep].to_vec();
+        let through = older.last()?.id().to_string();
+        Some((older, through))
+    }
+
+    /// The transcript the model sees: everything after the summary.
+    fn context(&self) -> Vec<TranscriptItem> {
+        let start = match &self.state.summary {
+            Some(s) => self.state.transcript.iter().position(|i| i.id() == s.through).map_or(0, |p| p + 1),
+            None => 0,
+        };
+        self.state.transcript[start..].to_vec()
+    }
+
+    fn start_reply(&mut self) {
+        let context = self.context();
         let item = AssistantItem {
             id: self.fresh_item_id(),
             content: Vec::new(),
@@ -391,72 +619,158 @@ impl Runtime {
         let item = TranscriptItem::Assistant(item);
         self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.state.transcript.push(item.clone());
-        let call = self.next_call;
-        self.next_call += 1;
-        self.turn = Some(Turn { prompt_op, call, streaming: self.state.transcript.len() - 1 });
+        let call = self.fresh_call();
+        self.set_stage(Stage::Streaming { call, item: self.state.transcript.len() - 1 });
         self.bump();
         self.progress(TranscriptProgress::ItemStarted { item });
         self.send_snapshot();
-        let request = ModelRequest { model: self.state.model.clone(), thinking_level: self.state.thinking_level, context };
+        let request = ModelRequest {
+            model: self.state.model.clone(),
+            thinking_level: self.state.thinking_level,
+            purpose: Purpose::Reply,
+            summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+            context,
+        };
         self.out.push(RuntimeOutput::StartModel { call, request });
     }
 
     fn on_model(&mut self, call: u64, event: ModelEvent) {
-        let Some(turn) = self.turn.clone() else { return };
-        if turn.call != call {
-            return;
+        let Some(turn) = &mut self.turn else { return };
+        match &mut turn.stage {
+            Stage::Streaming { call: c, item } if *c == call => {
+                let item = *item;
+                self.on_reply_event(item, event);
+            }
+            Stage::Compacting { call: c, text, through } if *c == call => match event {
+                ModelEvent::Delta { kind: DeltaKind::Text, text: t } => text.push_str(&t),
+                ModelEvent::Delta { .. } | ModelEvent::ToolCall { .. } | ModelEvent::ToolInput { .. } => {}
+                ModelEvent::Done { .. } => {
+                    let summary = Summary { text: std::mem::take(text), through: std::mem::take(through) };
+                    if !summary.text.trim().is_empty() {
+                        self.state.summary = Some(summary);
+                    }
+                    turn.failures = 0;
+                    self.start_reply();
+                }
+                ModelEvent::Failed { retryable, retry_after_ms, .. } => {
+                    // A failed compaction does not end the turn: retry it, or go on uncompacted.
+                    if !self.schedule_retry(retryable, retry_after_ms) {
+                        self.start_reply();
+                    }
+                }
+            },
+            _ => {}
         }
+    }
+
+    fn on_reply_event(&mut self, index: usize, event: ModelEvent) {
         match event {
-            ModelEvent::Delta { kind, text } => self.on_delta(&turn, kind, text),
-            ModelEvent::Done { stop, usage } => {
-                self.finish_reply(AssistantStatus::Complete(stop), usage, None);
-                if self.state.queued_steer.is_empty() {
-                    self.end_turn();
-                    self.done(turn.prompt_op, Ok(self.snapshot()));
-                } else {
-                    self.take_steer();
-                    self.start_reply(turn.prompt_op);
+            ModelEvent::Delta { kind, text } => self.on_delta(index, kind, text),
+            ModelEvent::ToolCall { tool_call_id, tool_name } => {
+                let item = self.assistant_mut(index);
+                item.content.push(Content::ToolCall { tool_call_id, tool_name, input: Value::Map(Vec::new()) });
+                let item = TranscriptItem::Assistant(item.clone());
+                self.progress(TranscriptProgress::ItemUpdated { item });
+            }
+            ModelEvent::ToolInput { input } => {
+                let item = self.assistant_mut(index);
+                if let Some(Content::ToolCall { input: slot, .. }) =
+                    item.content.iter_mut().rev().find(|c| matches!(c, Content::ToolCall { .. }))
+                {
+                    *slot = if input.is_json() { input } else { Value::Map(Vec::new()) };
                 }
             }
-            ModelEvent::Failed { message } => {
-                let message = if message.is_empty() { "Model call failed".to_string() } else { message };
-                self.finish_reply(AssistantStatus::Error, None, Some(message));
-                self.end_turn();
-                self.done(turn.prompt_op, Ok(self.snapshot()));
+            ModelEvent::Done { stop, usage, response_model } => {
+                let item = self.assistant_mut(index);
+                item.response_model = response_model.filter(|m| !m.is_empty());
+                let calls: Vec<(String, String, JsonValue)> = item
+                    .content
+                    .iter()
+                    .filter_map(|c| match c {
+                        Content::ToolCall { tool_call_id, tool_name, input } => {
+                            Some((tool_call_id.clone(), tool_name.clone(), input.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let stop = if stop == StopReason::ToolUse && calls.is_empty() { StopReason::Stop } else { stop };
+                self.finish_reply(index, AssistantStatus::Complete(stop), usage, None);
+                if let Some(turn) = &mut self.turn {
+                    turn.failures = 0;
+                }
+                if stop == StopReason::ToolUse {
+                    self.start_tools(calls);
+                } else {
+                    self.after_step();
+                }
+            }
+            ModelEvent::Failed { message, retryable, retry_after_ms } => {
+                let message = if message.trim().is_empty() { "Model call failed".to_string() } else { message };
+                self.finish_reply(index, AssistantStatus::Error, None, Some(message));
+                if !self.schedule_retry(retryable, retry_after_ms) {
+                    self.complete_turn();
+                }
             }
         }
     }
 
-    fn on_delta(&mut self, turn: &Turn, kind: DeltaKind, text: String) {
-        let TranscriptItem::Assistant(item) = &mut self.state.transcript[turn.streaming] else {
-            unreachable!("the streaming item is an assistant item")
+    /// Enters phase `retry` when the error is transient and attempts remain.
+    fn schedule_retry(&mut self, retryable: bool, retry_after_ms: Option<u64>) -> bool {
+        let turn = self.turn.as_mut().expect("a turn runs");
+        turn.failures += 1;
+        if !retryable || turn.failures >= self.policy.max_attempts {
+            return false;
+        }
+        let exponent = (turn.failures - 1).min(16);
+        let backoff = self.policy.backoff_base.saturating_mul(1 << exponent).min(self.policy.backoff_max);
+        let delay = retry_after_ms.map_or(backoff, |ms| Duration::from_millis(ms).min(self.policy.backoff_max));
+        let at = self.now + delay;
+        self.set_stage(Stage::Retrying { at });
+        self.bump();
+        self.send_snapshot();
+        true
+    }
+
+    fn on_delta(&mut self, index: usize, kind: DeltaKind, text: String) {
+        let item = self.assistant_mut(index);
+        let content_index = match kind {
+            DeltaKind::ToolCall => {
+                match item.content.iter().rposition(|c| matches!(c, Content::ToolCall { .. })) {
+                    Some(i) => i,
+                    None => return, // arguments before any tool call: nothing to attach them to
+                }
+            }
+            DeltaKind::Text | DeltaKind::Thinking => {
+                let extends_last = matches!(
+                    (item.content.last(), kind),
+                    (Some(Content::Text { .. }), DeltaKind::Text) | (Some(Content::Thinking { .. }), DeltaKind::Thinking)
+                );
+                if !extends_last {
+                    item.content.push(match kind {
+                        DeltaKind::Thinking => Content::Thinking { thinking: String::new(), redacted: None },
+                        _ => Content::Text { text: String::new() },
+                    });
+                }
+                match item.content.last_mut().expect("pushed") {
+                    Content::Text { text: t } => t.push_str(&text),
+                    Content::Thinking { thinking, .. } => thinking.push_str(&text),
+                    _ => unreachable!("text and thinking parts only"),
+                }
+                item.content.len() - 1
+            }
         };
-        let extends_last = matches!(
-            (item.content.last(), kind),
-            (Some(Content::Text { .. }), DeltaKind::Text) | (Some(Content::Thinking { .. }), DeltaKind::Thinking)
-        );
-        if !extends_last {
-            item.content.push(match kind {
-                DeltaKind::Thinking => Content::Thinking { thinking: String::new(), redacted: None },
-                _ => Content::Text { text: String::new() },
-            });
-        }
-        let index = item.content.len() - 1;
-        match item.content.last_mut().expect("pushed") {
-            Content::Text { text: t } => t.push_str(&text),
-            Content::Thinking { thinking, .. } => thinking.push_str(&text),
-            _ => unreachable!("only text and thinking parts stream"),
-        }
         let message_id = item.id.clone();
-        self.progress(TranscriptProgress::AssistantDelta { message_id, content_index: index as u64, kind, delta: text });
+        self.progress(TranscriptProgress::AssistantDelta {
+            message_id,
+            content_index: content_index as u64,
+            kind,
+            delta: text,
+        });
     }
 
     /// Ends the streaming reply with `status`, commits it, then announces it.
-    fn finish_reply(&mut self, status: AssistantStatus, usage: Option<Usage>, error: Option<String>) {
-        let turn = self.turn.as_ref().expect("a turn runs");
-        let TranscriptItem::Assistant(item) = &mut self.state.transcript[turn.streaming] else {
-            unreachable!("the streaming item is an assistant item")
-        };
+    fn finish_reply(&mut self, index: usize, status: AssistantStatus, usage: Option<Usage>, error: Option<String>) {
+        let item = self.assistant_mut(index);
         item.status = status;
         item.usage = usage.or(item.usage.take());
         item.error_message = error;
@@ -465,24 +779,160 @@ impl Runtime {
         self.progress(TranscriptProgress::ItemFinished { item });
     }
 
-    /// Moves queued steer messages into the transcript, in order.
-    fn take_steer(&mut self) {
-        for item in std::mem::take(&mut self.state.queued_steer) {
-            let item = TranscriptItem::User(item);
-            self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
-            self.state.transcript.push(item);
+    /// Creates a running tool item per call and runs the first.
+    fn start_tools(&mut self, calls: Vec<(String, String, JsonValue)>) {
+        let mut ids = VecDeque::new();
+        for (tool_call_id, tool_name, input) in calls {
+            let item = ToolItem {
+                id: self.fresh_item_id(),
+                tool_call_id,
+                tool_name,
+                input,
+                content: Vec::new(),
+                details: None,
+                usage: None,
+                timestamp: self.now.as_millis(),
+                status: ToolStatus::Running,
+            };
+            ids.push_back(item.id.clone());
+            let item = TranscriptItem::Tool(item);
+            self.commit(item.clone());
+            self.progress(TranscriptProgress::ItemStarted { item });
+        }
+        let running = ids.pop_front().expect("at least one tool call");
+        self.set_stage(Stage::Tools { running: running.clone(), waiting: ids });
+        self.bump();
+        self.send_snapshot();
+        self.run_tool(&running);
+    }
+
+    fn run_tool(&mut self, id: &str) {
+        let Some(TranscriptItem::Tool(item)) = self.state.transcript.iter().find(|i| i.id() == id) else {
+            unreachable!("a running tool item exists")
+        };
+        self.out.push(RuntimeOutput::RunTool {
+            id: item.id.clone(),
+            tool_name: item.tool_name.clone(),
+            input: item.input.clone(),
+            cwd: self.state.cwd.clone(),
+        });
+    }
+
+    fn on_tool_done(&mut self, id: String, content: Vec<Content>, details: Option<JsonValue>, is_error: bool) {
+        let Some(Turn { stage: Stage::Tools { running, .. }, .. }) = &self.turn else { return };
+        if *running != id {
+            return;
+        }
+        let details = details.filter(Value::is_json);
+        self.finish_tool(&id, content, details, if is_error { ToolStatus::Error } else { ToolStatus::Complete });
+        let Some(Turn { stage: Stage::Tools { waiting, .. }, .. }) = &mut self.turn else { unreachable!() };
+        if !self.state.queued_steer.is_empty() {
+            // The user steered: skip the calls not started yet and let the model hear them first.
+            let skipped: Vec<String> = waiting.drain(..).collect();
+            for id in skipped {
+                let text = "Skipped: the user steered the turn before this tool call ran".to_string();
+                self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
+            }
+        }
+        let Some(Turn { stage: Stage::Tools { waiting, .. }, .. }) = &mut self.turn else { unreachable!() };
+        match waiting.pop_front() {
+            Some(next) => {
+                let waiting = std::mem::take(waiting);
+                self.set_stage(Stage::Tools { running: next.clone(), waiting });
+                self.bump();
+                self.send_snapshot();
+                self.run_tool(&next);
+            }
+            None => self.after_step(),
         }
     }
 
-    fn end_turn(&mut self) {
+    fn finish_tool(&mut self, id: &str, content: Vec<Content>, details: Option<JsonValue>, status: ToolStatus) {
+        let Some(TranscriptItem::Tool(item)) = self.state.transcript.iter_mut().find(|i| i.id() == id) else {
+            unreachable!("the tool item exists")
+        };
+        item.content = content
+            .into_iter()
+            .filter(|c| matches!(c, Content::Text { .. } | Content::Image { .. }))
+            .collect();
+        item.details = details;
+        item.status = status;
+        let item = TranscriptItem::Tool(item.clone());
+        self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.progress(TranscriptProgress::ItemFinished { item });
+    }
+
+    /// After a reply without tool calls, or after the last tool call: steer
+    /// text goes to the model next; otherwise the turn ends.
+    fn after_step(&mut self) {
+        let tools_ran = matches!(self.turn, Some(Turn { stage: Stage::Tools { .. }, .. }));
+        if !self.state.queued_steer.is_empty() || tools_ran {
+            self.take_steer();
+            self.next_call();
+        } else {
+            self.complete_turn();
+        }
+    }
+
+    /// Stops whatever runs (model call, tool), records it with `message`, ends
+    /// the turn; returns the prompt operation, which the caller completes.
+    fn stop_turn(&mut self, message: &str) -> OpId {
+        let turn = self.turn.clone().expect("a turn runs");
+        match turn.stage {
+            Stage::Streaming { call, item } => {
+                self.out.push(RuntimeOutput::CancelModel { call });
+                self.finish_reply(item, AssistantStatus::Aborted, None, Some(message.to_string()));
+            }
+            Stage::Compacting { call, .. } => self.out.push(RuntimeOutput::CancelModel { call }),
+            Stage::Tools { running, waiting } => {
+                self.out.push(RuntimeOutput::CancelTool { id: running.clone() });
+                let text = format!("{message}: the tool call was stopped");
+                self.finish_tool(&running, vec![Content::Text { text }], None, ToolStatus::Error);
+                for id in waiting {
+                    let text = format!("{message}: the tool call never ran");
+                    self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
+                }
+            }
+            Stage::Retrying { .. } => {}
+        }
+        self.end_turn()
+    }
+
+    /// Moves queued steer messages into the transcript, in order.
+    fn take_steer(&mut self) {
+        for item in std::mem::take(&mut self.state.queued_steer) {
+            self.commit(TranscriptItem::User(item));
+        }
+    }
+
+    /// Ends the turn; returns the prompt operation, which the caller completes.
+    fn end_turn(&mut self) -> OpId {
         // Steer text that no model call will see still belongs to the conversation.
         self.take_steer();
-        self.turn = None;
+        let turn = self.turn.take().expect("a turn runs");
         self.bump();
         self.send_snapshot();
+        turn.prompt_op
+    }
+
+    /// Ends the turn normally: the prompt's response carries the final snapshot.
+    fn complete_turn(&mut self) {
+        let op = self.end_turn();
+        self.done(op, Ok(self.snapshot()));
     }
 
     // ---- helpers -----------------------------------------------------------
+
+    fn set_stage(&mut self, stage: Stage) {
+        self.turn.as_mut().expect("a turn runs").stage = stage;
+    }
+
+    fn assistant_mut(&mut self, index: usize) -> &mut AssistantItem {
+        match &mut self.state.transcript[index] {
+            TranscriptItem::Assistant(a) => a,
+            _ => unreachable!("the streaming item is an assistant item"),
+        }
+    }
 
     fn user_item(&mut self, text: String) -> UserItem {
         UserItem { id: self.fresh_item_id(), content: vec![Content::Text { text }], timestamp: self.now.as_millis() }
@@ -492,6 +942,12 @@ impl Runtime {
         let id = format!("item-{}", self.next_item);
         self.next_item += 1;
         id
+    }
+
+    fn fresh_call(&mut self) -> u64 {
+        let call = self.next_call;
+        self.next_call += 1;
+        call
     }
 
     fn commit(&mut self, item: TranscriptItem) {
@@ -510,6 +966,7 @@ impl Runtime {
             model: s.model.clone(),
             thinking_level: s.thinking_level,
             queued_steer: s.queued_steer.clone(),
+            summary: s.summary.clone(),
         }));
     }
 
@@ -528,15 +985,34 @@ impl Runtime {
 
     fn check_invariants(&self) {
         let s = &self.state;
-        match &self.turn {
-            Some(turn) => {
-                let item = &s.transcript[turn.streaming];
-                assert!(matches!(item, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming));
-                assert_eq!(turn.streaming, s.transcript.len() - 1, "the streaming item is last");
-            }
+        let streaming = s
+            .transcript
+            .iter()
+            .filter(|i| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming))
+            .count();
+        let running: Vec<&str> = s
+            .transcript
+            .iter()
+            .filter(|i| matches!(i, TranscriptItem::Tool(t) if t.status == ToolStatus::Running))
+            .map(TranscriptItem::id)
+            .collect();
+        match self.turn.as_ref().map(|t| &t.stage) {
             None => {
-                assert!(s.transcript.iter().all(TranscriptItem::is_terminal), "nothing streams while idle");
+                assert!(streaming == 0 && running.is_empty(), "nothing runs while idle");
                 assert!(s.queued_steer.is_empty(), "steer only queues during a turn");
+            }
+            Some(Stage::Streaming { item, .. }) => {
+                assert_eq!(streaming, 1, "one reply streams");
+                assert_eq!(*item, s.transcript.len() - 1, "the streaming item is last");
+                assert!(running.is_empty(), "no tool runs while the model streams");
+            }
+            Some(Stage::Tools { running: r, waiting }) => {
+                assert_eq!(streaming, 0);
+                assert!(running.contains(&r.as_str()), "the running tool item is running");
+                assert_eq!(running.len(), waiting.len() + 1, "exactly the pending tools are running");
+            }
+            Some(Stage::Retrying { .. } | Stage::Compacting { .. }) => {
+                assert!(streaming == 0 && running.is_empty(), "nothing streams while waiting");
             }
         }
         let meta = self.models.iter().find(|m| m.provider == s.model.provider && m.id == s.model.id);
@@ -544,6 +1020,29 @@ impl Runtime {
             assert!(meta.supported_thinking_levels.contains(&s.thinking_level), "unsupported thinking level");
         }
     }
+}
+
+/// Rough token estimate of a text: four bytes per token.
+fn estimate_text(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4)
+}
+
+fn estimate_item(item: &TranscriptItem) -> u64 {
+    let parts = match item {
+        TranscriptItem::User(u) => &u.content,
+        TranscriptItem::Assistant(a) => &a.content,
+        TranscriptItem::Tool(t) => &t.content,
+    };
+    parts
+        .iter()
+        .map(|c| match c {
+            Content::Text { text } => estimate_text(text),
+            Content::Thinking { thinking, .. } => estimate_text(thinking),
+            Content::Image { .. } => 1000,
+            Content::ToolCall { .. } => 50,
+        })
+        .sum::<u64>()
+        + 4
 }
 
 fn find_model<'a>(models: &'a [ModelMetadata], model: &ModelRef) -> Result<&'a ModelMetadata, ProtocolError> {
@@ -585,3 +1084,6 @@ fn interrupted(item: &TranscriptItem) -> Option<TranscriptItem> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests;

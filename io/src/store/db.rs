@@ -6,7 +6,7 @@ use kernel::protocol::codec::{Path as SchemaPath, Schema};
 use kernel::protocol::{
     AssistantStatus, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, UserItem,
 };
-use kernel::runtime::{Persist, StoredSession};
+use kernel::runtime::{Persist, StoredSession, Summary};
 use kernel::wire::{CborLimits, Value, cbor};
 use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
@@ -29,10 +29,11 @@ pub(super) struct Migration {
 
 /// Every migration, oldest first; entry `i` has version `i + 1`. To change
 /// the schema, append an entry: databases are brought up to date on open.
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "transcript items and the state row",
-    sql: "
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "transcript items and the state row",
+        sql: "
         CREATE TABLE items (
             seq     INTEGER PRIMARY KEY,
             item_id TEXT NOT NULL UNIQUE,
@@ -50,7 +51,16 @@ pub(super) const MIGRATIONS: &[Migration] = &[Migration {
             queued_steer   BLOB NOT NULL
         ) STRICT;
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        description: "the context summary written by compaction",
+        sql: "
+            ALTER TABLE state ADD COLUMN summary_text TEXT;
+            ALTER TABLE state ADD COLUMN summary_through TEXT;
+        ",
+    },
+];
 
 /// The schema version this build writes.
 pub(super) fn latest_version() -> u32 {
@@ -65,6 +75,7 @@ pub(super) struct StateRow {
     pub(super) model: ModelRef,
     pub(super) thinking_level: ThinkingLevel,
     pub(super) queued_steer: Vec<UserItem>,
+    pub(super) summary: Option<Summary>,
 }
 
 fn sqlite_error(dir: &Path, id: &str, what: &str) -> impl FnOnce(rusqlite::Error) -> StoreError {
@@ -185,15 +196,18 @@ pub(super) fn write_initial(
     let revision = to_sql_int(initial.revision, "revision", id)?;
     let updated_at = to_sql_int(initial.updated_at, "updatedAt", id)?;
     tx.execute(
-        "INSERT INTO state (id, revision, updated_at, model_provider, model_id, thinking_level, queued_steer)
-         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO state (id, revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
+                            summary_text, summary_through)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![
             revision,
             updated_at,
             initial.model.provider,
             initial.model.id,
             initial.thinking_level.as_str(),
-            steer
+            steer,
+            initial.summary.as_ref().map(|s| s.text.as_str()),
+            initial.summary.as_ref().map(|s| s.through.as_str()),
         ],
     )
     .map_err(sqlite_error(dir, id, "write the initial state"))?;
@@ -225,6 +239,7 @@ pub(super) fn apply(
                 model,
                 thinking_level,
                 queued_steer,
+                summary,
             } => {
                 let steer = encode_steer(queued_steer, id)?;
                 let revision = to_sql_int(*revision, "revision", id)?;
@@ -232,7 +247,8 @@ pub(super) fn apply(
                 let changed = tx
                     .prepare_cached(
                         "UPDATE state SET revision = ?1, updated_at = ?2, model_provider = ?3,
-                         model_id = ?4, thinking_level = ?5, queued_steer = ?6 WHERE id = 1",
+                         model_id = ?4, thinking_level = ?5, queued_steer = ?6,
+                         summary_text = ?7, summary_through = ?8 WHERE id = 1",
                     )
                     .and_then(|mut stmt| {
                         stmt.execute(params![
@@ -241,7 +257,9 @@ pub(super) fn apply(
                             model.provider,
                             model.id,
                             thinking_level.as_str(),
-                            steer
+                            steer,
+                            summary.as_ref().map(|s| s.text.as_str()),
+                            summary.as_ref().map(|s| s.through.as_str()),
                         ])
                     })
                     .map_err(sqlite_error(dir, id, "write the state row"))?;
@@ -250,6 +268,8 @@ pub(super) fn apply(
                 }
                 settings = Some((model.clone(), *thinking_level));
             }
+            // A server-wide setting, not session state: the worker writes it to settings.json.
+            Persist::DefaultModel(_) => {}
         }
     }
     tx.commit().map_err(sqlite_error(dir, id, "commit"))?;
@@ -307,7 +327,8 @@ pub(super) fn load(
 ) -> Result<(StateRow, Vec<TranscriptItem>), StoreError> {
     let row = conn
         .query_row(
-            "SELECT revision, updated_at, model_provider, model_id, thinking_level, queued_steer
+            "SELECT revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
+                    summary_text, summary_through
              FROM state WHERE id = 1",
             [],
             |row| {
@@ -318,12 +339,24 @@ pub(super) fn load(
                     row.get::<_, String>(3)?,
                     row.get::<_, String>(4)?,
                     row.get::<_, Vec<u8>>(5)?,
+                    row.get::<_, Option<String>>(6)?,
+                    row.get::<_, Option<String>>(7)?,
                 ))
             },
         )
         .optional()
         .map_err(sqlite_error(dir, id, "read the state row"))?;
-    let Some((revision, updated_at, provider, model_id, level, steer)) = row else {
+    let Some((
+        revision,
+        updated_at,
+        provider,
+        model_id,
+        level,
+        steer,
+        summary_text,
+        summary_through,
+    )) = row
+    else {
         return Err(corrupt(dir, id, "its state row is missing"));
     };
     let thinking_level = ThinkingLevel::parse(&level).ok_or_else(|| {
@@ -360,6 +393,10 @@ pub(super) fn load(
         },
         thinking_level,
         queued_steer,
+        summary: match (summary_text, summary_through) {
+            (Some(text), Some(through)) => Some(Summary { text, through }),
+            _ => None,
+        },
     };
 
     let mut stmt = conn
