@@ -4,7 +4,9 @@
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod settings;
 pub mod daemon;
 pub mod socket;
 pub mod store;
+pub mod tools;
 pub mod worker;
