@@ -640,6 +640,12 @@ impl Server {
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
         if !live.removing.is_empty() {
+            // Attaches that waited for this worker to exit cannot reopen a session being removed.
+            for waiter in std::mem::take(&mut live.waiters) {
+                self.finish_pending(waiter.conn);
+                let message = format!("Session is being removed: {session_id}");
+                self.respond_error(waiter.conn, waiter.request_id, ErrorCode::NotFound, message);
+            }
             self.removals.insert(session_id.clone(), std::mem::take(&mut live.removing));
             self.out.push(Output::RemoveSession { session_id });
         } else if !live.waiters.is_empty() && !self.shutting_down {
