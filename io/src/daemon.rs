@@ -14,7 +14,7 @@ use crate::config::{self, new_uuid};
 use crate::socket;
 use crate::store;
 use kernel::faux;
-use kernel::ids::{ConnId, WorkerId};
+use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
@@ -51,7 +51,14 @@ enum Event {
     ReadClosed { conn: ConnId },
     Written { conn: ConnId, bytes: usize },
     WriterClosed { conn: ConnId },
-    WorkerHello { stream: UnixStream, token: String, session_id: String, pid: u64 },
+    WorkerHello {
+        stream: UnixStream,
+        token: String,
+        session_id: String,
+        pid: u64,
+        resume: Option<Box<kernel::protocol::SessionSnapshot>>,
+    },
+    HandoffRequested { stream: UnixStream },
     FromWorker { worker: WorkerId, frame: WorkerFrame },
     WorkerChannelClosed { worker: WorkerId },
     WorkerExited { worker: WorkerId, status: String },
@@ -75,7 +82,10 @@ struct WorkerProc {
     pid: Option<u32>,
     create: Option<CreateSpec>,
     channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    reader: Option<JoinHandle<()>>,
     queued: Vec<Vec<u8>>,
+    /// Adopted from another server: not our child, so its channel closing is its exit.
+    adopted: bool,
 }
 
 struct Daemon {
@@ -89,7 +99,36 @@ struct Daemon {
     public_path: PathBuf,
     worker_path: PathBuf,
     accept_task: Option<JoinHandle<()>>,
+    worker_accept: Option<JoinHandle<()>>,
+    /// Worker channels announcing an orphan, waiting for the kernel's verdict.
+    announced: BTreeMap<ChannelId, (UnixStream, u64)>,
+    next_channel: u64,
+    /// The new server waiting for this one to hand over.
+    successor: Option<UnixStream>,
+    sockets_removed: bool,
+    /// Inputs waiting while outputs are carried out (see `step`).
+    inputs: std::collections::VecDeque<Input>,
+    stepping: bool,
     done: bool,
+}
+
+/// Asks the server running at `worker_path` to hand over to us, and waits
+/// until it has released its workers and freed its sockets.
+async fn request_handoff(worker_path: &std::path::Path) -> Result<(), String> {
+    let mut stream = UnixStream::connect(worker_path)
+        .await
+        .map_err(|e| format!("a server is running but its worker socket {} does not answer: {e}", worker_path.display()))?;
+    let frame = WorkerFrame::Replace { version: kernel::protocol::worker::WORKER_PROTOCOL_VERSION };
+    let bytes = encode_worker_frame(&frame)
+        .map_err(|e| e.to_string())
+        .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
+    stream.write_all(&bytes).await.map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
+    match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream)).await {
+        Ok(Ok((_, WorkerFrame::Released))) => Ok(()),
+        Ok(Ok((_, other))) => Err(format!("the running server answered the hand-off with {other:?}")),
+        Ok(Err(e)) => Err(format!("the running server did not hand over: {e}")),
+        Err(_) => Err("the running server did not hand over within 15 s".into()),
+    }
 }
 
 /// Runs a server until it is shut down (signal, or idle exit).
@@ -99,6 +138,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         .map_err(|e| format!("cannot create session directory {}: {e}", opts.session_dir.display()))?;
     let public_path = config::socket_path(&opts.server_dir, &opts.server_id);
     let worker_path = config::worker_socket_path(&opts.server_dir, &opts.server_id);
+    if socket::is_live(&public_path) {
+        tracing::info!(socket = %public_path.display(), "a server with this id is running; asking it to hand over");
+        request_handoff(&worker_path).await?;
+        tracing::info!("the previous server handed over");
+    }
     let public = socket::bind(&public_path).map_err(|e| e.to_string())?;
     let workers = match socket::bind(&worker_path) {
         Ok(l) => l,
@@ -119,9 +163,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: opts.idle_exit,
+        adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
     });
     let accept_task = Some(tokio::spawn(accept_clients(public, tx.clone())));
-    let worker_accept = tokio::spawn(accept_workers(workers, tx.clone()));
+    let worker_accept = Some(tokio::spawn(accept_workers(workers, tx.clone())));
     let session_dir = opts.session_dir.clone();
     let catalog_tx = tx.clone();
     tokio::task::spawn_blocking(move || {
@@ -140,6 +185,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         public_path,
         worker_path,
         accept_task,
+        worker_accept,
+        announced: BTreeMap::new(),
+        next_channel: 1,
+        successor: None,
+        sockets_removed: false,
+        inputs: Default::default(),
+        stepping: false,
         done: false,
     };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
@@ -160,8 +212,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             _ = sigint.recv() => { signals += 1; d.on_signal(signals) }
         }
     }
-    worker_accept.abort();
+    if let Some(task) = d.worker_accept.take() {
+        task.abort();
+    }
     d.cleanup_sockets();
+    if let Some(mut successor) = d.successor.take() {
+        // Our sockets are gone and every worker is released: the successor may bind.
+        let bytes = encode_worker_frame(&WorkerFrame::Released)
+            .map_err(|e| e.to_string())
+            .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
+        successor.write_all(&bytes).await.map_err(|e| format!("cannot answer the successor: {e}"))?;
+        tracing::info!("handed over to the new server");
+    }
     tracing::info!("server stopped");
     Ok(())
 }
@@ -189,8 +251,11 @@ async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
         tokio::spawn(async move {
             let hello = tokio::time::timeout(Duration::from_secs(5), read_worker_hello(stream)).await;
             match hello {
-                Ok(Ok((stream, WorkerFrame::Hello { token, session_id, pid, .. }))) => {
-                    let _ = tx.send(Event::WorkerHello { stream, token, session_id, pid }).await;
+                Ok(Ok((stream, WorkerFrame::Hello { token, session_id, pid, resume, .. }))) => {
+                    let _ = tx.send(Event::WorkerHello { stream, token, session_id, pid, resume }).await;
+                }
+                Ok(Ok((stream, WorkerFrame::Replace { .. }))) => {
+                    let _ = tx.send(Event::HandoffRequested { stream }).await;
                 }
                 Ok(Ok(_)) => tracing::warn!("worker channel: first frame was not hello"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "worker channel: bad hello"),
@@ -219,12 +284,24 @@ impl Daemon {
         kernel::time::Instant(self.base.elapsed().as_millis() as u64)
     }
 
+    /// Feeds one input and carries out the outputs, in order. Inputs that
+    /// arise while outputs are being carried out (a connection dropped, a
+    /// spawn failed) are queued and fed afterwards, so outputs are never
+    /// interleaved across steps.
     fn step(&mut self, input: Input) {
-        let now = self.now();
-        let outputs = self.server.step(now, input);
-        for output in outputs {
-            self.carry_out(output);
+        self.inputs.push_back(input);
+        if self.stepping {
+            return;
         }
+        self.stepping = true;
+        while let Some(input) = self.inputs.pop_front() {
+            let now = self.now();
+            let outputs = self.server.step(now, input);
+            for output in outputs {
+                self.carry_out(output);
+            }
+        }
+        self.stepping = false;
     }
 
     fn on_signal(&mut self, count: u32) {
@@ -262,7 +339,21 @@ impl Daemon {
                 }
             }
             Event::WriterClosed { conn } => self.drop_conn(conn),
-            Event::WorkerHello { stream, token, session_id, pid } => self.on_worker_hello(stream, token, session_id, pid),
+            Event::WorkerHello { stream, token, session_id, pid, resume: None } => {
+                self.on_worker_hello(stream, token, session_id, pid)
+            }
+            Event::WorkerHello { stream, session_id, pid, resume: Some(snapshot), .. } => {
+                let channel = ChannelId(self.next_channel);
+                self.next_channel += 1;
+                tracing::info!(session = %session_id, pid, "an orphaned worker asks to be adopted");
+                self.announced.insert(channel, (stream, pid));
+                self.step(Input::WorkerAnnounced { channel, session_id, pid, snapshot });
+            }
+            Event::HandoffRequested { stream } => {
+                tracing::info!("a new server with this id takes over; handing over");
+                self.successor = Some(stream);
+                self.step(Input::HandoffRequested);
+            }
             Event::FromWorker { worker, frame } => match frame {
                 WorkerFrame::FromWorker(message) => {
                     self.step(Input::FromWorker { worker, message: Box::new(message) })
@@ -270,7 +361,12 @@ impl Daemon {
                 other => tracing::warn!(%worker, ?other, "unexpected frame from worker"),
             },
             Event::WorkerChannelClosed { worker } => {
-                if let Some(w) = self.workers.get_mut(&worker) {
+                let adopted = self.workers.get(&worker).is_some_and(|w| w.adopted);
+                if adopted {
+                    // Not our child: its channel closing is the only exit we see.
+                    self.workers.remove(&worker);
+                    self.step(Input::WorkerExited { worker });
+                } else if let Some(w) = self.workers.get_mut(&worker) {
                     w.channel = None;
                 }
             }
@@ -365,7 +461,7 @@ impl Daemon {
                             let _ = c.writer.send(WriterMsg::Close);
                         }
                     }
-                    CloseReason::SlowConsumer | CloseReason::RuntimeError | CloseReason::Shutdown => {
+                    CloseReason::SlowConsumer | CloseReason::RuntimeError | CloseReason::Shutdown | CloseReason::Replaced => {
                         if reason == CloseReason::SlowConsumer {
                             tracing::warn!(%conn, "client is not reading; cut off at its output bound");
                         }
@@ -396,9 +492,64 @@ impl Daemon {
                 if let Some(task) = self.accept_task.take() {
                     task.abort();
                 }
+                if let Some(task) = self.worker_accept.take() {
+                    task.abort();
+                }
+                self.cleanup_sockets();
                 let _ = std::fs::remove_file(&self.public_path);
             }
-            Output::ShutdownComplete => self.done = true,
+            Output::ShutdownComplete => {
+                self.cleanup_sockets();
+                // A successor waiting for the hand-off is answered when the loop ends.
+                self.done = true;
+            }
+            Output::AdoptWorker { channel, worker } => {
+                let Some((stream, pid)) = self.announced.remove(&channel) else { return };
+                let session_id = self
+                    .server
+                    .live_sessions()
+                    .into_iter()
+                    .find(|(_, w, _)| *w == worker)
+                    .map(|(s, _, _)| s)
+                    .unwrap_or_default();
+                tracing::info!(%worker, session = %session_id, pid, "adopted a worker");
+                self.workers.insert(
+                    worker,
+                    WorkerProc {
+                        session_id,
+                        token: String::new(),
+                        pid: u32::try_from(pid).ok(),
+                        create: None,
+                        channel: None,
+                        reader: None,
+                        queued: Vec::new(),
+                        adopted: true,
+                    },
+                );
+                self.bind_worker_channel(worker, stream);
+                self.send_to_worker(worker, &WorkerFrame::Adopted);
+            }
+            Output::RejectWorker { channel, reason } => {
+                let Some((mut stream, pid)) = self.announced.remove(&channel) else { return };
+                tracing::warn!(pid, %reason, "refused to adopt a worker");
+                let bytes = encode_worker_frame(&WorkerFrame::Rejected { reason })
+                    .ok()
+                    .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).ok());
+                if let Some(bytes) = bytes {
+                    tokio::spawn(async move {
+                        let _ = stream.write_all(&bytes).await;
+                    });
+                }
+            }
+            Output::ReleaseWorker { worker } => {
+                if let Some(w) = self.workers.remove(&worker) {
+                    tracing::info!(%worker, session = %w.session_id, "released a worker to the next server");
+                    if let Some(reader) = w.reader {
+                        reader.abort();
+                    }
+                    // Dropping the channel closes it; the worker becomes an orphan and announces itself.
+                }
+            }
         }
     }
 
@@ -422,7 +573,16 @@ impl Daemon {
                 tracing::info!(%worker, session = %session_id, pid, "worker spawned");
                 self.workers.insert(
                     worker,
-                    WorkerProc { session_id, token, pid, create, channel: None, queued: Vec::new() },
+                    WorkerProc {
+                        session_id,
+                        token,
+                        pid,
+                        create,
+                        channel: None,
+                        reader: None,
+                        queued: Vec::new(),
+                        adopted: false,
+                    },
                 );
                 let tx = self.events.clone();
                 tokio::spawn(async move {
@@ -446,6 +606,23 @@ impl Daemon {
             tracing::warn!(session = %session_id, pid, "rejected a worker channel with an unknown token");
             return;
         };
+        let w = self.workers.get_mut(&worker).expect("found");
+        w.pid = w.pid.or(u32::try_from(pid).ok());
+        self.bind_worker_channel(worker, stream);
+        let w = self.workers.get_mut(&worker).expect("found");
+        let start = WorkerFrame::Start { create: w.create.take() };
+        let queued = std::mem::take(&mut w.queued);
+        self.send_to_worker(worker, &start);
+        let w = self.workers.get_mut(&worker).expect("found");
+        for bytes in queued {
+            if let Some(ch) = &w.channel {
+                let _ = ch.send(bytes);
+            }
+        }
+    }
+
+    /// Starts the reader and writer tasks of a worker's channel.
+    fn bind_worker_channel(&mut self, worker: WorkerId, stream: UnixStream) {
         let (mut read, mut write) = stream.into_split();
         let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
         tokio::spawn(async move {
@@ -456,7 +633,7 @@ impl Daemon {
             }
         });
         let tx = self.events.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut decoder = FrameDecoder::new(kernel::wire::frame::DEFAULT_MAX_FRAME_LEN);
             let mut buf = vec![0u8; 64 * 1024];
             let limits = CborLimits::default();
@@ -486,18 +663,9 @@ impl Daemon {
             }
             let _ = tx.send(Event::WorkerChannelClosed { worker }).await;
         });
-        let w = self.workers.get_mut(&worker).expect("found");
-        w.pid = w.pid.or(u32::try_from(pid).ok());
+        let w = self.workers.get_mut(&worker).expect("bound to a known worker");
         w.channel = Some(wtx);
-        let start = WorkerFrame::Start { create: w.create.take() };
-        let queued = std::mem::take(&mut w.queued);
-        self.send_to_worker(worker, &start);
-        let w = self.workers.get_mut(&worker).expect("found");
-        for bytes in queued {
-            if let Some(ch) = &w.channel {
-                let _ = ch.send(bytes);
-            }
-        }
+        w.reader = Some(reader);
     }
 
     fn send_to_worker(&mut self, worker: WorkerId, frame: &WorkerFrame) {
@@ -517,10 +685,18 @@ impl Daemon {
         }
     }
 
+    /// Frees the socket paths (once: after a hand-off they belong to the successor).
     fn cleanup_sockets(&mut self) {
-        let _ = std::fs::remove_file(&self.public_path);
-        let _ = std::fs::remove_file(&self.worker_path);
+        if !std::mem::replace(&mut self.sockets_removed, true) {
+            let _ = std::fs::remove_file(&self.public_path);
+            let _ = std::fs::remove_file(&self.worker_path);
+        }
     }
+}
+
+/// A duration from an environment variable in milliseconds, or the default.
+pub(crate) fn env_duration_ms(name: &str, default: Duration) -> Duration {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).map_or(default, Duration::from_millis)
 }
 
 fn token_eq(a: &str, b: &str) -> bool {

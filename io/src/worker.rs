@@ -18,7 +18,8 @@ use kernel::time::Instant;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::{FromWorker, ToWorker};
-use std::path::PathBuf;
+use kernel::link::{Link, LinkAction};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -51,6 +52,20 @@ struct Channel {
 }
 
 impl Channel {
+    async fn connect(socket: &Path) -> Result<Self, String> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
+        let (read, write) = stream.into_split();
+        Ok(Self {
+            read,
+            write: Some(write),
+            decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN),
+            ready: Default::default(),
+            buf: vec![0; 64 * 1024],
+        })
+    }
+
     async fn send(&mut self, frame: &WorkerFrame) {
         let Some(write) = &mut self.write else { return };
         let bytes = encode_worker_frame(frame).and_then(|p| {
@@ -99,22 +114,13 @@ pub async fn run_worker() -> Result<(), String> {
     let session_id = env("PI_WORKER_SESSION_ID")?;
     let session_dir = PathBuf::from(env("PI_WORKER_SESSION_DIR")?);
     let agent_dir = crate::config::agent_dir();
-    let stream = UnixStream::connect(&socket)
-        .await
-        .map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
-    let (read, write) = stream.into_split();
-    let mut ch = Channel {
-        read,
-        write: Some(write),
-        decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_LEN),
-        ready: Default::default(),
-        buf: vec![0; 64 * 1024],
-    };
+    let mut ch = Channel::connect(&socket).await?;
     let hello = WorkerFrame::Hello {
         version: WORKER_PROTOCOL_VERSION,
-        token,
+        token: token.clone(),
         session_id: session_id.clone(),
         pid: u64::from(std::process::id()),
+        resume: None,
     };
     ch.send(&hello).await;
     let create = match ch.recv().await {
@@ -171,11 +177,12 @@ pub async fn run_worker() -> Result<(), String> {
         agent_dir,
         delay: faux_delay(),
         exit: false,
-        orphaned: false,
     };
+    let grace = crate::daemon::env_duration_ms("PI_WORKER_ORPHAN_GRACE_MS", Duration::from_secs(30));
+    let mut link = Link::new(grace, Duration::from_millis(200));
     w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
     while !w.exit {
-        let deadline = runtime.next_deadline();
+        let deadline = [runtime.next_deadline(), link.next_deadline()].into_iter().flatten().min();
         let sleep = async {
             match deadline {
                 Some(at) => {
@@ -185,8 +192,9 @@ pub async fn run_worker() -> Result<(), String> {
                 None => std::future::pending().await,
             }
         };
+        let orphaned = link.is_orphaned();
         let input = tokio::select! {
-            frame = ch.recv(), if !w.orphaned => match frame {
+            frame = ch.recv(), if !orphaned => match frame {
                 Some(WorkerFrame::ToWorker(ToWorker::Operation { op, operation })) => RuntimeInput::Operation { op, operation },
                 Some(WorkerFrame::ToWorker(ToWorker::Dispose)) => RuntimeInput::Dispose,
                 Some(other) => {
@@ -194,15 +202,14 @@ pub async fn run_worker() -> Result<(), String> {
                     continue;
                 }
                 None => {
-                    // The server is gone. An idle session ends here; a running turn finishes first.
-                    w.orphaned = true;
+                    // The server is gone (replaced, crashed or stopped without disposing us):
+                    // an orphan keeps its turn running and announces itself to the next server.
                     ch.write = None;
-                    if runtime.phase() == SessionPhase::Idle {
-                        RuntimeInput::Dispose
-                    } else {
-                        tracing::warn!("server gone; finishing the running turn before exiting");
-                        continue;
+                    tracing::warn!(grace_ms = grace.as_millis() as u64, "server gone; waiting to be adopted");
+                    if link.on_lost(wall_now()) == Some(LinkAction::Announce) {
+                        announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await;
                     }
+                    continue;
                 }
             },
             Some(input) = events.recv() => input,
@@ -210,9 +217,14 @@ pub async fn run_worker() -> Result<(), String> {
         };
         let outputs = runtime.step(wall_now(), input);
         w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
-        if w.orphaned && !w.exit && runtime.phase() == SessionPhase::Idle {
-            let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
-            w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+        match link.on_tick(wall_now(), runtime.phase() == SessionPhase::Idle) {
+            Some(LinkAction::Announce) => announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await,
+            Some(LinkAction::Retire) if !w.exit => {
+                tracing::info!("no server adopted this orphan within its grace; retiring");
+                let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
+                w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
+            }
+            _ => {}
         }
     }
     w.stop_tasks();
@@ -231,6 +243,30 @@ fn store_error(e: StoreError) -> ProtocolError {
     ProtocolError::new(code, e.to_string())
 }
 
+/// One attempt of an orphan to be adopted by the server now at `socket`.
+async fn announce(ch: &mut Channel, link: &mut Link, socket: &Path, token: &str, session_id: &str, runtime: &Runtime) {
+    let Ok(Ok(mut fresh)) = tokio::time::timeout(Duration::from_secs(1), Channel::connect(socket)).await else {
+        return; // nobody there yet
+    };
+    let hello = WorkerFrame::Hello {
+        version: WORKER_PROTOCOL_VERSION,
+        token: token.to_string(),
+        session_id: session_id.to_string(),
+        pid: u64::from(std::process::id()),
+        resume: Some(Box::new(runtime.snapshot())),
+    };
+    fresh.send(&hello).await;
+    match tokio::time::timeout(Duration::from_secs(5), fresh.recv()).await {
+        Ok(Some(WorkerFrame::Adopted)) => {
+            tracing::info!("adopted by the new server");
+            link.on_adopted();
+            *ch = fresh;
+        }
+        Ok(Some(WorkerFrame::Rejected { reason })) => tracing::warn!(%reason, "the server refused to adopt this worker"),
+        other => tracing::warn!(?other, "no adoption answer"),
+    }
+}
+
 struct Worker {
     /// Model events and tool results come back through here.
     events: mpsc::Sender<RuntimeInput>,
@@ -239,7 +275,6 @@ struct Worker {
     agent_dir: PathBuf,
     delay: Duration,
     exit: bool,
-    orphaned: bool,
 }
 
 impl Worker {

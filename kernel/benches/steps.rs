@@ -126,6 +126,7 @@ fn main() {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: None,
+        adoption_grace: Duration::from_secs(30),
     };
     let mut bench = Bench { server: Server::new(config), now: 0, steps: 0, frames: 0 };
     bench.step(Input::CatalogLoaded { sessions: Vec::new() });

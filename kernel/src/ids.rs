@@ -31,3 +31,9 @@ small_id!(
     OpId,
     "op"
 );
+small_id!(
+    /// A worker channel the driver accepted and has not yet bound to a worker
+    /// (a worker announcing itself for adoption), allocated by the driver.
+    ChannelId,
+    "ch"
+);

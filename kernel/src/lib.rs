@@ -23,3 +23,4 @@ pub mod server;
 pub mod time;
 pub mod wire;
 pub mod worker;
+pub mod link;

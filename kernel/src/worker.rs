@@ -131,6 +131,11 @@ impl Worker {
         Self { id, state: WorkerState::Spawning, deadline: Some(start_deadline), killed: false }
     }
 
+    /// A running worker of another server, adopted as it is (ready).
+    pub fn adopted(id: WorkerId) -> Self {
+        Self { id, state: WorkerState::Idle, deadline: None, killed: false }
+    }
+
     /// This incarnation's id.
     pub fn id(&self) -> WorkerId {
         self.id

@@ -9,6 +9,14 @@
 //! Order on a fresh channel: the worker sends [`WorkerFrame::Hello`] with the
 //! token it was spawned with; the server answers [`WorkerFrame::Start`];
 //! then [`ToWorker`] and [`FromWorker`] frames flow.
+//!
+//! An orphaned worker (its server was replaced or died) announces itself to
+//! the next server with a hello carrying `resume` (its current snapshot); the
+//! server answers [`WorkerFrame::Adopted`] or [`WorkerFrame::Rejected`].
+//!
+//! A new server taking over sends [`WorkerFrame::Replace`] on the old
+//! server's worker socket; the old server releases its workers, closes its
+//! clients and answers [`WorkerFrame::Released`] just before it exits.
 
 use super::codec::{
     Fields, MapBuilder, Path, Schema, SchemaError, read_id, read_string, read_uint,
@@ -34,7 +42,23 @@ pub enum WorkerFrame {
         session_id: String,
         /// Its process id.
         pid: u64,
+        /// Set by an orphan announcing itself for adoption: its session as it stands.
+        resume: Option<Box<SessionSnapshot>>,
     },
+    /// Server → orphan: adopted; operations may follow.
+    Adopted,
+    /// Server → orphan: not adopted.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// New server → old server: hand over and exit.
+    Replace {
+        /// [`WORKER_PROTOCOL_VERSION`].
+        version: u64,
+    },
+    /// Old server → new server: every worker is released; the sockets are free.
+    Released,
     /// Server → worker, after a valid hello: open the session (or create it).
     Start {
         /// Set to create a new session.
@@ -116,13 +140,23 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
 impl Schema for WorkerFrame {
     fn to_value(&self) -> Value {
         match self {
-            Self::Hello { version, token, session_id, pid } => MapBuilder::with_capacity(5)
+            Self::Hello { version, token, session_id, pid, resume } => MapBuilder::with_capacity(6)
                 .put("type", text("hello"))
                 .put("version", Value::Int(*version as i64))
                 .put("token", text(token))
                 .put("sessionId", text(session_id))
                 .put("pid", Value::Int(*pid as i64))
+                .put_opt("resume", resume.as_ref().map(|s| s.to_value()))
                 .build(),
+            Self::Adopted => MapBuilder::with_capacity(1).put("type", text("adopted")).build(),
+            Self::Rejected { reason } => {
+                MapBuilder::with_capacity(2).put("type", text("rejected")).put("reason", text(reason)).build()
+            }
+            Self::Replace { version } => MapBuilder::with_capacity(2)
+                .put("type", text("replace"))
+                .put("version", Value::Int(*version as i64))
+                .build(),
+            Self::Released => MapBuilder::with_capacity(1).put("type", text("released")).build(),
             Self::Start { create } => MapBuilder::with_capacity(2)
                 .put("type", text("start"))
                 .put_opt("create", create.as_ref().map(create_to_value))
@@ -144,13 +178,30 @@ impl Schema for WorkerFrame {
         };
         let frame = match kind {
             "hello" => {
-                let f = Fields::new(value, path, &["type", "version", "token", "sessionId", "pid"])?;
+                let f = Fields::new(value, path, &["type", "version", "token", "sessionId", "pid", "resume"])?;
                 Self::Hello {
                     version: f.required("version", read_uint)?,
                     token: f.required("token", read_string)?,
                     session_id: f.required("sessionId", read_id)?,
                     pid: f.required("pid", read_uint)?,
+                    resume: f.optional("resume", SessionSnapshot::from_value_at)?.map(Box::new),
                 }
+            }
+            "adopted" => {
+                Fields::new(value, path, &["type"])?;
+                Self::Adopted
+            }
+            "rejected" => {
+                let f = Fields::new(value, path, &["type", "reason"])?;
+                Self::Rejected { reason: f.required("reason", read_string)? }
+            }
+            "replace" => {
+                let f = Fields::new(value, path, &["type", "version"])?;
+                Self::Replace { version: f.required("version", read_uint)? }
+            }
+            "released" => {
+                Fields::new(value, path, &["type"])?;
+                Self::Released
             }
             "start" => {
                 let f = Fields::new(value, path, &["type", "create"])?;
@@ -280,7 +331,18 @@ mod tests {
     #[test]
     fn every_frame_round_trips() {
         let frames = vec![
-            WorkerFrame::Hello { version: 1, token: "t".into(), session_id: "s".into(), pid: 42 },
+            WorkerFrame::Hello { version: 1, token: "t".into(), session_id: "s".into(), pid: 42, resume: None },
+            WorkerFrame::Hello {
+                version: 1,
+                token: String::new(),
+                session_id: "s".into(),
+                pid: 42,
+                resume: Some(Box::new(snapshot())),
+            },
+            WorkerFrame::Adopted,
+            WorkerFrame::Rejected { reason: "already live".into() },
+            WorkerFrame::Replace { version: 1 },
+            WorkerFrame::Released,
             WorkerFrame::Start { create: None },
             WorkerFrame::Start {
                 create: Some(CreateSpec {

@@ -19,7 +19,7 @@ mod sessions;
 
 pub use connection::Stage;
 
-use crate::ids::{ConnId, OpId, WorkerId};
+use crate::ids::{ChannelId, ConnId, OpId, WorkerId};
 use crate::limits::Limits;
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
@@ -55,6 +55,9 @@ pub struct Config {
     /// Retire after this long with no connection and no live session
     /// (servers started on demand by a client); `None` runs until shut down.
     pub idle_exit: Option<std::time::Duration>,
+    /// How long an adopted worker's session stays live without attachments,
+    /// so that the clients of a replaced server can re-attach to it.
+    pub adoption_grace: std::time::Duration,
 }
 
 /// Why the kernel closes a connection.
@@ -70,6 +73,8 @@ pub enum CloseReason {
     TooManyConnections,
     /// The server is shutting down.
     Shutdown,
+    /// A new server replaces this one; clients reconnect to it.
+    Replaced,
 }
 
 impl fmt::Display for CloseReason {
@@ -80,6 +85,7 @@ impl fmt::Display for CloseReason {
             Self::RuntimeError => f.write_str("session runtime error"),
             Self::TooManyConnections => f.write_str("too many connections"),
             Self::Shutdown => f.write_str("server shutdown"),
+            Self::Replaced => f.write_str("server replaced"),
         }
     }
 }
@@ -117,6 +123,12 @@ pub enum Input {
     },
     /// Close gracefully: stop accepting, close connections, dispose every runtime.
     Shutdown,
+    /// A worker of another (replaced or crashed) server announces itself with
+    /// its session's snapshot, asking to be adopted.
+    WorkerAnnounced { channel: ChannelId, session_id: String, pid: u64, snapshot: Box<SessionSnapshot> },
+    /// A new server with this server's id asks to take over: hand every
+    /// worker over without stopping it, close every connection, then finish.
+    HandoffRequested,
 }
 
 /// Everything the driver must do for a server.
@@ -141,8 +153,16 @@ pub enum Output {
     RemoveSession { session_id: String },
     /// Stop accepting connections.
     StopAccepting,
-    /// Every connection is closed and every worker exited: the server may exit.
+    /// Every connection is closed and every worker exited (or, after a
+    /// hand-off, was released): the server may exit.
     ShutdownComplete,
+    /// Bind the announcing worker's channel to `worker`: it is adopted.
+    AdoptWorker { channel: ChannelId, worker: WorkerId },
+    /// Refuse the announcing worker; close its channel.
+    RejectWorker { channel: ChannelId, reason: String },
+    /// Hand-off: let go of this worker without stopping it (close its
+    /// channel, forget it); it will announce itself to the next server.
+    ReleaseWorker { worker: WorkerId },
 }
 
 /// The server state machine. See the module documentation.
@@ -220,6 +240,10 @@ impl Server {
                 self.on_session_removed(session_id, result)
             }
             Input::Shutdown => self.on_shutdown(),
+            Input::WorkerAnnounced { channel, session_id, pid, snapshot } => {
+                self.on_worker_announced(channel, session_id, pid, *snapshot)
+            }
+            Input::HandoffRequested => self.on_handoff(),
         }
         self.track_idle();
         self.maybe_report_shutdown();
@@ -231,7 +255,8 @@ impl Server {
     pub fn next_deadline(&self) -> Option<Instant> {
         let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
         let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
-        conns.chain(workers).chain(self.idle_deadline()).min()
+        let holds = self.sessions.values().filter_map(|s| s.hold_until);
+        conns.chain(workers).chain(holds).chain(self.idle_deadline()).min()
     }
 
     /// When an idle server started on demand retires.
@@ -495,6 +520,7 @@ impl Server {
             self.fail_protocol(id, ErrorCode::InvalidRequest, "Handshake timeout".into());
         }
         self.on_worker_deadlines();
+        self.on_hold_deadlines();
         if self.idle_deadline().is_some_and(|d| d <= now) {
             self.on_shutdown();
         }

@@ -7,6 +7,8 @@ use crate::protocol::{
     Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, ServerEvent,
     ServerMessage, SessionPhase, SessionSnapshot,
 };
+use crate::ids::ChannelId;
+use crate::time::Instant;
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -55,6 +57,11 @@ pub(crate) struct Live {
     removing: Vec<(ConnId, String)>,
     /// Dispose as soon as the worker is ready (shutdown during opening).
     dispose_when_ready: bool,
+    /// An adopted session is not disposed for lack of attachments before this.
+    pub(crate) hold_until: Option<Instant>,
+    /// Adopted from another server and absent from this server's catalog:
+    /// listed while live, forgotten when its worker exits.
+    foreign: bool,
 }
 
 impl Live {
@@ -70,6 +77,8 @@ impl Live {
             creating,
             removing: Vec::new(),
             dispose_when_ready: false,
+            hold_until: None,
+            foreign: false,
         }
     }
 
@@ -547,7 +556,8 @@ impl Server {
     /// Idle disposal: no attachments, nothing in flight, phase idle.
     pub(super) fn maybe_dispose(&mut self, session_id: &str) {
         let Some(live) = self.sessions.get(session_id) else { return };
-        if self.shutting_down || live.phase != Phase::Ready || !live.attached.is_empty() || live.is_busy() {
+        let held = live.hold_until.is_some_and(|until| until > self.now);
+        if self.shutting_down || live.phase != Phase::Ready || !live.attached.is_empty() || live.is_busy() || held {
             return;
         }
         self.dispose(session_id);
@@ -639,6 +649,9 @@ impl Server {
         }
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
+        if live.foreign && let Some(catalog) = &mut self.catalog {
+            catalog.remove(&session_id);
+        }
         if !live.removing.is_empty() {
             // Attaches that waited for this worker to exit cannot reopen a session being removed.
             for waiter in std::mem::take(&mut live.waiters) {
@@ -675,6 +688,93 @@ impl Server {
                 let message = format!("Session worker did not start within {secs} s");
                 self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
             }
+        }
+    }
+
+    // ---- adoption and hand-off ---------------------------------------------
+
+    /// A worker of a replaced or crashed server asks to be adopted.
+    pub(super) fn on_worker_announced(
+        &mut self,
+        channel: ChannelId,
+        session_id: String,
+        pid: u64,
+        snapshot: SessionSnapshot,
+    ) {
+        let refusal = if self.shutting_down {
+            Some("the server is shutting down".to_string())
+        } else if snapshot.id != session_id {
+            Some(format!("its snapshot is of session {}, not {session_id}", snapshot.id))
+        } else if self.sessions.contains_key(&session_id) {
+            Some(format!("session {session_id} is already live here"))
+        } else {
+            self.live_capacity_error().map(|e| e.message)
+        };
+        if let Some(reason) = refusal {
+            return self.out.push(Output::RejectWorker { channel, reason });
+        }
+        let worker = self.fresh_worker_id();
+        let mut live = Live::new(session_id.clone(), Worker::adopted(worker), false);
+        live.phase = Phase::Ready;
+        live.hold_until = Some(self.now + self.config.adoption_grace);
+        let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
+        live.foreign = !stored;
+        if live.foreign
+            && let Some(catalog) = &mut self.catalog
+        {
+            catalog.insert(session_id.clone(), metadata_of(&snapshot));
+        }
+        live.snapshot = Some(snapshot);
+        self.sessions.insert(session_id.clone(), live);
+        self.workers.insert(worker, session_id.clone());
+        let _ = pid; // reported for logs by the driver; the kernel needs only the channel
+        self.out.push(Output::AdoptWorker { channel, worker });
+        self.refresh_busy(&session_id);
+        self.publish_server_snapshot();
+    }
+
+    /// A new server takes over: release every worker without stopping it.
+    pub(super) fn on_handoff(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        self.out.push(Output::StopAccepting);
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in conns {
+            self.close(conn, CloseReason::Replaced);
+        }
+        let sessions: Vec<String> = self.sessions.keys().cloned().collect();
+        for session_id in sessions {
+            let live = self.sessions.remove(&session_id).expect("listed");
+            let worker = live.worker.id();
+            self.workers.remove(&worker);
+            for pending in live.ops.into_values() {
+                self.finish_pending(pending.conn);
+            }
+            for waiter in live.waiters {
+                self.finish_pending(waiter.conn);
+            }
+            match live.phase {
+                // Not ready yet: nobody could adopt it; stop it.
+                Phase::Opening => self.out.push(Output::KillWorker { worker }),
+                _ => self.out.push(Output::ReleaseWorker { worker }),
+            }
+        }
+    }
+
+    /// Adoption holds that ran out: those sessions may now be disposed when idle.
+    pub(super) fn on_hold_deadlines(&mut self) {
+        let now = self.now;
+        let expired: Vec<String> = self
+            .sessions
+            .values()
+            .filter(|s| s.hold_until.is_some_and(|until| until <= now))
+            .map(|s| s.id.clone())
+            .collect();
+        for session_id in expired {
+            self.sessions.get_mut(&session_id).expect("listed").hold_until = None;
+            self.maybe_dispose(&session_id);
         }
     }
 }

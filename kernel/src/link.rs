@@ -1,0 +1,143 @@
+//! A worker's link to its server, as the worker sees it.
+//!
+//! A worker outlives its server: when the server is replaced or dies, the
+//! worker becomes an **orphan** and keeps trying to announce itself at the
+//! server's worker socket, so that the next server with the same id adopts
+//! it (its in-flight turn continues). An orphan that no server reclaims
+//! within the grace period retires — once it is idle: a busy orphan first
+//! finishes its turn and commits it.
+//!
+//! ```text
+//!   Linked ──lost──► Orphaned{since} ──adopted──► Linked
+//!                        │ idle and since + grace ≤ now
+//!                        ▼
+//!                     Retired
+//! ```
+
+use crate::time::Instant;
+use std::time::Duration;
+
+/// What the worker must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkAction {
+    /// Try to connect to the server's worker socket and announce itself.
+    Announce,
+    /// Give up: dispose the session and exit.
+    Retire,
+}
+
+/// Where the link stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// A server holds this worker.
+    Linked,
+    /// No server: announcing itself every retry interval since `since`.
+    Orphaned {
+        /// When the link was lost.
+        since: Instant,
+        /// Next announcement attempt.
+        next_try: Instant,
+    },
+    /// Retired (terminal).
+    Retired,
+}
+
+/// The link machine. See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    state: LinkState,
+    grace: Duration,
+    retry: Duration,
+}
+
+impl Link {
+    /// A linked worker whose orphan grace is `grace`, retrying every `retry`.
+    pub fn new(grace: Duration, retry: Duration) -> Self {
+        assert!(!retry.is_zero(), "a zero retry interval would spin");
+        Self { state: LinkState::Linked, grace, retry }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> LinkState {
+        self.state
+    }
+
+    /// True while no server holds the worker.
+    pub fn is_orphaned(&self) -> bool {
+        matches!(self.state, LinkState::Orphaned { .. })
+    }
+
+    /// The server link was lost (the server died, was replaced, or released it).
+    pub fn on_lost(&mut self, now: Instant) -> Option<LinkAction> {
+        match self.state {
+            LinkState::Linked => {
+                self.state = LinkState::Orphaned { since: now, next_try: now + self.retry };
+                Some(LinkAction::Announce)
+            }
+            LinkState::Orphaned { .. } | LinkState::Retired => None,
+        }
+    }
+
+    /// A server adopted the worker.
+    pub fn on_adopted(&mut self) {
+        if self.is_orphaned() {
+            self.state = LinkState::Linked;
+        }
+    }
+
+    /// Time passed; `idle` says whether the session has no turn running.
+    pub fn on_tick(&mut self, now: Instant, idle: bool) -> Option<LinkAction> {
+        let LinkState::Orphaned { since, next_try } = self.state else { return None };
+        if idle && now >= since + self.grace {
+            self.state = LinkState::Retired;
+            return Some(LinkAction::Retire);
+        }
+        if now >= next_try {
+            self.state = LinkState::Orphaned { since, next_try: now + self.retry };
+            return Some(LinkAction::Announce);
+        }
+        None
+    }
+
+    /// When [`Link::on_tick`] has something to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.state {
+            LinkState::Orphaned { since, next_try } => Some(next_try.min(since + self.grace)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_orphan_retires_after_its_grace() {
+        let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
+        assert_eq!(l.on_tick(Instant(5), true), None, "linked: nothing to do");
+        assert_eq!(l.on_lost(Instant(0)), Some(LinkAction::Announce));
+        assert_eq!(l.on_lost(Instant(1)), None, "lost once");
+        assert_eq!(l.next_deadline(), Some(Instant(100)));
+        assert_eq!(l.on_tick(Instant(50), true), None);
+        assert_eq!(l.on_tick(Instant(100), true), Some(LinkAction::Announce));
+        assert_eq!(l.on_tick(Instant(999), true), Some(LinkAction::Announce));
+        assert_eq!(l.on_tick(Instant(1000), true), Some(LinkAction::Retire));
+        assert_eq!(l.state(), LinkState::Retired);
+        assert_eq!(l.on_tick(Instant(2000), true), None);
+    }
+
+    #[test]
+    fn a_busy_orphan_finishes_first_and_adoption_relinks() {
+        let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
+        l.on_lost(Instant(0));
+        assert_eq!(l.on_tick(Instant(5000), false), Some(LinkAction::Announce), "busy: keep trying");
+        assert_eq!(l.on_tick(Instant(5001), true), Some(LinkAction::Retire), "idle after the grace: retire");
+        let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
+        l.on_lost(Instant(0));
+        l.on_adopted();
+        assert_eq!(l.state(), LinkState::Linked);
+        assert_eq!(l.next_deadline(), None);
+        assert_eq!(l.on_lost(Instant(10)), Some(LinkAction::Announce), "a second server can be lost too");
+    }
+}
