@@ -1,0 +1,55 @@
+//! The real agent back-ends the session worker calls: streaming model
+//! providers, the model registry (metadata, keys, custom models) and the
+//! coding tools. Nothing here takes a protocol decision: the kernel's
+//! [`Runtime`](kernel::runtime::Runtime) decides what to call and what to
+//! record; this module carries it out against HTTP servers and the
+//! session's working directory and reports what happened.
+//!
+//! - [`stream`]: one model call against an OpenAI-compatible Chat
+//!   Completions server or the Anthropic Messages API, as a sequence of
+//!   [`ModelEvent`]s ending in exactly one `Done` or `Failed` (nothing more
+//!   after a cancellation).
+//! - [`registry::ModelRegistry`]: built-in OpenAI and Anthropic models, the
+//!   faux models, custom models from `<agentDir>/models.json`, keys from the
+//!   environment or `<agentDir>/auth.json`.
+//! - [`tools::run_tool`]: `read`, `write`, `edit` and `bash`, run in the
+//!   session's cwd; [`tools::tool_specs`] describes them to the providers.
+
+mod anthropic;
+pub mod json;
+mod model;
+mod openai;
+mod prompt;
+pub mod registry;
+mod sse;
+pub mod tools;
+mod transport;
+
+pub use model::{ModelEvent, ModelRequest, Purpose};
+pub use registry::{Api, ModelRegistry, ProviderConfig, Timeouts};
+pub use tokio_util::sync::CancellationToken;
+pub use tools::{ToolOutcome, ToolSpec, run_tool, tool_specs};
+
+use tokio::sync::mpsc;
+
+/// Runs one model call and sends its events to `events`.
+///
+/// Exactly one terminal event (`Done` or `Failed`) is sent, last — unless
+/// `cancel` fires or the receiver is dropped, in which case the call stops at
+/// once, drops the HTTP connection and sends nothing more. Every wait is
+/// bounded by the provider's [`Timeouts`].
+pub async fn stream(
+    provider: &ProviderConfig,
+    request: &ModelRequest,
+    events: mpsc::Sender<ModelEvent>,
+    cancel: CancellationToken,
+) {
+    let sink = transport::Sink::new(events, cancel);
+    let outcome = match provider.api {
+        Api::OpenAiCompletions => openai::run(provider, request, &sink).await,
+        Api::AnthropicMessages => anthropic::run(provider, request, &sink).await,
+    };
+    if let Err(transport::Stop::Failed(failure)) = outcome {
+        let _ = sink.send(failure.into_event()).await;
+    }
+}
