@@ -487,6 +487,13 @@ impl Server {
             catalog.insert(session_id.to_string(), meta);
         }
         for waiter in waiters {
+            if self.sessions[session_id].phase != Phase::Ready {
+                // Admitting an earlier waiter closed its connection (output
+                // bound) and that disposed the session: the rest wait for the
+                // worker to exit and reopen it, like attaches during Disposing.
+                self.sessions.get_mut(session_id).expect("live").waiters.push(waiter);
+                continue;
+            }
             self.finish_pending(waiter.conn);
             self.admit(session_id, waiter);
         }
