@@ -39,7 +39,7 @@ use kernel::protocol::{
     ProtocolError, Request, ServerEvent, ServerMessage, SessionMetadata, SessionPhase,
     TranscriptProgress, decode_server_message, encode_client_message,
 };
-use kernel::runtime::{Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::runtime::{ModelEvent, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::wire::CborLimits;
@@ -302,6 +302,11 @@ pub struct Client {
     eof: Option<u64>,
     /// Frames (and the close) queued by the server and not yet read.
     inbox: VecDeque<(u64, Incoming)>,
+    /// Bytes written so far, and the offsets at which whole frames end.
+    written: u64,
+    frame_ends: VecDeque<u64>,
+    /// Bytes delivered to the server so far.
+    delivered: u64,
 }
 
 impl Client {
@@ -317,6 +322,9 @@ impl Client {
             outbox: VecDeque::new(),
             eof: None,
             inbox: VecDeque::new(),
+            written: 0,
+            frame_ends: VecDeque::new(),
+            delivered: 0,
         }
     }
 
@@ -337,11 +345,13 @@ pub enum Fact {
     },
     /// The kernel queued `message` for `conn`. `attached_after` says whether
     /// `conn` was attached to the message's session right after that kernel
-    /// step; `open_after` whether the kernel still served the connection.
+    /// step — `None` when that step ran several requests of `conn` (coalesced
+    /// frames, deferred requests), so the state after it does not judge each
+    /// message; `open_after` says whether the kernel still served `conn`.
     Emitted {
         conn: ConnId,
         message: Rc<ServerMessage>,
-        attached_after: bool,
+        attached_after: Option<bool>,
         open_after: bool,
     },
     /// A connection ended (closed by the kernel, by the client, or by a restart).
@@ -425,6 +435,8 @@ pub struct World {
     catalog_pending: Option<u64>,
     removals: BTreeMap<String, u64>,
     unwritten: BTreeMap<ConnId, usize>,
+    /// Connections whose delivered bytes completed several frames at once.
+    multi_frame: BTreeSet<ConnId>,
     facts: Vec<Fact>,
     seq: u64,
     kernel_steps: u64,
@@ -451,6 +463,7 @@ impl World {
             catalog_pending: None,
             removals: BTreeMap::new(),
             unwritten: BTreeMap::new(),
+            multi_frame: BTreeSet::new(),
             facts: Vec::new(),
             seq: 0,
             kernel_steps: 0,
@@ -469,6 +482,7 @@ impl World {
             models: faux::models(),
             limits: options.limits.clone(),
             idle_exit: None,
+            adoption_grace: std::time::Duration::from_secs(30),
         }
     }
 
@@ -530,11 +544,18 @@ impl World {
                 Input::Disconnected { conn } => Some(*conn),
                 _ => None,
             };
+            let ambiguous = match &input {
+                Input::Received { conn, .. } => {
+                    Ambiguous::Conn(self.multi_frame.remove(conn), *conn)
+                }
+                Input::CatalogLoaded { .. } => Ambiguous::All,
+                _ => Ambiguous::None,
+            };
             let outputs = self.server.step(self.now, input);
             self.kernel_steps += 1;
             let decoded = self.run_decode(&outputs);
             if self.options.record_facts {
-                self.run_record(&outputs, &decoded);
+                self.run_record(&outputs, &decoded, ambiguous);
             }
             if let Some(conn) = disconnected
                 && self.server.connection_stage(conn).is_none()
@@ -596,7 +617,12 @@ impl World {
 
     /// Records what the checkers must know about a step's messages, judged
     /// against the kernel's state right after the step.
-    fn run_record(&mut self, outputs: &[Output], decoded: &[Option<Rc<ServerMessage>>]) {
+    fn run_record(
+        &mut self,
+        outputs: &[Output],
+        decoded: &[Option<Rc<ServerMessage>>],
+        ambiguous: Ambiguous,
+    ) {
         let mut attachments: BTreeMap<ConnId, Vec<String>> = BTreeMap::new();
         for (output, message) in outputs.iter().zip(decoded) {
             match (output, message) {
@@ -606,6 +632,11 @@ impl World {
                         .or_insert_with(|| self.server.attachments(*conn));
                     let attached_after = session_of(message)
                         .is_some_and(|s| attached.iter().any(|a| a.as_str() == s));
+                    let attached_after = match ambiguous {
+                        Ambiguous::All => None,
+                        Ambiguous::Conn(true, c) if c == *conn => None,
+                        _ => Some(attached_after),
+                    };
                     let open_after = self
                         .server
                         .connection_stage(*conn)
@@ -671,6 +702,13 @@ impl World {
             }
             Output::ShutdownComplete => {
                 trace!(self, "server shutdown complete");
+            }
+            Output::AdoptWorker { .. }
+            | Output::RejectWorker { .. }
+            | Output::ReleaseWorker { .. } => {
+                unreachable!(
+                    "this world never announces workers nor requests a hand-off: {output:?}"
+                )
             }
         }
     }
@@ -1085,6 +1123,38 @@ impl World {
         self.run();
     }
 
+    /// The current model call of a worker fails (the stream stops). A
+    /// `retryable` failure makes the runtime retry after a backoff.
+    pub fn fail_model(&mut self, worker: WorkerId, retryable: bool) {
+        let Some((call, _)) = self.workers.get_mut(&worker).and_then(|w| w.stream.take()) else {
+            return;
+        };
+        trace!(
+            self,
+            "{worker} model call {call} fails (retryable: {retryable})"
+        );
+        let message = "simulated model failure".to_string();
+        let event = ModelEvent::Failed {
+            message,
+            retryable,
+            retry_after_ms: None,
+        };
+        self.runtime_step(worker, RuntimeInput::Model { call, event });
+        self.run();
+    }
+
+    /// True when the worker has a model call streaming.
+    pub fn is_streaming(&self, worker: WorkerId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.stream.is_some())
+    }
+
+    /// Adds a line to the trace (drivers note their faults).
+    pub fn note(&mut self, line: impl FnOnce() -> String) {
+        trace!(self, "{}", line());
+    }
+
     /// The live worker of a session, if any.
     pub fn worker_of(&self, session_id: &str) -> Option<WorkerId> {
         let mut alive = self
@@ -1229,14 +1299,18 @@ impl World {
     /// Sends raw bytes.
     pub fn send_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
         trace!(self, "{conn} → {} raw bytes", bytes.len());
-        self.write(conn, bytes);
+        self.write(conn, bytes, false);
     }
 
-    fn write(&mut self, conn: ConnId, bytes: Vec<u8>) {
+    fn write(&mut self, conn: ConnId, bytes: Vec<u8>, frame: bool) {
         if self.options.holds.to_server {
             let seq = self.next_seq();
             let client = self.clients.get_mut(&conn).expect("known client");
             if !client.closed && client.eof.is_none() {
+                client.written += bytes.len() as u64;
+                if frame {
+                    client.frame_ends.push_back(client.written);
+                }
                 client.outbox.push_back((seq, bytes));
             }
             return;
@@ -1259,7 +1333,7 @@ impl World {
         }
         let payload = encode_client_message(message).expect("encodable");
         let bytes = encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits");
-        self.write(conn, bytes);
+        self.write(conn, bytes, true);
     }
 
     /// Sends `hello` (with the token, if any).
@@ -1494,6 +1568,15 @@ impl World {
             }
         }
         if !bytes.is_empty() {
+            c.delivered += bytes.len() as u64;
+            let mut frames = 0;
+            while c.frame_ends.front().is_some_and(|end| *end <= c.delivered) {
+                c.frame_ends.pop_front();
+                frames += 1;
+            }
+            if frames > 1 {
+                self.multi_frame.insert(conn);
+            }
             trace!(self, "{conn} ⇒ server {} bytes", bytes.len());
             self.push(Input::Received { conn, bytes });
             return;
@@ -1663,6 +1746,15 @@ impl World {
     pub fn trace_text(&self) -> String {
         self.trace.join("\n") + "\n"
     }
+}
+
+/// Which connections a kernel step may have run several requests of.
+#[derive(Debug, Clone, Copy)]
+enum Ambiguous {
+    None,
+    /// `true` when that connection's delivery completed several frames.
+    Conn(bool, ConnId),
+    All,
 }
 
 /// Decodes one frame the kernel queued (length header included).

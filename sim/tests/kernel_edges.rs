@@ -35,8 +35,15 @@ fn create(world: &mut World, conn: ConnId) -> String {
 /// another client keeps being served.
 #[test]
 fn hostile_bytes_close_only_their_connection() {
-    let limits = Limits { max_frame_len: 1024, max_output_bytes_per_connection: 64 * 1024, ..Limits::default() };
-    let mut w = World::new(Options { limits, ..Options::default() });
+    let limits = Limits {
+        max_frame_len: 1024,
+        max_output_bytes_per_connection: 64 * 1024,
+        ..Limits::default()
+    };
+    let mut w = World::new(Options {
+        limits,
+        ..Options::default()
+    });
     let good = w.connect_ready();
     let garbage = w.connect();
     w.send_bytes(garbage, vec![0, 0, 0, 3, 0xff, 0xff, 0xff]);
@@ -62,7 +69,10 @@ fn hostile_bytes_close_only_their_connection() {
         assert!(w.client(c).closed);
     }
     let r = w.request(good, Command::List);
-    assert!(matches!(w.response(good, &r).map(|r| &r.outcome), Some(Ok(CommandResult::List { .. }))));
+    assert!(matches!(
+        w.response(good, &r).map(|r| &r.outcome),
+        Some(Ok(CommandResult::List { .. }))
+    ));
     snapshot("edge_hostile_bytes_close_only_their_connection", &w);
 }
 
@@ -70,17 +80,38 @@ fn hostile_bytes_close_only_their_connection() {
 /// its bound; the other attached client keeps receiving everything.
 #[test]
 fn slow_consumer_is_cut_off_at_its_bound() {
-    let limits = Limits { max_frame_len: 4096, max_output_bytes_per_connection: 8 * 1024, ..Limits::default() };
-    let mut w = World::new(Options { limits, ..Options::default() });
+    let limits = Limits {
+        max_frame_len: 4096,
+        max_output_bytes_per_connection: 8 * 1024,
+        ..Limits::default()
+    };
+    let mut w = World::new(Options {
+        limits,
+        ..Options::default()
+    });
     let fast = w.connect_ready();
     let slow = w.connect_ready();
     let s = create(&mut w, fast);
-    w.request(slow, Command::Attach { session_id: s.clone() });
+    w.request(
+        slow,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
     w.set_reading(slow, false);
     for i in 0..6 {
-        let p = w.request(fast, Command::Prompt { session_id: s.clone(), text: format!("turn {i}") });
+        let p = w.request(
+            fast,
+            Command::Prompt {
+                session_id: s.clone(),
+                text: format!("turn {i}"),
+            },
+        );
         w.settle(Duration::from_secs(10));
-        assert!(w.response(fast, &p).is_some(), "the fast client keeps being served");
+        assert!(
+            w.response(fast, &p).is_some(),
+            "the fast client keeps being served"
+        );
     }
     assert!(w.client(slow).closed, "the slow client was cut off");
     assert!(w.server.queued_bytes(fast) == 0);
@@ -90,8 +121,14 @@ fn slow_consumer_is_cut_off_at_its_bound() {
 /// Over the connection limit, a new connection gets `hello_error` and is closed.
 #[test]
 fn connection_limit_is_explicit() {
-    let limits = Limits { max_connections: 2, ..Limits::default() };
-    let mut w = World::new(Options { limits, ..Options::default() });
+    let limits = Limits {
+        max_connections: 2,
+        ..Limits::default()
+    };
+    let mut w = World::new(Options {
+        limits,
+        ..Options::default()
+    });
     let _a = w.connect_ready();
     let _b = w.connect_ready();
     let c = w.connect();
@@ -110,17 +147,35 @@ fn worker_crash_mid_turn() {
     let mut w = World::new(Options::default());
     let a = w.connect_ready();
     let s = create(&mut w, a);
-    let p = w.request(a, Command::Prompt { session_id: s.clone(), text: "first".into() });
+    let p = w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "first".into(),
+        },
+    );
     w.settle(Duration::from_secs(10));
     assert!(w.response(a, &p).is_some());
-    w.request(a, Command::Prompt { session_id: s.clone(), text: "second".into() });
+    w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "second".into(),
+        },
+    );
     w.advance(Duration::from_millis(25));
     let worker = w.worker_of(&s).expect("live");
     w.crash_worker(worker);
     assert!(w.client(a).closed, "attached connections are closed");
     let b = w.connect_ready();
-    let r = w.request(b, Command::Attach { session_id: s.clone() });
-    let Some(Ok(CommandResult::Attach { session })) = w.response(b, &r).map(|r| r.outcome.clone()) else {
+    let r = w.request(
+        b,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
+    let Some(Ok(CommandResult::Attach { session })) = w.response(b, &r).map(|r| r.outcome.clone())
+    else {
         panic!("re-attach works")
     };
     assert_ne!(w.worker_of(&s), Some(worker), "a fresh worker");
@@ -132,7 +187,13 @@ fn worker_crash_mid_turn() {
             _ => None,
         })
         .collect();
-    assert!(matches!(statuses.as_slice(), [AssistantStatus::Complete(_), AssistantStatus::Aborted]), "{statuses:?}");
+    assert!(
+        matches!(
+            statuses.as_slice(),
+            [AssistantStatus::Complete(_), AssistantStatus::Aborted]
+        ),
+        "{statuses:?}"
+    );
     snapshot("edge_worker_crash_mid_turn", &w);
 }
 
@@ -145,19 +206,54 @@ fn remove_session() {
     let a = w.connect_ready();
     let b = w.connect_ready();
     let s = create(&mut w, a);
-    w.request(b, Command::Attach { session_id: s.clone() });
-    w.request(a, Command::Prompt { session_id: s.clone(), text: "busy".into() });
-    let r = w.request(b, Command::Remove { session_id: s.clone() });
-    assert!(matches!(w.response(b, &r).map(|r| &r.outcome), Some(Err(e)) if e.code == ErrorCode::Busy));
+    w.request(
+        b,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
+    w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "busy".into(),
+        },
+    );
+    let r = w.request(
+        b,
+        Command::Remove {
+            session_id: s.clone(),
+        },
+    );
+    assert!(
+        matches!(w.response(b, &r).map(|r| &r.outcome), Some(Err(e)) if e.code == ErrorCode::Busy)
+    );
     w.settle(Duration::from_secs(10));
-    let r = w.request(b, Command::Remove { session_id: s.clone() });
-    assert!(matches!(w.response(b, &r).map(|r| &r.outcome), Some(Ok(CommandResult::Remove { .. }))));
+    let r = w.request(
+        b,
+        Command::Remove {
+            session_id: s.clone(),
+        },
+    );
+    assert!(matches!(
+        w.response(b, &r).map(|r| &r.outcome),
+        Some(Ok(CommandResult::Remove { .. }))
+    ));
     assert!(!w.store.sessions.contains_key(&s));
     assert!(w.client(a).received.iter().any(|m| matches!(m, ServerMessage::Event(ServerEvent::SessionRemoved { session_id }) if *session_id == s)));
     let r = w.request(a, Command::List);
-    assert!(matches!(w.response(a, &r).map(|r| &r.outcome), Some(Ok(CommandResult::List { sessions })) if sessions.is_empty()));
-    let r = w.request(a, Command::Remove { session_id: s.clone() });
-    assert!(matches!(w.response(a, &r).map(|r| &r.outcome), Some(Err(e)) if e.code == ErrorCode::NotFound));
+    assert!(
+        matches!(w.response(a, &r).map(|r| &r.outcome), Some(Ok(CommandResult::List { sessions })) if sessions.is_empty())
+    );
+    let r = w.request(
+        a,
+        Command::Remove {
+            session_id: s.clone(),
+        },
+    );
+    assert!(
+        matches!(w.response(a, &r).map(|r| &r.outcome), Some(Err(e)) if e.code == ErrorCode::NotFound)
+    );
     snapshot("edge_remove_session", &w);
 }
 
@@ -169,12 +265,26 @@ fn storage_failure_is_a_runtime_error() {
     let a = w.connect_ready();
     let s = create(&mut w, a);
     w.store.fail_writes = true;
-    w.request(a, Command::Prompt { session_id: s.clone(), text: "doomed".into() });
+    w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "doomed".into(),
+        },
+    );
     assert!(w.client(a).closed);
     assert_eq!(w.worker_count(), 0);
     w.store.fail_writes = false;
     let b = w.connect_ready();
-    let r = w.request(b, Command::Attach { session_id: s.clone() });
-    assert!(matches!(w.response(b, &r).map(|r| &r.outcome), Some(Ok(CommandResult::Attach { .. }))));
+    let r = w.request(
+        b,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
+    assert!(matches!(
+        w.response(b, &r).map(|r| &r.outcome),
+        Some(Ok(CommandResult::Attach { .. }))
+    ));
     snapshot("edge_storage_failure_is_a_runtime_error", &w);
 }

@@ -7,7 +7,7 @@ use kernel::protocol::{
     ServerMessage, SessionPhase, ThinkingLevel, TranscriptItem,
 };
 use kernel::server::Stage;
-use sim::world::{Options, World, WorkerScript};
+use sim::world::{Options, WorkerScript, World};
 use std::time::Duration;
 
 fn snapshot(name: &str, world: &World) {
@@ -39,12 +39,21 @@ fn last_hello_error(world: &World, conn: kernel::ids::ConnId) -> ErrorCode {
 }
 
 fn create(world: &mut World, conn: kernel::ids::ConnId) -> String {
-    let r = world.request(conn, Command::Create(CreateParams { cwd: Some("/work".into()), ..Default::default() }));
+    let r = world.request(
+        conn,
+        Command::Create(CreateParams {
+            cwd: Some("/work".into()),
+            ..Default::default()
+        }),
+    );
     world.created(conn, &r)
 }
 
 fn prompt(s: &str, text: &str) -> Command {
-    Command::Prompt { session_id: s.to_string(), text: text.to_string() }
+    Command::Prompt {
+        session_id: s.to_string(),
+        text: text.to_string(),
+    }
 }
 
 /// Scenario 1: A hello with the right token and version is accepted; a missing or
@@ -52,18 +61,28 @@ fn prompt(s: &str, text: &str) -> Command {
 /// `version`. Each rejection is the last frame before the close.
 #[test]
 fn s01_handshake_auth_and_version() {
-    let mut w = World::new(Options { token: Some("s3cret".into()), ..Options::default() });
+    let mut w = World::new(Options {
+        token: Some("s3cret".into()),
+        ..Options::default()
+    });
     let good = w.connect();
     w.hello(good, 1, Some("s3cret"));
     assert_eq!(w.server.connection_stage(good), Some(Stage::Ready));
-    assert!(matches!(w.client(good).received[0], ServerMessage::Hello(_)));
+    assert!(matches!(
+        w.client(good).received[0],
+        ServerMessage::Hello(_)
+    ));
 
     let no_token = w.connect();
     w.hello(no_token, 1, None);
     assert_eq!(last_hello_error(&w, no_token), ErrorCode::Auth);
     let bad_token = w.connect();
     w.hello(bad_token, 2, Some("guess"));
-    assert_eq!(last_hello_error(&w, bad_token), ErrorCode::Auth, "auth is checked before the version");
+    assert_eq!(
+        last_hello_error(&w, bad_token),
+        ErrorCode::Auth,
+        "auth is checked before the version"
+    );
     let bad_version = w.connect();
     w.hello(bad_version, 2, Some("s3cret"));
     assert_eq!(last_hello_error(&w, bad_version), ErrorCode::Version);
@@ -106,15 +125,42 @@ fn s03_server_assigned_ids_list_attach_detach() {
     let s1 = create(&mut w, a);
     assert!(kernel::rng::is_uuid_v4(&s1), "server-assigned UUID: {s1}");
     let r = w.request(a, Command::List);
-    assert!(matches!(ok(&w, a, &r), CommandResult::List { sessions } if sessions.len() == 1 && sessions[0].id == s1));
+    assert!(
+        matches!(ok(&w, a, &r), CommandResult::List { sessions } if sessions.len() == 1 && sessions[0].id == s1)
+    );
     let b = w.connect_ready();
-    let r = w.request(b, Command::Attach { session_id: s1.clone() });
-    assert!(matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached && session.locked));
-    let r = w.request(b, Command::Detach { session_id: s1.clone() });
+    let r = w.request(
+        b,
+        Command::Attach {
+            session_id: s1.clone(),
+        },
+    );
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached && session.locked)
+    );
+    let r = w.request(
+        b,
+        Command::Detach {
+            session_id: s1.clone(),
+        },
+    );
     assert!(matches!(ok(&w, b, &r), CommandResult::Detach { session_id } if session_id == s1));
-    let r = w.request(b, Command::Detach { session_id: s1.clone() });
-    assert!(matches!(ok(&w, b, &r), CommandResult::Detach { .. }), "detach when not attached still answers");
-    let r = w.request(b, Command::Attach { session_id: "no-such-session".into() });
+    let r = w.request(
+        b,
+        Command::Detach {
+            session_id: s1.clone(),
+        },
+    );
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Detach { .. }),
+        "detach when not attached still answers"
+    );
+    let r = w.request(
+        b,
+        Command::Attach {
+            session_id: "no-such-session".into(),
+        },
+    );
     assert_eq!(err(&w, b, &r), ErrorCode::NotFound);
     snapshot("s03_server_assigned_ids_list_attach_detach", &w);
 }
@@ -130,8 +176,15 @@ fn s04_independent_attachments_on_one_connection() {
     assert_eq!(w.server.attachments(c).len(), 2);
     let p = w.request(c, prompt(&s1, "only s1"));
     w.settle(Duration::from_secs(10));
-    assert!(matches!(ok(&w, c, &p), CommandResult::Prompt { session } if session.id == s1 && session.transcript.len() == 2));
-    let r = w.request(c, Command::Detach { session_id: s1.clone() });
+    assert!(
+        matches!(ok(&w, c, &p), CommandResult::Prompt { session } if session.id == s1 && session.transcript.len() == 2)
+    );
+    let r = w.request(
+        c,
+        Command::Detach {
+            session_id: s1.clone(),
+        },
+    );
     ok(&w, c, &r);
     assert_eq!(w.server.attachments(c), vec![s2.clone()]);
     assert!(w.worker_of(&s1).is_none(), "idle and unattached: disposed");
@@ -153,12 +206,24 @@ fn s05_snapshots_and_progress_only_to_attached() {
         w.client(c)
             .received
             .iter()
-            .filter(|m| matches!(m, ServerMessage::Event(ServerEvent::SessionSnapshot { .. } | ServerEvent::SessionProgress { .. })))
+            .filter(|m| {
+                matches!(
+                    m,
+                    ServerMessage::Event(
+                        ServerEvent::SessionSnapshot { .. } | ServerEvent::SessionProgress { .. }
+                    )
+                )
+            })
             .count()
     };
     assert!(session_events(&w, a) > 5);
     assert_eq!(session_events(&w, b), 0);
-    assert!(w.client(b).received.iter().any(|m| matches!(m, ServerMessage::Event(ServerEvent::ServerSnapshot { .. }))));
+    assert!(
+        w.client(b)
+            .received
+            .iter()
+            .any(|m| matches!(m, ServerMessage::Event(ServerEvent::ServerSnapshot { .. })))
+    );
     snapshot("s05_snapshots_and_progress_only_to_attached", &w);
 }
 
@@ -170,14 +235,33 @@ fn s06_every_attached_client_controls_the_runtime() {
     let a = w.connect_ready();
     let b = w.connect_ready();
     let s = create(&mut w, a);
-    w.request(b, Command::Attach { session_id: s.clone() });
+    w.request(
+        b,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
     let p = w.request(b, prompt(&s, "from b"));
     w.advance(Duration::from_millis(25));
-    let st = w.request(a, Command::Steer { session_id: s.clone(), text: "from a".into() });
-    assert!(matches!(ok(&w, a, &st), CommandResult::Steer { session } if session.queued_steer_count == 1));
+    let st = w.request(
+        a,
+        Command::Steer {
+            session_id: s.clone(),
+            text: "from a".into(),
+        },
+    );
+    assert!(
+        matches!(ok(&w, a, &st), CommandResult::Steer { session } if session.queued_steer_count == 1)
+    );
     w.settle(Duration::from_secs(10));
-    let CommandResult::Prompt { session } = ok(&w, b, &p) else { panic!() };
-    let users = session.transcript.iter().filter(|i| matches!(i, TranscriptItem::User(_))).count();
+    let CommandResult::Prompt { session } = ok(&w, b, &p) else {
+        panic!()
+    };
+    let users = session
+        .transcript
+        .iter()
+        .filter(|i| matches!(i, TranscriptItem::User(_)))
+        .count();
     assert_eq!(users, 2, "the steer was taken into the turn");
     assert_eq!(session.queued_steer_count, 0);
     assert_eq!(w.worker_count(), 1);
@@ -192,29 +276,92 @@ fn s07_no_prompt_queueing_steer_and_abort() {
     let mut w = World::new(Options::default());
     let c = w.connect_ready();
     let s = create(&mut w, c);
-    let idle_steer = w.request(c, Command::Steer { session_id: s.clone(), text: "early".into() });
+    let idle_steer = w.request(
+        c,
+        Command::Steer {
+            session_id: s.clone(),
+            text: "early".into(),
+        },
+    );
     assert_eq!(err(&w, c, &idle_steer), ErrorCode::Busy);
-    let idle_abort = w.request(c, Command::Abort { session_id: s.clone() });
+    let idle_abort = w.request(
+        c,
+        Command::Abort {
+            session_id: s.clone(),
+        },
+    );
     assert_eq!(err(&w, c, &idle_abort), ErrorCode::Busy);
     let p = w.request(c, prompt(&s, "long task"));
     w.advance(Duration::from_millis(25));
     let p2 = w.request(c, prompt(&s, "second"));
     assert_eq!(err(&w, c, &p2), ErrorCode::Busy);
-    let m = w.request(c, Command::SetModel { session_id: s.clone(), model: ModelRef { provider: "faux".into(), id: "faux-reasoner".into() } });
+    let m = w.request(
+        c,
+        Command::SetModel {
+            session_id: s.clone(),
+            model: ModelRef {
+                provider: "faux".into(),
+                id: "faux-reasoner".into(),
+            },
+        },
+    );
     assert_eq!(err(&w, c, &m), ErrorCode::Busy);
-    let st = w.request(c, Command::Steer { session_id: s.clone(), text: "focus".into() });
+    let st = w.request(
+        c,
+        Command::Steer {
+            session_id: s.clone(),
+            text: "focus".into(),
+        },
+    );
     ok(&w, c, &st);
-    assert!(w.response(c, &p).is_none(), "the prompt is pending during its turn");
-    let ab = w.request(c, Command::Abort { session_id: s.clone() });
-    let CommandResult::Abort { session } = ok(&w, c, &ab) else { panic!() };
+    assert!(
+        w.response(c, &p).is_none(),
+        "the prompt is pending during its turn"
+    );
+    let ab = w.request(
+        c,
+        Command::Abort {
+            session_id: s.clone(),
+        },
+    );
+    let CommandResult::Abort { session } = ok(&w, c, &ab) else {
+        panic!()
+    };
     assert_eq!(session.phase, SessionPhase::Idle);
-    let CommandResult::Prompt { session } = ok(&w, c, &p) else { panic!("the aborted prompt succeeds") };
-    assert!(session.transcript.iter().any(|i| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Aborted)));
-    let m = w.request(c, Command::SetModel { session_id: s.clone(), model: ModelRef { provider: "faux".into(), id: "faux-reasoner".into() } });
+    let CommandResult::Prompt { session } = ok(&w, c, &p) else {
+        panic!("the aborted prompt succeeds")
+    };
+    assert!(session.transcript.iter().any(
+        |i| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Aborted)
+    ));
+    let m = w.request(
+        c,
+        Command::SetModel {
+            session_id: s.clone(),
+            model: ModelRef {
+                provider: "faux".into(),
+                id: "faux-reasoner".into(),
+            },
+        },
+    );
     ok(&w, c, &m);
-    let t = w.request(c, Command::SetThinking { session_id: s.clone(), thinking_level: ThinkingLevel::High });
-    assert!(matches!(ok(&w, c, &t), CommandResult::SetThinking { session } if session.thinking_level == ThinkingLevel::High));
-    let bad = w.request(c, Command::SetThinking { session_id: s.clone(), thinking_level: ThinkingLevel::Max });
+    let t = w.request(
+        c,
+        Command::SetThinking {
+            session_id: s.clone(),
+            thinking_level: ThinkingLevel::High,
+        },
+    );
+    assert!(
+        matches!(ok(&w, c, &t), CommandResult::SetThinking { session } if session.thinking_level == ThinkingLevel::High)
+    );
+    let bad = w.request(
+        c,
+        Command::SetThinking {
+            session_id: s.clone(),
+            thinking_level: ThinkingLevel::Max,
+        },
+    );
     assert_eq!(err(&w, c, &bad), ErrorCode::InvalidRequest);
     snapshot("s07_no_prompt_queueing_steer_and_abort", &w);
 }
@@ -228,12 +375,24 @@ fn s08_attachment_state_relative_to_requester() {
     let a = w.connect_ready();
     let b = w.connect_ready();
     let s = create(&mut w, a);
-    w.request(b, Command::Attach { session_id: s.clone() });
+    w.request(
+        b,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
     let p = w.request(a, prompt(&s, "then leave"));
     w.advance(Duration::from_millis(15));
-    w.request(a, Command::Detach { session_id: s.clone() });
+    w.request(
+        a,
+        Command::Detach {
+            session_id: s.clone(),
+        },
+    );
     w.settle(Duration::from_secs(10));
-    let CommandResult::Prompt { session } = ok(&w, a, &p) else { panic!() };
+    let CommandResult::Prompt { session } = ok(&w, a, &p) else {
+        panic!()
+    };
     assert!(!session.attached, "the requester is no longer attached");
     let last_b = w.client(b).received.iter().rev().find_map(|m| match m {
         ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }) => Some(snapshot.clone()),
@@ -257,7 +416,9 @@ fn s09_busy_work_survives_disconnect() {
     w.settle(Duration::from_secs(10));
     assert!(w.worker_of(&s).is_none(), "disposed once idle");
     let stored = &w.store.sessions[&s];
-    assert!(matches!(stored.transcript.last(), Some(TranscriptItem::Assistant(a)) if matches!(a.status, AssistantStatus::Complete(_))));
+    assert!(
+        matches!(stored.transcript.last(), Some(TranscriptItem::Assistant(a)) if matches!(a.status, AssistantStatus::Complete(_)))
+    );
     snapshot("s09_busy_work_survives_disconnect", &w);
 }
 
@@ -276,8 +437,15 @@ fn s10_lazy_restore_after_restart() {
     let r = w.request(c, Command::List);
     assert!(matches!(ok(&w, c, &r), CommandResult::List { sessions } if sessions.len() == 1));
     assert_eq!(w.worker_count(), 0, "listing opens nothing");
-    let r = w.request(c, Command::Attach { session_id: s.clone() });
-    let CommandResult::Attach { session } = ok(&w, c, &r) else { panic!() };
+    let r = w.request(
+        c,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
+    let CommandResult::Attach { session } = ok(&w, c, &r) else {
+        panic!()
+    };
     assert_eq!(session.transcript.len(), 2);
     assert_eq!(w.worker_count(), 1);
     snapshot("s10_lazy_restore_after_restart", &w);
@@ -288,7 +456,8 @@ fn s10_lazy_restore_after_restart() {
 #[test]
 fn s11_wrong_runtime_id_rejected_and_disposed() {
     let mut w = World::new(Options::default());
-    w.worker_scripts.insert(String::new(), WorkerScript::WrongId("impostor".into()));
+    w.worker_scripts
+        .insert(String::new(), WorkerScript::WrongId("impostor".into()));
     let c = w.connect_ready();
     let r = w.request(c, Command::Create(CreateParams::default()));
     assert_eq!(err(&w, c, &r), ErrorCode::InvalidRequest);
@@ -305,13 +474,31 @@ fn s12_lock_errors_and_unattached_control() {
     let mut w = World::new(Options::default());
     let c = w.connect_ready();
     let s = create(&mut w, c);
-    w.request(c, Command::Detach { session_id: s.clone() });
-    w.worker_scripts.insert(s.clone(), WorkerScript::Fail(ErrorCode::SessionLocked, format!("Session is locked: {s}")));
-    let r = w.request(c, Command::Attach { session_id: s.clone() });
+    w.request(
+        c,
+        Command::Detach {
+            session_id: s.clone(),
+        },
+    );
+    w.worker_scripts.insert(
+        s.clone(),
+        WorkerScript::Fail(ErrorCode::SessionLocked, format!("Session is locked: {s}")),
+    );
+    let r = w.request(
+        c,
+        Command::Attach {
+            session_id: s.clone(),
+        },
+    );
     assert_eq!(err(&w, c, &r), ErrorCode::SessionLocked);
     let r = w.request(c, prompt(&s, "not attached"));
     assert_eq!(err(&w, c, &r), ErrorCode::InvalidRequest);
-    let r = w.request(c, Command::Abort { session_id: "unknown".into() });
+    let r = w.request(
+        c,
+        Command::Abort {
+            session_id: "unknown".into(),
+        },
+    );
     assert_eq!(err(&w, c, &r), ErrorCode::InvalidRequest);
     snapshot("s12_lock_errors_and_unattached_control", &w);
 }
@@ -330,7 +517,11 @@ fn s13_graceful_close_releases_all_runtimes() {
     w.shutdown();
     assert!(w.client(a).closed && w.client(b).closed);
     assert_eq!(w.worker_count(), 0);
-    assert!(w.trace.iter().any(|l| l.ends_with("server shutdown complete")));
+    assert!(
+        w.trace
+            .iter()
+            .any(|l| l.ends_with("server shutdown complete"))
+    );
     assert!(matches!(
         w.store.sessions[&s1].transcript.last(),
         Some(TranscriptItem::Assistant(a)) if a.status == AssistantStatus::Aborted

@@ -1,0 +1,238 @@
+//! The busy rules of pi protocol v1: nothing queues.
+//!
+//! Checked at two levels.
+//!
+//! **Runtime.** When a runtime receives an operation, its answer follows from
+//! its phase just before: `prompt` is `busy` exactly when a turn runs (any
+//! phase but idle); `steer` and `abort` are `busy` exactly when idle;
+//! `set_model` and `set_thinking` are `busy` exactly when a turn runs.
+//!
+//! **Kernel.** A prompt whose turn started at a runtime is *running* until
+//! the kernel consumes its completion (or its worker's exit). Prompt texts
+//! name their request (`c3#r7`, or `!c3#r7` for a tool call), so a
+//! snapshot's transcript tells which prompts it contains. Then:
+//!
+//! - a snapshot in a non-idle phase contains exactly one running prompt, and
+//!   it is the last prompt of its transcript (one prompt per session at a time);
+//! - a `busy` response to a prompt is sent only while another prompt of that
+//!   session is running;
+//! - a successful prompt response carries an idle snapshot that contains the prompt.
+
+use super::{Check, Violation};
+use crate::world::{Fact, result_session};
+use kernel::ids::{ConnId, OpId, WorkerId};
+use kernel::protocol::{
+    Command, CommandResult, Content, ErrorCode, ServerEvent, ServerMessage, SessionPhase,
+    SessionSnapshot, TranscriptItem,
+};
+use kernel::worker::Operation;
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+/// A prompt request: its connection and request id.
+pub type PromptId = (ConnId, String);
+
+/// Running prompts and the prompt requests sent.
+#[derive(Debug, Default, Clone)]
+pub struct Busy {
+    running: BTreeMap<(WorkerId, OpId), (String, PromptId)>,
+    prompts: BTreeMap<PromptId, String>,
+    /// Operations checked at runtimes.
+    pub operations: u64,
+}
+
+fn violation(message: String) -> Check {
+    Err(Violation::new("busy", message))
+}
+
+/// The text a driver puts in a prompt, naming its request.
+pub fn prompt_text(conn: ConnId, request_id: &str, tool: bool) -> String {
+    format!("{}{conn}#{request_id}", if tool { "!" } else { "" })
+}
+
+/// The request a prompt text names, if it is one.
+pub fn parse_prompt(text: &str) -> Option<PromptId> {
+    let text = text.strip_prefix('!').unwrap_or(text);
+    let (conn, request) = text.split_once('#')?;
+    let conn = conn.strip_prefix('c')?.parse().ok()?;
+    Some((ConnId(conn), request.to_string()))
+}
+
+fn user_prompt(item: &TranscriptItem) -> Option<PromptId> {
+    let TranscriptItem::User(user) = item else {
+        return None;
+    };
+    user.content.iter().find_map(|c| match c {
+        Content::Text { text } => parse_prompt(text),
+        _ => None,
+    })
+}
+
+impl Busy {
+    /// Applies one fact.
+    pub fn observe(&mut self, fact: &Fact) -> Check {
+        match fact {
+            Fact::RequestSent {
+                conn,
+                id,
+                command: Command::Prompt { session_id, .. },
+            } => {
+                self.prompts.insert((*conn, id.clone()), session_id.clone());
+            }
+            Fact::RuntimeOp {
+                worker,
+                session_id,
+                op,
+                operation,
+                phase_before,
+                immediate,
+            } => {
+                self.operations += 1;
+                check_runtime(operation, *phase_before, *immediate, session_id)?;
+                let started = *phase_before == SessionPhase::Idle && immediate.is_none();
+                if let (Operation::Prompt { text }, true) = (operation, started)
+                    && let Some(prompt) = parse_prompt(text)
+                {
+                    self.running
+                        .insert((*worker, *op), (session_id.clone(), prompt));
+                }
+            }
+            Fact::OpDoneConsumed { worker, op } => {
+                self.running.remove(&(*worker, *op));
+            }
+            Fact::WorkerExitConsumed { worker } => self.running.retain(|(w, _), _| w != worker),
+            Fact::ServerRestarted => self.running.clear(),
+            Fact::Emitted { conn, message, .. } => return self.check_emitted(*conn, message),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn check_emitted(&self, conn: ConnId, message: &ServerMessage) -> Check {
+        match message {
+            ServerMessage::Response(r) => {
+                let prompt = (conn, r.id.clone());
+                if let Some(session_id) = self.prompts.get(&prompt) {
+                    self.check_prompt_response(&prompt, session_id, &r.outcome)?;
+                }
+                match r.outcome.as_ref().ok().and_then(result_session) {
+                    Some(snapshot) => self.check_snapshot(snapshot),
+                    None => Ok(()),
+                }
+            }
+            ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }) => {
+                self.check_snapshot(snapshot)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_prompt_response(
+        &self,
+        prompt: &PromptId,
+        session_id: &str,
+        outcome: &Result<CommandResult, kernel::protocol::ProtocolError>,
+    ) -> Check {
+        let (conn, id) = prompt;
+        match outcome {
+            Err(e) if e.code == ErrorCode::Busy => {
+                let other = self
+                    .running
+                    .values()
+                    .any(|(s, p)| s == session_id && p != prompt);
+                if !other {
+                    return violation(format!(
+                        "{conn}: prompt {id} answered busy while no other prompt of {session_id} runs"
+                    ));
+                }
+            }
+            Ok(CommandResult::Prompt { session }) => {
+                let contains = session
+                    .transcript
+                    .iter()
+                    .any(|i| user_prompt(i).as_ref() == Some(prompt));
+                if session.phase != SessionPhase::Idle || !contains {
+                    return violation(format!(
+                        "{conn}: prompt {id} succeeded with phase {} (contains it: {contains})",
+                        session.phase.as_str()
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A snapshot in a non-idle phase contains exactly one running prompt, its last.
+    fn check_snapshot(&self, snapshot: &SessionSnapshot) -> Check {
+        if snapshot.phase == SessionPhase::Idle {
+            return Ok(());
+        }
+        let prompts: Vec<PromptId> = snapshot.transcript.iter().filter_map(user_prompt).collect();
+        let running: Vec<&PromptId> = self
+            .running
+            .values()
+            .filter(|(s, p)| *s == snapshot.id && prompts.contains(p))
+            .map(|(_, p)| p)
+            .collect();
+        let last = prompts.last();
+        if running.len() != 1 || last != Some(running[0]) {
+            return violation(format!(
+                "{} rev {} in phase {}: running prompts {running:?}, last prompt {last:?}",
+                snapshot.id,
+                snapshot.revision,
+                snapshot.phase.as_str()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Folds the running prompts into a fingerprint.
+    pub fn fingerprint(&self, hasher: &mut impl Hasher) {
+        self.running.hash(hasher);
+    }
+}
+
+/// The runtime's answer follows from its phase before the operation.
+fn check_runtime(
+    operation: &Operation,
+    phase: SessionPhase,
+    immediate: Option<Result<(), ErrorCode>>,
+    session_id: &str,
+) -> Check {
+    let running = phase != SessionPhase::Idle;
+    let busy = immediate == Some(Err(ErrorCode::Busy));
+    let (expect_busy, name) = match operation {
+        Operation::Prompt { .. } => (running, "prompt"),
+        Operation::Steer { .. } => (!running, "steer"),
+        Operation::Abort => (!running, "abort"),
+        Operation::SetModel { .. } => (running, "set_model"),
+        Operation::SetThinking { .. } => (running, "set_thinking"),
+    };
+    if busy != expect_busy {
+        return violation(format!(
+            "{session_id}: runtime answered {name} in phase {} with {immediate:?}",
+            phase.as_str()
+        ));
+    }
+    let answered_now = !matches!(operation, Operation::Prompt { .. });
+    if answered_now && immediate.is_none() {
+        return violation(format!(
+            "{session_id}: runtime did not answer {name} at once"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_texts_name_their_request() {
+        let text = prompt_text(ConnId(3), "r7", true);
+        assert_eq!(text, "!c3#r7");
+        assert_eq!(parse_prompt(&text), Some((ConnId(3), "r7".to_string())));
+        assert_eq!(parse_prompt("hello"), None);
+    }
+}

@@ -1,0 +1,49 @@
+//! At most one live runtime and one worker per session, and the kernel's
+//! view of its workers is the truth: every worker process the kernel has not
+//! yet seen exit is one the kernel tracks, for the same session, and back.
+
+use super::{Check, Violation};
+use crate::world::World;
+use kernel::ids::WorkerId;
+use std::collections::BTreeMap;
+
+fn violation(message: String) -> Check {
+    Err(Violation::new("processes", message))
+}
+
+/// Checks the world's workers against each other and against the kernel.
+pub fn check(world: &World) -> Check {
+    let mut runtimes: BTreeMap<&str, WorkerId> = BTreeMap::new();
+    let workers = world.workers();
+    for (worker, session_id, _, phase) in &workers {
+        if phase.is_some()
+            && let Some(other) = runtimes.insert(session_id, *worker)
+        {
+            return violation(format!(
+                "{session_id}: two live runtimes ({other} and {worker})"
+            ));
+        }
+    }
+    let kernel = world.server.live_sessions();
+    let mut sessions: BTreeMap<&str, WorkerId> = BTreeMap::new();
+    for (session_id, worker, _) in &kernel {
+        if let Some(other) = sessions.insert(session_id, *worker) {
+            return violation(format!(
+                "{session_id}: the kernel tracks {other} and {worker}"
+            ));
+        }
+    }
+    let ours: Vec<(WorkerId, &str)> = workers.iter().map(|(w, s, _, _)| (*w, *s)).collect();
+    let theirs: Vec<(WorkerId, &str)> = {
+        let mut v: Vec<(WorkerId, &str)> =
+            kernel.iter().map(|(s, w, _)| (*w, s.as_str())).collect();
+        v.sort();
+        v
+    };
+    if ours != theirs {
+        return violation(format!(
+            "world workers {ours:?} but kernel workers {theirs:?}"
+        ));
+    }
+    Ok(())
+}

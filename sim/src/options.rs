@@ -1,0 +1,415 @@
+//! One seed → every option of a run (TigerBeetle's `options_swarm`).
+//!
+//! [`SwarmOptions::from_seed`] draws, in a fixed order, the shape of the run
+//! (clients, sessions, length), the kernel's limits (small, so that bounds are
+//! actually reached), and the fault mix: each [`FaultKind`] is enabled or not
+//! and, when enabled, gets its own probability and stability (how long an
+//! injected condition lasts, in driver steps). Faults are data: the driver
+//! only reads these numbers.
+//!
+//! Overrides from the command line ([`Overrides`]) are applied *after* every
+//! draw, so `--steps` or `--clients` do not change the other options.
+
+use crate::prng::{Prng, Ratio};
+use crate::world::{self, Holds};
+use kernel::limits::Limits;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// A kind of fault the swarm can inject. See [`FaultKind::describe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// Client bytes reach the server in random pieces instead of whole writes.
+    Split,
+    /// Deliveries pick a random channel instead of the oldest message.
+    Reorder,
+    /// Time passes while messages are still in flight.
+    Delay,
+    /// A client disconnects at any point (gracefully or abruptly).
+    Disconnect,
+    /// A client sends garbage bytes, a wrong version, or a request before hello.
+    Garbage,
+    /// A client connects and never says hello (handshake timeout).
+    Idle,
+    /// A client stops reading for a while (its output piles up in the server).
+    SlowConsumer,
+    /// A worker process dies at any point (opening, mid-turn, disposing).
+    WorkerCrash,
+    /// A worker's boot (its ready) is held back for a while.
+    WorkerHold,
+    /// Spawning workers fails for a while.
+    SpawnFailure,
+    /// Every store write fails for a while.
+    StorageFailure,
+    /// A model call fails (transient or not), so the runtime retries or ends the turn.
+    ModelFailure,
+    /// The server process crashes and restarts on the same store.
+    ServerRestart,
+    /// A worker's exit notice may overtake its messages in flight.
+    ExitRace,
+    /// After a (re)start, the catalog loads late; hellos wait in `Handshaking`.
+    CatalogDelay,
+}
+
+impl FaultKind {
+    /// Every kind, in the order they are drawn.
+    pub const ALL: [Self; 15] = [
+        Self::Split,
+        Self::Reorder,
+        Self::Delay,
+        Self::Disconnect,
+        Self::Garbage,
+        Self::Idle,
+        Self::SlowConsumer,
+        Self::WorkerCrash,
+        Self::WorkerHold,
+        Self::SpawnFailure,
+        Self::StorageFailure,
+        Self::ModelFailure,
+        Self::ServerRestart,
+        Self::ExitRace,
+        Self::CatalogDelay,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Split => "split",
+            Self::Reorder => "reorder",
+            Self::Delay => "delay",
+            Self::Disconnect => "disconnect",
+            Self::Garbage => "garbage",
+            Self::Idle => "idle",
+            Self::SlowConsumer => "slow-consumer",
+            Self::WorkerCrash => "worker-crash",
+            Self::WorkerHold => "worker-hold",
+            Self::SpawnFailure => "spawn-failure",
+            Self::StorageFailure => "storage-failure",
+            Self::ModelFailure => "model-failure",
+            Self::ServerRestart => "server-restart",
+            Self::ExitRace => "exit-race",
+            Self::CatalogDelay => "catalog-delay",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// What the probability is per, and the range it is drawn from.
+    fn draw(self, prng: &mut Prng) -> Fault {
+        let per_mille =
+            |prng: &mut Prng, max: u64| Ratio::new(prng.range_inclusive(1, max) as u32, 1000);
+        let (probability, stability) = match self {
+            // Per delivery of client bytes / per delivery.
+            Self::Split => (Ratio::new(prng.range_inclusive(10, 90) as u32, 100), 0),
+            Self::Reorder => (Ratio::new(prng.range_inclusive(10, 100) as u32, 100), 0),
+            // Per step.
+            Self::Delay => (per_mille(prng, 150), 0),
+            Self::Disconnect => (per_mille(prng, 15), 0),
+            // Per client action / per connect.
+            Self::Garbage => (per_mille(prng, 60), 0),
+            Self::Idle => (per_mille(prng, 250), 0),
+            // Per step, lasting `stability` steps.
+            Self::SlowConsumer => (per_mille(prng, 20), prng.range_inclusive(5, 300) as u32),
+            Self::WorkerCrash => (per_mille(prng, 15), 0),
+            Self::WorkerHold => (per_mille(prng, 600), prng.range_inclusive(5, 400) as u32),
+            Self::SpawnFailure => (per_mille(prng, 8), prng.range_inclusive(2, 50) as u32),
+            Self::StorageFailure => (per_mille(prng, 8), prng.range_inclusive(2, 80) as u32),
+            Self::ModelFailure => (per_mille(prng, 30), 0),
+            Self::ServerRestart => (Ratio::new(prng.range_inclusive(1, 20) as u32, 10_000), 0),
+            // Switches of the world's delivery model.
+            Self::ExitRace | Self::CatalogDelay => (Ratio::ALWAYS, 0),
+        };
+        Fault {
+            probability,
+            stability,
+        }
+    }
+
+    /// One line for `--help`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Split => "client bytes reach the server in random pieces (per delivery)",
+            Self::Reorder => {
+                "deliver a random channel instead of the oldest message (per delivery)"
+            }
+            Self::Delay => "let time pass while messages are in flight (per step)",
+            Self::Disconnect => "a client disconnects at any point (per step)",
+            Self::Garbage => "garbage bytes, bad version, request before hello (per action)",
+            Self::Idle => "a new connection never says hello (per connect)",
+            Self::SlowConsumer => "a client stops reading for `stability` steps (per step)",
+            Self::WorkerCrash => "a worker process dies at any point (per step)",
+            Self::WorkerHold => "a worker's boot is held for up to `stability` steps (per boot)",
+            Self::SpawnFailure => "spawning workers fails for `stability` steps (per step)",
+            Self::StorageFailure => "store writes fail for `stability` steps (per step)",
+            Self::ModelFailure => "a model call fails, maybe retryably (per step)",
+            Self::ServerRestart => "the server crashes and restarts on its store (per step)",
+            Self::ExitRace => "a worker's exit notice may overtake its messages",
+            Self::CatalogDelay => "after a (re)start the catalog loads late",
+        }
+    }
+}
+
+/// How often a fault happens and how long it lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Probability per step, per delivery, per action or per connect (see [`FaultKind`]).
+    pub probability: Ratio,
+    /// Driver steps an injected condition lasts (0 when the fault is instantaneous).
+    pub stability: u32,
+}
+
+/// Command-line overrides applied after the draw.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Kernel steps of the safety phase.
+    pub steps: Option<u64>,
+    /// Client slots.
+    pub clients: Option<u32>,
+    /// Only these faults (probabilities still come from the seed); `Some(empty)` = none.
+    pub faults: Option<Vec<FaultKind>>,
+}
+
+/// Every option of one swarm run. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct SwarmOptions {
+    /// The seed everything below was drawn from.
+    pub seed: u64,
+    /// Kernel steps ([`kernel::server::Server::step`] calls) of the safety phase.
+    pub steps: u64,
+    /// Driver steps the liveness phase may take before the run must have settled.
+    pub liveness_steps_max: u64,
+    /// Client slots (each holds at most one connection at a time).
+    pub clients: u32,
+    /// Most sessions the clients create.
+    pub sessions: u32,
+    /// Probability per step that a client acts.
+    pub client_action: Ratio,
+    /// Share of prompts that ask the faux model for a tool call (`!` prefix).
+    pub tool_prompts: Ratio,
+    /// Enabled faults.
+    pub faults: BTreeMap<FaultKind, Fault>,
+    /// The kernel's limits.
+    pub limits: Limits,
+    /// Delay between faux deltas.
+    pub faux_delay: Duration,
+    /// Duration of a fake tool run.
+    pub tool_delay: Duration,
+    /// Sub-seed of the server's ids.
+    pub world_seed: u64,
+    /// Sub-seed of the driver's choices.
+    pub driver_seed: u64,
+}
+
+impl SwarmOptions {
+    /// Draws every option from `seed`, then applies `overrides`.
+    pub fn from_seed(seed: u64, overrides: &Overrides) -> Self {
+        let mut prng = Prng::new(seed);
+        let clients = prng.range_inclusive(1, 4) as u32;
+        let sessions = prng.range_inclusive(1, 4) as u32;
+        let client_action = Ratio::new(prng.range_inclusive(5, 40) as u32, 100);
+        let tool_prompts = Ratio::new(prng.range_inclusive(0, 40) as u32, 100);
+        let mut faults = BTreeMap::new();
+        for kind in FaultKind::ALL {
+            let enabled = prng.coin();
+            let fault = kind.draw(&mut prng);
+            if enabled {
+                faults.insert(kind, fault);
+            }
+        }
+        let limits = draw_limits(&mut prng, clients);
+        let faux_delay = Duration::from_millis(prng.range_inclusive(1, 20));
+        let tool_delay = Duration::from_millis(prng.range_inclusive(1, 50));
+        let world_seed = prng.fork();
+        let driver_seed = prng.fork();
+        let mut options = Self {
+            seed,
+            steps: 1000,
+            liveness_steps_max: 100_000,
+            clients,
+            sessions,
+            client_action,
+            tool_prompts,
+            faults,
+            limits,
+            faux_delay,
+            tool_delay,
+            world_seed,
+            driver_seed,
+        };
+        options.apply(overrides, &mut prng);
+        options
+    }
+
+    fn apply(&mut self, overrides: &Overrides, prng: &mut Prng) {
+        if let Some(steps) = overrides.steps {
+            self.steps = steps;
+        }
+        if let Some(clients) = overrides.clients {
+            assert!(clients > 0, "at least one client");
+            self.clients = clients;
+            self.limits.max_connections = self.limits.max_connections.max(clients as usize);
+        }
+        if let Some(only) = &overrides.faults {
+            let mut faults = BTreeMap::new();
+            for kind in only {
+                let drawn = self.faults.get(kind).copied();
+                faults.insert(*kind, drawn.unwrap_or_else(|| kind.draw(prng)));
+            }
+            self.faults = faults;
+        }
+    }
+
+    /// The fault of `kind`, if enabled.
+    pub fn fault(&self, kind: FaultKind) -> Option<Fault> {
+        self.faults.get(&kind).copied()
+    }
+
+    /// Probability of `kind`, zero when disabled.
+    pub fn probability(&self, kind: FaultKind) -> Ratio {
+        self.fault(kind).map_or(Ratio::NEVER, |f| f.probability)
+    }
+
+    /// The world these options describe.
+    pub fn world_options(&self, trace: bool) -> world::Options {
+        let holds = Holds {
+            exit_overtakes: self.faults.contains_key(&FaultKind::ExitRace),
+            catalog: self.faults.contains_key(&FaultKind::CatalogDelay),
+            ..Holds::all()
+        };
+        world::Options {
+            seed: self.world_seed,
+            token: None,
+            limits: self.limits.clone(),
+            faux_delay: self.faux_delay,
+            tool_delay: self.tool_delay,
+            trace_deltas: false,
+            trace,
+            keep_received: false,
+            record_facts: true,
+            holds,
+        }
+    }
+
+    /// The seed and every derived option, one per line (printed before a run).
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        let l = &self.limits;
+        let _ = writeln!(out, "SEED={}", self.seed);
+        let _ = writeln!(
+            out,
+            "steps={} clients={} sessions={} client_action={} tool_prompts={}",
+            self.steps, self.clients, self.sessions, self.client_action, self.tool_prompts
+        );
+        let _ = writeln!(
+            out,
+            "limits: connections={} attachments={} live_sessions={} in_flight={} deferred={}",
+            l.max_connections,
+            l.max_attachments_per_connection,
+            l.max_live_sessions,
+            l.max_requests_in_flight_per_connection,
+            l.max_deferred_requests
+        );
+        let _ = writeln!(
+            out,
+            "limits: frame={} output={} handshake={}ms worker_start={}ms worker_dispose={}ms",
+            l.max_frame_len,
+            l.max_output_bytes_per_connection,
+            l.handshake_timeout.as_millis(),
+            l.worker_start_timeout.as_millis(),
+            l.worker_dispose_timeout.as_millis()
+        );
+        let _ = writeln!(
+            out,
+            "faux_delay={}ms tool_delay={}ms world_seed={:#018x} driver_seed={:#018x}",
+            self.faux_delay.as_millis(),
+            self.tool_delay.as_millis(),
+            self.world_seed,
+            self.driver_seed
+        );
+        let faults: Vec<String> = FaultKind::ALL
+            .iter()
+            .map(|k| match self.faults.get(k) {
+                Some(f) if f.stability > 0 => {
+                    format!("{}={}~{}", k.name(), f.probability, f.stability)
+                }
+                Some(f) => format!("{}={}", k.name(), f.probability),
+                None => format!("{}=off", k.name()),
+            })
+            .collect();
+        let _ = writeln!(out, "faults: {}", faults.join(" "));
+        out
+    }
+}
+
+/// Small limits, so that every bound is reached in a short run.
+fn draw_limits(prng: &mut Prng, clients: u32) -> Limits {
+    let max_frame_len = 1u32 << prng.range_inclusive(15, 19);
+    let output_frames = prng.range_inclusive(1, 4) as usize;
+    Limits {
+        max_connections: prng.range_inclusive(1, u64::from(clients) + 2) as usize,
+        max_attachments_per_connection: prng.range_inclusive(1, 4) as usize,
+        max_live_sessions: prng.range_inclusive(1, 4) as usize,
+        max_requests_in_flight_per_connection: prng.range_inclusive(1, 8) as usize,
+        max_deferred_requests: prng.range_inclusive(1, 8) as usize,
+        max_frame_len,
+        max_output_bytes_per_connection: output_frames * (max_frame_len as usize + 4),
+        handshake_timeout: Duration::from_millis(prng.range_inclusive(500, 5000)),
+        worker_start_timeout: Duration::from_millis(prng.range_inclusive(1000, 15_000)),
+        worker_dispose_timeout: Duration::from_millis(prng.range_inclusive(500, 10_000)),
+        ..Limits::default()
+    }
+}
+
+/// Parses a seed: decimal, `0x` hexadecimal, or a 40-digit git commit hash
+/// (its first 16 hex digits), so that a CI failure replays from the commit.
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Some(hex) = text.strip_prefix("0x") {
+        return u64::from_str_radix(hex, 16).map_err(|e| format!("bad seed {text}: {e}"));
+    }
+    if text.len() == 40 && text.chars().all(|c| c.is_ascii_hexdigit()) {
+        return u64::from_str_radix(&text[..16], 16).map_err(|e| format!("bad seed {text}: {e}"));
+    }
+    text.parse().map_err(|e| format!("bad seed {text}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_decides_everything_and_overrides_change_only_themselves() {
+        let a = SwarmOptions::from_seed(7, &Overrides::default());
+        let b = SwarmOptions::from_seed(7, &Overrides::default());
+        assert_eq!(a.describe(), b.describe());
+        let c = SwarmOptions::from_seed(
+            7,
+            &Overrides {
+                steps: Some(5),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!(c.steps, 5);
+        assert_eq!(c.faults, a.faults);
+        assert_eq!(c.limits, a.limits);
+        assert!(a.limits.validate().is_ok());
+        let none = Overrides {
+            faults: Some(Vec::new()),
+            ..Overrides::default()
+        };
+        assert!(SwarmOptions::from_seed(7, &none).faults.is_empty());
+    }
+
+    #[test]
+    fn seeds_parse_from_numbers_and_commit_hashes() {
+        assert_eq!(parse_seed("42"), Ok(42));
+        assert_eq!(parse_seed("0x10"), Ok(16));
+        let hash = "06d7bf0aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        assert_eq!(parse_seed(hash), Ok(0x06d7_bf0a_aaaa_aaaa));
+        assert!(parse_seed("nope").is_err());
+    }
+}
