@@ -124,6 +124,7 @@ fn session(id: &str) -> StoredSession {
         revision: 1,
         transcript: vec![TranscriptItem::User(user("u0", "hello"))],
         queued_steer: vec![],
+        summary: None,
     }
 }
 
@@ -134,6 +135,7 @@ fn state_of(s: &StoredSession) -> Persist {
         model: s.model.clone(),
         thinking_level: s.thinking_level,
         queued_steer: s.queued_steer.clone(),
+        summary: s.summary.clone(),
     }
 }
 
@@ -706,4 +708,19 @@ fn sigkill_loses_no_committed_write() {
         assert_eq!(loaded.transcript.get(at + 1), Some(&complete), "turn {i}");
     }
     store.close().unwrap();
+}
+
+#[test]
+fn the_compaction_summary_round_trips() {
+    let tmp = TempDir::new();
+    let dir = tmp.sessions();
+    let mut s = session("with-summary");
+    let mut store = SessionStore::create(&dir, &s).unwrap();
+    s.revision = 2;
+    s.summary = Some(kernel::runtime::Summary { text: "they said hello".into(), through: "u0".into() });
+    store.apply(&[state_of(&s)]).unwrap();
+    store.close().unwrap();
+    let (_store, loaded) = SessionStore::open(&dir, "with-summary").unwrap();
+    assert_eq!(loaded.summary, s.summary);
+    assert_eq!(loaded.revision, 2);
 }
