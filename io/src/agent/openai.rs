@@ -480,3 +480,182 @@ fn stream_error(error: &Json) -> Failure {
         Failure::permanent(text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::prompt::tests::{assistant, call, req, text, tool, user};
+    use crate::agent::registry::{Api, builtin_models};
+    use kernel::protocol::{AssistantStatus, Content, ToolStatus};
+
+    fn provider(id: &str) -> ProviderConfig {
+        let meta = builtin_models().into_iter().find(|m| m.id == id).unwrap();
+        ProviderConfig::new(Api::OpenAiCompletions, "http://127.0.0.1:1/v1", meta)
+    }
+
+    fn image() -> Content {
+        Content::Image {
+            data: "AAAA".into(),
+            mime_type: "image/png".into(),
+        }
+    }
+
+    #[test]
+    fn images_tool_calls_and_results_in_chat_completions_shape() {
+        let context = vec![
+            user("item-1", vec![text("what is this?"), image()]),
+            assistant(
+                "item-2",
+                AssistantStatus::Complete(StopReason::ToolUse),
+                vec![
+                    Content::Thinking {
+                        thinking: "hidden".into(),
+                        redacted: None,
+                    },
+                    call(
+                        "c1",
+                        Value::Map(vec![("path".into(), Value::text("a.png"))]),
+                    ),
+                    call("c2", Value::text("{\"path\": ")),
+                ],
+            ),
+            tool(
+                "item-3",
+                "c1",
+                ToolStatus::Complete,
+                vec![text("Read image file a.png"), image()],
+            ),
+            tool(
+                "item-4",
+                "c2",
+                ToolStatus::Error,
+                vec![text("bad arguments")],
+            ),
+        ];
+        let body = body(&provider("gpt-4.1"), &req(context.clone(), None));
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 6, "{m:#?}");
+        assert_eq!(
+            m[1]["content"][0],
+            json!({"type": "text", "text": "what is this?"})
+        );
+        assert_eq!(
+            m[1]["content"][1],
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+        );
+        assert_eq!(m[2]["content"], Json::Null);
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"path\":\"a.png\"}"
+        );
+        assert_eq!(
+            m[2]["tool_calls"][1]["function"]["arguments"],
+            "{\"path\": "
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "Read image file a.png"})
+        );
+        assert_eq!(
+            m[4],
+            json!({"role": "tool", "tool_call_id": "c2", "content": "bad arguments"})
+        );
+        assert_eq!(m[5]["role"], "user");
+        assert_eq!(m[5]["content"][1]["type"], "image_url");
+
+        // A text-only model gets a note instead of the image.
+        let mut p = provider("gpt-4.1");
+        p.model.input = vec![kernel::protocol::InputKind::Text];
+        let body = body_of(&p, context);
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 5);
+        assert!(
+            m[1]["content"][1]["text"]
+                .as_str()
+                .unwrap()
+                .contains("image omitted")
+        );
+        assert!(m[3]["content"].as_str().unwrap().contains("image omitted"));
+    }
+
+    fn body_of(p: &ProviderConfig, context: Vec<kernel::protocol::TranscriptItem>) -> Json {
+        body(p, &req(context, None))
+    }
+
+    #[test]
+    fn reasoning_effort_follows_the_thinking_level() {
+        let p = provider("gpt-5");
+        let mut r = req(vec![user("item-1", vec![text("hi")])], None);
+        r.thinking_level = ThinkingLevel::High;
+        assert_eq!(body(&p, &r)["reasoning_effort"], "high");
+        r.thinking_level = ThinkingLevel::Minimal;
+        assert_eq!(body(&p, &r)["reasoning_effort"], "minimal");
+        r.purpose = Purpose::Summarize;
+        let b = body(&p, &r);
+        assert!(b.get("reasoning_effort").is_none() && b.get("tools").is_none());
+    }
+
+    #[test]
+    fn tool_calls_without_index_and_invalid_arguments() {
+        let p = provider("gpt-4.1");
+        let mut t = Translator::new(&p);
+        let ev = |data: &str| SseEvent {
+            event: None,
+            data: data.into(),
+        };
+        let mut out = Vec::new();
+        for data in [
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"bash","arguments":"{\"comm"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"and\": 1"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"b","function":{"name":"read","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        ] {
+            out.extend(t.on_event(&ev(data)).unwrap());
+        }
+        out.extend(t.finish().unwrap());
+        let inputs: Vec<&Value> = out
+            .iter()
+            .filter_map(|e| match e {
+                ModelEvent::ToolInput { input } => Some(input),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            inputs,
+            [&Value::text("{\"command\": 1"), &Value::Map(vec![])]
+        );
+        assert!(matches!(
+            out.last(),
+            Some(ModelEvent::Done {
+                stop: StopReason::ToolUse,
+                usage: None,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn content_filter_and_mid_stream_errors_fail() {
+        let p = provider("gpt-4.1");
+        let ev = |data: &str| SseEvent {
+            event: None,
+            data: data.into(),
+        };
+        let mut t = Translator::new(&p);
+        t.on_event(&ev(
+            r#"{"choices":[{"delta":{},"finish_reason":"content_filter"}]}"#,
+        ))
+        .unwrap();
+        assert!(!t.finish().unwrap_err().retryable);
+        let mut t = Translator::new(&p);
+        let e = t
+            .on_event(&ev(
+                r#"{"error":{"message":"The server had an error","type":"server_error"}}"#,
+            ))
+            .unwrap_err();
+        assert!(
+            e.retryable && e.message.contains("The server had an error"),
+            "{e:?}"
+        );
+    }
+}

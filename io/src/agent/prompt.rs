@@ -258,3 +258,144 @@ fn plain(content: &[Content], max: usize) -> String {
     }
     text
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use kernel::protocol::{
+        AssistantItem, ModelRef, StopReason, ThinkingLevel, ToolItem, UserItem,
+    };
+
+    pub(crate) fn user(id: &str, content: Vec<Content>) -> TranscriptItem {
+        TranscriptItem::User(UserItem {
+            id: id.into(),
+            content,
+            timestamp: 0,
+        })
+    }
+
+    pub(crate) fn assistant(
+        id: &str,
+        status: AssistantStatus,
+        content: Vec<Content>,
+    ) -> TranscriptItem {
+        TranscriptItem::Assistant(AssistantItem {
+            id: id.into(),
+            content,
+            model: ModelRef {
+                provider: "openai".into(),
+                id: "gpt-4.1".into(),
+            },
+            response_model: None,
+            usage: None,
+            timestamp: 0,
+            status,
+            error_message: None,
+        })
+    }
+
+    pub(crate) fn tool(
+        id: &str,
+        call: &str,
+        status: ToolStatus,
+        content: Vec<Content>,
+    ) -> TranscriptItem {
+        TranscriptItem::Tool(ToolItem {
+            id: id.into(),
+            tool_call_id: call.into(),
+            tool_name: "read".into(),
+            input: Value::Map(vec![]),
+            content,
+            details: None,
+            usage: None,
+            timestamp: 0,
+            status,
+        })
+    }
+
+    pub(crate) fn call(id: &str, input: Value) -> Content {
+        Content::ToolCall {
+            tool_call_id: id.into(),
+            tool_name: "read".into(),
+            input,
+        }
+    }
+
+    pub(crate) fn text(t: &str) -> Content {
+        Content::Text { text: t.into() }
+    }
+
+    pub(crate) fn req(context: Vec<TranscriptItem>, summary: Option<&str>) -> ModelRequest {
+        ModelRequest {
+            model: ModelRef {
+                provider: "openai".into(),
+                id: "gpt-4.1".into(),
+            },
+            thinking_level: ThinkingLevel::Off,
+            purpose: Purpose::Reply,
+            summary: summary.map(str::to_string),
+            context,
+        }
+    }
+
+    #[test]
+    fn calls_and_results_are_paired_and_failed_replies_left_out() {
+        let done = AssistantStatus::Complete(StopReason::ToolUse);
+        let context = vec![
+            user("item-1", vec![text("go")]),
+            assistant(
+                "item-2",
+                done,
+                vec![
+                    text("ok"),
+                    call("c1", Value::Map(vec![])),
+                    call("c2", Value::Map(vec![])),
+                ],
+            ),
+            tool("item-3", "c1", ToolStatus::Complete, vec![text("file")]),
+            // c2 never ran (the turn was aborted before it).
+            assistant(
+                "item-4",
+                AssistantStatus::Aborted,
+                vec![text("half"), call("c3", Value::Map(vec![]))],
+            ),
+            tool("item-5", "c3", ToolStatus::Error, vec![text("stopped")]),
+            user("item-6", vec![text("again")]),
+            assistant("item-7", done, vec![call("c4", Value::Map(vec![]))]),
+            tool("item-8", "c4", ToolStatus::Running, vec![]),
+        ];
+        let got = messages(&req(context, Some("We began.")));
+        let result = |id: &str, t: &str, is_error| Message::ToolResult {
+            call_id: id.into(),
+            content: vec![Part::Text(t.into())],
+            is_error,
+        };
+        let want = vec![
+            Message::User(vec![Part::Text(format!("{SUMMARY_INTRO}\n\nWe began."))]),
+            Message::User(vec![Part::Text("go".into())]),
+            Message::Assistant(vec![
+                Said::Text("ok".into()),
+                Said::ToolCall {
+                    id: "c1".into(),
+                    name: "read".into(),
+                    input: Value::Map(vec![]),
+                },
+                Said::ToolCall {
+                    id: "c2".into(),
+                    name: "read".into(),
+                    input: Value::Map(vec![]),
+                },
+            ]),
+            result("c1", "file", false),
+            result("c2", "No result: the tool call did not run.", true),
+            Message::User(vec![Part::Text("again".into())]),
+            Message::Assistant(vec![Said::ToolCall {
+                id: "c4".into(),
+                name: "read".into(),
+                input: Value::Map(vec![]),
+            }]),
+            result("c4", "The tool call did not finish.", true),
+        ];
+        assert_eq!(got, want);
+    }
+}

@@ -153,13 +153,20 @@ pub async fn run_tool(
         "bash" => bash(&args, cwd, cancel).await,
         other => {
             let known: Vec<&str> = tool_specs().iter().map(|s| s.name).collect();
-            Err(format!(
+            return ToolOutcome::error(format!(
                 "unknown tool {other:?}; the tools are {}",
                 known.join(", ")
-            ))
+            ));
         }
     };
-    result.unwrap_or_else(ToolOutcome::error)
+    result.unwrap_or_else(|e| {
+        let prefix = format!("{name}: ");
+        ToolOutcome::error(if e.starts_with(&prefix) {
+            e
+        } else {
+            prefix + &e
+        })
+    })
 }
 
 /// A tool's input object.
