@@ -1,0 +1,458 @@
+//! A session end to end on the mock server: the kernel runtime drives the
+//! OpenAI-compatible provider (reached through a `models.json` entry) and the
+//! tools in a temporary cwd, the way the worker does — read, edit and bash
+//! through the tool loop, steer delivered after the running tool, abort
+//! killing a running command.
+
+use kernel::ids::OpId;
+use kernel::protocol::{
+    AssistantStatus, Content, ModelRef, StopReason, ThinkingLevel, ToolStatus, TranscriptItem,
+};
+use kernel::runtime::{Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::time::Instant as KInstant;
+use kernel::worker::{FromWorker, Operation};
+use pi_io::agent::{CancellationToken, ModelRegistry, run_tool, stream};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+mod agent_common;
+use agent_common::{Body, Mock, Reply};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pi-agent-session-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("agent")).unwrap();
+        std::fs::create_dir_all(dir.join("project")).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn now() -> KInstant {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    KInstant(ms as u64)
+}
+
+// ---- scripted model replies (Chat Completions SSE) ---------------------------------
+
+fn chunk_line(delta: serde_json::Value, finish: Option<&str>) -> String {
+    let chunk = serde_json::json!({
+        "id": "chatcmpl-x", "object": "chat.completion.chunk", "model": "coder-1",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+fn reply(body: String) -> Reply {
+    Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: Body::Chunked {
+            bytes: body.into_bytes(),
+            piece: 50,
+            delay: Duration::ZERO,
+            complete: true,
+        },
+    }
+}
+
+/// A reply calling one tool, its arguments in two fragments.
+fn tool_reply(id: &str, name: &str, args: serde_json::Value) -> Reply {
+    let args = args.to_string();
+    let (a, b) = args.split_at(args.len() / 2);
+    let mut body = chunk_line(
+        serde_json::json!({"role": "assistant", "content": null}),
+        None,
+    );
+    body += &chunk_line(
+        serde_json::json!({"tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": a}}]}),
+        None,
+    );
+    body += &chunk_line(
+        serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": b}}]}),
+        None,
+    );
+    body += &chunk_line(serde_json::json!({}), Some("tool_calls"));
+    body += "data: [DONE]\n\n";
+    reply(body)
+}
+
+fn text_reply(text: &str) -> Reply {
+    let mut body = chunk_line(
+        serde_json::json!({"role": "assistant", "content": text}),
+        None,
+    );
+    body += &chunk_line(serde_json::json!({}), Some("stop"));
+    body += "data: {\"id\":\"chatcmpl-x\",\"choices\":[],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":5,\"total_tokens\":55}}\n\n";
+    body += "data: [DONE]\n\n";
+    reply(body)
+}
+
+// ---- a minimal worker ---------------------------------------------------------------
+
+struct Session {
+    runtime: Runtime,
+    registry: ModelRegistry,
+    events: mpsc::Sender<RuntimeInput>,
+    inbox: mpsc::Receiver<RuntimeInput>,
+    models: HashMap<u64, CancellationToken>,
+    tools: HashMap<String, CancellationToken>,
+    sent: Vec<FromWorker>,
+    next_op: u64,
+}
+
+impl Session {
+    fn open(dir: &TempDir, mock: &Mock) -> Self {
+        let models_json = serde_json::json!({"providers": {"mock": {
+            "baseUrl": format!("{}/v1", mock.base),
+            "api": "openai-completions",
+            "models": [{"id": "coder", "contextWindow": 100000, "maxTokens": 4096, "cost": {"input": 1, "output": 2}}]
+        }}});
+        std::fs::write(dir.0.join("agent/models.json"), models_json.to_string()).unwrap();
+        let registry = ModelRegistry::load(&dir.0.join("agent"));
+        assert!(registry.warnings().is_empty(), "{:?}", registry.warnings());
+        let state = StoredSession {
+            id: "s1".into(),
+            name: None,
+            cwd: dir.0.join("project").display().to_string(),
+            created_at: 0,
+            updated_at: 0,
+            model: ModelRef {
+                provider: "mock".into(),
+                id: "coder".into(),
+            },
+            thinking_level: ThinkingLevel::Off,
+            revision: 0,
+            transcript: vec![],
+            queued_steer: vec![],
+            summary: None,
+        };
+        let (runtime, outputs) = Runtime::create(state, registry.models().to_vec(), now());
+        let (events, inbox) = mpsc::channel(256);
+        let mut s = Self {
+            runtime,
+            registry,
+            events,
+            inbox,
+            models: HashMap::new(),
+            tools: HashMap::new(),
+            sent: vec![],
+            next_op: 1,
+        };
+        s.apply(outputs);
+        s
+    }
+
+    fn operation(&mut self, operation: Operation) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        let outputs = self
+            .runtime
+            .step(now(), RuntimeInput::Operation { op, operation });
+        self.apply(outputs);
+        op
+    }
+
+    fn apply(&mut self, outputs: Vec<RuntimeOutput>) {
+        for output in outputs {
+            match output {
+                RuntimeOutput::Persist(_) | RuntimeOutput::Exit => {}
+                RuntimeOutput::Send(message) => self.sent.push(message),
+                RuntimeOutput::StartModel { call, request } => {
+                    let cancel = CancellationToken::new();
+                    self.models.insert(call, cancel.clone());
+                    let cwd = self.runtime.state().cwd.clone();
+                    let config = self.registry.provider_config(&request.model, &cwd).unwrap();
+                    let events = self.events.clone();
+                    tokio::spawn(async move {
+                        let (tx, mut rx) = mpsc::channel(64);
+                        let forward = async {
+                            while let Some(event) = rx.recv().await {
+                                let _ = events.send(RuntimeInput::Model { call, event }).await;
+                            }
+                        };
+                        tokio::join!(stream(&config, &request, tx, cancel), forward);
+                    });
+                }
+                RuntimeOutput::CancelModel { call } => {
+                    if let Some(cancel) = self.models.remove(&call) {
+                        cancel.cancel();
+                    }
+                }
+                RuntimeOutput::RunTool {
+                    id,
+                    tool_name,
+                    input,
+                    cwd,
+                } => {
+                    let cancel = CancellationToken::new();
+                    self.tools.insert(id.clone(), cancel.clone());
+                    let events = self.events.clone();
+                    tokio::spawn(async move {
+                        let done = run_tool(&tool_name, &input, Path::new(&cwd), cancel).await;
+                        let input = RuntimeInput::ToolDone {
+                            id,
+                            content: done.content,
+                            details: done.details,
+                            is_error: done.is_error,
+                        };
+                        let _ = events.send(input).await;
+                    });
+                }
+                RuntimeOutput::CancelTool { id } => {
+                    if let Some(cancel) = self.tools.remove(&id) {
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Feeds model events, tool results and ticks until `until` holds.
+    async fn run_until(&mut self, what: &str, until: impl Fn(&Self) -> bool) {
+        let limit = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !until(self) {
+            let wait = match self.runtime.next_deadline() {
+                Some(at) => Duration::from_millis(at.0.saturating_sub(now().0)),
+                None => Duration::from_secs(3600),
+            };
+            let input = tokio::select! {
+                input = self.inbox.recv() => input.unwrap(),
+                () = tokio::time::sleep(wait) => RuntimeInput::Tick,
+                () = tokio::time::sleep_until(limit) => panic!("timed out waiting for {what}; transcript: {:#?}", self.runtime.state().transcript),
+            };
+            let outputs = self.runtime.step(now(), input);
+            self.apply(outputs);
+        }
+    }
+
+    fn done(&self, op: OpId) -> bool {
+        self.sent
+            .iter()
+            .any(|m| matches!(m, FromWorker::OpDone { op: o, .. } if *o == op))
+    }
+
+    fn running_tool(&self) -> bool {
+        self.runtime
+            .state()
+            .transcript
+            .iter()
+            .any(|i| matches!(i, TranscriptItem::Tool(t) if t.status == ToolStatus::Running))
+    }
+
+    fn transcript(&self) -> &[TranscriptItem] {
+        &self.runtime.state().transcript
+    }
+}
+
+fn tool_text(item: &TranscriptItem) -> String {
+    let TranscriptItem::Tool(t) = item else {
+        panic!("not a tool item: {item:?}")
+    };
+    t.content
+        .iter()
+        .filter_map(|c| match c {
+            Content::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_session_reads_edits_and_runs_commands_through_the_tool_loop() {
+    let dir = TempDir::new();
+    let project = dir.0.join("project");
+    std::fs::write(project.join("notes.txt"), "status: draft\n").unwrap();
+    let mock = Mock::sequence(vec![
+        tool_reply("call_1", "read", serde_json::json!({"path": "notes.txt"})),
+        tool_reply(
+            "call_2",
+            "edit",
+            serde_json::json!({"path": "notes.txt", "old_text": "draft", "new_text": "final"}),
+        ),
+        tool_reply(
+            "call_3",
+            "bash",
+            serde_json::json!({"command": "cat notes.txt && echo ran > ran.txt"}),
+        ),
+        text_reply("All done."),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock);
+    let op = s.operation(Operation::Prompt {
+        text: "finalise the notes".into(),
+    });
+    s.run_until("the prompt to finish", |s| s.done(op)).await;
+
+    assert_eq!(
+        std::fs::read_to_string(project.join("notes.txt")).unwrap(),
+        "status: final\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("ran.txt")).unwrap(),
+        "ran\n"
+    );
+    let t = s.transcript();
+    let roles: Vec<&str> = t
+        .iter()
+        .map(|i| match i {
+            TranscriptItem::User(_) => "user",
+            TranscriptItem::Assistant(_) => "assistant",
+            TranscriptItem::Tool(_) => "tool",
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
+    );
+    assert_eq!(tool_text(&t[2]), "status: draft\n");
+    assert!(tool_text(&t[4]).starts_with("Edited notes.txt"));
+    assert_eq!(tool_text(&t[6]), "status: final\n");
+    for i in [2, 4, 6] {
+        assert!(
+            matches!(&t[i], TranscriptItem::Tool(x) if x.status == ToolStatus::Complete),
+            "{:?}",
+            t[i]
+        );
+    }
+    let TranscriptItem::Assistant(last) = &t[7] else {
+        panic!()
+    };
+    assert_eq!(last.status, AssistantStatus::Complete(StopReason::Stop));
+    assert_eq!(
+        last.content,
+        vec![Content::Text {
+            text: "All done.".into()
+        }]
+    );
+    let usage = last.usage.clone().unwrap();
+    assert!(
+        (usage.cost.total - (50.0 + 10.0) / 1e6).abs() < 1e-12,
+        "{usage:?}"
+    );
+    let TranscriptItem::Assistant(first) = &t[1] else {
+        panic!()
+    };
+    assert!(
+        matches!(&first.content[0], Content::ToolCall { tool_name, .. } if tool_name == "read")
+    );
+
+    // The model saw each result before its next call.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 4);
+    let messages = requests[3].body["messages"].as_array().unwrap().clone();
+    let tool_messages: Vec<&serde_json::Value> =
+        messages.iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tool_messages.len(), 3);
+    assert_eq!(tool_messages[0]["tool_call_id"], "call_1");
+    assert_eq!(tool_messages[0]["content"], "status: draft\n");
+}
+
+#[tokio::test]
+async fn steer_is_delivered_after_the_running_tool_and_abort_kills_a_command() {
+    let dir = TempDir::new();
+    let project = dir.0.join("project");
+    let mock = Mock::sequence(vec![
+        tool_reply(
+            "call_1",
+            "bash",
+            serde_json::json!({"command": "sleep 0.5; echo slept"}),
+        ),
+        tool_reply(
+            "call_2",
+            "bash",
+            serde_json::json!({"command": "sleep 300 & echo $! > child.pid; wait"}),
+        ),
+        text_reply("unreachable"),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock);
+    let prompt = s.operation(Operation::Prompt {
+        text: "work".into(),
+    });
+    s.run_until("the first tool to run", Session::running_tool)
+        .await;
+    let steer = s.operation(Operation::Steer {
+        text: "also check the logs".into(),
+    });
+    assert!(s.done(steer));
+    // The steer reaches the model with the next call, after the tool result.
+    s.run_until("the second call", |s| {
+        s.runtime.state().transcript.len() >= 5 && s.running_tool()
+    })
+    .await;
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let n = messages.len();
+    assert_eq!(messages[n - 2]["role"], "tool");
+    assert_eq!(messages[n - 2]["content"], "slept\n");
+    assert_eq!(
+        messages[n - 1],
+        serde_json::json!({"role": "user", "content": "also check the logs"})
+    );
+
+    // Abort while `sleep 300` runs: the command's process group dies, the turn ends.
+    let pid_file = project.join("child.pid");
+    for _ in 0..250 {
+        if std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n')) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let abort = s.operation(Operation::Abort);
+    assert!(s.done(abort) && s.done(prompt));
+    let mut gone = false;
+    for _ in 0..150 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+        if stat.map_or(true, |st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        }) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the aborted command's child {pid} is still running");
+    let last_tool = s.transcript().iter().rev().find_map(|i| match i {
+        TranscriptItem::Tool(t) => Some(t.clone()),
+        _ => None,
+    });
+    assert_eq!(last_tool.unwrap().status, ToolStatus::Error);
+    assert_eq!(mock.requests().len(), 2, "no model call after the abort");
+}
