@@ -13,7 +13,6 @@
 use crate::config::{self, new_uuid};
 use crate::socket;
 use crate::store;
-use kernel::faux;
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
@@ -160,7 +159,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
         seed: config::random_u64(),
-        models: faux::models(),
+        models: crate::agent::ModelRegistry::load(&config::agent_dir()).models().to_vec(),
         limits: Limits::default(),
         idle_exit: opts.idle_exit,
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),

@@ -9,5 +9,4 @@ pub mod settings;
 pub mod daemon;
 pub mod socket;
 pub mod store;
-pub mod tools;
 pub mod worker;

@@ -18,6 +18,7 @@ use kernel::time::Instant;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::{FromWorker, ToWorker};
+use crate::agent::{self, CancellationToken, ModelRegistry};
 use kernel::link::{Link, LinkAction};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -128,7 +129,8 @@ pub async fn run_worker() -> Result<(), String> {
         Some(other) => return Err(format!("expected start from the server, got {other:?}")),
         None => return Err("the server closed the channel before start".into()),
     };
-    let models = faux::models();
+    let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
+    let models = registry.models().to_vec();
     let now = wall_now();
     let opened = match create {
         Some(spec) => {
@@ -171,6 +173,8 @@ pub async fn run_worker() -> Result<(), String> {
     tracing::info!(session = %session_id, "session open");
     let (events_tx, mut events) = mpsc::channel::<RuntimeInput>(1024);
     let mut w = Worker {
+        registry,
+        cwd: runtime.state().cwd.clone(),
         events: events_tx,
         model_task: None,
         tool_task: None,
@@ -268,10 +272,14 @@ async fn announce(ch: &mut Channel, link: &mut Link, socket: &Path, token: &str,
 }
 
 struct Worker {
+    /// Models and how to reach them.
+    registry: std::sync::Arc<ModelRegistry>,
+    /// The session's working directory (the system prompt names it).
+    cwd: String,
     /// Model events and tool results come back through here.
     events: mpsc::Sender<RuntimeInput>,
-    model_task: Option<(u64, JoinHandle<()>)>,
-    tool_task: Option<(String, JoinHandle<()>)>,
+    model_task: Option<(u64, JoinHandle<()>, CancellationToken)>,
+    tool_task: Option<(String, JoinHandle<()>, CancellationToken)>,
     agent_dir: PathBuf,
     delay: Duration,
     exit: bool,
@@ -305,21 +313,23 @@ impl Worker {
                 RuntimeOutput::Send(message) => ch.send(&WorkerFrame::FromWorker(message)).await,
                 RuntimeOutput::StartModel { call, request } => self.start_model(call, request),
                 RuntimeOutput::CancelModel { call } => {
-                    if let Some((c, task)) = self.model_task.take() {
+                    if let Some((c, task, cancel)) = self.model_task.take() {
                         if c == call {
+                            cancel.cancel(); // drops the HTTP stream
                             task.abort();
                         } else {
-                            self.model_task = Some((c, task));
+                            self.model_task = Some((c, task, cancel));
                         }
                     }
                 }
                 RuntimeOutput::RunTool { id, tool_name, input, cwd } => self.run_tool(id, tool_name, input, cwd),
                 RuntimeOutput::CancelTool { id } => {
-                    if let Some((i, task)) = self.tool_task.take() {
+                    if let Some((i, task, cancel)) = self.tool_task.take() {
                         if i == id {
-                            task.abort(); // dropping the tool's future kills its process group
+                            cancel.cancel(); // a cancelled bash has its process group killed
+                            task.abort();
                         } else {
-                            self.tool_task = Some((i, task));
+                            self.tool_task = Some((i, task, cancel));
                         }
                     }
                 }
@@ -334,25 +344,45 @@ impl Worker {
     fn start_model(&mut self, call: u64, request: ModelRequest) {
         let events = self.events.clone();
         let delay = self.delay;
+        let cancel = CancellationToken::new();
+        let provider = if request.model.provider == faux::PROVIDER {
+            None
+        } else {
+            Some(self.registry.provider_config(&request.model, &self.cwd))
+        };
+        let token = cancel.clone();
         let task = tokio::spawn(async move {
-            if request.model.provider == faux::PROVIDER {
-                let mut stream = FauxStream::start(&request, wall_now(), delay);
-                while let Some(at) = stream.next_deadline() {
-                    let wait = at.as_millis().saturating_sub(wall_now().as_millis());
-                    tokio::time::sleep(Duration::from_millis(wait)).await;
-                    for event in stream.poll(wall_now()) {
-                        if events.send(RuntimeInput::Model { call, event }).await.is_err() {
-                            return;
+            match provider {
+                None => {
+                    let mut stream = FauxStream::start(&request, wall_now(), delay);
+                    while let Some(at) = stream.next_deadline() {
+                        let wait = at.as_millis().saturating_sub(wall_now().as_millis());
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                        for event in stream.poll(wall_now()) {
+                            if events.send(RuntimeInput::Model { call, event }).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 }
-            } else {
-                let message = format!("Provider {} is not available in this build", request.model.provider);
-                let event = ModelEvent::Failed { message, retryable: false, retry_after_ms: None };
-                let _ = events.send(RuntimeInput::Model { call, event }).await;
+                Some(Err(message)) => {
+                    let event = ModelEvent::Failed { message, retryable: false, retry_after_ms: None };
+                    let _ = events.send(RuntimeInput::Model { call, event }).await;
+                }
+                Some(Ok(provider)) => {
+                    let (tx, mut rx) = mpsc::channel(256);
+                    let call_task = tokio::spawn(async move { agent::stream(&provider, &request, tx, token).await });
+                    while let Some(event) = rx.recv().await {
+                        if events.send(RuntimeInput::Model { call, event }).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = call_task.await;
+                }
             }
         });
-        if let Some((_, old)) = self.model_task.replace((call, task)) {
+        if let Some((_, old, old_cancel)) = self.model_task.replace((call, task, cancel)) {
+            old_cancel.cancel();
             old.abort();
         }
     }
@@ -360,22 +390,27 @@ impl Worker {
     fn run_tool(&mut self, id: String, tool_name: String, input: kernel::wire::Value, cwd: String) {
         let events = self.events.clone();
         let task_id = id.clone();
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
         let task = tokio::spawn(async move {
-            let done = crate::tools::run(&tool_name, &input, std::path::Path::new(&cwd)).await;
+            let done = agent::run_tool(&tool_name, &input, std::path::Path::new(&cwd), token).await;
             let _ = events
                 .send(RuntimeInput::ToolDone { id, content: done.content, details: done.details, is_error: done.is_error })
                 .await;
         });
-        if let Some((_, old)) = self.tool_task.replace((task_id, task)) {
+        if let Some((_, old, old_cancel)) = self.tool_task.replace((task_id, task, cancel)) {
+            old_cancel.cancel();
             old.abort();
         }
     }
 
     fn stop_tasks(&mut self) {
-        if let Some((_, t)) = self.model_task.take() {
+        if let Some((_, t, cancel)) = self.model_task.take() {
+            cancel.cancel();
             t.abort();
         }
-        if let Some((_, t)) = self.tool_task.take() {
+        if let Some((_, t, cancel)) = self.tool_task.take() {
+            cancel.cancel();
             t.abort();
         }
     }
