@@ -162,10 +162,25 @@ enum Commands {
 /// Options of `serve`.
 #[derive(Debug, Args)]
 struct ServeArgs {
+    /// Also accept remote clients over TCP at this address, e.g.
+    /// `tcp://0.0.0.0:7447`. Requires `--token-file`: remote clients must send
+    /// the token in hello.
+    #[arg(long, value_name = "tcp://HOST:PORT", value_parser = parse_listen)]
+    listen: Option<String>,
+
     /// Internal (cold activation): retire this long after the last client
     /// left and no worker is busy.
     #[arg(long, hide = true, value_name = "MS")]
     idle_exit_ms: Option<u64>,
+}
+
+/// `tcp://HOST:PORT` → `HOST:PORT`.
+fn parse_listen(s: &str) -> Result<String, String> {
+    let addr = s.strip_prefix("tcp://").ok_or_else(|| format!("expected tcp://HOST:PORT, got {s:?}"))?;
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr.to_string()),
+        _ => Err(format!("expected tcp://HOST:PORT, got {s:?}")),
+    }
 }
 
 /// Options of `create`.
@@ -573,6 +588,7 @@ async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(), String> {
         session_dir,
         token,
         idle_exit: args.idle_exit_ms.map(Duration::from_millis),
+        listen_tcp: args.listen.clone(),
     };
     crate::daemon::serve(options).await
 }

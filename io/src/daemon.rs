@@ -41,10 +41,16 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// Retire after this long without clients and sessions (auto-started servers).
     pub idle_exit: Option<Duration>,
+    /// Also accept remote clients on this TCP address (`host:port`). Needs a token.
+    pub listen_tcp: Option<String>,
 }
 
+/// A client byte stream: a Unix socket or a TCP connection.
+trait ClientStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ClientStream for T {}
+
 enum Event {
-    Accepted(UnixStream),
+    Accepted(Box<dyn ClientStream>),
     CatalogLoaded(Vec<kernel::protocol::SessionMetadata>),
     Received { conn: ConnId, bytes: Vec<u8> },
     ReadClosed { conn: ConnId },
@@ -98,6 +104,7 @@ struct Daemon {
     public_path: PathBuf,
     worker_path: PathBuf,
     accept_task: Option<JoinHandle<()>>,
+    tcp_accept: Option<JoinHandle<()>>,
     worker_accept: Option<JoinHandle<()>>,
     /// Worker channels announcing an orphan, waiting for the kernel's verdict.
     announced: BTreeMap<ChannelId, (UnixStream, u64)>,
@@ -165,6 +172,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
     });
     let accept_task = Some(tokio::spawn(accept_clients(public, tx.clone())));
+    let tcp_accept = match &opts.listen_tcp {
+        None => None,
+        Some(addr) => {
+            if opts.token.is_none() {
+                return Err("a TCP listener is reachable by other users and machines: it needs --token-file".into());
+            }
+            let listener = tokio::net::TcpListener::bind(addr.as_str())
+                .await
+                .map_err(|e| format!("cannot listen on tcp://{addr}: {e}"))?;
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(address = %local, "accepting remote clients (token required)");
+            Some(tokio::spawn(accept_tcp(listener, tx.clone())))
+        }
+    };
     let worker_accept = Some(tokio::spawn(accept_workers(workers, tx.clone())));
     let session_dir = opts.session_dir.clone();
     let catalog_tx = tx.clone();
@@ -184,6 +205,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         public_path,
         worker_path,
         accept_task,
+        tcp_accept,
         worker_accept,
         announced: BTreeMap::new(),
         next_channel: 1,
@@ -227,11 +249,29 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     Ok(())
 }
 
+async fn accept_tcp(listener: tokio::net::TcpListener, tx: mpsc::Sender<Event>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                tracing::debug!(%peer, "remote client connected");
+                let _ = stream.set_nodelay(true);
+                if tx.send(Event::Accepted(Box::new(stream))).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "tcp accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                if tx.send(Event::Accepted(stream)).await.is_err() {
+                if tx.send(Event::Accepted(Box::new(stream))).await.is_err() {
                     return;
                 }
             }
@@ -379,10 +419,10 @@ impl Daemon {
         }
     }
 
-    fn on_accepted(&mut self, stream: UnixStream) {
+    fn on_accepted(&mut self, stream: Box<dyn ClientStream>) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        let (mut read, mut write) = stream.into_split();
+        let (mut read, mut write) = tokio::io::split(stream);
         let tx = self.events.clone();
         let reader = tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
@@ -489,6 +529,9 @@ impl Daemon {
             }
             Output::StopAccepting => {
                 if let Some(task) = self.accept_task.take() {
+                    task.abort();
+                }
+                if let Some(task) = self.tcp_accept.take() {
                     task.abort();
                 }
                 if let Some(task) = self.worker_accept.take() {
