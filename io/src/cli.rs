@@ -2,63 +2,67 @@
 //! (`worker`), and client commands that talk pi protocol v1 to a server
 //! through [`crate::client::Client`].
 //!
-//! Client commands find the server at `<serverDir>/<serverId>.sock` (see
-//! [`crate::config`]) unless `--connect` names a socket. When no server
-//! answers there, they start one in the background ("cold activation"):
-//!
-//! 1. take the exclusive lock `<serverDir>/launcher-<serverId>.lock`, which
-//!    serialises racing clients (the kernel releases it if we die);
-//! 2. connect again, since the client that held the lock before us may have
-//!    started a server meanwhile;
-//! 3. otherwise spawn `pi-server serve … --idle-exit-ms <grace>` detached in
-//!    its own process group, logging to `<serverDir>/server-<serverId>.log`;
-//! 4. poll the socket every 10 ms for up to 10 s, then release the lock.
-//!
-//! Such a server retires `grace` after its last client left and no worker is
-//! busy (default 1000 ms, `$PI_SERVER_IDLE_EXIT_MS` overrides).
+//! Client commands reach a server as [`activate`] describes: the server
+//! `<serverDir>/<serverId>.sock` (see [`crate::config`]) or the socket
+//! `--connect` names, started in the background when none answers ("cold
+//! activation") and replaced when it speaks another protocol version.
+//! Several servers (different ids) may share a server dir: `list` shows the
+//! sessions of all of them, and commands taking a session id find the
+//! server that holds it ([`discover`]).
 
+mod activate;
 mod demo;
+mod discover;
 
+use self::activate::{
+    MODEL_ONLY_AT_ACTIVATION, START_POLL_INTERVAL, START_TIMEOUT, Target, client_target, connect,
+    connect_error, log_tail, no_server,
+};
+use self::discover::{Found, close_all, servers, session_server};
 use crate::client::{Client, ClientError};
 use crate::config;
 use clap::{Args, Parser, Subcommand};
 use kernel::protocol::{
-    AssistantItem, AssistantStatus, Content, CreateParams, DeltaKind, ErrorCode, ModelMetadata,
-    ModelRef, ServerEvent, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel,
-    TranscriptItem, TranscriptProgress,
+    AssistantItem, AssistantStatus, Content, CreateParams, DeltaKind, ModelMetadata, ModelRef,
+    ServerEvent, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptItem,
+    TranscriptProgress,
 };
 use std::ffi::OsString;
-use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{broadcast, mpsc};
-
-/// Grace period of an auto-started server when `$PI_SERVER_IDLE_EXIT_MS` is unset.
-const DEFAULT_IDLE_EXIT_MS: u64 = 1000;
-
-/// How often a starting server's socket is tried.
-const START_POLL_INTERVAL: Duration = Duration::from_millis(10);
-
-/// How long a starting server may take to answer.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A durable multi-client server for coding-agent sessions (pi protocol v1).
 ///
 /// Client commands (list, create, prompt, attach, rm, models) talk to the
 /// server of the selected server directory and id, and start one in the
-/// background when none is running. Run `pi-server demo` for a tour.
+/// background when none is running. Several servers (different ids) may
+/// share a server directory: `list` shows the sessions of all of them, and
+/// `prompt`, `attach` and `rm` find the server holding the session. Run
+/// `pi-server demo` for a tour.
 #[derive(Debug, Parser)]
 #[command(name = "pi-server", version, propagate_version = true)]
 pub struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
+
+    /// Default model of a server this command starts, as PROVIDER/MODEL.
+    ///
+    /// Only valid when the command automatically activates a new server
+    /// (none is running): the model is then written to
+    /// <agentDir>/settings.json (defaultProvider, defaultModel) before the
+    /// server starts, and new sessions use it. With a server already
+    /// running (or with --connect) it is an error. Give it before the
+    /// command: `pi-server --model faux/faux-reasoner create`. For the model
+    /// of one session, use `create --model`.
+    #[arg(long = "model", value_name = "PROVIDER/MODEL", value_parser = parse_model)]
+    default_model: Option<ModelRef>,
+
     #[command(subcommand)]
     command: Commands,
 }
@@ -176,9 +180,13 @@ struct ServeArgs {
 
 /// `tcp://HOST:PORT` → `HOST:PORT`.
 fn parse_listen(s: &str) -> Result<String, String> {
-    let addr = s.strip_prefix("tcp://").ok_or_else(|| format!("expected tcp://HOST:PORT, got {s:?}"))?;
+    let addr = s
+        .strip_prefix("tcp://")
+        .ok_or_else(|| format!("expected tcp://HOST:PORT, got {s:?}"))?;
     match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr.to_string()),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(addr.to_string())
+        }
         _ => Err(format!("expected tcp://HOST:PORT, got {s:?}")),
     }
 }
@@ -244,19 +252,28 @@ fn init_tracing(command: &Commands) {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let Cli { global, command } = cli;
+    let Cli {
+        global,
+        default_model,
+        command,
+    } = cli;
+    if default_model.is_some() && matches!(command, Commands::Serve(_) | Commands::Demo) {
+        return Err(format!(
+            "{MODEL_ONLY_AT_ACTIVATION}; for `serve`, set defaultProvider and defaultModel in {}",
+            config::agent_dir().join("settings.json").display()
+        ));
+    }
+    let target = || client_target(&global, default_model.clone());
     match command {
         Commands::Serve(args) => run_serve(global, args).await,
         Commands::Worker => crate::worker::run_worker().await,
         Commands::Demo => demo::run_demo().await,
-        Commands::List { json } => run_list(&client_target(&global)?, json).await,
-        Commands::Create(args) => run_create(&client_target(&global)?, args).await,
-        Commands::Prompt { id, text } => {
-            run_prompt(&client_target(&global)?, &id, &text.join(" ")).await
-        }
-        Commands::Attach { id } => run_attach(&client_target(&global)?, &id).await,
-        Commands::Rm { id } => run_rm(&client_target(&global)?, &id).await,
-        Commands::Models { json } => run_models(&client_target(&global)?, json).await,
+        Commands::List { json } => run_list(&target()?, json).await,
+        Commands::Create(args) => run_create(&target()?, args).await,
+        Commands::Prompt { id, text } => run_prompt(&target()?, &id, &text.join(" ")).await,
+        Commands::Attach { id } => run_attach(&target()?, &id).await,
+        Commands::Rm { id } => run_rm(&target()?, &id).await,
+        Commands::Models { json } => run_models(&target()?, json).await,
     }
 }
 
@@ -331,236 +348,10 @@ fn parse_non_empty(text: &str) -> Result<String, String> {
 }
 
 // ---------------------------------------------------------------------------
-// Finding (or starting) the server
-
-/// Where a client command connects, and how to start a server there.
-#[derive(Debug)]
-struct Target {
-    socket: PathBuf,
-    token: Option<String>,
-    /// `None` with `--connect`: an explicit server is never started.
-    launch: Option<Launch>,
-}
-
-/// Everything needed to start a server in the background.
-#[derive(Debug)]
-struct Launch {
-    server_dir: PathBuf,
-    server_id: String,
-    session_dir: PathBuf,
-    token_file: Option<PathBuf>,
-    idle_exit_ms: u64,
-}
+// Finding the server
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("cannot resolve {}: {e}", path.display()))
-}
-
-fn client_target(global: &GlobalArgs) -> Result<Target, String> {
-    let token = global
-        .token_file
-        .as_deref()
-        .map(config::read_token_file)
-        .transpose()?;
-    if let Some(socket) = &global.connect {
-        return Ok(Target {
-            socket: socket.clone(),
-            token,
-            launch: None,
-        });
-    }
-    let server_dir = absolute(&config::server_dir(global.server_dir.clone()))?;
-    config::ensure_private_dir(&server_dir)?;
-    let server_id = config::server_id(global.server_id.clone(), &server_dir)?;
-    let session_dir = absolute(&config::session_dir(global.session_dir.clone()))?;
-    let token_file = global.token_file.as_deref().map(absolute).transpose()?;
-    Ok(Target {
-        socket: config::socket_path(&server_dir, &server_id),
-        token,
-        launch: Some(Launch {
-            server_dir,
-            server_id,
-            session_dir,
-            token_file,
-            idle_exit_ms: idle_exit_ms()?,
-        }),
-    })
-}
-
-fn idle_exit_ms() -> Result<u64, String> {
-    match std::env::var("PI_SERVER_IDLE_EXIT_MS") {
-        Ok(value) if !value.trim().is_empty() => value.trim().parse().map_err(|_| {
-            format!("PI_SERVER_IDLE_EXIT_MS must be a whole number of milliseconds, not {value:?}")
-        }),
-        _ => Ok(DEFAULT_IDLE_EXIT_MS),
-    }
-}
-
-/// True when nothing listens at the socket (so one may be started).
-fn no_server(error: &ClientError) -> bool {
-    matches!(error, ClientError::Io(e)
-        if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused))
-}
-
-fn connect_error(socket: &Path, error: ClientError) -> String {
-    let at = socket.display();
-    match error {
-        ClientError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            format!("no server at {at} (no such socket); start one with `pi-server serve`")
-        }
-        ClientError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            format!("no server is listening at {at} (connection refused)")
-        }
-        ClientError::Server(e) if e.code == ErrorCode::Auth => format!(
-            "the server at {at} refused the token: {} (pass the right --token-file)",
-            e.message
-        ),
-        ClientError::Server(e) => {
-            format!("the server at {at} refused the connection: {}", e.message)
-        }
-        other => format!("cannot connect to {at}: {other}"),
-    }
-}
-
-/// Connects to the target's server, starting one first if none answers.
-async fn connect(target: &Target) -> Result<Client, String> {
-    match Client::connect(&target.socket, target.token.as_deref()).await {
-        Ok(client) => return Ok(client),
-        Err(e) if no_server(&e) && target.launch.is_some() => {}
-        Err(e) => return Err(connect_error(&target.socket, e)),
-    }
-    let launch = target.launch.as_ref().expect("checked above");
-    let lock_path = launch
-        .server_dir
-        .join(format!("launcher-{}.lock", launch.server_id));
-    let lock = tokio::task::spawn_blocking(move || lock_file(&lock_path))
-        .await
-        .map_err(|e| format!("cannot take the launcher lock: {e}"))??;
-    // Whoever held the lock before us may have started a server.
-    match Client::connect(&target.socket, target.token.as_deref()).await {
-        Ok(client) => return Ok(client),
-        Err(e) if no_server(&e) => {}
-        Err(e) => return Err(connect_error(&target.socket, e)),
-    }
-    let client = start_server(target, launch).await;
-    drop(lock);
-    client
-}
-
-/// Opens and exclusively locks `path`, waiting for other holders.
-fn lock_file(path: &Path) -> Result<fs::File, String> {
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    file.lock()
-        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
-    Ok(file)
-}
-
-/// Spawns a detached, idle-exiting server and waits until it answers.
-async fn start_server(target: &Target, launch: &Launch) -> Result<Client, String> {
-    let log_path = launch
-        .server_dir
-        .join(format!("server-{}.log", launch.server_id));
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let mut command = std::process::Command::new(exe);
-    command
-        .arg("serve")
-        .arg("--server-dir")
-        .arg(&launch.server_dir)
-        .arg("--server-id")
-        .arg(&launch.server_id)
-        .arg("--session-dir")
-        .arg(&launch.session_dir)
-        .arg("--idle-exit-ms")
-        .arg(launch.idle_exit_ms.to_string());
-    if let Some(token_file) = &launch.token_file {
-        command.arg("--token-file").arg(token_file);
-    }
-    command
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .process_group(0);
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start a server: {e}"))?;
-    tracing::info!(pid = child.id(), socket = %target.socket.display(), "started a background server");
-    let mut child = Some(child);
-    let outcome = wait_for_server(target, &mut child, &log_path).await;
-    if let Some(mut child) = child {
-        if outcome.is_err() {
-            let _ = child.kill();
-            let _ = child.wait();
-        } else {
-            // Reap it whenever it retires, so it never lingers as a zombie.
-            std::thread::spawn(move || child.wait());
-        }
-    }
-    outcome
-}
-
-/// Polls the socket until the server answers, it exits, or time runs out.
-/// Leaves `child` as `None` once it has been reaped.
-async fn wait_for_server(
-    target: &Target,
-    child: &mut Option<Child>,
-    log_path: &Path,
-) -> Result<Client, String> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        tokio::time::sleep(START_POLL_INTERVAL).await;
-        match Client::connect(&target.socket, target.token.as_deref()).await {
-            Ok(client) => return Ok(client),
-            Err(e) if no_server(&e) => {}
-            Err(e) => return Err(connect_error(&target.socket, e)),
-        }
-        if let Some(process) = child.as_mut()
-            && let Ok(Some(status)) = process.try_wait()
-        {
-            *child = None;
-            return Err(format!(
-                "the server exited during startup ({status}); see {}{}",
-                log_path.display(),
-                log_tail(log_path)
-            ));
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "the server did not answer at {} within {} s; see {}",
-                target.socket.display(),
-                START_TIMEOUT.as_secs(),
-                log_path.display()
-            ));
-        }
-    }
-}
-
-/// The last lines of a log, indented, for an error message.
-fn log_tail(path: &Path) -> String {
-    let Ok(text) = fs::read_to_string(path) else {
-        return String::new();
-    };
-    let lines: Vec<&str> = text.lines().collect();
-    let start = lines.len().saturating_sub(10);
-    lines[start..]
-        .iter()
-        .map(|line| format!("\n  {line}"))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -596,30 +387,54 @@ async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(), String> {
 // ---------------------------------------------------------------------------
 // list, create, rm, models
 
+/// Sessions of every discovered server (or of the chosen one), as
+/// `(server id, session)` pairs sorted by server id, then session id.
 async fn run_list(target: &Target, json: bool) -> Result<(), String> {
-    let client = connect(target).await?;
-    let sessions = client
-        .list()
-        .await
-        .map_err(|e| format!("cannot list sessions: {e}"))?;
-    client.close().await;
+    let found = servers(target).await?;
+    let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
+    let mut failed = None;
+    for Found { server_id, client } in &found {
+        match client.list().await {
+            Ok(sessions) => pairs.extend(sessions.into_iter().map(|s| (server_id.clone(), s))),
+            Err(e) => {
+                failed = Some(format!(
+                    "cannot list the sessions of server {server_id}: {e}"
+                ));
+                break;
+            }
+        }
+    }
+    close_all(found).await;
+    if let Some(problem) = failed {
+        return Err(problem);
+    }
+    pairs.sort_by(|a, b| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)));
     if json {
-        let list: Vec<serde_json::Value> = sessions.iter().map(session_json).collect();
+        let list: Vec<serde_json::Value> = pairs
+            .iter()
+            .map(|(server_id, s)| {
+                let mut value = session_json(s);
+                value["serverId"] = server_id.clone().into();
+                value
+            })
+            .collect();
         println!("{}", serde_json::Value::Array(list));
         return Ok(());
     }
-    if sessions.is_empty() {
+    if pairs.is_empty() {
         eprintln!("no sessions yet; create one with `pi-server create`");
         return Ok(());
     }
     let mut rows = vec![vec![
-        "ID".into(),
+        "SERVER".into(),
+        "SESSION".into(),
         "CREATED (UTC)".into(),
         "CWD".into(),
         "NAME".into(),
     ]];
-    for s in &sessions {
+    for (server_id, s) in &pairs {
         rows.push(vec![
+            server_id.clone(),
             s.id.clone(),
             format_utc(s.created_at),
             s.cwd.clone().unwrap_or_default(),
@@ -725,7 +540,7 @@ fn levels(levels: &[ThinkingLevel]) -> String {
 }
 
 async fn run_rm(target: &Target, id: &str) -> Result<(), String> {
-    let client = connect(target).await?;
+    let client = session_server(target, id).await?;
     let result = client.remove(id).await;
     client.close().await;
     result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
@@ -983,7 +798,7 @@ fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
 // prompt
 
 async fn run_prompt(target: &Target, id: &str, text: &str) -> Result<(), String> {
-    let client = connect(target).await?;
+    let client = session_server(target, id).await?;
     let result = prompt_attached(&client, id, text).await;
     let _ = client.detach(id).await;
     client.close().await;
@@ -1033,7 +848,7 @@ struct Attached {
 }
 
 async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
-    let client = Arc::new(connect(target).await?);
+    let client = Arc::new(session_server(target, id).await?);
     let mut events = client.events();
     let snapshot = client
         .attach(id)
@@ -1245,6 +1060,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("unknown thinking level"), "{error}");
+    }
+
+    #[test]
+    fn global_model_is_distinct_from_create_model() {
+        let cli = parse(&[
+            "--model",
+            "faux/faux-reasoner",
+            "create",
+            "--model",
+            "faux/faux-1",
+        ])
+        .unwrap();
+        assert_eq!(cli.default_model.unwrap().id, "faux-reasoner");
+        let Commands::Create(args) = cli.command else {
+            panic!("not create")
+        };
+        assert_eq!(args.model.unwrap().id, "faux-1");
+        assert!(parse(&["list", "--model", "faux/faux-1"]).is_err());
+        assert!(parse(&["--model", "faux", "list"]).is_err());
     }
 
     #[test]
