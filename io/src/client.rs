@@ -1,7 +1,9 @@
 //! An async client for pi protocol v1 over a Unix socket.
 //!
 //! [`Client::connect`] opens the socket, sends `hello` at once and waits for
-//! the server's `hello` (or `hello_error`). After that two tasks run beside
+//! the server's `hello` (or `hello_error`). [`Client::connect_stream`] does
+//! the same over any connected byte stream (the network-fault tests run it
+//! over simulated TCP). After that two tasks run beside
 //! the [`Client`] value:
 //!
 //! - a reader that decodes frames, hands each response to the request waiting
@@ -32,9 +34,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -49,6 +50,10 @@ const READ_CHUNK_LEN: usize = 64 * 1024;
 
 /// How long [`Client::close`] waits for queued frames to be written.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The two directions of the connection, whatever the transport.
+type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
+type WriteHalf = Box<dyn AsyncWrite + Unpin + Send>;
 
 /// Why a client call failed.
 #[derive(Debug)]
@@ -150,7 +155,30 @@ impl Client {
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let (read, mut write) = stream.into_split();
+        let (read, write) = stream.into_split();
+        Self::handshake_halves(Box::new(read), Box::new(write), token, options).await
+    }
+
+    /// Runs the handshake over any connected byte stream (TCP, an in-memory
+    /// duplex, a simulated network's stream), then serves it like a socket.
+    pub async fn connect_stream<S>(
+        stream: S,
+        token: Option<&str>,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (read, write) = tokio::io::split(stream);
+        Self::handshake_halves(Box::new(read), Box::new(write), token, options).await
+    }
+
+    async fn handshake_halves(
+        read: ReadHalf,
+        mut write: WriteHalf,
+        token: Option<&str>,
+        options: ClientOptions,
+    ) -> Result<Self, ClientError> {
         let hello = ClientMessage::Hello(ClientHello {
             version: PROTOCOL_VERSION,
             token: token.map(str::to_owned),
@@ -534,7 +562,7 @@ impl State {
 
 /// The read side: frames in, messages out.
 struct Incoming {
-    read: OwnedReadHalf,
+    read: ReadHalf,
     decoder: FrameDecoder,
     limits: CborLimits,
     ready: VecDeque<Vec<u8>>,
@@ -544,7 +572,7 @@ struct Incoming {
 }
 
 impl Incoming {
-    fn new(read: OwnedReadHalf, max_frame_len: u32) -> Self {
+    fn new(read: ReadHalf, max_frame_len: u32) -> Self {
         let limits = CborLimits {
             max_byte_len: max_frame_len as usize,
             ..CborLimits::default()
@@ -669,7 +697,7 @@ fn dispatch(
 }
 
 async fn write_loop(
-    mut write: OwnedWriteHalf,
+    mut write: WriteHalf,
     mut outgoing: mpsc::Receiver<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
     shared: Arc<Shared>,
