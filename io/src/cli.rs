@@ -880,7 +880,21 @@ async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
                 Some(line) => view.on_line(line.trim()),
                 None => break Ok(()),
             },
-            Some(outcome) = done_rx.recv() => view.on_prompt_done(outcome),
+            Some(outcome) = done_rx.recv() => {
+                // Events that arrived before the response may still be
+                // queued: show the end of the reply before the status line.
+                let mut removed = None;
+                while let Ok(event) = events.try_recv() {
+                    if let Err(reason) = view.on_event(&event) {
+                        removed = Some(reason);
+                        break;
+                    }
+                }
+                view.on_prompt_done(outcome);
+                if let Some(reason) = removed {
+                    break Err(reason);
+                }
+            }
             event = events.recv() => match event {
                 Ok(event) => {
                     if let Err(reason) = view.on_event(&event) {
