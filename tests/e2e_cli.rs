@@ -1,0 +1,430 @@
+//! The command line: cold activation (racing clients start exactly one
+//! server, which retires after its grace), prompt streaming, create, rm,
+//! list, models, attach and the demo.
+
+mod common;
+
+use common::*;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// `serve` processes for this server directory.
+fn serve_processes(server: &TestServer) -> Vec<u32> {
+    processes_mentioning(server.server_dir.as_os_str().as_encoded_bytes())
+        .into_iter()
+        .filter(|pid| cmdline_of(*pid).get(1).map(String::as_str) == Some("serve"))
+        .collect()
+}
+
+/// The log of servers started on demand.
+fn auto_log(server: &TestServer) -> String {
+    std::fs::read_to_string(server.server_dir.join(format!("server-{SERVER_ID}.log")))
+        .unwrap_or_default()
+}
+
+fn cold(name: &str, idle_exit_ms: u64) -> TestServer {
+    TestServer::new(
+        name,
+        Options {
+            env: vec![("PI_SERVER_IDLE_EXIT_MS".into(), idle_exit_ms.to_string())],
+            ..Options::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cold_activation_race_starts_exactly_one_server() {
+    let server = cold("race", 5000);
+    let commands = [
+        server.cli(&["list", "--json"]),
+        server.cli(&["list"]),
+        server.cli(&["create", "--cwd", "/tmp", "--name", "racer-1"]),
+        server.cli(&["create", "--cwd", "/tmp", "--name", "racer-2"]),
+    ];
+    let outputs = futures_join(commands.into_iter().map(run).collect()).await;
+    for output in outputs {
+        output.success();
+    }
+    let servers = serve_processes(&server);
+    assert_eq!(servers.len(), 1, "one server: {servers:?}");
+    let log = auto_log(&server);
+    assert_eq!(
+        log.matches("serving").count(),
+        1,
+        "one server started:\n{log}"
+    );
+    assert!(!log.contains("already running"), "{log}");
+
+    // Within the grace, the next client uses the same server.
+    let listed = server.run_cli(&["list", "--json"]).await.success();
+    let sessions: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    let names: Vec<&str> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sessionName"].as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "{sessions}");
+    assert!(names.contains(&"racer-1") && names.contains(&"racer-2"));
+    assert_eq!(serve_processes(&server), servers);
+    assert_eq!(auto_log(&server).matches("serving").count(), 1);
+}
+
+/// Awaits every future, concurrently.
+async fn futures_join<T: Send + 'static>(
+    futures: Vec<impl std::future::Future<Output = T> + Send + 'static>,
+) -> Vec<T> {
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for handle in handles {
+        out.push(handle.await.expect("task"));
+    }
+    out
+}
+
+/// Microseconds since midnight (UTC) of a log line's timestamp
+/// (`2026-12-02T14:29:22.083548Z  INFO ...`).
+fn log_time(line: &str) -> u64 {
+    let time = line
+        .split_once('T')
+        .and_then(|(_, rest)| rest.split_once('Z'))
+        .map(|(time, _)| time)
+        .unwrap_or_else(|| panic!("no timestamp in {line:?}"));
+    let (hms, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let parts: Vec<u64> = hms.split(':').map(|p| p.parse().unwrap()).collect();
+    let micros: u64 = format!("{fraction:0<6}")[..6].parse().unwrap();
+    (parts[0] * 3600 + parts[1] * 60 + parts[2]) * 1_000_000 + micros
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_started_server_retires_after_its_grace() {
+    let grace = Duration::from_millis(300);
+    let server = cold("retire", grace.as_millis() as u64);
+    let created = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "short-lived"])
+        .await
+        .success();
+    let id = created.stdout.trim().to_owned();
+    assert!(is_uuid_v4(&id), "{created:?}");
+    wait_until("the auto-started server to retire", || {
+        auto_log(&server).contains("server stopped")
+    })
+    .await;
+    wait_until("the server process to exit", || {
+        serve_processes(&server).is_empty()
+    })
+    .await;
+    assert!(server.workers().is_empty(), "its workers are gone too");
+    assert!(!server.socket.exists(), "the socket is removed");
+
+    // It retired one grace after it became idle: when the session's worker
+    // (disposed when the client left) exited.
+    let log = auto_log(&server);
+    let idle_at = log
+        .lines()
+        .filter(|l| l.contains("worker exited"))
+        .map(log_time)
+        .max()
+        .expect("the worker exited");
+    let stopped_at = log
+        .lines()
+        .find(|l| l.contains("server stopped"))
+        .map(log_time)
+        .unwrap();
+    let idle = Duration::from_micros(stopped_at.wrapping_sub(idle_at) % 86_400_000_000);
+    assert!(
+        idle + Duration::from_millis(2) >= grace,
+        "retired {idle:?} after becoming idle; the grace is {grace:?}\n{log}"
+    );
+
+    // The session is stored, and the next command starts a new server.
+    let listed = server.run_cli(&["list"]).await.success();
+    assert!(listed.stdout.contains(&id), "{listed:?}");
+    assert_eq!(auto_log(&server).matches("serving").count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_started_server_waits_for_a_busy_worker() {
+    // The grace only needs to outlast the gap between `create` exiting and
+    // the client below connecting.
+    let server = cold("busy", 1000);
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    // A turn of about 2 s whose only client leaves at once.
+    let client = server.connect().await;
+    client.attach(&id).await.unwrap();
+    let mut events = client.events();
+    let text = long_text(400);
+    tokio::select! {
+        result = client.prompt(&id, &text) => panic!("the turn ended too early: {result:?}"),
+        _ = next_event(&mut events, "the turn streams", |e| is_delta_of(e, &id)) => {}
+    }
+    client.close().await;
+    let servers = serve_processes(&server);
+    assert_eq!(servers.len(), 1);
+    wait_exit(servers[0], "the server to retire after the turn").await;
+    // Had it retired during the turn, the reply would be stored as aborted.
+    let items = stored_items(&server.session_path(&id));
+    assert_eq!(
+        items.last(),
+        Some(&("assistant".to_owned(), Some("complete".to_owned()))),
+        "{items:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prompt_streams_the_reply() {
+    let server = TestServer::start("prompt").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "p"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+
+    let output = server
+        .run_cli(&["prompt", &id, "hello", "from", "the", "cli"])
+        .await
+        .success();
+    assert!(
+        output.stdout.contains("You said: hello from the cli."),
+        "{output:?}"
+    );
+
+    // Streaming: the first words arrive well before the turn ends.
+    let text = long_text(300);
+    let mut command = tokio::process::Command::from(server.cli(&["prompt", &id, &text]));
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = command.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    let n = within("the first streamed bytes", stdout.read(&mut first))
+        .await
+        .unwrap();
+    assert!(n > 0);
+    let first_at = started.elapsed();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).await.unwrap();
+    let status = within("the prompt command", child.wait()).await.unwrap();
+    let total = started.elapsed();
+    assert!(status.success());
+    let mut all = first[..n].to_vec();
+    all.extend(rest);
+    let printed = String::from_utf8(all).unwrap();
+    assert!(printed.contains("word0000") && printed.contains("word0299"));
+    assert!(
+        first_at + Duration::from_millis(500) < total,
+        "streamed: first bytes after {first_at:?}, done after {total:?}"
+    );
+
+    // A refused prompt exits non-zero with the reason.
+    let output = server.run_cli(&["prompt", "no-such-session", "x"]).await;
+    assert!(!output.status.success());
+    assert!(output.stderr.contains("no-such-session"), "{output:?}");
+    assert!(output.stderr.contains("not_found"), "{output:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn create_list_rm_and_models() {
+    let server = TestServer::start("cmds").await;
+
+    let bad = server
+        .run_cli(&["create", "--cwd", "/tmp", "--model", "nope/x"])
+        .await;
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("unknown model nope/x"), "{bad:?}");
+    assert!(
+        bad.stderr.contains("faux/faux-1"),
+        "names the alternatives: {bad:?}"
+    );
+    let bad = server
+        .run_cli(&["create", "--model", "faux/faux-1", "--thinking", "high"])
+        .await;
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("does not support"), "{bad:?}");
+    let bad = server.run_cli(&["create", "--cwd", "/no/such/dir"]).await;
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("no such directory"), "{bad:?}");
+
+    let id = server
+        .run_cli(&[
+            "create",
+            "--cwd",
+            "/tmp",
+            "--name",
+            "keeper",
+            "--model",
+            "faux/faux-reasoner",
+            "--thinking",
+            "low",
+        ])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    assert!(is_uuid_v4(&id));
+    let client = server.connect().await;
+    let snapshot = client.attach(&id).await.unwrap();
+    assert_eq!(snapshot.model.id, "faux-reasoner");
+    assert_eq!(snapshot.thinking_level.as_str(), "low");
+    client.close().await;
+
+    let table = server.run_cli(&["list"]).await.success();
+    let mut lines = table.stdout.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(header.contains("CREATED (UTC)"), "{table:?}");
+    let row = lines.find(|l| l.contains(&id)).expect("a row for the session");
+    assert!(row.contains("keeper") && row.contains("/tmp"), "{row}");
+    let json = server.run_cli(&["list", "--json"]).await.success();
+    let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(list[0]["id"], id.as_str());
+    assert_eq!(list[0]["cwd"], "/tmp");
+
+    let models = server.run_cli(&["models"]).await.success();
+    assert!(models.stdout.contains("faux/faux-1"), "{models:?}");
+    assert!(models.stdout.contains("faux/faux-reasoner"), "{models:?}");
+    let json = server.run_cli(&["models", "--json"]).await.success();
+    let models: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let reasoner = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "faux-reasoner")
+        .expect("the reasoning model");
+    assert_eq!(reasoner["reasoning"], true);
+    assert!(
+        reasoner["supportedThinkingLevels"]
+            .as_array()
+            .unwrap()
+            .len()
+            > 1
+    );
+
+    let removed = server.run_cli(&["rm", &id]).await.success();
+    assert!(removed.stdout.contains(&format!("removed session {id}")));
+    assert!(
+        !server.session_path(&id).exists(),
+        "the directory is deleted"
+    );
+    let json = server.run_cli(&["list", "--json"]).await.success();
+    assert_eq!(json.stdout.trim(), "[]");
+    let again = server.run_cli(&["rm", &id]).await;
+    assert!(!again.status.success());
+    assert!(again.stderr.contains(&id), "{again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_prompts_from_stdin_and_detaches_at_eof() {
+    // No delay between deltas: the end of a reply and the prompt's response
+    // arrive together, which is where a reply could be cut in two.
+    let options = Options {
+        faux_delay_ms: 0,
+        ..Options::default()
+    };
+    let server = TestServer::start_with("attach", options).await;
+    let client = server.connect().await;
+    let id = client.create(params("interactive")).await.unwrap().id;
+    let mut watcher = client.events();
+
+    let mut command = tokio::process::Command::from(server.cli(&["attach", &id]));
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let turns = 8;
+    for turn in 0..turns {
+        let typed = format!("typed at the terminal, line {turn}");
+        stdin
+            .write_all(format!("{typed}\n").as_bytes())
+            .await
+            .unwrap();
+        let line = within("the streamed reply", stdout.next_line())
+            .await
+            .unwrap()
+            .expect("more output");
+        assert_eq!(
+            line,
+            format!("You said: {typed}. This is the faux model answering offline, word by word."),
+            "each reply is printed whole, on its own line"
+        );
+        // The other attached client saw the same turn end.
+        let items = 2 * (turn + 1);
+        next_event(
+            &mut watcher,
+            "the turn's end, seen by another client",
+            |e| {
+                matches!(e, kernel::protocol::ServerEvent::SessionSnapshot { snapshot }
+                if snapshot.transcript.len() == items
+                    && snapshot.phase == kernel::protocol::SessionPhase::Idle)
+            },
+        )
+        .await;
+    }
+    // Ctrl-D detaches.
+    drop(stdin);
+    let output = within("attach to exit", child.wait_with_output())
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.matches("[turn complete").count(), turns, "{stderr}");
+    assert!(
+        stderr.contains(&format!("detached from session {id}")),
+        "{stderr}"
+    );
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_shows_two_clients_sharing_a_session() {
+    let root = TestRoot::new("demo");
+    let mut command = std::process::Command::new(bin());
+    command.arg("demo");
+    root.isolate(&mut command);
+    command.env("TMPDIR", &root.path);
+    let output = run(command).await.success();
+    let out = &output.stdout;
+    for expected in [
+        "[client 1] created session",
+        "You said: Hello, pi-server!",
+        "[client 2] attached to the session: revision",
+        "[client 1] has its own copy: revision",
+        "[demo] both clients hold the same session snapshot",
+        "[client 2] saw the same reply live",
+        "[demo] done.",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    // Both snapshot lines name the same revision and transcript length.
+    let tail = |prefix: &str| {
+        out.lines()
+            .find_map(|l| l.split_once(prefix).map(|(_, t)| t.to_owned()))
+            .unwrap()
+    };
+    let theirs = tail("[client 2] attached to the session: ");
+    let ours = tail("[client 1] has its own copy: ");
+    assert!(theirs.starts_with(&ours), "{theirs} vs {ours}");
+    // It cleaned up after itself.
+    let leftovers: Vec<_> = std::fs::read_dir(&root.path)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pi-demo-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -1,0 +1,192 @@
+//! Crashes: a worker killed with SIGKILL mid-turn, a server killed with
+//! SIGKILL, and restarts that restore stored sessions lazily.
+
+mod common;
+
+use common::*;
+use kernel::protocol::{AssistantStatus, SessionPhase, TranscriptItem};
+use pi_io::client::ClientError;
+use std::sync::Arc;
+
+/// `PRAGMA integrity_check` of a session's database (no worker may run).
+fn integrity(server: &TestServer, session: &str) -> String {
+    let db = rusqlite::Connection::open(server.session_path(session).join("session.sqlite"))
+        .expect("open session.sqlite");
+    db.query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity_check")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_a_worker_mid_turn() {
+    let server = TestServer::start("wkill").await;
+    let a = Arc::new(server.connect().await);
+    let bystander = server.connect().await;
+    let s = a.create(params("crash")).await.unwrap().id;
+    let other = bystander.create(params("other")).await.unwrap().id;
+    let first = a.prompt(&s, "committed before the crash").await.unwrap();
+    assert_eq!(first.transcript.len(), 2);
+
+    let worker = server.worker_of(&s).await;
+    let lock = std::fs::read_to_string(server.session_path(&s).join("lock")).unwrap();
+    assert_eq!(
+        lock.trim(),
+        worker.to_string(),
+        "the lock file names the worker"
+    );
+
+    let mut events = a.events();
+    let prompt = tokio::spawn({
+        let (a, s) = (Arc::clone(&a), s.clone());
+        async move { a.prompt(&s, &long_text(400)).await }
+    });
+    // Several deltas in, so the streaming item is stored.
+    for _ in 0..5 {
+        next_event(&mut events, "the turn streams", |e| is_delta_of(e, &s)).await;
+    }
+    signal(worker, Sig::Kill);
+
+    // Runtime-error semantics: the attached connection is closed.
+    until_closed(&mut events).await;
+    let outcome = within("the pending prompt", prompt).await.unwrap();
+    assert!(
+        matches!(outcome, Err(ClientError::Disconnected(_))),
+        "{outcome:?}"
+    );
+    assert!(a.closed_reason().is_some());
+    wait_exit(worker, "the killed worker to be reaped").await;
+
+    // A connection not attached to it is untouched.
+    bystander.list().await.unwrap();
+    assert_eq!(bystander.session_snapshot(&other).unwrap().id, other);
+
+    // The committed transcript is intact.
+    assert_eq!(integrity(&server, &s), "ok");
+    let items = stored_items(&server.session_path(&s));
+    assert!(items.len() >= 3, "{items:?}");
+    assert_eq!(items[0], ("user".to_owned(), None));
+    assert_eq!(
+        items[1],
+        ("assistant".to_owned(), Some("complete".to_owned()))
+    );
+    assert_eq!(items[2], ("user".to_owned(), None));
+
+    // The next attach spawns a fresh worker that records the interrupted item as aborted.
+    let c = server.connect().await;
+    let snapshot = c.attach(&s).await.unwrap();
+    let fresh = server.worker_of(&s).await;
+    assert_ne!(fresh, worker);
+    assert_eq!(snapshot.phase, SessionPhase::Idle);
+    assert_eq!(snapshot.transcript[..2], first.transcript[..]);
+    let Some(TranscriptItem::Assistant(interrupted)) = snapshot.transcript.last() else {
+        panic!("the interrupted reply is kept: {:#?}", snapshot.transcript);
+    };
+    assert_eq!(interrupted.status, AssistantStatus::Aborted);
+    assert!(
+        interrupted
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.contains("Interrupted")),
+        "{interrupted:?}"
+    );
+    // And the session works again.
+    let again = c.prompt(&s, "after the crash").await.unwrap();
+    assert!(matches!(
+        last_assistant_status(&again),
+        Some(AssistantStatus::Complete(_))
+    ));
+    c.close().await;
+    bystander.close().await;
+}
+
+/// Orphaned workers (their server died) retire after this grace when no
+/// server adopts them; the default is 30 s.
+const ORPHAN_GRACE_MS: &str = "300";
+
+fn short_orphan_grace() -> Options {
+    Options {
+        env: vec![("PI_WORKER_ORPHAN_GRACE_MS".into(), ORPHAN_GRACE_MS.into())],
+        ..Options::default()
+    }
+}
+
+/// A server killed with SIGKILL: its idle workers retire after their orphan
+/// grace; the next server lists the stored sessions and opens them only on
+/// attach.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_restart_restores_sessions_lazily() {
+    let mut server = TestServer::start_with("lazy", short_orphan_grace()).await;
+    let c = server.connect().await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let id = c.create(params(&format!("stored-{n}"))).await.unwrap().id;
+        c.prompt(&id, &format!("turn of {n}")).await.unwrap();
+        ids.push(id);
+    }
+    let workers: Vec<u32> = server.workers().into_iter().map(|(pid, _)| pid).collect();
+    assert_eq!(workers.len(), 3);
+
+    server.kill();
+    for pid in workers {
+        wait_exit(pid, "an unadopted idle orphan to retire").await;
+    }
+    drop(c);
+
+    server.spawn();
+    server.wait_ready().await;
+    let c = server.connect().await;
+    let listed = c.list().await.unwrap();
+    let mut listed_ids: Vec<String> = listed.iter().map(|m| m.id.clone()).collect();
+    listed_ids.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(listed_ids, expected);
+    assert!(server.workers().is_empty(), "listing starts no worker");
+
+    let snapshot = c.attach(&ids[1]).await.unwrap();
+    assert_eq!(snapshot.transcript.len(), 2);
+    assert!(text_of(assistants(&snapshot)[0]).contains("turn of 1"));
+    let live: Vec<String> = server.workers().into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        live,
+        vec![ids[1].clone()],
+        "only the attached session is opened"
+    );
+    c.close().await;
+}
+
+/// A server killed during a turn: the orphaned worker finishes and commits
+/// the turn, retires after its grace, and a new server finds it complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_sigkill_mid_turn_keeps_the_turn() {
+    let mut server = TestServer::start_with("skill", short_orphan_grace()).await;
+    let c = Arc::new(server.connect().await);
+    let s = c.create(params("orphan")).await.unwrap().id;
+    let worker = server.worker_of(&s).await;
+    let mut events = c.events();
+    let prompt = tokio::spawn({
+        let (c, s) = (Arc::clone(&c), s.clone());
+        async move { c.prompt(&s, &long_text(100)).await }
+    });
+    next_event(&mut events, "the turn streams", |e| is_delta_of(e, &s)).await;
+    server.kill();
+    let outcome = within("the pending prompt", prompt).await.unwrap();
+    assert!(outcome.is_err());
+    wait_exit(worker, "the orphaned worker to finish its turn and retire").await;
+
+    assert_eq!(integrity(&server, &s), "ok");
+    let items = stored_items(&server.session_path(&s));
+    assert_eq!(
+        items,
+        vec![
+            ("user".to_owned(), None),
+            ("assistant".to_owned(), Some("complete".to_owned()))
+        ]
+    );
+
+    server.spawn();
+    server.wait_ready().await;
+    let c = server.connect().await;
+    let snapshot = c.attach(&s).await.unwrap();
+    assert!(text_of(assistants(&snapshot)[0]).contains("word0099"));
+    c.close().await;
+}

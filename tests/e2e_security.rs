@@ -1,0 +1,266 @@
+//! Permissions of the server directory and socket, socket binding rules, and
+//! hostile handshakes: each gets `hello_error` and a close while another
+//! client keeps being served.
+
+mod common;
+
+use common::*;
+use kernel::protocol::{ErrorCode, ServerMessage};
+use pi_io::client::Client;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().mode() & 0o777
+}
+
+/// Runs `serve` for the server's directories to completion and returns its
+/// exit status and output (for configurations it must refuse).
+fn serve_once(server: &TestServer) -> (std::process::ExitStatus, String) {
+    let mut command = server.serve_command();
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // A serve that does not refuse would run forever: bound it.
+    let killer = std::thread::spawn(move || {
+        let deadline = Instant::now() + WAIT;
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal(pid, Sig::Kill);
+    });
+    let output = child.wait_with_output().unwrap();
+    let _ = killer.join();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_dir_is_private_and_sockets_are_0600() {
+    let server = TestServer::start("perm").await;
+    assert_eq!(mode(&server.server_dir), 0o700, "server dir mode");
+    let meta = std::fs::symlink_metadata(&server.socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.mode() & 0o777, 0o600, "socket mode");
+    let workers = server.server_dir.join(format!("{SERVER_ID}.workers.sock"));
+    assert_eq!(mode(&workers), 0o600, "worker socket mode");
+    let uid = std::fs::metadata(&server.root.path).unwrap().uid();
+    assert_eq!(meta.uid(), uid);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn open_server_dir_is_repaired_to_0700() {
+    let mut server = TestServer::new("repair", Options::default());
+    std::fs::create_dir_all(&server.server_dir).unwrap();
+    std::fs::set_permissions(&server.server_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    server.spawn();
+    server.wait_ready().await;
+    assert_eq!(mode(&server.server_dir), 0o700);
+    assert!(
+        server.log().contains("made it mode 0700"),
+        "{}",
+        server.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn non_directory_server_dir_is_refused() {
+    let server = TestServer::new("notdir", Options::default());
+    std::fs::write(&server.server_dir, "not a directory").unwrap();
+    let (status, output) = serve_once(&server);
+    assert!(!status.success());
+    assert!(output.contains("is not a directory"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_dir_of_another_user_is_refused() {
+    let server = TestServer::new("owner", Options::default());
+    std::fs::create_dir_all(&server.server_dir).unwrap();
+    std::fs::set_permissions(&server.server_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if std::os::unix::fs::chown(&server.server_dir, Some(65534), Some(65534)).is_err() {
+        eprintln!(
+            "skipping: cannot chown the server dir (not root); ownership is checked by io/src/config.rs"
+        );
+        return;
+    }
+    let (status, output) = serve_once(&server);
+    assert!(!status.success());
+    assert!(output.contains("owned by uid 65534"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn socket_binding_rules() {
+    // A non-socket at the socket path is refused.
+    let server = TestServer::new("bind", Options::default());
+    std::fs::create_dir_all(&server.server_dir).unwrap();
+    std::fs::set_permissions(&server.server_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(&server.socket, "x").unwrap();
+    let (status, output) = serve_once(&server);
+    assert!(!status.success(), "{output}");
+    assert!(
+        output.contains(&*server.socket.to_string_lossy()),
+        "{output}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&server.socket).unwrap(),
+        "x",
+        "left alone"
+    );
+    std::fs::remove_file(&server.socket).unwrap();
+
+    // A stale socket (nobody listening) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&server.socket).unwrap());
+    assert!(server.socket.exists());
+    let mut server = server;
+    server.spawn();
+    server.wait_ready().await;
+
+    // A live server there: a second one takes over by a hand-off (the
+    // durable server), and at no moment do two serve the id.
+    let client = server.connect().await;
+    let session = client.create(params("kept")).await.unwrap().id;
+    let mut events = client.events();
+    let status = server.replace().await;
+    assert!(
+        status.success(),
+        "the replaced server exits 0, got {status}"
+    );
+    until_closed(&mut events).await;
+    assert_eq!(serve_count(&server), 1);
+    assert_eq!(mode(&server.socket), 0o600);
+    let client = server.connect().await;
+    assert!(client.list().await.unwrap().iter().any(|m| m.id == session));
+    client.close().await;
+}
+
+/// `serve` processes of this test.
+fn serve_count(server: &TestServer) -> usize {
+    server
+        .root
+        .processes()
+        .into_iter()
+        .filter(|pid| cmdline_of(*pid).get(1).map(String::as_str) == Some("serve"))
+        .count()
+}
+
+/// Keeps prompting a session until `stop`, counting completed turns; any
+/// failure panics the task.
+fn witness(
+    client: Arc<Client>,
+    session: String,
+    stop: Arc<AtomicBool>,
+    turns: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let n = turns.load(Ordering::SeqCst);
+            let text = format!("witness turn {n}");
+            let done = within("a witness turn", client.prompt(&session, &text))
+                .await
+                .expect("the witness is served");
+            assert!(text_of(assistants(&done).last().unwrap()).contains(&text));
+            turns.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_handshakes_are_refused_while_others_are_served() {
+    let options = Options {
+        token: Some("t0ken".into()),
+        ..Options::default()
+    };
+    let server = TestServer::start_with("hostile", options).await;
+    let good = Arc::new(server.connect().await);
+    let session = good.create(params("witness")).await.unwrap().id;
+    let stop = Arc::new(AtomicBool::new(false));
+    let turns = Arc::new(AtomicUsize::new(0));
+    let task = witness(
+        Arc::clone(&good),
+        session.clone(),
+        Arc::clone(&stop),
+        Arc::clone(&turns),
+    );
+
+    // The slow loris: one byte of a frame header, then nothing.
+    let started = Instant::now();
+    let mut loris = server.raw().await;
+    loris.write(&[0]).await;
+
+    // Each of these is refused at once, with the right code.
+    let mut bad_token = server.raw().await;
+    bad_token.hello(1, Some("wrong")).await;
+    assert_eq!(bad_token.expect_hello_error().await.code, ErrorCode::Auth);
+    good.list().await.unwrap();
+
+    let mut no_token = server.raw().await;
+    no_token.hello(1, None).await;
+    assert_eq!(no_token.expect_hello_error().await.code, ErrorCode::Auth);
+
+    let mut bad_version = server.raw().await;
+    bad_version.hello(99, Some("t0ken")).await;
+    assert_eq!(
+        bad_version.expect_hello_error().await.code,
+        ErrorCode::Version
+    );
+    good.list().await.unwrap();
+
+    // Garbage: a small frame whose payload is not CBOR.
+    let mut garbage = server.raw().await;
+    garbage.write(&[0, 0, 0, 4, 0xff, 0xfe, 0xfd, 0xfc]).await;
+    let error = garbage.expect_hello_error().await;
+    assert_eq!(error.code, ErrorCode::InvalidRequest, "{error:?}");
+    good.list().await.unwrap();
+
+    // Garbage: text where a frame header belongs (declares ~1.2 GB).
+    let mut http = server.raw().await;
+    http.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let error = http.expect_hello_error().await;
+    assert_eq!(error.code, ErrorCode::InvalidRequest, "{error:?}");
+
+    // A header declaring one byte more than 16 MiB, refused before any payload.
+    let mut oversize = server.raw().await;
+    oversize
+        .write(&(16 * 1024 * 1024 + 1u32).to_be_bytes())
+        .await;
+    let error = oversize.expect_hello_error().await;
+    assert_eq!(error.code, ErrorCode::InvalidRequest, "{error:?}");
+    good.list().await.unwrap();
+
+    // A valid hello, then a second hello.
+    let mut twice = server.raw().await;
+    twice.hello(1, Some("t0ken")).await;
+    assert!(matches!(twice.recv().await, Some(ServerMessage::Hello(_))));
+    twice.hello(1, Some("t0ken")).await;
+    let error = twice.expect_hello_error().await;
+    assert_eq!(error.code, ErrorCode::InvalidRequest, "{error:?}");
+    good.list().await.unwrap();
+
+    // The loris is cut off at the handshake deadline, not before.
+    let error = loris.expect_hello_error().await;
+    assert!(started.elapsed() >= Duration::from_millis(4900));
+    assert_eq!(error.code, ErrorCode::InvalidRequest);
+    assert!(error.message.contains("Handshake timeout"), "{error:?}");
+
+    // Meanwhile (about 5 s) the witness kept being served.
+    let during = turns.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    within("the witness", task).await.unwrap();
+    assert!(
+        during >= 3,
+        "the witness completed only {during} turns while the loris stalled"
+    );
+    // And new clients are still welcome.
+    let late = server.connect().await;
+    assert!(late.list().await.unwrap().iter().any(|m| m.id == session));
+    late.close().await;
+}
