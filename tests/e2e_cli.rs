@@ -285,7 +285,9 @@ async fn create_list_rm_and_models() {
     let mut lines = table.stdout.lines();
     let header = lines.next().unwrap_or_default();
     assert!(header.contains("CREATED (UTC)"), "{table:?}");
-    let row = lines.find(|l| l.contains(&id)).expect("a row for the session");
+    let row = lines
+        .find(|l| l.contains(&id))
+        .expect("a row for the session");
     assert!(row.contains("keeper") && row.contains("/tmp"), "{row}");
     let json = server.run_cli(&["list", "--json"]).await.success();
     let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
