@@ -425,23 +425,9 @@ async fn s10_lazy_restore_after_restart() {
     c.close().await;
 }
 
-/// The error of an attach that must fail. A worker that fails to open
-/// reports why and exits; until the daemon stops racing the two (see
-/// `s12_locked_session_under_concurrent_attaches`, ignored), the exit
-/// sometimes wins and the reason is lost. That known race is retried here so
-/// that these scenarios check the reason itself.
+/// The error of an attach that must fail.
 async fn attach_error(client: &Client, session: &str) -> kernel::protocol::ProtocolError {
-    for _ in 0..10 {
-        let error = code(client.attach(session).await);
-        if error.code == ErrorCode::InternalError
-            && error.message == "Session worker exited before it was ready"
-        {
-            eprintln!("KNOWN BUG (io/src/daemon.rs exit/channel race): {error:?}; retrying");
-            continue;
-        }
-        return error;
-    }
-    panic!("attach of {session} kept losing the worker's reason to the exit race");
+    code(client.attach(session).await)
 }
 
 /// 11. (The wrong-runtime-id case cannot happen with the real worker.) A
@@ -538,15 +524,11 @@ async fn s12_lock_errors_and_unattached_control() {
 /// 12, under concurrency: every attach of a locked session is
 /// `session_locked`, however the worker's failure and its exit interleave.
 ///
-/// BUG (io/src/daemon.rs): the task waiting for a worker process
-/// (`spawn_worker`: `child.wait()` then `Event::WorkerExited`) races the
-/// task reading the worker's channel. A worker that reports
-/// `Failed { session_locked }` and exits at once is often seen exiting
-/// first; the kernel then fails the attach with `internal_error "Session
-/// worker exited before it was ready"` and the real error is lost. Here
-/// a few of these 400 attaches fail that way even on an idle machine.
+/// A worker that reports `Failed { session_locked }` and exits at once must
+/// not have its exit overtake its report: the daemon reports a worker's exit
+/// only after its channel is drained, so every one of these 400 attaches
+/// gets the real reason.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "fails until io/src/daemon.rs reports a worker's exit only after its channel is drained"]
 async fn s12_locked_session_under_concurrent_attaches() {
     let server = TestServer::start("s12c").await;
     let c = server.connect().await;

@@ -91,6 +91,8 @@ struct WorkerProc {
     queued: Vec<Vec<u8>>,
     /// Adopted from another server: not our child, so its channel closing is its exit.
     adopted: bool,
+    /// Set when our child exited; reported once its channel is drained.
+    exit_status: Option<String>,
 }
 
 struct Daemon {
@@ -400,20 +402,21 @@ impl Daemon {
                 other => tracing::warn!(%worker, ?other, "unexpected frame from worker"),
             },
             Event::WorkerChannelClosed { worker } => {
-                let adopted = self.workers.get(&worker).is_some_and(|w| w.adopted);
-                if adopted {
-                    // Not our child: its channel closing is the only exit we see.
-                    self.workers.remove(&worker);
-                    self.step(Input::WorkerExited { worker });
-                } else if let Some(w) = self.workers.get_mut(&worker) {
-                    w.channel = None;
+                let Some(w) = self.workers.get_mut(&worker) else { return };
+                w.channel = None;
+                // Not our child: its channel closing is the only exit we see. Our child
+                // may have exited already; its exit was held until its last frames were read.
+                if w.adopted || w.exit_status.is_some() {
+                    self.report_exit(worker);
                 }
             }
             Event::WorkerExited { worker, status } => {
-                if let Some(w) = self.workers.remove(&worker) {
-                    tracing::info!(%worker, session = %w.session_id, %status, "worker exited");
+                let Some(w) = self.workers.get_mut(&worker) else { return };
+                w.exit_status = Some(status);
+                // Frames it sent before exiting (say, why it could not open) come first.
+                if w.channel.is_none() {
+                    self.report_exit(worker);
                 }
-                self.step(Input::WorkerExited { worker });
             }
             Event::SessionRemoved { session_id, result } => self.step(Input::SessionRemoved { session_id, result }),
         }
@@ -566,6 +569,7 @@ impl Daemon {
                         reader: None,
                         queued: Vec::new(),
                         adopted: true,
+                        exit_status: None,
                     },
                 );
                 self.bind_worker_channel(worker, stream);
@@ -624,6 +628,7 @@ impl Daemon {
                         reader: None,
                         queued: Vec::new(),
                         adopted: false,
+                        exit_status: None,
                     },
                 );
                 let tx = self.events.clone();
@@ -724,6 +729,18 @@ impl Daemon {
                 let _ = ch.send(bytes);
             }
             None => w.queued.push(bytes),
+        }
+    }
+
+    /// Tells the kernel a worker is gone (once).
+    fn report_exit(&mut self, worker: WorkerId) {
+        if let Some(w) = self.workers.remove(&worker) {
+            let status = w.exit_status.as_deref().unwrap_or("channel closed");
+            tracing::info!(%worker, session = %w.session_id, %status, "worker exited");
+            if let Some(reader) = w.reader {
+                reader.abort();
+            }
+            self.step(Input::WorkerExited { worker });
         }
     }
 
