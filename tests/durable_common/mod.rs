@@ -592,6 +592,43 @@ impl Conn {
         }
     }
 
+    /// True if the server has closed the connection by now (reads what is
+    /// already there, without waiting).
+    pub fn closed_now(&mut self) -> bool {
+        if self.closed {
+            return true;
+        }
+        self.stream.set_nonblocking(true).expect("nonblocking");
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    self.closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    let mut payloads = Vec::new();
+                    if self.decoder.push(&buf[..n], &mut payloads).is_err() {
+                        self.closed = true;
+                        break;
+                    }
+                    for p in payloads {
+                        let m = decode_server_message(&p, &CborLimits::default())
+                            .expect("valid server message");
+                        self.inbox.push_back(m);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.closed = true;
+                    break;
+                }
+            }
+        }
+        self.stream.set_nonblocking(false).expect("blocking");
+        self.closed
+    }
+
     /// True once the server closed the connection (reads everything until then).
     pub fn is_closed(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

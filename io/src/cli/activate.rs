@@ -159,6 +159,21 @@ pub(super) fn no_server(error: &ClientError) -> bool {
         if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused))
 }
 
+/// True when the connection broke before the hello completed (a server
+/// closing its listener drops the connections it had not accepted).
+fn cut_off(error: &ClientError) -> bool {
+    match error {
+        ClientError::Io(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        ),
+        ClientError::Disconnected(_) => true,
+        _ => false,
+    }
+}
+
 /// The server's message when it refused our hello for its protocol version.
 pub(super) fn version_refusal(error: &ClientError) -> Option<&str> {
     match error {
@@ -362,7 +377,8 @@ async fn wait_for_server(
         match Client::connect(&target.socket, target.token.as_deref()).await {
             Ok(client) => return Ok(client),
             Err(e) if no_server(&e) => {}
-            Err(e) if replacing && version_refusal(&e).is_some() => {}
+            // The old server still answers, or drops what it had not accepted yet.
+            Err(e) if replacing && (version_refusal(&e).is_some() || cut_off(&e)) => {}
             Err(e) => return Err(connect_error(&target.socket, e)),
         }
         if let Some(process) = child.as_mut()
