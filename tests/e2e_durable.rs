@@ -613,6 +613,8 @@ fn several_servers_share_a_server_dir() {
         "{}",
         out.stdout
     );
+    let out = env.run(&["--connect", &connect, "prompt", &on_x, "direct"]);
+    assert!(out.ok().stdout.contains("direct"), "{}", out.stdout);
     let out = env.run(&["--server-id", &x, "prompt", &on_y, "hi"]);
     assert!(
         out.failed().stderr.contains("not found") || out.stderr.contains(&on_y),

@@ -51,10 +51,11 @@ pub struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
 
-    /// Default model of a server this command starts, as PROVIDER/MODEL.
+    /// Default model for new sessions, as PROVIDER/MODEL; only valid when
+    /// this command automatically activates a new server.
     ///
-    /// Only valid when the command automatically activates a new server
-    /// (none is running): the model is then written to
+    /// Valid only when no server is running and the command starts one: the
+    /// model is then written to
     /// <agentDir>/settings.json (defaultProvider, defaultModel) before the
     /// server starts, and new sessions use it. With a server already
     /// running (or with --connect) it is an error. Give it before the
@@ -74,7 +75,9 @@ struct GlobalArgs {
     #[arg(long, global = true, value_name = "DIR")]
     server_dir: Option<PathBuf>,
 
-    /// Logical server id, a lowercase UUIDv4 [default: $PI_SERVER_ID, else <DIR>/default-server-id]
+    /// Logical server id, a lowercase UUIDv4; when given (or set in $PI_SERVER_ID), `list`,
+    /// `prompt`, `attach` and `rm` use this server alone instead of every server in the
+    /// server dir [default: $PI_SERVER_ID, else <DIR>/default-server-id]
     #[arg(long, global = true, value_name = "UUID")]
     server_id: Option<String>,
 
@@ -82,7 +85,7 @@ struct GlobalArgs {
     #[arg(long, global = true, value_name = "DIR")]
     session_dir: Option<PathBuf>,
 
-    /// Use the server at this socket; never start one (client commands only)
+    /// Use the server at this socket alone; never start one (client commands only)
     #[arg(long, global = true, value_name = "unix:///PATH", value_parser = parse_connect)]
     connect: Option<PathBuf>,
 
@@ -104,7 +107,11 @@ enum Commands {
     #[command(hide = true)]
     Worker,
 
-    /// List stored sessions: id, creation time (UTC), working directory, name.
+    /// List the sessions of every server running in the server dir: server id,
+    /// session id, creation time (UTC), working directory, name.
+    ///
+    /// Sorted by server, then session. When no server runs, the default one
+    /// is started. With --server-id or --connect, that server only.
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
