@@ -215,15 +215,11 @@ fn replacement_adopts_the_worker_and_the_in_flight_turn_completes() {
     ));
 }
 
-/// KNOWN BUG (kernel/daemon): right after a hand-off, the new server does
-/// not know which workers it is about to adopt. A released worker announces
-/// itself at once, but the new server binds its worker socket only after
-/// `released`, so that first attempt fails and the next comes 200 ms later
-/// (`Link` retry in io/src/worker.rs). An attach in that window makes the
-/// new server open the session itself: the fresh worker finds the session
-/// lock held by the released one and the attach fails `session_locked`.
+/// Right after a hand-off the new server knows which sessions' workers were
+/// released to it (`released` names them): an attach in the moment before a
+/// released worker has announced itself waits for the adoption instead of
+/// opening the session a second time (which would find it locked).
 #[test]
-#[ignore = "known bug: attach in the ~200 ms before adoption fails session_locked"]
 fn reattaching_right_after_a_hand_off_waits_for_the_adoption() {
     let env = Env::new("reattach-race");
     let id = uuid();
@@ -250,16 +246,10 @@ fn reattaching_right_after_a_hand_off_waits_for_the_adoption() {
     assert_eq!(lock_pid(&env.session_dir, &session), Some(pid));
 }
 
-/// KNOWN BUG (io/src/daemon.rs): on a hand-off the old server "closes" its
-/// clients by aborting their reader and writer tasks (`Daemon::drop_conn`),
-/// but an aborted task drops its socket half only when the runtime next polls
-/// it, while the loop goes on to release the workers and answer `released`.
-/// So the new server can bind and accept while some of the old server's
-/// client connections are still open (their sockets close when the old
-/// process exits). Fix: keep the aborted handles and await them (or
-/// `shutdown(2)` the sockets) before answering `released`.
+/// On a hand-off the old server closes its clients' sockets (it awaits the
+/// aborted connection tasks, which own them) before it answers `released`, so
+/// none of its clients is still connected when the new server binds.
 #[test]
-#[ignore = "known bug (intermittent under load): old clients may still be connected when the new server binds"]
 fn old_clients_are_cut_off_before_the_new_server_binds() {
     let mut env = Env::new("cut-off");
     env.var("PI_FAUX_DELAY_MS", "2");

@@ -114,6 +114,10 @@ struct Daemon {
     /// The new server waiting for this one to hand over.
     successor: Option<UnixStream>,
     sockets_removed: bool,
+    /// Sessions whose workers were handed over to a successor.
+    released: Vec<String>,
+    /// Tasks of connections closed during a hand-off (awaited before answering).
+    dropped: Vec<JoinHandle<()>>,
     /// Inputs waiting while outputs are carried out (see `step`).
     inputs: std::collections::VecDeque<Input>,
     stepping: bool,
@@ -122,7 +126,7 @@ struct Daemon {
 
 /// Asks the server running at `worker_path` to hand over to us, and waits
 /// until it has released its workers and freed its sockets.
-async fn request_handoff(worker_path: &std::path::Path) -> Result<(), String> {
+async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, String> {
     let mut stream = UnixStream::connect(worker_path)
         .await
         .map_err(|e| format!("a server is running but its worker socket {} does not answer: {e}", worker_path.display()))?;
@@ -132,7 +136,7 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<(), String> {
         .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
     stream.write_all(&bytes).await.map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
     match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream)).await {
-        Ok(Ok((_, WorkerFrame::Released))) => Ok(()),
+        Ok(Ok((_, WorkerFrame::Released { sessions }))) => Ok(sessions),
         Ok(Ok((_, other))) => Err(format!("the running server answered the hand-off with {other:?}")),
         Ok(Err(e)) => Err(format!("the running server did not hand over: {e}")),
         Err(_) => Err("the running server did not hand over within 15 s".into()),
@@ -146,9 +150,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         .map_err(|e| format!("cannot create session directory {}: {e}", opts.session_dir.display()))?;
     let public_path = config::socket_path(&opts.server_dir, &opts.server_id);
     let worker_path = config::worker_socket_path(&opts.server_dir, &opts.server_id);
+    let mut released = Vec::new();
     if socket::is_live(&public_path) {
         tracing::info!(socket = %public_path.display(), "a server with this id is running; asking it to hand over");
-        request_handoff(&worker_path).await?;
+        released = request_handoff(&worker_path).await?;
         tracing::info!("the previous server handed over");
     }
     let public = socket::bind(&public_path).map_err(|e| e.to_string())?;
@@ -213,10 +218,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         next_channel: 1,
         successor: None,
         sockets_removed: false,
+        released: Vec::new(),
+        dropped: Vec::new(),
         inputs: Default::default(),
         stepping: false,
         done: false,
     };
+    if !released.is_empty() {
+        tracing::info!(count = released.len(), "expecting the released workers to announce themselves");
+        let wait = env_duration_ms("PI_SERVER_ADOPTION_WAIT_MS", Duration::from_secs(10));
+        d.step(Input::AdoptionsExpected { sessions: released, wait });
+    }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let mut signals = 0;
@@ -240,8 +252,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     }
     d.cleanup_sockets();
     if let Some(mut successor) = d.successor.take() {
+        // Aborted connection tasks drop their sockets when they finish: wait
+        // for that, so no client of ours is still connected when the successor binds.
+        for task in std::mem::take(&mut d.dropped) {
+            let _ = task.await;
+        }
         // Our sockets are gone and every worker is released: the successor may bind.
-        let bytes = encode_worker_frame(&WorkerFrame::Released)
+        let sessions = std::mem::take(&mut d.released);
+        let bytes = encode_worker_frame(&WorkerFrame::Released { sessions })
             .map_err(|e| e.to_string())
             .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
         successor.write_all(&bytes).await.map_err(|e| format!("cannot answer the successor: {e}"))?;
@@ -484,6 +502,11 @@ impl Daemon {
         if let Some(c) = self.conns.remove(&conn) {
             c.reader.abort();
             c.writer_task.abort();
+            if self.successor.is_some() {
+                // Before the successor may bind, these sockets must really be closed.
+                self.dropped.push(c.reader);
+                self.dropped.push(c.writer_task);
+            }
             self.step(Input::Disconnected { conn });
         }
     }
@@ -590,6 +613,7 @@ impl Daemon {
             Output::ReleaseWorker { worker } => {
                 if let Some(w) = self.workers.remove(&worker) {
                     tracing::info!(%worker, session = %w.session_id, "released a worker to the next server");
+                    self.released.push(w.session_id.clone());
                     if let Some(reader) = w.reader {
                         reader.abort();
                     }

@@ -19,7 +19,7 @@
 //! clients and answers [`WorkerFrame::Released`] just before it exits.
 
 use super::codec::{
-    Fields, MapBuilder, Path, Schema, SchemaError, read_id, read_string, read_uint,
+    Fields, MapBuilder, Path, Schema, SchemaError, read_id, read_list, read_string, read_uint,
 };
 use super::types::{ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress};
 use crate::ids::OpId;
@@ -58,7 +58,10 @@ pub enum WorkerFrame {
         version: u64,
     },
     /// Old server → new server: every worker is released; the sockets are free.
-    Released,
+    Released {
+        /// The sessions whose workers were released (they will announce themselves).
+        sessions: Vec<String>,
+    },
     /// Server → worker, after a valid hello: open the session (or create it).
     Start {
         /// Set to create a new session.
@@ -156,7 +159,10 @@ impl Schema for WorkerFrame {
                 .put("type", text("replace"))
                 .put("version", Value::Int(*version as i64))
                 .build(),
-            Self::Released => MapBuilder::with_capacity(1).put("type", text("released")).build(),
+            Self::Released { sessions } => MapBuilder::with_capacity(2)
+                .put("type", text("released"))
+                .put("sessions", Value::Array(sessions.iter().map(|s| text(s)).collect()))
+                .build(),
             Self::Start { create } => MapBuilder::with_capacity(2)
                 .put("type", text("start"))
                 .put_opt("create", create.as_ref().map(create_to_value))
@@ -200,8 +206,10 @@ impl Schema for WorkerFrame {
                 Self::Replace { version: f.required("version", read_uint)? }
             }
             "released" => {
-                Fields::new(value, path, &["type"])?;
-                Self::Released
+                let f = Fields::new(value, path, &["type", "sessions"])?;
+                // Optional on the wire: a server that released nothing may omit it.
+                let sessions = f.optional("sessions", |v, p| read_list(v, p, read_id))?;
+                Self::Released { sessions: sessions.unwrap_or_default() }
             }
             "start" => {
                 let f = Fields::new(value, path, &["type", "create"])?;
@@ -342,7 +350,7 @@ mod tests {
             WorkerFrame::Adopted,
             WorkerFrame::Rejected { reason: "already live".into() },
             WorkerFrame::Replace { version: 1 },
-            WorkerFrame::Released,
+            WorkerFrame::Released { sessions: vec!["s1".into(), "s2".into()] },
             WorkerFrame::Start { create: None },
             WorkerFrame::Start {
                 create: Some(CreateSpec {

@@ -129,6 +129,11 @@ pub enum Input {
     /// A new server with this server's id asks to take over: hand every
     /// worker over without stopping it, close every connection, then finish.
     HandoffRequested,
+    /// This server took over from another one, which released the workers of
+    /// these sessions: they will announce themselves. Until they do (or
+    /// `wait` passes), attaches to them wait instead of spawning a second
+    /// worker that would find the session locked.
+    AdoptionsExpected { sessions: Vec<String>, wait: std::time::Duration },
 }
 
 /// Everything the driver must do for a server.
@@ -176,6 +181,10 @@ pub struct Server {
     workers: BTreeMap<WorkerId, String>,
     catalog: Option<BTreeMap<String, SessionMetadata>>,
     removals: BTreeMap<String, Vec<(ConnId, String)>>,
+    /// Sessions whose released workers should announce themselves, until when.
+    expected: BTreeMap<String, Instant>,
+    /// Attaches waiting for an expected adoption.
+    adoption_waiters: BTreeMap<String, Vec<sessions::Waiter>>,
     revision: u64,
     next_worker: u64,
     next_op: u64,
@@ -203,6 +212,8 @@ impl Server {
             workers: BTreeMap::new(),
             catalog: None,
             removals: BTreeMap::new(),
+            expected: BTreeMap::new(),
+            adoption_waiters: BTreeMap::new(),
             revision: 0,
             next_worker: 1,
             next_op: 1,
@@ -244,6 +255,7 @@ impl Server {
                 self.on_worker_announced(channel, session_id, pid, *snapshot)
             }
             Input::HandoffRequested => self.on_handoff(),
+            Input::AdoptionsExpected { sessions, wait } => self.on_adoptions_expected(sessions, wait),
         }
         self.track_idle();
         self.maybe_report_shutdown();
@@ -256,7 +268,8 @@ impl Server {
         let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
         let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
         let holds = self.sessions.values().filter_map(|s| s.hold_until);
-        conns.chain(workers).chain(holds).chain(self.idle_deadline()).min()
+        conns.chain(workers).chain(holds)
+            .chain(self.expected.values().copied()).chain(self.idle_deadline()).min()
     }
 
     /// When an idle server started on demand retires.
@@ -521,6 +534,7 @@ impl Server {
         }
         self.on_worker_deadlines();
         self.on_hold_deadlines();
+        self.on_expected_deadlines();
         if self.idle_deadline().is_some_and(|d| d <= now) {
             self.on_shutdown();
         }
@@ -805,6 +819,10 @@ impl Server {
                 self.conns.values().all(|c| c.stage == Stage::Closing),
                 "open connection during shutdown"
             );
+        }
+        for session in self.adoption_waiters.keys() {
+            assert!(self.expected.contains_key(session), "{session}: waiting for an adoption nobody expects");
+            assert!(!self.sessions.contains_key(session), "{session}: live and still waiting for adoption");
         }
     }
 }

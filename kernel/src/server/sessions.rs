@@ -28,7 +28,7 @@ pub(crate) enum Phase {
 /// A request waiting for the session to open.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {
-    conn: ConnId,
+    pub(crate) conn: ConnId,
     request_id: String,
     kind: Acquire,
 }
@@ -232,6 +232,11 @@ impl Server {
             Some((Phase::Terminal, _)) => {
                 let message = format!("Session runtime is terminating: {session_id}");
                 self.respond_error(conn, waiter.request_id, ErrorCode::SessionLocked, message);
+            }
+            None if self.expected.contains_key(&session_id) => {
+                // Its worker was released by the server we replaced and will announce itself.
+                self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+                self.adoption_waiters.entry(session_id).or_default().push(waiter);
             }
             None => {
                 let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
@@ -736,8 +741,51 @@ impl Server {
         self.workers.insert(worker, session_id.clone());
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel
         self.out.push(Output::AdoptWorker { channel, worker });
+        self.expected.remove(&session_id);
+        for waiter in self.adoption_waiters.remove(&session_id).unwrap_or_default() {
+            self.finish_pending(waiter.conn);
+            self.admit(&session_id, waiter);
+        }
         self.refresh_busy(&session_id);
         self.publish_server_snapshot();
+    }
+
+    /// The workers of these sessions were released to us and will announce themselves.
+    pub(super) fn on_adoptions_expected(&mut self, sessions: Vec<String>, wait: std::time::Duration) {
+        let until = self.now + wait;
+        for session_id in sessions {
+            if !self.sessions.contains_key(&session_id) {
+                self.expected.insert(session_id, until);
+            }
+        }
+    }
+
+    /// Expected workers that never announced themselves: open those sessions the usual way.
+    pub(super) fn on_expected_deadlines(&mut self) {
+        let now = self.now;
+        let expired: Vec<String> =
+            self.expected.iter().filter(|(_, until)| **until <= now).map(|(s, _)| s.clone()).collect();
+        for session_id in expired {
+            self.expected.remove(&session_id);
+            let waiters = self.adoption_waiters.remove(&session_id).unwrap_or_default();
+            let (ready, gone): (Vec<Waiter>, Vec<Waiter>) =
+                waiters.into_iter().partition(|w| self.conns.get(&w.conn).is_some_and(|c| c.is_ready()));
+            for waiter in gone {
+                self.finish_pending(waiter.conn);
+            }
+            if ready.is_empty() {
+                continue;
+            }
+            if self.shutting_down || self.live_capacity_error().is_some() {
+                for waiter in ready {
+                    self.finish_pending(waiter.conn);
+                    let message = format!("Session {session_id} could not be opened now; try again");
+                    self.respond_error(waiter.conn, waiter.request_id, ErrorCode::SessionLocked, message);
+                }
+                continue;
+            }
+            self.open(session_id, None, ready);
+        }
     }
 
     /// A new server takes over: release every worker without stopping it.
