@@ -137,9 +137,11 @@ fn main() {
         bench.round(n); // warm up
     }
     let (steps0, frames0) = (bench.steps, bench.frames);
+    // `STEPS_ROUNDS=N` runs a fixed number of rounds (for instruction counts under callgrind).
+    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS").ok().and_then(|v| v.parse().ok());
     let started = std::time::Instant::now();
     let mut n = 200;
-    while started.elapsed() < Duration::from_secs(3) {
+    while fixed.map_or(started.elapsed() < Duration::from_secs(3), |rounds| n < 200 + rounds) {
         for _ in 0..100 {
             n += 1;
             bench.round(n);

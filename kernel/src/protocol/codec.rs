@@ -199,3 +199,17 @@ pub fn encode_client_message(message: &ClientMessage) -> Result<Vec<u8>, SchemaE
 pub fn encode_server_message(message: &ServerMessage) -> Result<Vec<u8>, SchemaError> {
     encode_payload(message)
 }
+
+/// Encodes a server message the server built itself from validated parts
+/// (decoded worker frames, its own state). The schema check of
+/// [`encode_server_message`] then re-proves what is already known and costs
+/// about as much as the encoding; it runs in debug builds (every test) and
+/// is skipped in release. Values the CBOR encoder cannot write (a non-finite
+/// number, an integer beyond 2^53) are still errors.
+pub fn encode_trusted_server_message(message: &ServerMessage) -> Result<Vec<u8>, SchemaError> {
+    let value = if cfg!(debug_assertions) { message.to_checked_value()? } else { message.to_value() };
+    let mut out = Vec::new();
+    cbor::encode(&value, &mut out)
+        .map_err(|error| SchemaError::new(format!("cannot encode CBOR: {error}")))?;
+    Ok(out)
+}

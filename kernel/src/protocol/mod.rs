@@ -7,6 +7,6 @@ pub mod worker;
 
 pub use codec::{
     SchemaError, decode_client_message, decode_server_message, encode_client_message,
-    encode_server_message,
+    encode_server_message, encode_trusted_server_message,
 };
 pub use types::*;

@@ -24,7 +24,7 @@ use crate::limits::Limits;
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
     ProtocolError, Response, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
-    SessionMetadata, SessionSnapshot, decode_client_message, encode_server_message,
+    SessionMetadata, SessionSnapshot, decode_client_message, encode_trusted_server_message,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -570,7 +570,7 @@ impl Server {
     // ---- sending -----------------------------------------------------------
 
     fn encode(&self, message: &ServerMessage) -> Result<Frame, String> {
-        let payload = encode_server_message(message).map_err(|e| e.to_string())?;
+        let payload = encode_trusted_server_message(message).map_err(|e| e.to_string())?;
         let frame =
             encode_frame(&payload, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
         Ok(Frame::from(frame))
