@@ -85,6 +85,31 @@ pub struct StoredSession {
     pub summary: Option<Summary>,
 }
 
+impl StoredSession {
+    /// Applies one durable write, as storage does: an item replaces the one
+    /// with its id in place or is appended; state overwrites the settings,
+    /// steer queue, summary and revision. The default model is not session
+    /// state. (The in-memory stores of the simulator and test servers use this;
+    /// `io/src/store` does the same to SQLite.)
+    pub fn apply(&mut self, write: &Persist) {
+        match write {
+            Persist::Item(item) => match self.transcript.iter_mut().find(|i| i.id() == item.id()) {
+                Some(existing) => *existing = item.clone(),
+                None => self.transcript.push(item.clone()),
+            },
+            Persist::State { revision, updated_at, model, thinking_level, queued_steer, summary } => {
+                self.revision = *revision;
+                self.updated_at = *updated_at;
+                self.model = model.clone();
+                self.thinking_level = *thinking_level;
+                self.queued_steer = queued_steer.clone();
+                self.summary = summary.clone();
+            }
+            Persist::DefaultModel(_) => {}
+        }
+    }
+}
+
 /// A durable write.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Persist {

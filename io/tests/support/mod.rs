@@ -419,7 +419,7 @@ impl Loopback {
             match output {
                 RuntimeOutput::Persist(p) => {
                     let s = self.store.get_mut(&w.session_id).expect("a stored session");
-                    persist(s, p);
+                    s.apply(&p);
                 }
                 RuntimeOutput::Send(message) => {
                     let message = Box::new(message);
@@ -443,32 +443,6 @@ impl Loopback {
         if self.workers.remove(&worker).is_some() {
             self.step(Input::WorkerExited { worker });
         }
-    }
-}
-
-/// Applies one durable write to the in-memory store (as `io/src/store` does to SQLite).
-fn persist(s: &mut StoredSession, p: Persist) {
-    match p {
-        Persist::Item(item) => match s.transcript.iter_mut().find(|i| i.id() == item.id()) {
-            Some(existing) => *existing = item,
-            None => s.transcript.push(item),
-        },
-        Persist::State {
-            revision,
-            updated_at,
-            model,
-            thinking_level,
-            queued_steer,
-            summary,
-        } => {
-            s.revision = revision;
-            s.updated_at = updated_at;
-            s.model = model;
-            s.thinking_level = thinking_level;
-            s.queued_steer = queued_steer;
-            s.summary = summary;
-        }
-        Persist::DefaultModel(_) => {}
     }
 }
 
