@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run -p sim -- --seed S [--trace]           replay one run exactly
 //! cargo run -p sim -- --seeds N [--from S]         a swarm of N seeds
+//! cargo run --release -p sim -- --model [large]    model-check the small configurations
 //! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
 //! ```
 //!
@@ -13,8 +14,8 @@ use sim::swarm::{self, Report};
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S]] [--steps N] \
-[--clients N] [--faults kind,kind | --no-faults]";
+const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large]] \
+[--steps N] [--clients N] [--faults kind,kind | --no-faults]";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -22,6 +23,7 @@ struct Args {
     seeds: Option<u64>,
     from: Option<u64>,
     trace: bool,
+    model: Option<bool>,
     overrides: Overrides,
 }
 
@@ -44,6 +46,8 @@ fn parse_args() -> Result<Args, String> {
             "--faults" => args.overrides.faults = Some(parse_faults(&value()?)?),
             "--no-faults" => args.overrides.faults = Some(Vec::new()),
             "--trace" => args.trace = true,
+            "--model" => args.model = Some(false),
+            "large" if args.model.is_some() => args.model = Some(true),
             "--help" | "-h" => return Err(help()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -74,10 +78,37 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(large) = args.model {
+        return run_model(large);
+    }
     match args.seeds {
         Some(count) => run_swarm(&args, count),
         None => run_one(&args),
     }
+}
+
+fn run_model(large: bool) -> ExitCode {
+    let mut configs = vec![
+        sim::model::two_clients_one_session(),
+        sim::model::crash_and_restart(),
+    ];
+    if large {
+        configs.push(sim::model::two_clients_one_session_large());
+        configs.push(sim::model::crash_and_restart_large());
+    }
+    for config in configs {
+        match sim::model::explore(&config) {
+            Ok(stats) => println!("{}: {stats}", config.name),
+            Err(found) => {
+                println!(
+                    "{}: {}\npath: {:?}\n{}",
+                    config.name, found.message, found.path, found.trace
+                );
+                return ExitCode::from(129);
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn random_seed() -> u64 {

@@ -190,6 +190,9 @@ pub struct SwarmOptions {
     pub client_action: Ratio,
     /// Share of prompts that ask the faux model for a tool call (`!` prefix).
     pub tool_prompts: Ratio,
+    /// Probability per step that time jumps to the next deadline even though
+    /// messages are in flight (without it, time moves only when nothing is).
+    pub time_advance: Ratio,
     /// Enabled faults.
     pub faults: BTreeMap<FaultKind, Fault>,
     /// The kernel's limits.
@@ -212,6 +215,7 @@ impl SwarmOptions {
         let sessions = prng.range_inclusive(1, 4) as u32;
         let client_action = Ratio::new(prng.range_inclusive(5, 40) as u32, 100);
         let tool_prompts = Ratio::new(prng.range_inclusive(0, 40) as u32, 100);
+        let time_advance = Ratio::new(prng.range_inclusive(2, 40) as u32, 100);
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {
             let enabled = prng.coin();
@@ -233,6 +237,7 @@ impl SwarmOptions {
             sessions,
             client_action,
             tool_prompts,
+            time_advance,
             faults,
             limits,
             faux_delay,
@@ -290,7 +295,9 @@ impl SwarmOptions {
             trace,
             keep_received: false,
             record_facts: true,
+            skip_unchecked: !trace,
             holds,
+            models: kernel::faux::models(),
         }
     }
 
@@ -301,8 +308,13 @@ impl SwarmOptions {
         let _ = writeln!(out, "SEED={}", self.seed);
         let _ = writeln!(
             out,
-            "steps={} clients={} sessions={} client_action={} tool_prompts={}",
-            self.steps, self.clients, self.sessions, self.client_action, self.tool_prompts
+            "steps={} clients={} sessions={} client_action={} tool_prompts={} time_advance={}",
+            self.steps,
+            self.clients,
+            self.sessions,
+            self.client_action,
+            self.tool_prompts,
+            self.time_advance
         );
         let _ = writeln!(
             out,

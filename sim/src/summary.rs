@@ -17,11 +17,16 @@ pub struct Names {
 impl Names {
     /// The short name of a session id.
     pub fn session(&mut self, id: &str) -> String {
-        let n = self.map.len() + 1;
+        let n = self.map.values().filter(|v| v.starts_with('s')).count() + 1;
         self.map
             .entry(id.to_string())
             .or_insert_with(|| format!("s{n}"))
             .clone()
+    }
+
+    /// Gives a session id a fixed short name (for ids that never exist).
+    pub fn alias(&mut self, id: &str, short: &str) {
+        self.map.insert(id.to_string(), short.to_string());
     }
 
     /// The session id behind a short name.

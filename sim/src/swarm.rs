@@ -38,6 +38,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+/// A session id that never exists (traced as `unknown`).
+pub const UNKNOWN_SESSION: &str = "00000000-0000-4000-8000-00000000dead";
+
 /// How a run failed (TigerBeetle's `Failure`; the CLI exits with [`FailureClass::exit_code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureClass {
@@ -141,7 +144,8 @@ pub struct Swarm {
 impl Swarm {
     /// A fresh world for `options`; `trace` keeps the trace.
     pub fn new(options: SwarmOptions, trace: bool) -> Self {
-        let world = World::new(options.world_options(trace));
+        let mut world = World::new(options.world_options(trace));
+        world.names.alias(UNKNOWN_SESSION, "unknown");
         let prng = Prng::new(options.driver_seed);
         let slots = vec![None; options.clients as usize];
         Self {
@@ -467,7 +471,14 @@ impl Swarm {
                 })
             }
             choice => {
-                let session_id = self.pick_session();
+                // Control commands mostly go to a session the client is attached to.
+                let attached = self.world.server.attachments(conn);
+                let control = !matches!(choice, 2 | 9);
+                let session_id = if control && !attached.is_empty() && self.prng.below(5) > 0 {
+                    self.prng.pick(&attached).clone()
+                } else {
+                    self.pick_session()
+                };
                 self.session_command(conn, choice, session_id)
             }
         };
@@ -519,7 +530,7 @@ impl Swarm {
     fn pick_session(&mut self) -> String {
         let known: Vec<&String> = self.world.store.sessions.keys().collect();
         if known.is_empty() || self.prng.chance(Ratio::new(1, 25)) {
-            return "00000000-0000-4000-8000-00000000dead".to_string();
+            return UNKNOWN_SESSION.to_string();
         }
         let index = self.prng.below(known.len() as u64) as usize;
         known[index].clone()
@@ -538,10 +549,11 @@ impl Swarm {
             |(_, d)| !matches!(d, Delivery::Boot(w) if held.get(w).is_some_and(|u| *u > step)),
         );
         let delay = self.chance(FaultKind::Delay);
-        if deliveries.is_empty() || delay {
-            if delay {
-                self.count(FaultKind::Delay);
-            }
+        if delay {
+            self.count(FaultKind::Delay);
+        }
+        let time_advance = self.options.time_advance;
+        if deliveries.is_empty() || delay || self.prng.chance(time_advance) {
             self.world.advance_to_next();
             return;
         }

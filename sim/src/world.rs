@@ -129,8 +129,14 @@ pub struct Options {
     pub keep_received: bool,
     /// Record [`Fact`]s for the checkers.
     pub record_facts: bool,
+    /// Do not decode frames that no checker reads (server snapshots and
+    /// assistant deltas, recognised by their first bytes). Needs `trace` and
+    /// `keep_received` off. Halves the simulator's own work.
+    pub skip_unchecked: bool,
     /// Which hops wait for a delivery.
     pub holds: Holds,
+    /// The models offered (the model checker offers one, to keep states small).
+    pub models: Vec<kernel::protocol::ModelMetadata>,
 }
 
 impl Default for Options {
@@ -145,7 +151,9 @@ impl Default for Options {
             trace: true,
             keep_received: true,
             record_facts: false,
+            skip_unchecked: false,
             holds: Holds::none(),
+            models: faux::models(),
         }
     }
 }
@@ -274,9 +282,10 @@ struct FakeWorker {
 /// A message the kernel queued for a client, decoded once.
 #[derive(Debug, Clone)]
 enum Incoming {
+    /// `message` is `None` for frames no checker reads (see [`Options::skip_unchecked`]).
     Frame {
         len: usize,
-        message: Rc<ServerMessage>,
+        message: Option<Rc<ServerMessage>>,
     },
     Close,
 }
@@ -294,6 +303,9 @@ pub struct Client {
     pub said_hello: bool,
     /// It received the server hello.
     pub ready: bool,
+    /// It wrote raw bytes: whatever follows on its stream may be swallowed by
+    /// a frame they started, so its later requests are owed nothing.
+    pub garbled: bool,
     unread: usize,
     next_request: u64,
     /// Bytes not yet delivered to the server, in chunks tagged with a sequence number.
@@ -317,6 +329,7 @@ impl Client {
             reading: true,
             said_hello: false,
             ready: false,
+            garbled: false,
             unread: 0,
             next_request: 1,
             outbox: VecDeque::new(),
@@ -429,6 +442,10 @@ pub struct World {
     options: Options,
     workers: BTreeMap<WorkerId, FakeWorker>,
     clients: BTreeMap<ConnId, Client>,
+    /// Clients that may still have a hop pending (not closed, or closed with
+    /// bytes or an end of stream still in flight), so that
+    /// [`World::deliveries`] does not scan every client that ever connected.
+    active: BTreeSet<ConnId>,
     inbox: VecDeque<Input>,
     next_conn: u64,
     generation: u64,
@@ -445,11 +462,16 @@ pub struct World {
 impl World {
     /// A world with an empty store and a server whose catalog is loaded.
     pub fn new(options: Options) -> Self {
+        Self::with_store(options, Store::default())
+    }
+
+    /// A world whose server starts on `store` (its catalog is loaded).
+    pub fn with_store(options: Options, store: Store) -> Self {
         let server = Server::new(Self::config(&options, 0));
         let mut world = Self {
             now: Instant(0),
             server,
-            store: Store::default(),
+            store,
             names: Names::default(),
             trace: Vec::new(),
             worker_scripts: BTreeMap::new(),
@@ -457,6 +479,7 @@ impl World {
             options,
             workers: BTreeMap::new(),
             clients: BTreeMap::new(),
+            active: BTreeSet::new(),
             inbox: VecDeque::new(),
             next_conn: 1,
             generation: 0,
@@ -479,7 +502,7 @@ impl World {
             seed: options
                 .seed
                 .wrapping_add(generation.wrapping_mul(0x9e37_79b9)),
-            models: faux::models(),
+            models: options.models.clone(),
             limits: options.limits.clone(),
             idle_exit: None,
             adoption_grace: std::time::Duration::from_secs(30),
@@ -517,6 +540,12 @@ impl World {
         if self.options.record_facts {
             self.facts.push(fact);
         }
+    }
+
+    /// Turns fact recording (and the decoding it needs) on or off; the model
+    /// checker replays known prefixes with it off.
+    pub fn set_record_facts(&mut self, record: bool) {
+        self.options.record_facts = record;
     }
 
     /// The facts recorded since the last call, in order.
@@ -603,6 +632,12 @@ impl World {
                 continue;
             };
             *self.unwritten.entry(*conn).or_insert(0) += frame.len();
+            let o = &self.options;
+            let needed = o.record_facts || o.keep_received || o.trace;
+            if !needed || (o.skip_unchecked && is_unchecked(frame)) {
+                decoded.push(None);
+                continue;
+            }
             let message = match &last {
                 Some((previous, message)) if std::sync::Arc::ptr_eq(previous, frame) => {
                     message.clone()
@@ -658,9 +693,7 @@ impl World {
 
     fn carry_out(&mut self, output: Output, message: Option<Rc<ServerMessage>>) {
         match output {
-            Output::Send { conn, frame } => {
-                self.on_send(conn, frame.len(), message.expect("decoded"));
-            }
+            Output::Send { conn, frame } => self.on_send(conn, frame.len(), message),
             Output::Close { conn, reason } => self.on_close(conn, reason),
             Output::SpawnWorker {
                 worker,
@@ -713,9 +746,12 @@ impl World {
         }
     }
 
-    fn on_send(&mut self, conn: ConnId, len: usize, message: Rc<ServerMessage>) {
-        if self.options.trace && (!is_delta(&message) || self.options.trace_deltas) {
-            let line = summary::server(&mut self.names, &message);
+    fn on_send(&mut self, conn: ConnId, len: usize, message: Option<Rc<ServerMessage>>) {
+        if let Some(message) = &message
+            && self.options.trace
+            && (!is_delta(message) || self.options.trace_deltas)
+        {
+            let line = summary::server(&mut self.names, message);
             trace!(self, "{conn} ← {line}");
         }
         let held = self.options.holds.to_client;
@@ -731,11 +767,13 @@ impl World {
             }
             return;
         }
-        if let ServerMessage::Hello(_) = message.as_ref() {
-            client.ready = true;
-        }
-        if self.options.keep_received {
-            client.received.push(message.as_ref().clone());
+        if let Some(message) = message {
+            if let ServerMessage::Hello(_) = message.as_ref() {
+                client.ready = true;
+            }
+            if self.options.keep_received {
+                client.received.push(message.as_ref().clone());
+            }
         }
         if client.reading {
             self.push(Input::Written { conn, bytes: len });
@@ -774,6 +812,7 @@ impl World {
             c.inbox.clear();
             c.outbox.clear();
             c.eof = None;
+            self.active.remove(&conn);
         }
     }
 
@@ -892,7 +931,7 @@ impl World {
         session_id: &str,
         create: Option<CreateSpec>,
     ) -> Result<Vec<RuntimeOutput>, ProtocolError> {
-        let models = faux::models();
+        let models = self.options.models.clone();
         let now = self.now;
         let (runtime, outputs) = match create {
             Some(spec) => {
@@ -1290,6 +1329,7 @@ impl World {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         self.clients.insert(conn, Client::new());
+        self.active.insert(conn);
         trace!(self, "{conn} connects");
         self.push(Input::Accepted { conn });
         self.run();
@@ -1299,6 +1339,7 @@ impl World {
     /// Sends raw bytes.
     pub fn send_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
         trace!(self, "{conn} → {} raw bytes", bytes.len());
+        self.clients.get_mut(&conn).expect("known client").garbled = true;
         self.write(conn, bytes, false);
     }
 
@@ -1358,7 +1399,7 @@ impl World {
         let client = self.clients.get_mut(&conn).expect("known client");
         let id = format!("r{}", client.next_request);
         client.next_request += 1;
-        let open = !client.closed && client.eof.is_none();
+        let open = !client.closed && client.eof.is_none() && !client.garbled;
         if open && self.options.record_facts {
             let fact = Fact::RequestSent {
                 conn,
@@ -1442,6 +1483,11 @@ impl World {
         self.clients.iter().map(|(id, c)| (*id, c))
     }
 
+    /// Connections the kernel has sent bytes to and not yet forgotten, in id order.
+    pub fn kernel_conns(&self) -> Vec<ConnId> {
+        self.unwritten.keys().copied().collect()
+    }
+
     /// Bytes the kernel queued for `conn` that were not reported written.
     pub fn unwritten(&self, conn: ConnId) -> usize {
         self.unwritten.get(&conn).copied().unwrap_or(0)
@@ -1469,7 +1515,8 @@ impl World {
     /// fixed order (channel kind, then id).
     pub fn deliveries(&self) -> Vec<(u64, Delivery)> {
         let mut out = Vec::new();
-        for (conn, c) in &self.clients {
+        for conn in &self.active {
+            let c = &self.clients[conn];
             if let Some((seq, _)) = c.outbox.front() {
                 out.push((*seq, Delivery::ToServer(*conn)));
             } else if let Some(seq) = c.eof {
@@ -1582,6 +1629,7 @@ impl World {
             return;
         }
         if c.eof.take().is_some() {
+            self.active.remove(&conn);
             trace!(self, "{conn} ⇒ server end of stream");
             self.push(Input::Disconnected { conn });
         }
@@ -1609,11 +1657,13 @@ impl World {
             match c.inbox.pop_front().expect("checked").1 {
                 Incoming::Frame { len, message } => {
                     written += len;
-                    if let ServerMessage::Hello(_) = message.as_ref() {
-                        c.ready = true;
-                    }
-                    if keep {
-                        c.received.push(message.as_ref().clone());
+                    if let Some(message) = message {
+                        if let ServerMessage::Hello(_) = message.as_ref() {
+                            c.ready = true;
+                        }
+                        if keep {
+                            c.received.push(message.as_ref().clone());
+                        }
                     }
                 }
                 Incoming::Close => {
@@ -1742,9 +1792,77 @@ impl World {
         }
     }
 
+    /// Folds everything that decides the world's future into `hasher`: the
+    /// kernel (its `Debug`), the store, every worker and client with their
+    /// queues, time and pending hops — but not the sequence numbers that
+    /// order hops, so that equal states reached in different orders match.
+    pub fn fingerprint(&self, hasher: &mut impl std::hash::Hasher) {
+        use std::fmt::Write as _;
+        let mut out = HashWrite(hasher);
+        let _ = write!(
+            out,
+            "{:?}|{:?}|{:?}",
+            self.now, self.server, self.store.sessions
+        );
+        for (id, w) in &self.workers {
+            let to_runtime = w.to_runtime.iter().map(|(_, m)| m);
+            let to_server = w.to_server.iter().map(|(_, m)| m);
+            let _ = write!(
+                out,
+                "|{id} {} {:?} {:?} {:?} {:?}",
+                w.session_id, w.stage, w.runtime, w.stream, w.tools
+            );
+            for m in to_runtime {
+                let _ = write!(out, " {m:?}");
+            }
+            for m in to_server {
+                let _ = write!(out, " {m:?}");
+            }
+        }
+        for (id, c) in &self.clients {
+            let _ = write!(
+                out,
+                "|{id} {} {} {} {} {} {} {}",
+                c.closed,
+                c.reading,
+                c.said_hello,
+                c.ready,
+                c.next_request,
+                c.eof.is_some(),
+                c.unread
+            );
+            for (_, bytes) in &c.outbox {
+                let _ = write!(out, " {bytes:?}");
+            }
+            for (_, incoming) in &c.inbox {
+                let _ = write!(out, " {incoming:?}");
+            }
+        }
+        let removals: Vec<&String> = self.removals.keys().collect();
+        let _ = write!(
+            out,
+            "|{:?} {removals:?} {:?} {} {} {}",
+            self.catalog_pending.is_some(),
+            self.unwritten,
+            self.store.fail_writes,
+            self.fail_spawns,
+            self.generation
+        );
+    }
+
     /// The trace as one string.
     pub fn trace_text(&self) -> String {
         self.trace.join("\n") + "\n"
+    }
+}
+
+/// Feeds formatted text straight into a hasher.
+struct HashWrite<'a, H>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::fmt::Write for HashWrite<'_, H> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -1805,6 +1923,15 @@ fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
     let tools = w.tools.values().map(|(at, _)| *at).min();
     let tick = w.runtime.as_ref().and_then(Runtime::next_deadline);
     [stream, tools, tick].into_iter().flatten().min()
+}
+
+/// True for frames no checker reads: a server snapshot event or an assistant
+/// delta. Their CBOR starts with the event's `type` key, so the name appears
+/// within the first bytes (a session id comes before a delta's type).
+fn is_unchecked(frame: &[u8]) -> bool {
+    let head = &frame[..frame.len().min(120)];
+    let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
+    has(b"server_snapshot") || has(b"assistant_delta")
 }
 
 fn is_delta(message: &ServerMessage) -> bool {

@@ -8,10 +8,7 @@ use crate::world::World;
 /// Checks every connection the kernel still tracks.
 pub fn check(world: &World) -> Check {
     let max = world.server.config().limits.max_output_bytes_per_connection;
-    for (conn, _) in world.clients() {
-        if world.server.connection_stage(conn).is_none() {
-            continue;
-        }
+    for conn in world.kernel_conns() {
         let queued = world.server.queued_bytes(conn);
         if queued > max {
             let message = format!("{conn}: {queued} bytes queued, bound {max}");
