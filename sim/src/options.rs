@@ -50,11 +50,16 @@ pub enum FaultKind {
     ExitRace,
     /// After a (re)start, the catalog loads late; hellos wait in `Handshaking`.
     CatalogDelay,
+    /// The server shuts down gracefully (every runtime disposed, every
+    /// connection closed); once it has, a new server starts on the store.
+    Shutdown,
 }
 
 impl FaultKind {
-    /// Every kind, in the order they are drawn.
-    pub const ALL: [Self; 15] = [
+    /// Every kind. They are drawn in this order, except that kinds added
+    /// after the first release of the swarm ([`FaultKind::Shutdown`]) are
+    /// drawn after every other option, so that old seeds keep their options.
+    pub const ALL: [Self; 16] = [
         Self::Split,
         Self::Reorder,
         Self::Delay,
@@ -70,6 +75,7 @@ impl FaultKind {
         Self::ServerRestart,
         Self::ExitRace,
         Self::CatalogDelay,
+        Self::Shutdown,
     ];
 
     /// The command-line name.
@@ -90,6 +96,7 @@ impl FaultKind {
             Self::ServerRestart => "server-restart",
             Self::ExitRace => "exit-race",
             Self::CatalogDelay => "catalog-delay",
+            Self::Shutdown => "shutdown",
         }
     }
 
@@ -119,7 +126,9 @@ impl FaultKind {
             Self::SpawnFailure => (per_mille(prng, 8), prng.range_inclusive(2, 50) as u32),
             Self::StorageFailure => (per_mille(prng, 8), prng.range_inclusive(2, 80) as u32),
             Self::ModelFailure => (per_mille(prng, 30), 0),
-            Self::ServerRestart => (Ratio::new(prng.range_inclusive(1, 20) as u32, 10_000), 0),
+            Self::ServerRestart | Self::Shutdown => {
+                (Ratio::new(prng.range_inclusive(1, 20) as u32, 10_000), 0)
+            }
             // Switches of the world's delivery model.
             Self::ExitRace | Self::CatalogDelay => (Ratio::ALWAYS, 0),
         };
@@ -149,6 +158,7 @@ impl FaultKind {
             Self::ServerRestart => "the server crashes and restarts on its store (per step)",
             Self::ExitRace => "a worker's exit notice may overtake its messages",
             Self::CatalogDelay => "after a (re)start the catalog loads late",
+            Self::Shutdown => "graceful shutdown, then a new server (per step)",
         }
     }
 }
@@ -217,7 +227,10 @@ impl SwarmOptions {
         let tool_prompts = Ratio::new(prng.range_inclusive(0, 40) as u32, 100);
         let time_advance = Ratio::new(prng.range_inclusive(2, 40) as u32, 100);
         let mut faults = BTreeMap::new();
-        for kind in FaultKind::ALL {
+        for kind in FaultKind::ALL
+            .into_iter()
+            .filter(|k| *k != FaultKind::Shutdown)
+        {
             let enabled = prng.coin();
             let fault = kind.draw(&mut prng);
             if enabled {
@@ -229,6 +242,9 @@ impl SwarmOptions {
         let tool_delay = Duration::from_millis(prng.range_inclusive(1, 50));
         let world_seed = prng.fork();
         let driver_seed = prng.fork();
+        if prng.coin() {
+            faults.insert(FaultKind::Shutdown, FaultKind::Shutdown.draw(&mut prng));
+        }
         let mut options = Self {
             seed,
             steps: 1000,

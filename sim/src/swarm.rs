@@ -263,6 +263,7 @@ impl Swarm {
     pub fn tick_faults(&mut self) {
         self.tick_worker_crash();
         self.tick_restart();
+        self.tick_shutdown();
         self.tick_storage();
         self.tick_spawn_failure();
         self.tick_disconnect();
@@ -297,6 +298,19 @@ impl Swarm {
         self.slow.clear();
         self.held_boots.clear();
         self.silent.clear();
+    }
+
+    /// A graceful shutdown; once it completed, a new server starts.
+    fn tick_shutdown(&mut self) {
+        if self.world.is_shut_down() {
+            self.world.restart_server();
+            self.slow.clear();
+            self.held_boots.clear();
+            self.silent.clear();
+        } else if !self.world.server.is_shutting_down() && self.chance(FaultKind::Shutdown) {
+            self.count(FaultKind::Shutdown);
+            self.world.shutdown();
+        }
     }
 
     fn tick_storage(&mut self) {

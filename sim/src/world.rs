@@ -457,6 +457,7 @@ pub struct World {
     facts: Vec<Fact>,
     seq: u64,
     kernel_steps: u64,
+    shut_down: bool,
 }
 
 impl World {
@@ -490,6 +491,7 @@ impl World {
             facts: Vec::new(),
             seq: 0,
             kernel_steps: 0,
+            shut_down: false,
         };
         world.load_catalog();
         world
@@ -556,6 +558,11 @@ impl World {
     /// Number of [`Server::step`] calls so far, across server restarts.
     pub fn kernel_steps(&self) -> u64 {
         self.kernel_steps
+    }
+
+    /// True once the server reported its graceful shutdown complete.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down
     }
 
     /// How many times the server was replaced.
@@ -735,6 +742,7 @@ impl World {
             }
             Output::ShutdownComplete => {
                 trace!(self, "server shutdown complete");
+                self.shut_down = true;
             }
             Output::AdoptWorker { .. }
             | Output::RejectWorker { .. }
@@ -1784,6 +1792,7 @@ impl World {
         }
         self.fact(Fact::ServerRestarted);
         self.generation += 1;
+        self.shut_down = false;
         self.server = Server::new(Self::config(&self.options, self.generation));
         if self.options.holds.catalog {
             self.catalog_pending = Some(self.next_seq());
