@@ -216,6 +216,11 @@ impl Store {
         self.sessions.remove(id)
     }
 
+    /// Marks a session changed (for tests that tamper with the store).
+    pub fn touch(&mut self, id: &str) {
+        self.dirty.insert(id.to_string());
+    }
+
     /// The sessions changed since the last call, in id order.
     pub fn take_dirty(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.dirty)
