@@ -176,31 +176,13 @@ impl Store {
         if self.fail_writes {
             return Err("simulated storage write failure".into());
         }
-        let s = self
+        let session = self
             .sessions
             .get_mut(id)
             .ok_or("session directory is gone")?;
-        match p {
-            Persist::Item(item) => match s.transcript.iter_mut().find(|i| i.id() == item.id()) {
-                Some(existing) => *existing = item.clone(),
-                None => s.transcript.push(item.clone()),
-            },
-            Persist::State {
-                revision,
-                updated_at,
-                model,
-                thinking_level,
-                queued_steer,
-                summary,
-            } => {
-                s.revision = *revision;
-                s.updated_at = *updated_at;
-                s.model = model.clone();
-                s.thinking_level = *thinking_level;
-                s.queued_steer = queued_steer.clone();
-                s.summary = summary.clone();
-            }
-            Persist::DefaultModel(model) => self.default_model = Some(model.clone()),
+        session.apply(p);
+        if let Persist::DefaultModel(model) = p {
+            self.default_model = Some(model.clone());
         }
         self.dirty.insert(id.to_string());
         Ok(())
