@@ -181,6 +181,11 @@ fn run_swarm(args: &Args, count: u64) -> ExitCode {
             println!("FAILED seed={seed}: {failure}");
             failed.get_or_insert(report);
         }
+        let done = seed - from + 1;
+        if done % 10_000 == 0 {
+            let seconds = started.elapsed().as_secs_f64();
+            println!("... {done} seeds in {seconds:.0}s");
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
