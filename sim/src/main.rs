@@ -182,7 +182,7 @@ fn run_swarm(args: &Args, count: u64) -> ExitCode {
             failed.get_or_insert(report);
         }
         let done = seed - from + 1;
-        if done % 10_000 == 0 {
+        if done.is_multiple_of(10_000) {
             let seconds = started.elapsed().as_secs_f64();
             println!("... {done} seeds in {seconds:.0}s");
         }
