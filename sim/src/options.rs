@@ -120,7 +120,7 @@ impl FaultKind {
             Self::Garbage => (per_mille(prng, 60), 0),
             Self::Idle => (per_mille(prng, 250), 0),
             // Per step, lasting `stability` steps.
-            Self::SlowConsumer => (per_mille(prng, 20), prng.range_inclusive(5, 300) as u32),
+            Self::SlowConsumer => (per_mille(prng, 20), prng.range_inclusive(5, 2000) as u32),
             Self::WorkerCrash => (per_mille(prng, 15), 0),
             Self::WorkerHold => (per_mille(prng, 600), prng.range_inclusive(5, 400) as u32),
             Self::SpawnFailure => (per_mille(prng, 8), prng.range_inclusive(2, 50) as u32),
@@ -375,8 +375,10 @@ impl SwarmOptions {
 
 /// Small limits, so that every bound is reached in a short run.
 fn draw_limits(prng: &mut Prng, clients: u32) -> Limits {
-    let max_frame_len = 1u32 << prng.range_inclusive(15, 19);
-    let output_frames = prng.range_inclusive(1, 4) as usize;
+    // Frames from 16 KiB (long transcripts then no longer fit: `cannot send`)
+    // and output bounds from one frame, so slow consumers reach them.
+    let max_frame_len = 1u32 << prng.range_inclusive(14, 19);
+    let output_slack = prng.below(u64::from(max_frame_len)) as usize;
     Limits {
         max_connections: prng.range_inclusive(1, u64::from(clients) + 2) as usize,
         max_attachments_per_connection: prng.range_inclusive(1, 4) as usize,
@@ -384,7 +386,7 @@ fn draw_limits(prng: &mut Prng, clients: u32) -> Limits {
         max_requests_in_flight_per_connection: prng.range_inclusive(1, 8) as usize,
         max_deferred_requests: prng.range_inclusive(1, 8) as usize,
         max_frame_len,
-        max_output_bytes_per_connection: output_frames * (max_frame_len as usize + 4),
+        max_output_bytes_per_connection: max_frame_len as usize + 4 + output_slack,
         handshake_timeout: Duration::from_millis(prng.range_inclusive(500, 5000)),
         worker_start_timeout: Duration::from_millis(prng.range_inclusive(1000, 15_000)),
         worker_dispose_timeout: Duration::from_millis(prng.range_inclusive(500, 10_000)),

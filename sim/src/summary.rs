@@ -90,7 +90,9 @@ pub fn client(names: &mut Names, m: &ClientMessage) -> String {
                 .map(|s| format!(" {}", names.session(s)))
                 .unwrap_or_default();
             let extra = match c {
-                Command::Prompt { text, .. } | Command::Steer { text, .. } => format!(" {text:?}"),
+                Command::Prompt { text, .. } | Command::Steer { text, .. } => {
+                    format!(" {:?}", short(text))
+                }
                 Command::SetModel { model, .. } => format!(" {}/{}", model.provider, model.id),
                 Command::SetThinking { thinking_level, .. } => {
                     format!(" {}", thinking_level.as_str())
@@ -187,6 +189,14 @@ fn progress_summary(p: &TranscriptProgress) -> String {
     }
 }
 
+/// Text as traced: up to 32 characters, then the number left out.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(32) {
+        Some((cut, _)) => format!("{}…(+{})", &text[..cut], text[cut..].chars().count()),
+        None => text.to_string(),
+    }
+}
+
 /// Replaces known session ids inside free text by their short names.
 pub fn shorten(names: &mut Names, text: &str) -> String {
     let mut out = text.to_string();
@@ -201,7 +211,9 @@ pub fn to_worker(m: &ToWorker) -> String {
     match m {
         ToWorker::Operation { op, operation } => {
             let detail = match operation {
-                Operation::Prompt { text } | Operation::Steer { text } => format!(" {text:?}"),
+                Operation::Prompt { text } | Operation::Steer { text } => {
+                    format!(" {:?}", short(text))
+                }
                 Operation::SetModel { model } => format!(" {}/{}", model.provider, model.id),
                 Operation::SetThinking { level } => format!(" {}", level.as_str()),
                 Operation::Abort => String::new(),

@@ -479,8 +479,12 @@ impl Swarm {
             0 => Command::List,
             1 => {
                 self.creates += 1;
+                // Sometimes on another model: faux-tiny's 400-token window compacts soon.
+                let model = (self.prng.below(3) == 0).then(|| self.pick_model());
+                let cwd = Some("/work".into());
                 Command::Create(CreateParams {
-                    cwd: Some("/work".into()),
+                    cwd,
+                    model,
                     ..CreateParams::default()
                 })
             }
@@ -506,7 +510,12 @@ impl Swarm {
             3 => Command::Detach { session_id },
             4 => {
                 let tool = self.prng.chance(self.options.tool_prompts);
-                let text = prompt_text(conn, &self.world.next_request_id(conn), tool);
+                let mut text = prompt_text(conn, &self.world.next_request_id(conn), tool);
+                if !tool && self.prng.below(6) == 0 {
+                    // A long prompt, so that small context windows fill up and compact.
+                    let words = self.prng.range_inclusive(20, 160) as usize;
+                    text.push_str(&" lorem ipsum".repeat(words / 2));
+                }
                 Command::Prompt { session_id, text }
             }
             5 => {
@@ -515,18 +524,7 @@ impl Swarm {
             }
             6 => Command::Abort { session_id },
             7 => {
-                let mut models: Vec<ModelRef> = faux::models()
-                    .into_iter()
-                    .map(|m| ModelRef {
-                        provider: m.provider,
-                        id: m.id,
-                    })
-                    .collect();
-                models.push(ModelRef {
-                    provider: "faux".into(),
-                    id: "no-such-model".into(),
-                });
-                let model = self.prng.pick(&models).clone();
+                let model = self.pick_model();
                 Command::SetModel { session_id, model }
             }
             8 => {
@@ -538,6 +536,22 @@ impl Swarm {
             }
             _ => Command::Remove { session_id },
         }
+    }
+
+    /// One of the faux models, or one that does not exist.
+    fn pick_model(&mut self) -> ModelRef {
+        let mut models: Vec<ModelRef> = faux::models()
+            .into_iter()
+            .map(|m| ModelRef {
+                provider: m.provider,
+                id: m.id,
+            })
+            .collect();
+        models.push(ModelRef {
+            provider: "faux".into(),
+            id: "no-such-model".into(),
+        });
+        self.prng.pick(&models).clone()
     }
 
     /// A stored session, or now and then one that does not exist.

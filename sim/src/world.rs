@@ -1289,13 +1289,15 @@ impl World {
                 return;
             };
             w.tools.remove(&id);
+            // Fake tools fail, deterministically, on odd item ids.
+            let is_error = id.ends_with(['1', '3', '5', '7', '9']);
             let text = format!("fake {tool_name} output for {id}");
             let content = vec![Content::Text { text }];
             let input = RuntimeInput::ToolDone {
                 id,
                 content,
                 details: None,
-                is_error: false,
+                is_error,
             };
             self.runtime_step(worker, input);
         }

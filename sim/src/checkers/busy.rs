@@ -50,10 +50,11 @@ pub fn prompt_text(conn: ConnId, request_id: &str, tool: bool) -> String {
     format!("{}{conn}#{request_id}", if tool { "!" } else { "" })
 }
 
-/// The request a prompt text names, if it is one.
+/// The request a prompt text names (its first word), if it is one.
 pub fn parse_prompt(text: &str) -> Option<PromptId> {
     let text = text.strip_prefix('!').unwrap_or(text);
-    let (conn, request) = text.split_once('#')?;
+    let tag = text.split(' ').next()?;
+    let (conn, request) = tag.split_once('#')?;
     let conn = conn.strip_prefix('c')?.parse().ok()?;
     Some((ConnId(conn), request.to_string()))
 }
@@ -234,5 +235,9 @@ mod tests {
         assert_eq!(text, "!c3#r7");
         assert_eq!(parse_prompt(&text), Some((ConnId(3), "r7".to_string())));
         assert_eq!(parse_prompt("hello"), None);
+        assert_eq!(
+            parse_prompt("c1#r2 and more words"),
+            Some((ConnId(1), "r2".to_string()))
+        );
     }
 }
