@@ -392,7 +392,8 @@ async fn bash_timeout_kills_the_process_group() {
     let command = "sleep 300 & echo $! > child.pid; echo started; wait";
     let out = run(
         "bash",
-        args(&[("command", s(command)), ("timeout", Value::Float(0.5))]),
+        // Long enough for the shell to start on a loaded machine.
+        args(&[("command", s(command)), ("timeout", Value::Float(2.5))]),
         &dir.0,
     )
     .await;
@@ -400,7 +401,7 @@ async fn bash_timeout_kills_the_process_group() {
     assert!(out.is_error);
     let t = text(&out);
     assert!(
-        t.starts_with("started\n") && t.contains("Command timed out after 0.5 seconds"),
+        t.starts_with("started\n") && t.contains("Command timed out after 2.5 seconds"),
         "{t}"
     );
     assert_eq!(detail(&out, "timedOut"), Value::Bool(true));

@@ -581,7 +581,10 @@ async fn bash(
         .try_clone()
         .map_err(|e| format!("bash: cannot create a pipe: {e}"))?;
     let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg("-lc")
+    // Not a login shell: a profile can be slow or block (a profile that waits
+    // on a lock held by another shell stalls every command), and the worker's
+    // environment is already the user's.
+    cmd.arg("-c")
         .arg(command)
         .current_dir(cwd)
         .stdin(std::process::Stdio::null())
