@@ -32,7 +32,8 @@
 
 use crate::summary::{self, Names};
 use kernel::faux::{self, FauxStream};
-use kernel::ids::{ConnId, OpId, WorkerId};
+use kernel::ids::{ChannelId, ConnId, OpId, WorkerId};
+use kernel::link::{Link, LinkAction};
 use kernel::limits::Limits;
 use kernel::protocol::{
     ClientHello, ClientMessage, Command, CommandResult, Content, ErrorCode, ModelRef,
@@ -445,6 +446,14 @@ pub struct World {
     seq: u64,
     kernel_steps: u64,
     shut_down: bool,
+    /// Workers no server holds (released by a hand-off, or whose server
+    /// died), keyed by an id outside the kernel's range: link and pid.
+    orphans: BTreeMap<WorkerId, (Link, u64)>,
+    /// Announcing orphans, by the channel they announced on.
+    channels: BTreeMap<ChannelId, WorkerId>,
+    next_channel: u64,
+    /// The server process is gone ([`World::crash_server_keep_workers`]).
+    server_down: bool,
 }
 
 impl World {
@@ -479,6 +488,10 @@ impl World {
             seq: 0,
             kernel_steps: 0,
             shut_down: false,
+            orphans: BTreeMap::new(),
+            channels: BTreeMap::new(),
+            next_channel: 1,
+            server_down: false,
         };
         world.load_catalog();
         world
@@ -731,13 +744,13 @@ impl World {
                 trace!(self, "server shutdown complete");
                 self.shut_down = true;
             }
-            Output::AdoptWorker { .. }
-            | Output::RejectWorker { .. }
-            | Output::ReleaseWorker { .. } => {
-                unreachable!(
-                    "this world never announces workers nor requests a hand-off: {output:?}"
-                )
+            Output::AdoptWorker { channel, worker } => self.on_adopt(channel, worker),
+            Output::RejectWorker { channel, reason } => {
+                let orphan = self.channels.remove(&channel);
+                trace!(self, "server rejects {channel} ({reason})");
+                let _ = orphan; // it stays an orphan and retires after its grace
             }
+            Output::ReleaseWorker { worker } => self.orphan(worker),
         }
     }
 
@@ -989,6 +1002,9 @@ impl World {
     }
 
     fn worker_send(&mut self, worker: WorkerId, message: FromWorker) {
+        if self.orphans.contains_key(&worker) {
+            return; // no server to hear it; the snapshot on adoption carries the state
+        }
         if self.options.holds.from_worker {
             let seq = self.next_seq();
             self.workers
@@ -1116,6 +1132,10 @@ impl World {
     /// The worker process ends: its runtime (and session lock) is gone at
     /// once; the server learns it from the exit notice.
     fn exit_worker(&mut self, worker: WorkerId) {
+        if self.orphans.remove(&worker).is_some() {
+            self.workers.remove(&worker);
+            return;
+        }
         if !self.options.holds.exit && !self.options.holds.from_worker {
             if self.workers.remove(&worker).is_some() {
                 self.push(Input::WorkerExited { worker });
@@ -1223,7 +1243,9 @@ impl World {
     /// The earliest pending deadline of the server or a model stream.
     pub fn next_event(&self) -> Option<Instant> {
         let workers = self.workers.values().filter_map(worker_deadline);
-        self.server.next_deadline().into_iter().chain(workers).min()
+        let links = self.orphans.values().filter_map(|(l, _)| l.next_deadline());
+        let server = self.server.next_deadline().filter(|_| !self.server_down);
+        server.into_iter().chain(workers).chain(links).min()
     }
 
     /// Advances virtual time by `d`, delivering every deadline on the way.
@@ -1248,10 +1270,11 @@ impl World {
 
     fn fire_due(&mut self) {
         let now = self.now;
-        if self.server.next_deadline().is_some_and(|d| d <= now) {
+        if !self.server_down && self.server.next_deadline().is_some_and(|d| d <= now) {
             self.push(Input::Tick);
             self.run();
         }
+        self.tick_orphans();
         let due: Vec<WorkerId> = self
             .workers
             .iter()
@@ -1949,4 +1972,207 @@ fn is_worker_delta(message: &FromWorker) -> bool {
             progress: TranscriptProgress::AssistantDelta { .. }
         }
     )
+}
+
+// ---- the durable server: hand-off, adoption, orphans -------------------------
+
+/// How long an orphan waits for a server before it retires (once idle).
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+/// How often an orphan tries to announce itself.
+pub const ORPHAN_RETRY: Duration = Duration::from_secs(1);
+/// How long a replacement server waits for released workers to announce.
+pub const ADOPTION_WAIT: Duration = Duration::from_secs(5);
+/// Orphans are keyed above every id a kernel allocates.
+const ORPHAN_BASE: u64 = 1 << 40;
+
+impl World {
+    /// A new server with this id replaces the current one: the old server
+    /// hands its workers over (they keep running as orphans) and exits; the
+    /// new one loads its catalog, expects the released sessions, and each
+    /// orphan announces itself to it and is adopted (or rejected).
+    pub fn replace_server(&mut self) {
+        self.replace_server_then(|_| {});
+    }
+
+    /// [`World::replace_server`], running `between` after the new server
+    /// expects the adoptions and before any orphan announces itself.
+    pub fn replace_server_then(&mut self, between: impl FnOnce(&mut World)) {
+        trace!(self, "server replacement requested");
+        self.push(Input::HandoffRequested);
+        self.run();
+        let released: Vec<String> = self
+            .orphans
+            .keys()
+            .filter_map(|o| self.workers.get(o).map(|w| w.session_id.clone()))
+            .collect();
+        self.next_server();
+        if !released.is_empty() {
+            self.push(Input::AdoptionsExpected {
+                sessions: released,
+                wait: ADOPTION_WAIT,
+            });
+            self.run();
+        }
+        between(self);
+        self.announce_orphans();
+    }
+
+    /// The server process dies; its workers survive as orphans (no server
+    /// runs until [`World::start_server`]). Every client is disconnected.
+    pub fn crash_server_keep_workers(&mut self) {
+        trace!(self, "server crashes; its workers survive");
+        self.inbox.clear();
+        self.removals.clear();
+        self.unwritten.clear();
+        let conns: Vec<ConnId> = self.clients.keys().copied().collect();
+        for conn in conns {
+            self.client_closed(conn);
+        }
+        let ids: Vec<WorkerId> = self
+            .workers
+            .keys()
+            .copied()
+            .filter(|w| !self.orphans.contains_key(w))
+            .collect();
+        for worker in ids {
+            if self.workers[&worker].runtime.is_some() {
+                self.orphan(worker);
+            } else {
+                trace!(self, "{worker} dies with its server (not open yet)");
+                self.workers.remove(&worker);
+            }
+        }
+        self.server_down = true;
+        self.shut_down = true;
+    }
+
+    /// A new server starts (after [`World::crash_server_keep_workers`]);
+    /// the orphans announce themselves and are adopted.
+    pub fn start_server(&mut self) {
+        self.next_server();
+        self.announce_orphans();
+    }
+
+    /// Pids of the orphans, with their sessions.
+    pub fn orphans(&self) -> Vec<(u64, String)> {
+        self.orphans
+            .iter()
+            .map(|(o, (_, pid))| (*pid, self.workers[o].session_id.clone()))
+            .collect()
+    }
+
+    fn next_server(&mut self) {
+        self.generation += 1;
+        self.shut_down = false;
+        self.server_down = false;
+        self.inbox.clear();
+        trace!(self, "server generation {} starts", self.generation);
+        self.server = Server::new(Self::config(&self.options, self.generation));
+        self.load_catalog();
+    }
+
+    /// The worker loses its server: it keeps its runtime (and model stream)
+    /// under an orphan key, and its link starts counting the grace.
+    fn orphan(&mut self, worker: WorkerId) {
+        let Some(w) = self.workers.remove(&worker) else {
+            return;
+        };
+        let pid = ORPHAN_BASE + (self.generation << 20) + worker.0;
+        let key = WorkerId(pid);
+        let mut link = Link::new(ORPHAN_GRACE, ORPHAN_RETRY);
+        link.on_lost(self.now);
+        trace!(self, "{worker} released: orphan pid {}", pid - ORPHAN_BASE);
+        self.workers.insert(key, w);
+        self.orphans.insert(key, (link, pid));
+    }
+
+    fn announce_orphans(&mut self) {
+        let keys: Vec<WorkerId> = self.orphans.keys().copied().collect();
+        for key in keys {
+            self.announce(key);
+        }
+    }
+
+    fn announce(&mut self, key: WorkerId) {
+        if self.server_down || self.shut_down {
+            return;
+        }
+        let Some(snapshot) = self
+            .workers
+            .get(&key)
+            .and_then(|w| w.runtime.as_ref())
+            .map(Runtime::snapshot)
+        else {
+            return;
+        };
+        let pid = self.orphans[&key].1;
+        let channel = ChannelId(self.next_channel);
+        self.next_channel += 1;
+        self.channels.insert(channel, key);
+        let session_id = self.workers[&key].session_id.clone();
+        let short = self.names_session(&session_id);
+        trace!(
+            self,
+            "orphan pid {} announces {short} on {channel}",
+            pid - ORPHAN_BASE
+        );
+        self.push(Input::WorkerAnnounced {
+            channel,
+            session_id,
+            pid,
+            snapshot: Box::new(snapshot),
+        });
+        self.run();
+    }
+
+    fn on_adopt(&mut self, channel: ChannelId, worker: WorkerId) {
+        let Some(key) = self.channels.remove(&channel) else {
+            return;
+        };
+        let Some((mut link, pid)) = self.orphans.remove(&key) else {
+            return;
+        };
+        link.on_adopted();
+        let w = self.workers.remove(&key).expect("orphan");
+        trace!(
+            self,
+            "server adopts orphan pid {} as {worker}",
+            pid - ORPHAN_BASE
+        );
+        self.workers.insert(worker, w);
+    }
+
+    /// Orphan links: announce again, or retire once idle after the grace.
+    fn tick_orphans(&mut self) {
+        let now = self.now;
+        let due: Vec<WorkerId> = self
+            .orphans
+            .iter()
+            .filter(|(_, (l, _))| l.next_deadline().is_some_and(|d| d <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            let idle = self.workers.get(&key).is_none_or(|w| {
+                w.stream.is_none()
+                    && w.tools.is_empty()
+                    && w.runtime
+                        .as_ref()
+                        .is_none_or(|r| r.phase() == SessionPhase::Idle)
+            });
+            let Some((link, pid)) = self.orphans.get_mut(&key) else {
+                continue;
+            };
+            let pid = *pid - ORPHAN_BASE;
+            match link.on_tick(now, idle) {
+                Some(LinkAction::Retire) => {
+                    trace!(self, "orphan pid {pid} retires");
+                    self.runtime_step(key, RuntimeInput::Dispose);
+                    self.orphans.remove(&key);
+                    self.workers.remove(&key);
+                }
+                Some(LinkAction::Announce) => self.announce(key),
+                None => {}
+            }
+        }
+    }
 }
