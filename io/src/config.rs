@@ -17,16 +17,21 @@ use std::path::{Path, PathBuf};
 pub type ConfigError = String;
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 fn env_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// The server directory.
 pub fn server_dir(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| env_path("PI_SERVER_DIR")).unwrap_or_else(|| home().join(".pi/server"))
+    flag.or_else(|| env_path("PI_SERVER_DIR"))
+        .unwrap_or_else(|| home().join(".pi/server"))
 }
 
 /// The agent directory (settings, auth, models, default sessions).
@@ -59,7 +64,8 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
             .create(dir)
             .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
     }
-    let meta = fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+    let meta =
+        fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
     if !meta.is_dir() {
         return Err(format!("{} exists and is not a directory", dir.display()));
     }
@@ -73,7 +79,10 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
     }
     if meta.mode() & 0o077 != 0 {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!("{} is open to other users and cannot be made private: {e}", dir.display())
+            format!(
+                "{} is open to other users and cannot be made private: {e}",
+                dir.display()
+            )
         })?;
         tracing::warn!(dir = %dir.display(), "directory was open to other users; made it mode 0700");
     }
@@ -89,7 +98,9 @@ pub fn random_u64() -> u64 {
         return u64::from_le_bytes(bytes);
     }
     // Last resort: time and pid. Ids stay unique per server, just guessable.
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     t ^ (u64::from(std::process::id()) << 32)
 }
 
@@ -107,14 +118,20 @@ pub fn server_id(flag: Option<String>, server_dir: &Path) -> Result<String, Conf
     }
     let file = server_dir.join("default-server-id");
     let fresh = new_uuid();
-    match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)
+    {
         Ok(mut f) => {
             f.write_all(format!("{fresh}\n").as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
             Ok(fresh)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let text = fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            let text = fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
             check_server_id(text.trim().to_string()).map_err(|e| format!("{}: {e}", file.display()))
         }
         Err(e) => Err(format!("cannot create {}: {e}", file.display())),
@@ -125,13 +142,16 @@ fn check_server_id(id: String) -> Result<String, ConfigError> {
     if kernel::rng::is_uuid_v4(&id) {
         Ok(id)
     } else {
-        Err(format!("invalid server id {id:?}: expected a lowercase UUIDv4 such as 01234567-89ab-4def-8123-456789abcdef"))
+        Err(format!(
+            "invalid server id {id:?}: expected a lowercase UUIDv4 such as 01234567-89ab-4def-8123-456789abcdef"
+        ))
     }
 }
 
 /// Reads a token file (trimmed); it must not be empty.
 pub fn read_token_file(path: &Path) -> Result<String, ConfigError> {
-    let text = fs::read_to_string(path).map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    let text = fs::read_to_string(path)
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
     let token = text.trim().to_string();
     if token.is_empty() {
         return Err(format!("token file {} is empty", path.display()));
@@ -159,7 +179,11 @@ mod tests {
         assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
         let file = dir.join("f");
         fs::write(&file, "x").unwrap();
-        assert!(ensure_private_dir(&file).unwrap_err().contains("not a directory"));
+        assert!(
+            ensure_private_dir(&file)
+                .unwrap_err()
+                .contains("not a directory")
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -171,7 +195,10 @@ mod tests {
         let b = server_id(None, &dir).unwrap();
         assert_eq!(a, b);
         assert!(kernel::rng::is_uuid_v4(&a));
-        assert_eq!(fs::metadata(dir.join("default-server-id")).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(dir.join("default-server-id")).unwrap().mode() & 0o777,
+            0o600
+        );
         assert!(server_id(Some("nope".into()), &dir).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }

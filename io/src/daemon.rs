@@ -52,10 +52,20 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ClientStrea
 enum Event {
     Accepted(Box<dyn ClientStream>),
     CatalogLoaded(Vec<kernel::protocol::SessionMetadata>),
-    Received { conn: ConnId, bytes: Vec<u8> },
-    ReadClosed { conn: ConnId },
-    Written { conn: ConnId, bytes: usize },
-    WriterClosed { conn: ConnId },
+    Received {
+        conn: ConnId,
+        bytes: Vec<u8>,
+    },
+    ReadClosed {
+        conn: ConnId,
+    },
+    Written {
+        conn: ConnId,
+        bytes: usize,
+    },
+    WriterClosed {
+        conn: ConnId,
+    },
     WorkerHello {
         stream: UnixStream,
         token: String,
@@ -63,11 +73,24 @@ enum Event {
         pid: u64,
         resume: Option<Box<kernel::protocol::SessionSnapshot>>,
     },
-    HandoffRequested { stream: UnixStream },
-    FromWorker { worker: WorkerId, frame: WorkerFrame },
-    WorkerChannelClosed { worker: WorkerId },
-    WorkerExited { worker: WorkerId, status: String },
-    SessionRemoved { session_id: String, result: Result<(), String> },
+    HandoffRequested {
+        stream: UnixStream,
+    },
+    FromWorker {
+        worker: WorkerId,
+        frame: WorkerFrame,
+    },
+    WorkerChannelClosed {
+        worker: WorkerId,
+    },
+    WorkerExited {
+        worker: WorkerId,
+        status: String,
+    },
+    SessionRemoved {
+        session_id: String,
+        result: Result<(), String>,
+    },
 }
 
 enum WriterMsg {
@@ -127,17 +150,29 @@ struct Daemon {
 /// Asks the server running at `worker_path` to hand over to us, and waits
 /// until it has released its workers and freed its sockets.
 async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, String> {
-    let mut stream = UnixStream::connect(worker_path)
-        .await
-        .map_err(|e| format!("a server is running but its worker socket {} does not answer: {e}", worker_path.display()))?;
-    let frame = WorkerFrame::Replace { version: kernel::protocol::worker::WORKER_PROTOCOL_VERSION };
+    let mut stream = UnixStream::connect(worker_path).await.map_err(|e| {
+        format!(
+            "a server is running but its worker socket {} does not answer: {e}",
+            worker_path.display()
+        )
+    })?;
+    let frame = WorkerFrame::Replace {
+        version: kernel::protocol::worker::WORKER_PROTOCOL_VERSION,
+    };
     let bytes = encode_worker_frame(&frame)
         .map_err(|e| e.to_string())
-        .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
-    stream.write_all(&bytes).await.map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
+        .and_then(|p| {
+            encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string())
+        })?;
+    stream
+        .write_all(&bytes)
+        .await
+        .map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
     match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream)).await {
         Ok(Ok((_, WorkerFrame::Released { sessions }))) => Ok(sessions),
-        Ok(Ok((_, other))) => Err(format!("the running server answered the hand-off with {other:?}")),
+        Ok(Ok((_, other))) => Err(format!(
+            "the running server answered the hand-off with {other:?}"
+        )),
         Ok(Err(e)) => Err(format!("the running server did not hand over: {e}")),
         Err(_) => Err("the running server did not hand over within 15 s".into()),
     }
@@ -146,8 +181,12 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
 /// Runs a server until it is shut down (signal, or idle exit).
 pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     config::ensure_private_dir(&opts.server_dir)?;
-    std::fs::create_dir_all(&opts.session_dir)
-        .map_err(|e| format!("cannot create session directory {}: {e}", opts.session_dir.display()))?;
+    std::fs::create_dir_all(&opts.session_dir).map_err(|e| {
+        format!(
+            "cannot create session directory {}: {e}",
+            opts.session_dir.display()
+        )
+    })?;
     let public_path = config::socket_path(&opts.server_dir, &opts.server_id);
     let worker_path = config::worker_socket_path(&opts.server_dir, &opts.server_id);
     let mut released = Vec::new();
@@ -173,7 +212,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
         seed: config::random_u64(),
-        models: crate::agent::ModelRegistry::load(&config::agent_dir()).models().to_vec(),
+        models: crate::agent::ModelRegistry::load(&config::agent_dir())
+            .models()
+            .to_vec(),
         limits: Limits::default(),
         idle_exit: opts.idle_exit,
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
@@ -225,15 +266,26 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         done: false,
     };
     if !released.is_empty() {
-        tracing::info!(count = released.len(), "expecting the released workers to announce themselves");
+        tracing::info!(
+            count = released.len(),
+            "expecting the released workers to announce themselves"
+        );
         let wait = env_duration_ms("PI_SERVER_ADOPTION_WAIT_MS", Duration::from_secs(10));
-        d.step(Input::AdoptionsExpected { sessions: released, wait });
+        d.step(Input::AdoptionsExpected {
+            sessions: released,
+            wait,
+        });
     }
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| e.to_string())?;
     let mut signals = 0;
     while !d.done {
-        let deadline = d.server.next_deadline().map(|at| d.base + Duration::from_millis(at.as_millis()));
+        let deadline = d
+            .server
+            .next_deadline()
+            .map(|at| d.base + Duration::from_millis(at.as_millis()));
         let sleep = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -261,8 +313,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         let sessions = std::mem::take(&mut d.released);
         let bytes = encode_worker_frame(&WorkerFrame::Released { sessions })
             .map_err(|e| e.to_string())
-            .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))?;
-        successor.write_all(&bytes).await.map_err(|e| format!("cannot answer the successor: {e}"))?;
+            .and_then(|p| {
+                encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN)
+                    .map_err(|e| e.to_string())
+            })?;
+        successor
+            .write_all(&bytes)
+            .await
+            .map_err(|e| format!("cannot answer the successor: {e}"))?;
         tracing::info!("handed over to the new server");
     }
     tracing::info!("server stopped");
@@ -305,13 +363,33 @@ async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
 
 async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let tx = tx.clone();
         tokio::spawn(async move {
-            let hello = tokio::time::timeout(Duration::from_secs(5), read_worker_hello(stream)).await;
+            let hello =
+                tokio::time::timeout(Duration::from_secs(5), read_worker_hello(stream)).await;
             match hello {
-                Ok(Ok((stream, WorkerFrame::Hello { token, session_id, pid, resume, .. }))) => {
-                    let _ = tx.send(Event::WorkerHello { stream, token, session_id, pid, resume }).await;
+                Ok(Ok((
+                    stream,
+                    WorkerFrame::Hello {
+                        token,
+                        session_id,
+                        pid,
+                        resume,
+                        ..
+                    },
+                ))) => {
+                    let _ = tx
+                        .send(Event::WorkerHello {
+                            stream,
+                            token,
+                            session_id,
+                            pid,
+                            resume,
+                        })
+                        .await;
                 }
                 Ok(Ok((stream, WorkerFrame::Replace { .. }))) => {
                     let _ = tx.send(Event::HandoffRequested { stream }).await;
@@ -327,13 +405,19 @@ async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
 /// Reads exactly one frame from a fresh worker channel.
 async fn read_worker_hello(mut stream: UnixStream) -> Result<(UnixStream, WorkerFrame), String> {
     let mut header = [0u8; 4];
-    stream.read_exact(&mut header).await.map_err(|e| e.to_string())?;
+    stream
+        .read_exact(&mut header)
+        .await
+        .map_err(|e| e.to_string())?;
     let len = u32::from_be_bytes(header) as usize;
     if len > 64 * 1024 {
         return Err(format!("hello frame of {len} bytes"));
     }
     let mut payload = vec![0u8; len];
-    stream.read_exact(&mut payload).await.map_err(|e| e.to_string())?;
+    stream
+        .read_exact(&mut payload)
+        .await
+        .map_err(|e| e.to_string())?;
     let frame = decode_worker_frame(&payload, &CborLimits::default()).map_err(|e| e.to_string())?;
     Ok((stream, frame))
 }
@@ -398,15 +482,30 @@ impl Daemon {
                 }
             }
             Event::WriterClosed { conn } => self.drop_conn(conn),
-            Event::WorkerHello { stream, token, session_id, pid, resume: None } => {
-                self.on_worker_hello(stream, token, session_id, pid)
-            }
-            Event::WorkerHello { stream, session_id, pid, resume: Some(snapshot), .. } => {
+            Event::WorkerHello {
+                stream,
+                token,
+                session_id,
+                pid,
+                resume: None,
+            } => self.on_worker_hello(stream, token, session_id, pid),
+            Event::WorkerHello {
+                stream,
+                session_id,
+                pid,
+                resume: Some(snapshot),
+                ..
+            } => {
                 let channel = ChannelId(self.next_channel);
                 self.next_channel += 1;
                 tracing::info!(session = %session_id, pid, "an orphaned worker asks to be adopted");
                 self.announced.insert(channel, (stream, pid));
-                self.step(Input::WorkerAnnounced { channel, session_id, pid, snapshot });
+                self.step(Input::WorkerAnnounced {
+                    channel,
+                    session_id,
+                    pid,
+                    snapshot,
+                });
             }
             Event::HandoffRequested { stream } => {
                 tracing::info!("a new server with this id takes over; handing over");
@@ -414,13 +513,16 @@ impl Daemon {
                 self.step(Input::HandoffRequested);
             }
             Event::FromWorker { worker, frame } => match frame {
-                WorkerFrame::FromWorker(message) => {
-                    self.step(Input::FromWorker { worker, message: Box::new(message) })
-                }
+                WorkerFrame::FromWorker(message) => self.step(Input::FromWorker {
+                    worker,
+                    message: Box::new(message),
+                }),
                 other => tracing::warn!(%worker, ?other, "unexpected frame from worker"),
             },
             Event::WorkerChannelClosed { worker } => {
-                let Some(w) = self.workers.get_mut(&worker) else { return };
+                let Some(w) = self.workers.get_mut(&worker) else {
+                    return;
+                };
                 w.channel = None;
                 // Not our child: its channel closing is the only exit we see. Our child
                 // may have exited already; its exit was held until its last frames were read.
@@ -429,14 +531,18 @@ impl Daemon {
                 }
             }
             Event::WorkerExited { worker, status } => {
-                let Some(w) = self.workers.get_mut(&worker) else { return };
+                let Some(w) = self.workers.get_mut(&worker) else {
+                    return;
+                };
                 w.exit_status = Some(status);
                 // Frames it sent before exiting (say, why it could not open) come first.
                 if w.channel.is_none() {
                     self.report_exit(worker);
                 }
             }
-            Event::SessionRemoved { session_id, result } => self.step(Input::SessionRemoved { session_id, result }),
+            Event::SessionRemoved { session_id, result } => {
+                self.step(Input::SessionRemoved { session_id, result })
+            }
         }
     }
 
@@ -451,7 +557,14 @@ impl Daemon {
                 match read.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if tx.send(Event::Received { conn, bytes: buf[..n].to_vec() }).await.is_err() {
+                        if tx
+                            .send(Event::Received {
+                                conn,
+                                bytes: buf[..n].to_vec(),
+                            })
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -474,7 +587,11 @@ impl Daemon {
                             break;
                         }
                     }
-                    next = if batch.len() < 256 { wrx.try_recv().ok() } else { None };
+                    next = if batch.len() < 256 {
+                        wrx.try_recv().ok()
+                    } else {
+                        None
+                    };
                 }
                 let mut written = 0;
                 for frame in &batch {
@@ -483,7 +600,15 @@ impl Daemon {
                     }
                     written += frame.len();
                 }
-                if written > 0 && tx.send(Event::Written { conn, bytes: written }).await.is_err() {
+                if written > 0
+                    && tx
+                        .send(Event::Written {
+                            conn,
+                            bytes: written,
+                        })
+                        .await
+                        .is_err()
+                {
                     return;
                 }
                 if close {
@@ -493,7 +618,14 @@ impl Daemon {
             }
             let _ = tx.send(Event::WriterClosed { conn }).await;
         });
-        self.conns.insert(conn, ClientConn { writer: wtx, reader, writer_task });
+        self.conns.insert(
+            conn,
+            ClientConn {
+                writer: wtx,
+                reader,
+                writer_task,
+            },
+        );
         self.step(Input::Accepted { conn });
     }
 
@@ -526,7 +658,10 @@ impl Daemon {
                             let _ = c.writer.send(WriterMsg::Close);
                         }
                     }
-                    CloseReason::SlowConsumer | CloseReason::RuntimeError | CloseReason::Shutdown | CloseReason::Replaced => {
+                    CloseReason::SlowConsumer
+                    | CloseReason::RuntimeError
+                    | CloseReason::Shutdown
+                    | CloseReason::Replaced => {
                         if reason == CloseReason::SlowConsumer {
                             tracing::warn!(%conn, "client is not reading; cut off at its output bound");
                         }
@@ -534,7 +669,11 @@ impl Daemon {
                     }
                 }
             }
-            Output::SpawnWorker { worker, session_id, create } => self.spawn_worker(worker, session_id, create),
+            Output::SpawnWorker {
+                worker,
+                session_id,
+                create,
+            } => self.spawn_worker(worker, session_id, create),
             Output::ToWorker { worker, message } => {
                 let frame = WorkerFrame::ToWorker(message);
                 self.send_to_worker(worker, &frame);
@@ -549,7 +688,8 @@ impl Daemon {
                 let dir = self.opts.session_dir.clone();
                 let tx = self.events.clone();
                 tokio::task::spawn_blocking(move || {
-                    let result = store::remove_session(&dir, &session_id).map_err(|e| e.to_string());
+                    let result =
+                        store::remove_session(&dir, &session_id).map_err(|e| e.to_string());
                     let _ = tx.blocking_send(Event::SessionRemoved { session_id, result });
                 });
             }
@@ -572,7 +712,9 @@ impl Daemon {
                 self.done = true;
             }
             Output::AdoptWorker { channel, worker } => {
-                let Some((stream, pid)) = self.announced.remove(&channel) else { return };
+                let Some((stream, pid)) = self.announced.remove(&channel) else {
+                    return;
+                };
                 let session_id = self
                     .server
                     .live_sessions()
@@ -599,11 +741,15 @@ impl Daemon {
                 self.send_to_worker(worker, &WorkerFrame::Adopted);
             }
             Output::RejectWorker { channel, reason } => {
-                let Some((mut stream, pid)) = self.announced.remove(&channel) else { return };
+                let Some((mut stream, pid)) = self.announced.remove(&channel) else {
+                    return;
+                };
                 tracing::warn!(pid, %reason, "refused to adopt a worker");
                 let bytes = encode_worker_frame(&WorkerFrame::Rejected { reason })
                     .ok()
-                    .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).ok());
+                    .and_then(|p| {
+                        encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).ok()
+                    });
                 if let Some(bytes) = bytes {
                     tokio::spawn(async move {
                         let _ = stream.write_all(&bytes).await;
@@ -627,7 +773,12 @@ impl Daemon {
         let token = new_uuid();
         let exe = match std::env::current_exe() {
             Ok(exe) => exe,
-            Err(e) => return self.step(Input::WorkerSpawnFailed { worker, error: e.to_string() }),
+            Err(e) => {
+                return self.step(Input::WorkerSpawnFailed {
+                    worker,
+                    error: e.to_string(),
+                });
+            }
         };
         let mut cmd = tokio::process::Command::new(exe);
         cmd.arg("worker")
@@ -665,7 +816,10 @@ impl Daemon {
                 });
                 self.step(Input::WorkerSpawned { worker });
             }
-            Err(e) => self.step(Input::WorkerSpawnFailed { worker, error: e.to_string() }),
+            Err(e) => self.step(Input::WorkerSpawnFailed {
+                worker,
+                error: e.to_string(),
+            }),
         }
     }
 
@@ -681,7 +835,9 @@ impl Daemon {
         w.pid = w.pid.or(u32::try_from(pid).ok());
         self.bind_worker_channel(worker, stream);
         let w = self.workers.get_mut(&worker).expect("found");
-        let start = WorkerFrame::Start { create: w.create.take() };
+        let start = WorkerFrame::Start {
+            create: w.create.take(),
+        };
         let queued = std::mem::take(&mut w.queued);
         self.send_to_worker(worker, &start);
         let w = self.workers.get_mut(&worker).expect("found");
@@ -734,17 +890,24 @@ impl Daemon {
             }
             let _ = tx.send(Event::WorkerChannelClosed { worker }).await;
         });
-        let w = self.workers.get_mut(&worker).expect("bound to a known worker");
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .expect("bound to a known worker");
         w.channel = Some(wtx);
         w.reader = Some(reader);
     }
 
     fn send_to_worker(&mut self, worker: WorkerId, frame: &WorkerFrame) {
-        let Some(w) = self.workers.get_mut(&worker) else { return };
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
         let bytes = match encode_worker_frame(frame)
             .map_err(|e| e.to_string())
-            .and_then(|p| encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string()))
-        {
+            .and_then(|p| {
+                encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN)
+                    .map_err(|e| e.to_string())
+            }) {
             Ok(b) => b,
             Err(e) => return tracing::error!(%worker, error = %e, "cannot encode a worker frame"),
         };
@@ -779,11 +942,18 @@ impl Daemon {
 
 /// A duration from an environment variable in milliseconds, or the default.
 pub(crate) fn env_duration_ms(name: &str, default: Duration) -> Duration {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).map_or(default, Duration::from_millis)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(default, Duration::from_millis)
 }
 
 fn token_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 fn kill(pid: u32, signal: rustix::process::Signal) {

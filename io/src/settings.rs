@@ -11,7 +11,9 @@ fn file(agent_dir: &Path) -> PathBuf {
 
 fn read(agent_dir: &Path) -> serde_json::Map<String, serde_json::Value> {
     let path = file(agent_dir);
-    let Ok(text) = std::fs::read_to_string(&path) else { return Default::default() };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Default::default();
+    };
     match serde_json::from_str::<serde_json::Value>(&text) {
         Ok(serde_json::Value::Object(map)) => map,
         Ok(_) | Err(_) => {
@@ -34,8 +36,11 @@ pub fn set_default_model(agent_dir: &Path, model: &ModelRef) -> Result<(), Strin
     let mut map = read(agent_dir);
     map.insert("defaultProvider".into(), model.provider.clone().into());
     map.insert("defaultModel".into(), model.id.clone().into());
-    std::fs::create_dir_all(agent_dir).map_err(|e| format!("cannot create {}: {e}", agent_dir.display()))?;
-    let text = serde_json::to_string_pretty(&serde_json::Value::Object(map)).expect("a JSON object") + "\n";
+    std::fs::create_dir_all(agent_dir)
+        .map_err(|e| format!("cannot create {}: {e}", agent_dir.display()))?;
+    let text = serde_json::to_string_pretty(&serde_json::Value::Object(map))
+        .expect("a JSON object")
+        + "\n";
     let tmp = agent_dir.join(format!(".settings.json.{}.tmp", std::process::id()));
     std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, file(agent_dir)).map_err(|e| format!("cannot replace settings.json: {e}"))
@@ -52,7 +57,10 @@ mod tests {
         assert_eq!(default_model(&dir), None);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("settings.json"), "{\"theme\": \"dark\"}").unwrap();
-        let m = ModelRef { provider: "faux".into(), id: "faux-reasoner".into() };
+        let m = ModelRef {
+            provider: "faux".into(),
+            id: "faux-reasoner".into(),
+        };
         set_default_model(&dir, &m).unwrap();
         assert_eq!(default_model(&dir), Some(m));
         let text = std::fs::read_to_string(dir.join("settings.json")).unwrap();

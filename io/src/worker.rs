@@ -8,39 +8,50 @@
 //! output of that step is carried out, so an item is durable before its
 //! `item_finished` leaves the process.
 
+use crate::agent::{self, CancellationToken, ModelRegistry};
 use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
-use kernel::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, encode_worker_frame};
-use kernel::protocol::{ErrorCode, ProtocolError};
+use kernel::link::{Link, LinkAction};
 use kernel::protocol::SessionPhase;
-use kernel::runtime::{ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::protocol::worker::{
+    WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, encode_worker_frame,
+};
+use kernel::protocol::{ErrorCode, ProtocolError};
+use kernel::runtime::{
+    ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession,
+};
 use kernel::time::Instant;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::{FromWorker, ToWorker};
-use crate::agent::{self, CancellationToken, ModelRegistry};
-use kernel::link::{Link, LinkAction};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use std::collections::VecDeque;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 fn env(name: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| format!("{name} is not set: `pi-server worker` is started by the server, not by hand"))
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set: `pi-server worker` is started by the server, not by hand")
+    })
 }
 
 fn wall_now() -> Instant {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     Instant(ms)
 }
 
 /// Delay between faux deltas: `$PI_FAUX_DELAY_MS`, default 30 ms.
 pub fn faux_delay() -> Duration {
-    let ms = std::env::var("PI_FAUX_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let ms = std::env::var("PI_FAUX_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     Duration::from_millis(ms)
 }
 
@@ -70,7 +81,8 @@ impl Channel {
     async fn send(&mut self, frame: &WorkerFrame) {
         let Some(write) = &mut self.write else { return };
         let bytes = encode_worker_frame(frame).and_then(|p| {
-            encode_frame(&p, DEFAULT_MAX_FRAME_LEN).map_err(|e| kernel::protocol::SchemaError::new(e.to_string()))
+            encode_frame(&p, DEFAULT_MAX_FRAME_LEN)
+                .map_err(|e| kernel::protocol::SchemaError::new(e.to_string()))
         });
         match bytes {
             Ok(bytes) => {
@@ -89,7 +101,12 @@ impl Channel {
             if let Some(frame) = self.ready.pop_front() {
                 return Some(frame);
             }
-            let n = self.read.read(&mut self.buf).await.ok().filter(|n| *n > 0)?;
+            let n = self
+                .read
+                .read(&mut self.buf)
+                .await
+                .ok()
+                .filter(|n| *n > 0)?;
             let mut payloads = Vec::new();
             if let Err(e) = self.decoder.push(&self.buf[..n], &mut payloads) {
                 tracing::error!(error = %e, "bad frame from the server");
@@ -135,11 +152,16 @@ pub async fn run_worker() -> Result<(), String> {
     let opened = match create {
         Some(spec) => {
             let default = crate::settings::default_model(&agent_dir)
-                .filter(|m| models.iter().any(|x| x.provider == m.provider && x.id == m.id))
+                .filter(|m| {
+                    models
+                        .iter()
+                        .any(|x| x.provider == m.provider && x.id == m.id)
+                })
                 .unwrap_or_else(faux::default_model);
             Runtime::resolve_create(&spec, &default, &models).and_then(|(model, thinking_level)| {
                 let cwd = spec.cwd.clone().unwrap_or_else(|| {
-                    std::env::current_dir().map_or_else(|_| "/".to_string(), |d| d.display().to_string())
+                    std::env::current_dir()
+                        .map_or_else(|_| "/".to_string(), |d| d.display().to_string())
                 });
                 let stored = StoredSession {
                     id: session_id.clone(),
@@ -166,7 +188,8 @@ pub async fn run_worker() -> Result<(), String> {
         Ok(v) => v,
         Err(error) => {
             tracing::warn!(session = %session_id, error = %error.message, "cannot open session");
-            ch.send(&WorkerFrame::FromWorker(FromWorker::Failed { error })).await;
+            ch.send(&WorkerFrame::FromWorker(FromWorker::Failed { error }))
+                .await;
             return Ok(());
         }
     };
@@ -182,11 +205,15 @@ pub async fn run_worker() -> Result<(), String> {
         delay: faux_delay(),
         exit: false,
     };
-    let grace = crate::daemon::env_duration_ms("PI_WORKER_ORPHAN_GRACE_MS", Duration::from_secs(30));
+    let grace =
+        crate::daemon::env_duration_ms("PI_WORKER_ORPHAN_GRACE_MS", Duration::from_secs(30));
     let mut link = Link::new(grace, Duration::from_millis(200));
     w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
     while !w.exit {
-        let deadline = [runtime.next_deadline(), link.next_deadline()].into_iter().flatten().min();
+        let deadline = [runtime.next_deadline(), link.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
         let sleep = async {
             match deadline {
                 Some(at) => {
@@ -222,7 +249,9 @@ pub async fn run_worker() -> Result<(), String> {
         let outputs = runtime.step(wall_now(), input);
         w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
         match link.on_tick(wall_now(), runtime.phase() == SessionPhase::Idle) {
-            Some(LinkAction::Announce) => announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await,
+            Some(LinkAction::Announce) => {
+                announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await
+            }
             Some(LinkAction::Retire) if !w.exit => {
                 tracing::info!("no server adopted this orphan within its grace; retiring");
                 let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
@@ -248,8 +277,17 @@ fn store_error(e: StoreError) -> ProtocolError {
 }
 
 /// One attempt of an orphan to be adopted by the server now at `socket`.
-async fn announce(ch: &mut Channel, link: &mut Link, socket: &Path, token: &str, session_id: &str, runtime: &Runtime) {
-    let Ok(Ok(mut fresh)) = tokio::time::timeout(Duration::from_secs(1), Channel::connect(socket)).await else {
+async fn announce(
+    ch: &mut Channel,
+    link: &mut Link,
+    socket: &Path,
+    token: &str,
+    session_id: &str,
+    runtime: &Runtime,
+) {
+    let Ok(Ok(mut fresh)) =
+        tokio::time::timeout(Duration::from_secs(1), Channel::connect(socket)).await
+    else {
         return; // nobody there yet
     };
     let hello = WorkerFrame::Hello {
@@ -266,7 +304,9 @@ async fn announce(ch: &mut Channel, link: &mut Link, socket: &Path, token: &str,
             link.on_adopted();
             *ch = fresh;
         }
-        Ok(Some(WorkerFrame::Rejected { reason })) => tracing::warn!(%reason, "the server refused to adopt this worker"),
+        Ok(Some(WorkerFrame::Rejected { reason })) => {
+            tracing::warn!(%reason, "the server refused to adopt this worker")
+        }
         other => tracing::warn!(?other, "no adoption answer"),
     }
 }
@@ -287,7 +327,13 @@ struct Worker {
 
 impl Worker {
     /// Carries out runtime outputs in order; consecutive writes commit together.
-    async fn apply(&mut self, ch: &mut Channel, store: &mut SessionStore, runtime: &mut Runtime, outputs: Vec<RuntimeOutput>) {
+    async fn apply(
+        &mut self,
+        ch: &mut Channel,
+        store: &mut SessionStore,
+        runtime: &mut Runtime,
+        outputs: Vec<RuntimeOutput>,
+    ) {
         let mut queue: VecDeque<RuntimeOutput> = outputs.into();
         let mut batch: Vec<Persist> = Vec::new();
         while let Some(output) = queue.pop_front() {
@@ -302,7 +348,9 @@ impl Worker {
                     if let Err(e) = store.apply(&batch) {
                         tracing::error!(error = %e, "storage write failed");
                         let message = format!("storage write failed: {e}");
-                        queue = runtime.step(wall_now(), RuntimeInput::StorageFailed { message }).into();
+                        queue = runtime
+                            .step(wall_now(), RuntimeInput::StorageFailed { message })
+                            .into();
                     }
                     batch.clear();
                 }
@@ -322,7 +370,12 @@ impl Worker {
                         }
                     }
                 }
-                RuntimeOutput::RunTool { id, tool_name, input, cwd } => self.run_tool(id, tool_name, input, cwd),
+                RuntimeOutput::RunTool {
+                    id,
+                    tool_name,
+                    input,
+                    cwd,
+                } => self.run_tool(id, tool_name, input, cwd),
                 RuntimeOutput::CancelTool { id } => {
                     if let Some((i, task, cancel)) = self.tool_task.take() {
                         if i == id {
@@ -359,21 +412,36 @@ impl Worker {
                         let wait = at.as_millis().saturating_sub(wall_now().as_millis());
                         tokio::time::sleep(Duration::from_millis(wait)).await;
                         for event in stream.poll(wall_now()) {
-                            if events.send(RuntimeInput::Model { call, event }).await.is_err() {
+                            if events
+                                .send(RuntimeInput::Model { call, event })
+                                .await
+                                .is_err()
+                            {
                                 return;
                             }
                         }
                     }
                 }
                 Some(Err(message)) => {
-                    let event = ModelEvent::Failed { message, retryable: false, retry_after_ms: None };
+                    let event = ModelEvent::Failed {
+                        message,
+                        retryable: false,
+                        retry_after_ms: None,
+                    };
                     let _ = events.send(RuntimeInput::Model { call, event }).await;
                 }
                 Some(Ok(provider)) => {
                     let (tx, mut rx) = mpsc::channel(256);
-                    let call_task = tokio::spawn(async move { agent::stream(&provider, &request, tx, token).await });
+                    let call_task =
+                        tokio::spawn(
+                            async move { agent::stream(&provider, &request, tx, token).await },
+                        );
                     while let Some(event) = rx.recv().await {
-                        if events.send(RuntimeInput::Model { call, event }).await.is_err() {
+                        if events
+                            .send(RuntimeInput::Model { call, event })
+                            .await
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -395,7 +463,12 @@ impl Worker {
         let task = tokio::spawn(async move {
             let done = agent::run_tool(&tool_name, &input, std::path::Path::new(&cwd), token).await;
             let _ = events
-                .send(RuntimeInput::ToolDone { id, content: done.content, details: done.details, is_error: done.is_error })
+                .send(RuntimeInput::ToolDone {
+                    id,
+                    content: done.content,
+                    details: done.details,
+                    is_error: done.is_error,
+                })
                 .await;
         });
         if let Some((_, old, old_cancel)) = self.tool_task.replace((task_id, task, cancel)) {

@@ -23,7 +23,11 @@ use kernel::worker::{FromWorker, ToWorker};
 use std::time::Duration;
 
 fn frame(message: &ClientMessage) -> Vec<u8> {
-    encode_frame(&encode_client_message(message).unwrap(), DEFAULT_MAX_FRAME_LEN).unwrap()
+    encode_frame(
+        &encode_client_message(message).unwrap(),
+        DEFAULT_MAX_FRAME_LEN,
+    )
+    .unwrap()
 }
 
 fn snapshot(id: &str, revision: u64, phase: SessionPhase) -> SessionSnapshot {
@@ -63,7 +67,13 @@ impl Bench {
                 Output::Send { conn, frame } => {
                     self.frames += 1;
                     self.steps += 1;
-                    let _ = self.server.step(Instant(self.now), Input::Written { conn, bytes: frame.len() });
+                    let _ = self.server.step(
+                        Instant(self.now),
+                        Input::Written {
+                            conn,
+                            bytes: frame.len(),
+                        },
+                    );
                 }
                 other => rest.push(other),
             }
@@ -74,32 +84,62 @@ impl Bench {
     fn round(&mut self, n: u64) {
         let conn = ConnId(n);
         self.step(Input::Accepted { conn });
-        let hello = frame(&ClientMessage::Hello(ClientHello { version: 1, token: None }));
+        let hello = frame(&ClientMessage::Hello(ClientHello {
+            version: 1,
+            token: None,
+        }));
         self.step(Input::Received { conn, bytes: hello });
-        let create = frame(&ClientMessage::Request(Request { id: "c".into(), command: Command::Create(CreateParams::default()) }));
-        let outputs = self.step(Input::Received { conn, bytes: create });
+        let create = frame(&ClientMessage::Request(Request {
+            id: "c".into(),
+            command: Command::Create(CreateParams::default()),
+        }));
+        let outputs = self.step(Input::Received {
+            conn,
+            bytes: create,
+        });
         let (worker, session) = outputs
             .iter()
             .find_map(|o| match o {
-                Output::SpawnWorker { worker, session_id, .. } => Some((*worker, session_id.clone())),
+                Output::SpawnWorker {
+                    worker, session_id, ..
+                } => Some((*worker, session_id.clone())),
                 _ => None,
             })
             .expect("spawn");
         self.step(Input::WorkerSpawned { worker });
-        self.worker(worker, FromWorker::Ready { snapshot: snapshot(&session, 1, SessionPhase::Idle) });
+        self.worker(
+            worker,
+            FromWorker::Ready {
+                snapshot: snapshot(&session, 1, SessionPhase::Idle),
+            },
+        );
         let prompt = frame(&ClientMessage::Request(Request {
             id: "p".into(),
-            command: Command::Prompt { session_id: session.clone(), text: "bench".into() },
+            command: Command::Prompt {
+                session_id: session.clone(),
+                text: "bench".into(),
+            },
         }));
-        let outputs = self.step(Input::Received { conn, bytes: prompt });
+        let outputs = self.step(Input::Received {
+            conn,
+            bytes: prompt,
+        });
         let op = outputs
             .iter()
             .find_map(|o| match o {
-                Output::ToWorker { message: ToWorker::Operation { op, .. }, .. } => Some(*op),
+                Output::ToWorker {
+                    message: ToWorker::Operation { op, .. },
+                    ..
+                } => Some(*op),
                 _ => None,
             })
             .expect("operation");
-        self.worker(worker, FromWorker::Snapshot { snapshot: snapshot(&session, 2, SessionPhase::Turn) });
+        self.worker(
+            worker,
+            FromWorker::Snapshot {
+                snapshot: snapshot(&session, 2, SessionPhase::Turn),
+            },
+        );
         for i in 0..100 {
             let progress = TranscriptProgress::AssistantDelta {
                 message_id: "item-2".into(),
@@ -109,15 +149,32 @@ impl Bench {
             };
             self.worker(worker, FromWorker::Progress { progress });
         }
-        self.worker(worker, FromWorker::OpDone { op, outcome: Ok(snapshot(&session, 3, SessionPhase::Idle)) });
-        let detach = frame(&ClientMessage::Request(Request { id: "d".into(), command: Command::Detach { session_id: session } }));
-        self.step(Input::Received { conn, bytes: detach });
+        self.worker(
+            worker,
+            FromWorker::OpDone {
+                op,
+                outcome: Ok(snapshot(&session, 3, SessionPhase::Idle)),
+            },
+        );
+        let detach = frame(&ClientMessage::Request(Request {
+            id: "d".into(),
+            command: Command::Detach {
+                session_id: session,
+            },
+        }));
+        self.step(Input::Received {
+            conn,
+            bytes: detach,
+        });
         self.step(Input::Disconnected { conn });
         self.step(Input::WorkerExited { worker });
     }
 
     fn worker(&mut self, worker: WorkerId, message: FromWorker) {
-        self.step(Input::FromWorker { worker, message: Box::new(message) });
+        self.step(Input::FromWorker {
+            worker,
+            message: Box::new(message),
+        });
     }
 }
 
@@ -131,17 +188,28 @@ fn main() {
         idle_exit: None,
         adoption_grace: Duration::from_secs(30),
     };
-    let mut bench = Bench { server: Server::new(config), now: 0, steps: 0, frames: 0 };
-    bench.step(Input::CatalogLoaded { sessions: Vec::new() });
+    let mut bench = Bench {
+        server: Server::new(config),
+        now: 0,
+        steps: 0,
+        frames: 0,
+    };
+    bench.step(Input::CatalogLoaded {
+        sessions: Vec::new(),
+    });
     for n in 1..=200 {
         bench.round(n); // warm up
     }
     let (steps0, frames0) = (bench.steps, bench.frames);
     // `STEPS_ROUNDS=N` runs a fixed number of rounds (for instruction counts under callgrind).
-    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS").ok().and_then(|v| v.parse().ok());
+    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let started = std::time::Instant::now();
     let mut n = 200;
-    while fixed.map_or(started.elapsed() < Duration::from_secs(3), |rounds| n < 200 + rounds) {
+    while fixed.map_or(started.elapsed() < Duration::from_secs(3), |rounds| {
+        n < 200 + rounds
+    }) {
         for _ in 0..100 {
             n += 1;
             bench.round(n);
@@ -150,6 +218,14 @@ fn main() {
     let secs = started.elapsed().as_secs_f64();
     let steps = bench.steps - steps0;
     let frames = bench.frames - frames0;
-    println!("kernel mixed workload: {} rounds, {steps} steps in {secs:.2} s", n - 200);
-    println!("  {:.0} steps/s, {:.0} frames out/s, {:.1} µs/round", steps as f64 / secs, frames as f64 / secs, secs * 1e6 / (n - 200) as f64);
+    println!(
+        "kernel mixed workload: {} rounds, {steps} steps in {secs:.2} s",
+        n - 200
+    );
+    println!(
+        "  {:.0} steps/s, {:.0} frames out/s, {:.1} µs/round",
+        steps as f64 / secs,
+        frames as f64 / secs,
+        secs * 1e6 / (n - 200) as f64
+    );
 }

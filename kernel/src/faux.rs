@@ -11,8 +11,8 @@ use crate::protocol::{
     ToolStatus, TranscriptItem, Usage, UsageCost,
 };
 use crate::runtime::{ModelEvent, ModelRequest, Purpose};
-use crate::wire::Value;
 use crate::time::Instant;
+use crate::wire::Value;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -21,7 +21,10 @@ pub const PROVIDER: &str = "faux";
 
 /// The default model of a new session.
 pub fn default_model() -> ModelRef {
-    ModelRef { provider: PROVIDER.into(), id: "faux-1".into() }
+    ModelRef {
+        provider: PROVIDER.into(),
+        id: "faux-1".into(),
+    }
 }
 
 /// The embedded models: a plain one and a reasoning one with several thinking levels.
@@ -42,9 +45,22 @@ pub fn models() -> Vec<ModelMetadata> {
     use ThinkingLevel::*;
     vec![
         model("faux-1", "Faux 1 (embedded, offline)", false, vec![Off]),
-        model("faux-reasoner", "Faux Reasoner (embedded, offline)", true, vec![Off, Minimal, Low, Medium, High]),
+        model(
+            "faux-reasoner",
+            "Faux Reasoner (embedded, offline)",
+            true,
+            vec![Off, Minimal, Low, Medium, High],
+        ),
         // A tiny context window, so that compaction can be seen (and tested) within a few turns.
-        ModelMetadata { context_window: 400, ..model("faux-tiny", "Faux Tiny (embedded, 400-token window)", false, vec![Off]) },
+        ModelMetadata {
+            context_window: 400,
+            ..model(
+                "faux-tiny",
+                "Faux Tiny (embedded, 400-token window)",
+                false,
+                vec![Off],
+            )
+        },
     ]
 }
 
@@ -69,7 +85,10 @@ impl FauxStream {
         let mut pending = VecDeque::new();
         let text_reply = |pending: &mut VecDeque<ModelEvent>, reply: &str| {
             for chunk in chunks(reply) {
-                pending.push_back(ModelEvent::Delta { kind: DeltaKind::Text, text: chunk });
+                pending.push_back(ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text: chunk,
+                });
             }
         };
         let mut stop = StopReason::Stop;
@@ -79,44 +98,74 @@ impl FauxStream {
                     .context
                     .iter()
                     .filter_map(|i| match i {
-                        TranscriptItem::User(u) => Some(text_of(&u.content).chars().take(60).collect()),
+                        TranscriptItem::User(u) => {
+                            Some(text_of(&u.content).chars().take(60).collect())
+                        }
                         _ => None,
                     })
                     .collect();
-                let previous = request.summary.as_deref().map(|s| format!("{s} ")).unwrap_or_default();
+                let previous = request
+                    .summary
+                    .as_deref()
+                    .map(|s| format!("{s} "))
+                    .unwrap_or_default();
                 let summary = format!("{previous}Earlier the user asked: {}.", users.join("; "));
                 text_reply(&mut pending, &summary);
             }
             Purpose::Reply => {
                 if request.thinking_level != ThinkingLevel::Off {
                     let said = latest_user_text(&request.context);
-                    let thinking = format!("The user wrote {} characters; answer plainly. ", said.chars().count());
-                    pending.push_back(ModelEvent::Delta { kind: DeltaKind::Thinking, text: thinking });
+                    let thinking = format!(
+                        "The user wrote {} characters; answer plainly. ",
+                        said.chars().count()
+                    );
+                    pending.push_back(ModelEvent::Delta {
+                        kind: DeltaKind::Thinking,
+                        text: thinking,
+                    });
                 }
                 match request.context.last() {
                     Some(TranscriptItem::Tool(tool)) => {
                         let output = text_of(&tool.content);
                         let first = output.lines().next().unwrap_or("").trim();
-                        let verdict = if tool.status == ToolStatus::Error { "failed" } else { "finished" };
-                        text_reply(&mut pending, &format!("The {} tool {verdict}: {first}", tool.tool_name));
+                        let verdict = if tool.status == ToolStatus::Error {
+                            "failed"
+                        } else {
+                            "finished"
+                        };
+                        text_reply(
+                            &mut pending,
+                            &format!("The {} tool {verdict}: {first}", tool.tool_name),
+                        );
                     }
                     _ => {
                         let said = latest_user_text(&request.context);
                         match said.strip_prefix('!') {
                             Some(command) => {
                                 let id = format!("call-{}", request.context.len());
-                                pending.push_back(ModelEvent::ToolCall { tool_call_id: id, tool_name: "bash".into() });
+                                pending.push_back(ModelEvent::ToolCall {
+                                    tool_call_id: id,
+                                    tool_name: "bash".into(),
+                                });
                                 let args = format!("{{\"command\":{command:?}}}");
                                 for chunk in chunks(&args) {
-                                    pending.push_back(ModelEvent::Delta { kind: DeltaKind::ToolCall, text: chunk });
+                                    pending.push_back(ModelEvent::Delta {
+                                        kind: DeltaKind::ToolCall,
+                                        text: chunk,
+                                    });
                                 }
-                                let input = Value::Map(vec![("command".into(), Value::Text(command.trim().into()))]);
+                                let input = Value::Map(vec![(
+                                    "command".into(),
+                                    Value::Text(command.trim().into()),
+                                )]);
                                 pending.push_back(ModelEvent::ToolInput { input });
                                 stop = StopReason::ToolUse;
                             }
                             None => text_reply(
                                 &mut pending,
-                                &format!("You said: {said}. This is the faux model answering offline, word by word."),
+                                &format!(
+                                    "You said: {said}. This is the faux model answering offline, word by word."
+                                ),
                             ),
                         }
                     }
@@ -132,8 +181,16 @@ impl FauxStream {
             cost: UsageCost::default(),
             ..Usage::default()
         };
-        pending.push_back(ModelEvent::Done { stop, usage: Some(usage), response_model: None });
-        Self { pending, next_at: now + delay, delay }
+        pending.push_back(ModelEvent::Done {
+            stop,
+            usage: Some(usage),
+            response_model: None,
+        });
+        Self {
+            pending,
+            next_at: now + delay,
+            delay,
+        }
     }
 
     /// When the next event is due, or `None` when the reply is complete.
@@ -193,7 +250,11 @@ mod tests {
     use crate::protocol::UserItem;
 
     fn request(text: &str, level: ThinkingLevel) -> ModelRequest {
-        let user = UserItem { id: "item-1".into(), content: vec![Content::Text { text: text.into() }], timestamp: 0 };
+        let user = UserItem {
+            id: "item-1".into(),
+            content: vec![Content::Text { text: text.into() }],
+            timestamp: 0,
+        };
         ModelRequest {
             model: default_model(),
             thinking_level: level,
@@ -205,7 +266,11 @@ mod tests {
 
     #[test]
     fn streams_several_deltas_containing_the_prompt() {
-        let mut s = FauxStream::start(&request("hello there", ThinkingLevel::Off), Instant(0), Duration::from_millis(10));
+        let mut s = FauxStream::start(
+            &request("hello there", ThinkingLevel::Off),
+            Instant(0),
+            Duration::from_millis(10),
+        );
         assert_eq!(s.next_deadline(), Some(Instant(10)));
         assert!(s.poll(Instant(9)).is_empty());
         let mut events = Vec::new();
@@ -217,7 +282,10 @@ mod tests {
         let text: String = events
             .iter()
             .filter_map(|e| match e {
-                ModelEvent::Delta { kind: DeltaKind::Text, text } => Some(text.as_str()),
+                ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text,
+                } => Some(text.as_str()),
                 _ => None,
             })
             .collect();
@@ -228,9 +296,23 @@ mod tests {
 
     #[test]
     fn thinking_comes_first_on_reasoning_levels() {
-        let mut s = FauxStream::start(&request("x", ThinkingLevel::High), Instant(0), Duration::ZERO);
+        let mut s = FauxStream::start(
+            &request("x", ThinkingLevel::High),
+            Instant(0),
+            Duration::ZERO,
+        );
         let events = s.poll(Instant(0));
-        assert!(matches!(&events[0], ModelEvent::Delta { kind: DeltaKind::Thinking, .. }));
-        assert!(models().iter().any(|m| m.reasoning && m.supported_thinking_levels.len() > 2));
+        assert!(matches!(
+            &events[0],
+            ModelEvent::Delta {
+                kind: DeltaKind::Thinking,
+                ..
+            }
+        ));
+        assert!(
+            models()
+                .iter()
+                .any(|m| m.reasoning && m.supported_thinking_levels.len() > 2)
+        );
     }
 }

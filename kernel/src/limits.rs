@@ -46,7 +46,10 @@ impl Default for Limits {
             max_deferred_requests: 64,
             max_frame_len,
             max_output_bytes_per_connection: 4 * max_frame_len as usize,
-            cbor: CborLimits { max_byte_len: max_frame_len as usize, ..CborLimits::default() },
+            cbor: CborLimits {
+                max_byte_len: max_frame_len as usize,
+                ..CborLimits::default()
+            },
             handshake_timeout: Duration::from_secs(5),
             worker_start_timeout: Duration::from_secs(15),
             worker_dispose_timeout: Duration::from_secs(10),

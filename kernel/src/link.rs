@@ -54,7 +54,11 @@ impl Link {
     /// A linked worker whose orphan grace is `grace`, retrying every `retry`.
     pub fn new(grace: Duration, retry: Duration) -> Self {
         assert!(!retry.is_zero(), "a zero retry interval would spin");
-        Self { state: LinkState::Linked, grace, retry }
+        Self {
+            state: LinkState::Linked,
+            grace,
+            retry,
+        }
     }
 
     /// Current state.
@@ -71,7 +75,10 @@ impl Link {
     pub fn on_lost(&mut self, now: Instant) -> Option<LinkAction> {
         match self.state {
             LinkState::Linked => {
-                self.state = LinkState::Orphaned { since: now, next_try: now + self.retry };
+                self.state = LinkState::Orphaned {
+                    since: now,
+                    next_try: now + self.retry,
+                };
                 Some(LinkAction::Announce)
             }
             LinkState::Orphaned { .. } | LinkState::Retired => None,
@@ -87,13 +94,18 @@ impl Link {
 
     /// Time passed; `idle` says whether the session has no turn running.
     pub fn on_tick(&mut self, now: Instant, idle: bool) -> Option<LinkAction> {
-        let LinkState::Orphaned { since, next_try } = self.state else { return None };
+        let LinkState::Orphaned { since, next_try } = self.state else {
+            return None;
+        };
         if idle && now >= since + self.grace {
             self.state = LinkState::Retired;
             return Some(LinkAction::Retire);
         }
         if now >= next_try {
-            self.state = LinkState::Orphaned { since, next_try: now + self.retry };
+            self.state = LinkState::Orphaned {
+                since,
+                next_try: now + self.retry,
+            };
             return Some(LinkAction::Announce);
         }
         None
@@ -131,13 +143,25 @@ mod tests {
     fn a_busy_orphan_finishes_first_and_adoption_relinks() {
         let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
         l.on_lost(Instant(0));
-        assert_eq!(l.on_tick(Instant(5000), false), Some(LinkAction::Announce), "busy: keep trying");
-        assert_eq!(l.on_tick(Instant(5001), true), Some(LinkAction::Retire), "idle after the grace: retire");
+        assert_eq!(
+            l.on_tick(Instant(5000), false),
+            Some(LinkAction::Announce),
+            "busy: keep trying"
+        );
+        assert_eq!(
+            l.on_tick(Instant(5001), true),
+            Some(LinkAction::Retire),
+            "idle after the grace: retire"
+        );
         let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
         l.on_lost(Instant(0));
         l.on_adopted();
         assert_eq!(l.state(), LinkState::Linked);
         assert_eq!(l.next_deadline(), None);
-        assert_eq!(l.on_lost(Instant(10)), Some(LinkAction::Announce), "a second server can be lost too");
+        assert_eq!(
+            l.on_lost(Instant(10)),
+            Some(LinkAction::Announce),
+            "a second server can be lost too"
+        );
     }
 }

@@ -97,7 +97,14 @@ impl StoredSession {
                 Some(existing) => *existing = item.clone(),
                 None => self.transcript.push(item.clone()),
             },
-            Persist::State { revision, updated_at, model, thinking_level, queued_steer, summary } => {
+            Persist::State {
+                revision,
+                updated_at,
+                model,
+                thinking_level,
+                queued_steer,
+                summary,
+            } => {
                 self.revision = *revision;
                 self.updated_at = *updated_at;
                 self.model = model.clone();
@@ -312,11 +319,18 @@ enum Stage {
     Streaming { call: u64, item: usize },
     /// Tool calls of the last reply run one at a time: `running` is the tool
     /// item in flight, `waiting` the tool items not started yet.
-    Tools { running: String, waiting: VecDeque<String> },
+    Tools {
+        running: String,
+        waiting: VecDeque<String>,
+    },
     /// A transient model error; the next call starts at `at`.
     Retrying { at: Instant },
     /// The context is being summarised.
-    Compacting { call: u64, text: String, through: String },
+    Compacting {
+        call: u64,
+        text: String,
+        through: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -362,14 +376,25 @@ impl Runtime {
     }
 
     /// A brand-new session at `now` (epoch ms). Emits its first state and `Ready`.
-    pub fn create(state: StoredSession, models: Vec<ModelMetadata>, now: Instant) -> (Self, Vec<RuntimeOutput>) {
-        assert!(state.transcript.is_empty() && state.queued_steer.is_empty(), "a new session is empty");
+    pub fn create(
+        state: StoredSession,
+        models: Vec<ModelMetadata>,
+        now: Instant,
+    ) -> (Self, Vec<RuntimeOutput>) {
+        assert!(
+            state.transcript.is_empty() && state.queued_steer.is_empty(),
+            "a new session is empty"
+        );
         Self::open(state, models, now)
     }
 
     /// Opens a stored session: marks anything a crashed worker left running
     /// as interrupted (never re-running it), persists that, and emits `Ready`.
-    pub fn open(state: StoredSession, models: Vec<ModelMetadata>, now: Instant) -> (Self, Vec<RuntimeOutput>) {
+    pub fn open(
+        state: StoredSession,
+        models: Vec<ModelMetadata>,
+        now: Instant,
+    ) -> (Self, Vec<RuntimeOutput>) {
         let next_item = state
             .transcript
             .iter()
@@ -400,7 +425,8 @@ impl Runtime {
         rt.take_steer();
         rt.bump();
         let snapshot = rt.snapshot();
-        rt.out.push(RuntimeOutput::Send(FromWorker::Ready { snapshot }));
+        rt.out
+            .push(RuntimeOutput::Send(FromWorker::Ready { snapshot }));
         let out = std::mem::take(&mut rt.out);
         rt.check_invariants();
         (rt, out)
@@ -421,14 +447,18 @@ impl Runtime {
         match input {
             RuntimeInput::Operation { op, operation } => self.on_operation(op, operation),
             RuntimeInput::Model { call, event } => self.on_model(call, event),
-            RuntimeInput::ToolDone { id, content, details, is_error } => {
-                self.on_tool_done(id, content, details, is_error)
-            }
+            RuntimeInput::ToolDone {
+                id,
+                content,
+                details,
+                is_error,
+            } => self.on_tool_done(id, content, details, is_error),
             RuntimeInput::Tick => self.on_tick(),
             RuntimeInput::Dispose => self.on_dispose(),
             RuntimeInput::StorageFailed { message } => {
                 self.finished = true;
-                self.out.push(RuntimeOutput::Send(FromWorker::Fatal { message }));
+                self.out
+                    .push(RuntimeOutput::Send(FromWorker::Fatal { message }));
                 self.out.push(RuntimeOutput::Exit);
             }
         }
@@ -439,7 +469,10 @@ impl Runtime {
     /// When [`RuntimeInput::Tick`] has something to do (a retry is due).
     pub fn next_deadline(&self) -> Option<Instant> {
         match &self.turn {
-            Some(Turn { stage: Stage::Retrying { at }, .. }) => Some(*at),
+            Some(Turn {
+                stage: Stage::Retrying { at },
+                ..
+            }) => Some(*at),
             _ => None,
         }
     }
@@ -507,13 +540,20 @@ impl Runtime {
         }
         let user = self.user_item(text);
         self.commit(TranscriptItem::User(user));
-        self.turn = Some(Turn { prompt_op: op, stage: Stage::Retrying { at: self.now }, failures: 0 });
+        self.turn = Some(Turn {
+            prompt_op: op,
+            stage: Stage::Retrying { at: self.now },
+            failures: 0,
+        });
         self.next_call();
     }
 
     fn on_steer(&mut self, text: String) -> Result<(), ProtocolError> {
         if self.turn.is_none() {
-            return Err(ProtocolError::new(ErrorCode::Busy, "There is no active prompt to steer"));
+            return Err(ProtocolError::new(
+                ErrorCode::Busy,
+                "There is no active prompt to steer",
+            ));
         }
         let item = self.user_item(text);
         self.state.queued_steer.push(item);
@@ -541,11 +581,17 @@ impl Runtime {
         let level = if levels.contains(&level) {
             level
         } else {
-            levels.iter().copied().filter(|l| *l <= level).max().unwrap_or(levels[0])
+            levels
+                .iter()
+                .copied()
+                .filter(|l| *l <= level)
+                .max()
+                .unwrap_or(levels[0])
         };
         self.state.model = model.clone();
         self.state.thinking_level = level;
-        self.out.push(RuntimeOutput::Persist(Persist::DefaultModel(model)));
+        self.out
+            .push(RuntimeOutput::Persist(Persist::DefaultModel(model)));
         self.bump();
         Ok(())
     }
@@ -560,7 +606,10 @@ impl Runtime {
 
     fn require_idle(&self, what: &str) -> Result<(), ProtocolError> {
         match self.turn {
-            Some(_) => Err(ProtocolError::new(ErrorCode::Busy, format!("Cannot {what} while a prompt is running"))),
+            Some(_) => Err(ProtocolError::new(
+                ErrorCode::Busy,
+                format!("Cannot {what} while a prompt is running"),
+            )),
             None => Ok(()),
         }
     }
@@ -586,7 +635,13 @@ impl Runtime {
     /// Starts the next model call of the running turn: a compaction first when
     /// the context nears the model's window, otherwise a reply.
     fn next_call(&mut self) {
-        let compacting_allowed = !matches!(self.turn, Some(Turn { stage: Stage::Compacting { .. }, .. }));
+        let compacting_allowed = !matches!(
+            self.turn,
+            Some(Turn {
+                stage: Stage::Compacting { .. },
+                ..
+            })
+        );
         if compacting_allowed && let Some((context, through)) = self.compaction_due() {
             let call = self.fresh_call();
             let request = ModelRequest {
@@ -596,7 +651,11 @@ impl Runtime {
                 summary: self.state.summary.as_ref().map(|s| s.text.clone()),
                 context,
             };
-            self.set_stage(Stage::Compacting { call, text: String::new(), through });
+            self.set_stage(Stage::Compacting {
+                call,
+                text: String::new(),
+                through,
+            });
             self.bump();
             self.send_snapshot();
             self.out.push(RuntimeOutput::StartModel { call, request });
@@ -607,9 +666,15 @@ impl Runtime {
 
     /// The items to summarise and the last one's id, when the context is too big.
     fn compaction_due(&self) -> Option<(Vec<TranscriptItem>, String)> {
-        let window = find_model(&self.models, &self.state.model).ok()?.context_window;
+        let window = find_model(&self.models, &self.state.model)
+            .ok()?
+            .context_window;
         let context = self.context();
-        let tokens: u64 = self.state.summary.as_ref().map_or(0, |s| estimate_text(&s.text))
+        let tokens: u64 = self
+            .state
+            .summary
+            .as_ref()
+            .map_or(0, |s| estimate_text(&s.text))
             + context.iter().map(estimate_item).sum::<u64>();
         if tokens * 100 <= window * self.policy.compaction_percent {
             return None;
@@ -623,7 +688,12 @@ impl Runtime {
     /// The transcript the model sees: everything after the summary.
     fn context(&self) -> Vec<TranscriptItem> {
         let start = match &self.state.summary {
-            Some(s) => self.state.transcript.iter().position(|i| i.id() == s.through).map_or(0, |p| p + 1),
+            Some(s) => self
+                .state
+                .transcript
+                .iter()
+                .position(|i| i.id() == s.through)
+                .map_or(0, |p| p + 1),
             None => 0,
         };
         self.state.transcript[start..].to_vec()
@@ -642,10 +712,14 @@ impl Runtime {
             error_message: None,
         };
         let item = TranscriptItem::Assistant(item);
-        self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.state.transcript.push(item.clone());
         let call = self.fresh_call();
-        self.set_stage(Stage::Streaming { call, item: self.state.transcript.len() - 1 });
+        self.set_stage(Stage::Streaming {
+            call,
+            item: self.state.transcript.len() - 1,
+        });
         self.bump();
         self.progress(TranscriptProgress::ItemStarted { item });
         self.send_snapshot();
@@ -666,18 +740,34 @@ impl Runtime {
                 let item = *item;
                 self.on_reply_event(item, event);
             }
-            Stage::Compacting { call: c, text, through } if *c == call => match event {
-                ModelEvent::Delta { kind: DeltaKind::Text, text: t } => text.push_str(&t),
-                ModelEvent::Delta { .. } | ModelEvent::ToolCall { .. } | ModelEvent::ToolInput { .. } => {}
+            Stage::Compacting {
+                call: c,
+                text,
+                through,
+            } if *c == call => match event {
+                ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text: t,
+                } => text.push_str(&t),
+                ModelEvent::Delta { .. }
+                | ModelEvent::ToolCall { .. }
+                | ModelEvent::ToolInput { .. } => {}
                 ModelEvent::Done { .. } => {
-                    let summary = Summary { text: std::mem::take(text), through: std::mem::take(through) };
+                    let summary = Summary {
+                        text: std::mem::take(text),
+                        through: std::mem::take(through),
+                    };
                     if !summary.text.trim().is_empty() {
                         self.state.summary = Some(summary);
                     }
                     turn.failures = 0;
                     self.start_reply();
                 }
-                ModelEvent::Failed { retryable, retry_after_ms, .. } => {
+                ModelEvent::Failed {
+                    retryable,
+                    retry_after_ms,
+                    ..
+                } => {
                     // A failed compaction does not end the turn: retry it, or go on uncompacted.
                     if !self.schedule_retry(retryable, retry_after_ms) {
                         self.start_reply();
@@ -691,34 +781,58 @@ impl Runtime {
     fn on_reply_event(&mut self, index: usize, event: ModelEvent) {
         match event {
             ModelEvent::Delta { kind, text } => self.on_delta(index, kind, text),
-            ModelEvent::ToolCall { tool_call_id, tool_name } => {
+            ModelEvent::ToolCall {
+                tool_call_id,
+                tool_name,
+            } => {
                 let item = self.assistant_mut(index);
-                item.content.push(Content::ToolCall { tool_call_id, tool_name, input: Value::Map(Vec::new()) });
+                item.content.push(Content::ToolCall {
+                    tool_call_id,
+                    tool_name,
+                    input: Value::Map(Vec::new()),
+                });
                 let item = TranscriptItem::Assistant(item.clone());
                 self.progress(TranscriptProgress::ItemUpdated { item });
             }
             ModelEvent::ToolInput { input } => {
                 let item = self.assistant_mut(index);
-                if let Some(Content::ToolCall { input: slot, .. }) =
-                    item.content.iter_mut().rev().find(|c| matches!(c, Content::ToolCall { .. }))
+                if let Some(Content::ToolCall { input: slot, .. }) = item
+                    .content
+                    .iter_mut()
+                    .rev()
+                    .find(|c| matches!(c, Content::ToolCall { .. }))
                 {
-                    *slot = if input.is_json() { input } else { Value::Map(Vec::new()) };
+                    *slot = if input.is_json() {
+                        input
+                    } else {
+                        Value::Map(Vec::new())
+                    };
                 }
             }
-            ModelEvent::Done { stop, usage, response_model } => {
+            ModelEvent::Done {
+                stop,
+                usage,
+                response_model,
+            } => {
                 let item = self.assistant_mut(index);
                 item.response_model = response_model.filter(|m| !m.is_empty());
                 let calls: Vec<(String, String, JsonValue)> = item
                     .content
                     .iter()
                     .filter_map(|c| match c {
-                        Content::ToolCall { tool_call_id, tool_name, input } => {
-                            Some((tool_call_id.clone(), tool_name.clone(), input.clone()))
-                        }
+                        Content::ToolCall {
+                            tool_call_id,
+                            tool_name,
+                            input,
+                        } => Some((tool_call_id.clone(), tool_name.clone(), input.clone())),
                         _ => None,
                     })
                     .collect();
-                let stop = if stop == StopReason::ToolUse && calls.is_empty() { StopReason::Stop } else { stop };
+                let stop = if stop == StopReason::ToolUse && calls.is_empty() {
+                    StopReason::Stop
+                } else {
+                    stop
+                };
                 self.finish_reply(index, AssistantStatus::Complete(stop), usage, None);
                 if let Some(turn) = &mut self.turn {
                     turn.failures = 0;
@@ -729,8 +843,16 @@ impl Runtime {
                     self.after_step();
                 }
             }
-            ModelEvent::Failed { message, retryable, retry_after_ms } => {
-                let message = if message.trim().is_empty() { "Model call failed".to_string() } else { message };
+            ModelEvent::Failed {
+                message,
+                retryable,
+                retry_after_ms,
+            } => {
+                let message = if message.trim().is_empty() {
+                    "Model call failed".to_string()
+                } else {
+                    message
+                };
                 self.finish_reply(index, AssistantStatus::Error, None, Some(message));
                 if !self.schedule_retry(retryable, retry_after_ms) {
                     self.complete_turn();
@@ -747,8 +869,14 @@ impl Runtime {
             return false;
         }
         let exponent = (turn.failures - 1).min(16);
-        let backoff = self.policy.backoff_base.saturating_mul(1 << exponent).min(self.policy.backoff_max);
-        let delay = retry_after_ms.map_or(backoff, |ms| Duration::from_millis(ms).min(self.policy.backoff_max));
+        let backoff = self
+            .policy
+            .backoff_base
+            .saturating_mul(1 << exponent)
+            .min(self.policy.backoff_max);
+        let delay = retry_after_ms.map_or(backoff, |ms| {
+            Duration::from_millis(ms).min(self.policy.backoff_max)
+        });
         let at = self.now + delay;
         self.set_stage(Stage::Retrying { at });
         self.bump();
@@ -760,7 +888,11 @@ impl Runtime {
         let item = self.assistant_mut(index);
         let content_index = match kind {
             DeltaKind::ToolCall => {
-                match item.content.iter().rposition(|c| matches!(c, Content::ToolCall { .. })) {
+                match item
+                    .content
+                    .iter()
+                    .rposition(|c| matches!(c, Content::ToolCall { .. }))
+                {
                     Some(i) => i,
                     None => return, // arguments before any tool call: nothing to attach them to
                 }
@@ -768,12 +900,18 @@ impl Runtime {
             DeltaKind::Text | DeltaKind::Thinking => {
                 let extends_last = matches!(
                     (item.content.last(), kind),
-                    (Some(Content::Text { .. }), DeltaKind::Text) | (Some(Content::Thinking { .. }), DeltaKind::Thinking)
+                    (Some(Content::Text { .. }), DeltaKind::Text)
+                        | (Some(Content::Thinking { .. }), DeltaKind::Thinking)
                 );
                 if !extends_last {
                     item.content.push(match kind {
-                        DeltaKind::Thinking => Content::Thinking { thinking: String::new(), redacted: None },
-                        _ => Content::Text { text: String::new() },
+                        DeltaKind::Thinking => Content::Thinking {
+                            thinking: String::new(),
+                            redacted: None,
+                        },
+                        _ => Content::Text {
+                            text: String::new(),
+                        },
                     });
                 }
                 match item.content.last_mut().expect("pushed") {
@@ -794,13 +932,20 @@ impl Runtime {
     }
 
     /// Ends the streaming reply with `status`, commits it, then announces it.
-    fn finish_reply(&mut self, index: usize, status: AssistantStatus, usage: Option<Usage>, error: Option<String>) {
+    fn finish_reply(
+        &mut self,
+        index: usize,
+        status: AssistantStatus,
+        usage: Option<Usage>,
+        error: Option<String>,
+    ) {
         let item = self.assistant_mut(index);
         item.status = status;
         item.usage = usage.or(item.usage.take());
         item.error_message = error;
         let item = TranscriptItem::Assistant(item.clone());
-        self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.progress(TranscriptProgress::ItemFinished { item });
     }
 
@@ -825,14 +970,18 @@ impl Runtime {
             self.progress(TranscriptProgress::ItemStarted { item });
         }
         let running = ids.pop_front().expect("at least one tool call");
-        self.set_stage(Stage::Tools { running: running.clone(), waiting: ids });
+        self.set_stage(Stage::Tools {
+            running: running.clone(),
+            waiting: ids,
+        });
         self.bump();
         self.send_snapshot();
         self.run_tool(&running);
     }
 
     fn run_tool(&mut self, id: &str) {
-        let Some(TranscriptItem::Tool(item)) = self.state.transcript.iter().find(|i| i.id() == id) else {
+        let Some(TranscriptItem::Tool(item)) = self.state.transcript.iter().find(|i| i.id() == id)
+        else {
             unreachable!("a running tool item exists")
         };
         self.out.push(RuntimeOutput::RunTool {
@@ -843,27 +992,64 @@ impl Runtime {
         });
     }
 
-    fn on_tool_done(&mut self, id: String, content: Vec<Content>, details: Option<JsonValue>, is_error: bool) {
-        let Some(Turn { stage: Stage::Tools { running, .. }, .. }) = &self.turn else { return };
+    fn on_tool_done(
+        &mut self,
+        id: String,
+        content: Vec<Content>,
+        details: Option<JsonValue>,
+        is_error: bool,
+    ) {
+        let Some(Turn {
+            stage: Stage::Tools { running, .. },
+            ..
+        }) = &self.turn
+        else {
+            return;
+        };
         if *running != id {
             return;
         }
         let details = details.filter(Value::is_json);
-        self.finish_tool(&id, content, details, if is_error { ToolStatus::Error } else { ToolStatus::Complete });
-        let Some(Turn { stage: Stage::Tools { waiting, .. }, .. }) = &mut self.turn else { unreachable!() };
+        self.finish_tool(
+            &id,
+            content,
+            details,
+            if is_error {
+                ToolStatus::Error
+            } else {
+                ToolStatus::Complete
+            },
+        );
+        let Some(Turn {
+            stage: Stage::Tools { waiting, .. },
+            ..
+        }) = &mut self.turn
+        else {
+            unreachable!()
+        };
         if !self.state.queued_steer.is_empty() {
             // The user steered: skip the calls not started yet and let the model hear them first.
             let skipped: Vec<String> = waiting.drain(..).collect();
             for id in skipped {
-                let text = "Skipped: the user steered the turn before this tool call ran".to_string();
+                let text =
+                    "Skipped: the user steered the turn before this tool call ran".to_string();
                 self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
             }
         }
-        let Some(Turn { stage: Stage::Tools { waiting, .. }, .. }) = &mut self.turn else { unreachable!() };
+        let Some(Turn {
+            stage: Stage::Tools { waiting, .. },
+            ..
+        }) = &mut self.turn
+        else {
+            unreachable!()
+        };
         match waiting.pop_front() {
             Some(next) => {
                 let waiting = std::mem::take(waiting);
-                self.set_stage(Stage::Tools { running: next.clone(), waiting });
+                self.set_stage(Stage::Tools {
+                    running: next.clone(),
+                    waiting,
+                });
                 self.bump();
                 self.send_snapshot();
                 self.run_tool(&next);
@@ -872,8 +1058,16 @@ impl Runtime {
         }
     }
 
-    fn finish_tool(&mut self, id: &str, content: Vec<Content>, details: Option<JsonValue>, status: ToolStatus) {
-        let Some(TranscriptItem::Tool(item)) = self.state.transcript.iter_mut().find(|i| i.id() == id) else {
+    fn finish_tool(
+        &mut self,
+        id: &str,
+        content: Vec<Content>,
+        details: Option<JsonValue>,
+        status: ToolStatus,
+    ) {
+        let Some(TranscriptItem::Tool(item)) =
+            self.state.transcript.iter_mut().find(|i| i.id() == id)
+        else {
             unreachable!("the tool item exists")
         };
         item.content = content
@@ -883,14 +1077,21 @@ impl Runtime {
         item.details = details;
         item.status = status;
         let item = TranscriptItem::Tool(item.clone());
-        self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.progress(TranscriptProgress::ItemFinished { item });
     }
 
     /// After a reply without tool calls, or after the last tool call: steer
     /// text goes to the model next; otherwise the turn ends.
     fn after_step(&mut self) {
-        let tools_ran = matches!(self.turn, Some(Turn { stage: Stage::Tools { .. }, .. }));
+        let tools_ran = matches!(
+            self.turn,
+            Some(Turn {
+                stage: Stage::Tools { .. },
+                ..
+            })
+        );
         if !self.state.queued_steer.is_empty() || tools_ran {
             self.take_steer();
             self.next_call();
@@ -906,13 +1107,25 @@ impl Runtime {
         match turn.stage {
             Stage::Streaming { call, item } => {
                 self.out.push(RuntimeOutput::CancelModel { call });
-                self.finish_reply(item, AssistantStatus::Aborted, None, Some(message.to_string()));
+                self.finish_reply(
+                    item,
+                    AssistantStatus::Aborted,
+                    None,
+                    Some(message.to_string()),
+                );
             }
             Stage::Compacting { call, .. } => self.out.push(RuntimeOutput::CancelModel { call }),
             Stage::Tools { running, waiting } => {
-                self.out.push(RuntimeOutput::CancelTool { id: running.clone() });
+                self.out.push(RuntimeOutput::CancelTool {
+                    id: running.clone(),
+                });
                 let text = format!("{message}: the tool call was stopped");
-                self.finish_tool(&running, vec![Content::Text { text }], None, ToolStatus::Error);
+                self.finish_tool(
+                    &running,
+                    vec![Content::Text { text }],
+                    None,
+                    ToolStatus::Error,
+                );
                 for id in waiting {
                     let text = format!("{message}: the tool call never ran");
                     self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
@@ -960,7 +1173,11 @@ impl Runtime {
     }
 
     fn user_item(&mut self, text: String) -> UserItem {
-        UserItem { id: self.fresh_item_id(), content: vec![Content::Text { text }], timestamp: self.now.as_millis() }
+        UserItem {
+            id: self.fresh_item_id(),
+            content: vec![Content::Text { text }],
+            timestamp: self.now.as_millis(),
+        }
     }
 
     fn fresh_item_id(&mut self) -> String {
@@ -976,7 +1193,8 @@ impl Runtime {
     }
 
     fn commit(&mut self, item: TranscriptItem) {
-        self.out.push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.state.transcript.push(item);
     }
 
@@ -997,15 +1215,18 @@ impl Runtime {
 
     fn send_snapshot(&mut self) {
         let snapshot = self.snapshot();
-        self.out.push(RuntimeOutput::Send(FromWorker::Snapshot { snapshot }));
+        self.out
+            .push(RuntimeOutput::Send(FromWorker::Snapshot { snapshot }));
     }
 
     fn progress(&mut self, progress: TranscriptProgress) {
-        self.out.push(RuntimeOutput::Send(FromWorker::Progress { progress }));
+        self.out
+            .push(RuntimeOutput::Send(FromWorker::Progress { progress }));
     }
 
     fn done(&mut self, op: OpId, outcome: Result<SessionSnapshot, ProtocolError>) {
-        self.out.push(RuntimeOutput::Send(FromWorker::OpDone { op, outcome }));
+        self.out
+            .push(RuntimeOutput::Send(FromWorker::OpDone { op, outcome }));
     }
 
     fn check_invariants(&self) {
@@ -1023,7 +1244,10 @@ impl Runtime {
             .collect();
         match self.turn.as_ref().map(|t| &t.stage) {
             None => {
-                assert!(streaming == 0 && running.is_empty(), "nothing runs while idle");
+                assert!(
+                    streaming == 0 && running.is_empty(),
+                    "nothing runs while idle"
+                );
                 assert!(s.queued_steer.is_empty(), "steer only queues during a turn");
             }
             Some(Stage::Streaming { item, .. }) => {
@@ -1031,18 +1255,37 @@ impl Runtime {
                 assert_eq!(*item, s.transcript.len() - 1, "the streaming item is last");
                 assert!(running.is_empty(), "no tool runs while the model streams");
             }
-            Some(Stage::Tools { running: r, waiting }) => {
+            Some(Stage::Tools {
+                running: r,
+                waiting,
+            }) => {
                 assert_eq!(streaming, 0);
-                assert!(running.contains(&r.as_str()), "the running tool item is running");
-                assert_eq!(running.len(), waiting.len() + 1, "exactly the pending tools are running");
+                assert!(
+                    running.contains(&r.as_str()),
+                    "the running tool item is running"
+                );
+                assert_eq!(
+                    running.len(),
+                    waiting.len() + 1,
+                    "exactly the pending tools are running"
+                );
             }
             Some(Stage::Retrying { .. } | Stage::Compacting { .. }) => {
-                assert!(streaming == 0 && running.is_empty(), "nothing streams while waiting");
+                assert!(
+                    streaming == 0 && running.is_empty(),
+                    "nothing streams while waiting"
+                );
             }
         }
-        let meta = self.models.iter().find(|m| m.provider == s.model.provider && m.id == s.model.id);
+        let meta = self
+            .models
+            .iter()
+            .find(|m| m.provider == s.model.provider && m.id == s.model.id);
         if let Some(meta) = meta {
-            assert!(meta.supported_thinking_levels.contains(&s.thinking_level), "unsupported thinking level");
+            assert!(
+                meta.supported_thinking_levels.contains(&s.thinking_level),
+                "unsupported thinking level"
+            );
         }
     }
 }
@@ -1070,17 +1313,30 @@ fn estimate_item(item: &TranscriptItem) -> u64 {
         + 4
 }
 
-fn find_model<'a>(models: &'a [ModelMetadata], model: &ModelRef) -> Result<&'a ModelMetadata, ProtocolError> {
-    models.iter().find(|m| m.provider == model.provider && m.id == model.id).ok_or_else(|| {
-        ProtocolError::new(ErrorCode::InvalidRequest, format!("Unknown model {}/{}", model.provider, model.id))
-    })
+fn find_model<'a>(
+    models: &'a [ModelMetadata],
+    model: &ModelRef,
+) -> Result<&'a ModelMetadata, ProtocolError> {
+    models
+        .iter()
+        .find(|m| m.provider == model.provider && m.id == model.id)
+        .ok_or_else(|| {
+            ProtocolError::new(
+                ErrorCode::InvalidRequest,
+                format!("Unknown model {}/{}", model.provider, model.id),
+            )
+        })
 }
 
 fn supported(meta: &ModelMetadata, level: ThinkingLevel) -> Result<ThinkingLevel, ProtocolError> {
     if meta.supported_thinking_levels.contains(&level) {
         return Ok(level);
     }
-    let levels: Vec<&str> = meta.supported_thinking_levels.iter().map(|l| l.as_str()).collect();
+    let levels: Vec<&str> = meta
+        .supported_thinking_levels
+        .iter()
+        .map(|l| l.as_str())
+        .collect();
     let message = format!(
         "Model {}/{} does not support thinking level {}; it supports {}",
         meta.provider,
@@ -1103,7 +1359,9 @@ fn interrupted(item: &TranscriptItem) -> Option<TranscriptItem> {
         TranscriptItem::Tool(t) if t.status == ToolStatus::Running => {
             let mut t = t.clone();
             t.status = ToolStatus::Error;
-            t.content.push(Content::Text { text: format!("{INTERRUPTED}; the tool call was not re-run.") });
+            t.content.push(Content::Text {
+                text: format!("{INTERRUPTED}; the tool call was not re-run."),
+            });
             Some(TranscriptItem::Tool(t))
         }
         _ => None,

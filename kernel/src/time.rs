@@ -24,7 +24,10 @@ impl Instant {
 impl Add<Duration> for Instant {
     type Output = Self;
     fn add(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+        Self(
+            self.0
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
     }
 }
 

@@ -85,7 +85,10 @@ pub enum FromWorker {
     /// A transient streaming hint.
     Progress { progress: TranscriptProgress },
     /// Operation `op` finished.
-    OpDone { op: OpId, outcome: Result<SessionSnapshot, ProtocolError> },
+    OpDone {
+        op: OpId,
+        outcome: Result<SessionSnapshot, ProtocolError>,
+    },
     /// The runtime hit a fatal error (for example storage failed). The worker exits.
     Fatal { message: String },
 }
@@ -128,12 +131,22 @@ pub struct Worker {
 impl Worker {
     /// A worker about to be spawned, which must be ready by `start_deadline`.
     pub fn spawning(id: WorkerId, start_deadline: Instant) -> Self {
-        Self { id, state: WorkerState::Spawning, deadline: Some(start_deadline), killed: false }
+        Self {
+            id,
+            state: WorkerState::Spawning,
+            deadline: Some(start_deadline),
+            killed: false,
+        }
     }
 
     /// A running worker of another server, adopted as it is (ready).
     pub fn adopted(id: WorkerId) -> Self {
-        Self { id, state: WorkerState::Idle, deadline: None, killed: false }
+        Self {
+            id,
+            state: WorkerState::Idle,
+            deadline: None,
+            killed: false,
+        }
     }
 
     /// This incarnation's id.
@@ -178,7 +191,11 @@ impl Worker {
     /// Busy ↔ idle, as derived from the session's phase and operations in flight.
     pub fn set_busy(&mut self, busy: bool) {
         if self.is_ready() {
-            self.state = if busy { WorkerState::Busy } else { WorkerState::Idle };
+            self.state = if busy {
+                WorkerState::Busy
+            } else {
+                WorkerState::Idle
+            };
         }
     }
 
@@ -236,9 +253,16 @@ mod tests {
         assert_eq!(w.state(), WorkerState::Busy);
         w.set_busy(false);
         assert!(w.retire(Instant(200), Duration::from_millis(50)));
-        assert!(!w.retire(Instant(210), Duration::from_millis(50)), "retiring is idempotent");
+        assert!(
+            !w.retire(Instant(210), Duration::from_millis(50)),
+            "retiring is idempotent"
+        );
         w.set_busy(true);
-        assert_eq!(w.state(), WorkerState::Retiring, "busy does not leave retiring");
+        assert_eq!(
+            w.state(),
+            WorkerState::Retiring,
+            "busy does not leave retiring"
+        );
         assert_eq!(w.on_tick(Instant(250)), Some(WorkerTimeout::Dispose));
         assert_eq!(w.on_tick(Instant(300)), None, "a deadline fires once");
         w.on_exit();

@@ -19,7 +19,8 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 
 #[test]
 fn kernel_has_no_runtime_dependencies() {
-    let manifest = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).expect("manifest");
+    let manifest =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).expect("manifest");
     let deps = manifest
         .split("[dependencies]")
         .nth(1)
@@ -32,7 +33,10 @@ fn kernel_has_no_runtime_dependencies() {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    assert!(declared.is_empty(), "the kernel must not depend on anything: {declared:?}");
+    assert!(
+        declared.is_empty(),
+        "the kernel must not depend on anything: {declared:?}"
+    );
 }
 
 #[test]
@@ -57,7 +61,10 @@ fn kernel_sources_use_no_clock_entropy_io_or_hash_order() {
         "libc",
     ];
     let mut files = Vec::new();
-    sources(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")), &mut files);
+    sources(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
+        &mut files,
+    );
     assert!(files.len() > 10, "found the kernel sources");
     let mut hits = Vec::new();
     for file in files {
@@ -66,10 +73,19 @@ fn kernel_sources_use_no_clock_entropy_io_or_hash_order() {
             let code = line.split("//").next().unwrap_or("");
             for word in forbidden {
                 if code.contains(word) {
-                    hits.push(format!("{}:{}: {word}: {}", file.display(), n + 1, line.trim()));
+                    hits.push(format!(
+                        "{}:{}: {word}: {}",
+                        file.display(),
+                        n + 1,
+                        line.trim()
+                    ));
                 }
             }
         }
     }
-    assert!(hits.is_empty(), "the kernel is sans-IO; found:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "the kernel is sans-IO; found:\n{}",
+        hits.join("\n")
+    );
 }

@@ -717,7 +717,10 @@ fn the_compaction_summary_round_trips() {
     let mut s = session("with-summary");
     let mut store = SessionStore::create(&dir, &s).unwrap();
     s.revision = 2;
-    s.summary = Some(kernel::runtime::Summary { text: "they said hello".into(), through: "u0".into() });
+    s.summary = Some(kernel::runtime::Summary {
+        text: "they said hello".into(),
+        through: "u0".into(),
+    });
     store.apply(&[state_of(&s)]).unwrap();
     store.close().unwrap();
     let (_store, loaded) = SessionStore::open(&dir, "with-summary").unwrap();

@@ -207,7 +207,11 @@ pub fn encode_server_message(message: &ServerMessage) -> Result<Vec<u8>, SchemaE
 /// is skipped in release. Values the CBOR encoder cannot write (a non-finite
 /// number, an integer beyond 2^53) are still errors.
 pub fn encode_trusted_server_message(message: &ServerMessage) -> Result<Vec<u8>, SchemaError> {
-    let value = if cfg!(debug_assertions) { message.to_checked_value()? } else { message.to_value() };
+    let value = if cfg!(debug_assertions) {
+        message.to_checked_value()?
+    } else {
+        message.to_value()
+    };
     let mut out = Vec::new();
     cbor::encode(&value, &mut out)
         .map_err(|error| SchemaError::new(format!("cannot encode CBOR: {error}")))?;

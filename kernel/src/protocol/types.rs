@@ -64,7 +64,10 @@ pub enum Command {
     /// `{command:"set_model", sessionId, model}`
     SetModel { session_id: String, model: ModelRef },
     /// `{command:"set_thinking", sessionId, thinkingLevel}`
-    SetThinking { session_id: String, thinking_level: ThinkingLevel },
+    SetThinking {
+        session_id: String,
+        thinking_level: ThinkingLevel,
+    },
     /// `{command:"remove", sessionId}`: our extension (not in the v1 schema).
     /// Deletes a stored session; attached connections get `session_removed`.
     Remove { session_id: String },
@@ -200,7 +203,10 @@ pub enum ServerEvent {
     /// `{type:"session_snapshot", snapshot}`
     SessionSnapshot { snapshot: SessionSnapshot },
     /// `{type:"session_progress", sessionId, progress}`
-    SessionProgress { session_id: String, progress: TranscriptProgress },
+    SessionProgress {
+        session_id: String,
+        progress: TranscriptProgress,
+    },
     /// `{type:"session_removed", sessionId}`: emitted by our `remove` extension.
     SessionRemoved { session_id: String },
 }
@@ -219,7 +225,11 @@ pub struct ProtocolError {
 impl ProtocolError {
     /// An error without details.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: None }
+        Self {
+            code,
+            message: message.into(),
+            details: None,
+        }
     }
 }
 
@@ -363,8 +373,15 @@ pub enum ThinkingLevel {
 
 impl ThinkingLevel {
     /// All levels, lowest first.
-    pub const ALL: [Self; 7] =
-        [Self::Off, Self::Minimal, Self::Low, Self::Medium, Self::High, Self::Xhigh, Self::Max];
+    pub const ALL: [Self; 7] = [
+        Self::Off,
+        Self::Minimal,
+        Self::Low,
+        Self::Medium,
+        Self::High,
+        Self::Xhigh,
+        Self::Max,
+    ];
 
     /// The wire name.
     pub fn as_str(self) -> &'static str {
@@ -402,7 +419,13 @@ pub enum SessionPhase {
 
 impl SessionPhase {
     /// All phases.
-    pub const ALL: [Self; 5] = [Self::Idle, Self::Turn, Self::Compaction, Self::BranchSummary, Self::Retry];
+    pub const ALL: [Self; 5] = [
+        Self::Idle,
+        Self::Turn,
+        Self::Compaction,
+        Self::BranchSummary,
+        Self::Retry,
+    ];
 
     /// The wire name.
     pub fn as_str(self) -> &'static str {
@@ -519,11 +542,18 @@ pub enum Content {
     /// `{type:"text", text}` (user, assistant, tool)
     Text { text: String },
     /// `{type:"thinking", thinking, redacted?}` (assistant only)
-    Thinking { thinking: String, redacted: Option<bool> },
+    Thinking {
+        thinking: String,
+        redacted: Option<bool>,
+    },
     /// `{type:"image", data, mimeType}` (user, tool)
     Image { data: String, mime_type: String },
     /// `{type:"toolCall", toolCallId, toolName, input}` (assistant only)
-    ToolCall { tool_call_id: String, tool_name: String, input: JsonValue },
+    ToolCall {
+        tool_call_id: String,
+        tool_name: String,
+        input: JsonValue,
+    },
 }
 
 /// One transcript entry, discriminated by `role`.
@@ -653,7 +683,12 @@ pub enum TranscriptProgress {
     /// `{type:"item_started", item}`
     ItemStarted { item: TranscriptItem },
     /// `{type:"assistant_delta", messageId, contentIndex, kind, delta}`
-    AssistantDelta { message_id: String, content_index: u64, kind: DeltaKind, delta: String },
+    AssistantDelta {
+        message_id: String,
+        content_index: u64,
+        kind: DeltaKind,
+        delta: String,
+    },
     /// `{type:"item_updated", item}` (assistant or tool item)
     ItemUpdated { item: TranscriptItem },
     /// `{type:"item_finished", item}` (terminal assistant or tool item)

@@ -79,7 +79,8 @@ fn text(s: &str) -> Value {
 
 fn read_thinking(value: &Value, path: &Path<'_>) -> Result<ThinkingLevel, SchemaError> {
     let s = read_string(value, path)?;
-    ThinkingLevel::parse(&s).ok_or_else(|| SchemaError::new(format!("{path}: unknown thinking level {s:?}")))
+    ThinkingLevel::parse(&s)
+        .ok_or_else(|| SchemaError::new(format!("{path}: unknown thinking level {s:?}")))
 }
 
 fn create_to_value(spec: &CreateSpec) -> Value {
@@ -87,7 +88,10 @@ fn create_to_value(spec: &CreateSpec) -> Value {
         .put_opt("cwd", spec.cwd.as_deref().map(text))
         .put_opt("name", spec.name.as_deref().map(text))
         .put_opt("model", spec.model.as_ref().map(Schema::to_value))
-        .put_opt("thinkingLevel", spec.thinking_level.map(|l| text(l.as_str())))
+        .put_opt(
+            "thinkingLevel",
+            spec.thinking_level.map(|l| text(l.as_str())),
+        )
         .build()
 }
 
@@ -121,7 +125,11 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
         Some("prompt") | Some("steer") => {
             let f = Fields::new(value, path, &["kind", "text"])?;
             let t = f.required("text", read_string)?;
-            if kind == Some("prompt") { Operation::Prompt { text: t } } else { Operation::Steer { text: t } }
+            if kind == Some("prompt") {
+                Operation::Prompt { text: t }
+            } else {
+                Operation::Steer { text: t }
+            }
         }
         Some("abort") => {
             Fields::new(value, path, &["kind"])?;
@@ -129,13 +137,21 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
         }
         Some("set_model") => {
             let f = Fields::new(value, path, &["kind", "model"])?;
-            Operation::SetModel { model: f.required("model", ModelRef::from_value_at)? }
+            Operation::SetModel {
+                model: f.required("model", ModelRef::from_value_at)?,
+            }
         }
         Some("set_thinking") => {
             let f = Fields::new(value, path, &["kind", "thinkingLevel"])?;
-            Operation::SetThinking { level: f.required("thinkingLevel", read_thinking)? }
+            Operation::SetThinking {
+                level: f.required("thinkingLevel", read_thinking)?,
+            }
         }
-        other => return Err(SchemaError::new(format!("{path}: unknown operation kind {other:?}"))),
+        other => {
+            return Err(SchemaError::new(format!(
+                "{path}: unknown operation kind {other:?}"
+            )));
+        }
     };
     Ok(op)
 }
@@ -143,7 +159,13 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
 impl Schema for WorkerFrame {
     fn to_value(&self) -> Value {
         match self {
-            Self::Hello { version, token, session_id, pid, resume } => MapBuilder::with_capacity(6)
+            Self::Hello {
+                version,
+                token,
+                session_id,
+                pid,
+                resume,
+            } => MapBuilder::with_capacity(6)
                 .put("type", text("hello"))
                 .put("version", Value::Int(*version as i64))
                 .put("token", text(token))
@@ -151,17 +173,23 @@ impl Schema for WorkerFrame {
                 .put("pid", Value::Int(*pid as i64))
                 .put_opt("resume", resume.as_ref().map(|s| s.to_value()))
                 .build(),
-            Self::Adopted => MapBuilder::with_capacity(1).put("type", text("adopted")).build(),
-            Self::Rejected { reason } => {
-                MapBuilder::with_capacity(2).put("type", text("rejected")).put("reason", text(reason)).build()
-            }
+            Self::Adopted => MapBuilder::with_capacity(1)
+                .put("type", text("adopted"))
+                .build(),
+            Self::Rejected { reason } => MapBuilder::with_capacity(2)
+                .put("type", text("rejected"))
+                .put("reason", text(reason))
+                .build(),
             Self::Replace { version } => MapBuilder::with_capacity(2)
                 .put("type", text("replace"))
                 .put("version", Value::Int(*version as i64))
                 .build(),
             Self::Released { sessions } => MapBuilder::with_capacity(2)
                 .put("type", text("released"))
-                .put("sessions", Value::Array(sessions.iter().map(|s| text(s)).collect()))
+                .put(
+                    "sessions",
+                    Value::Array(sessions.iter().map(|s| text(s)).collect()),
+                )
                 .build(),
             Self::Start { create } => MapBuilder::with_capacity(2)
                 .put("type", text("start"))
@@ -172,7 +200,9 @@ impl Schema for WorkerFrame {
                 .put("op", Value::Int(op.0 as i64))
                 .put("operation", operation_to_value(operation))
                 .build(),
-            Self::ToWorker(ToWorker::Dispose) => MapBuilder::with_capacity(1).put("type", text("dispose")).build(),
+            Self::ToWorker(ToWorker::Dispose) => MapBuilder::with_capacity(1)
+                .put("type", text("dispose"))
+                .build(),
             Self::FromWorker(m) => from_worker_to_value(m),
         }
     }
@@ -184,13 +214,19 @@ impl Schema for WorkerFrame {
         };
         let frame = match kind {
             "hello" => {
-                let f = Fields::new(value, path, &["type", "version", "token", "sessionId", "pid", "resume"])?;
+                let f = Fields::new(
+                    value,
+                    path,
+                    &["type", "version", "token", "sessionId", "pid", "resume"],
+                )?;
                 Self::Hello {
                     version: f.required("version", read_uint)?,
                     token: f.required("token", read_string)?,
                     session_id: f.required("sessionId", read_id)?,
                     pid: f.required("pid", read_uint)?,
-                    resume: f.optional("resume", SessionSnapshot::from_value_at)?.map(Box::new),
+                    resume: f
+                        .optional("resume", SessionSnapshot::from_value_at)?
+                        .map(Box::new),
                 }
             }
             "adopted" => {
@@ -199,21 +235,29 @@ impl Schema for WorkerFrame {
             }
             "rejected" => {
                 let f = Fields::new(value, path, &["type", "reason"])?;
-                Self::Rejected { reason: f.required("reason", read_string)? }
+                Self::Rejected {
+                    reason: f.required("reason", read_string)?,
+                }
             }
             "replace" => {
                 let f = Fields::new(value, path, &["type", "version"])?;
-                Self::Replace { version: f.required("version", read_uint)? }
+                Self::Replace {
+                    version: f.required("version", read_uint)?,
+                }
             }
             "released" => {
                 let f = Fields::new(value, path, &["type", "sessions"])?;
                 // Optional on the wire: a server that released nothing may omit it.
                 let sessions = f.optional("sessions", |v, p| read_list(v, p, read_id))?;
-                Self::Released { sessions: sessions.unwrap_or_default() }
+                Self::Released {
+                    sessions: sessions.unwrap_or_default(),
+                }
             }
             "start" => {
                 let f = Fields::new(value, path, &["type", "create"])?;
-                Self::Start { create: f.optional("create", create_from_value)? }
+                Self::Start {
+                    create: f.optional("create", create_from_value)?,
+                }
             }
             "operation" => {
                 let f = Fields::new(value, path, &["type", "op", "operation"])?;
@@ -234,49 +278,63 @@ impl Schema for WorkerFrame {
 
 fn from_worker_to_value(m: &FromWorker) -> Value {
     match m {
-        FromWorker::Ready { snapshot } => {
-            MapBuilder::with_capacity(2).put("type", text("ready")).put("snapshot", snapshot.to_value())
-        }
-        FromWorker::Failed { error } => {
-            MapBuilder::with_capacity(2).put("type", text("failed")).put("error", error.to_value())
-        }
-        FromWorker::Snapshot { snapshot } => {
-            MapBuilder::with_capacity(2).put("type", text("snapshot")).put("snapshot", snapshot.to_value())
-        }
-        FromWorker::Progress { progress } => {
-            MapBuilder::with_capacity(2).put("type", text("progress")).put("progress", progress.to_value())
-        }
+        FromWorker::Ready { snapshot } => MapBuilder::with_capacity(2)
+            .put("type", text("ready"))
+            .put("snapshot", snapshot.to_value()),
+        FromWorker::Failed { error } => MapBuilder::with_capacity(2)
+            .put("type", text("failed"))
+            .put("error", error.to_value()),
+        FromWorker::Snapshot { snapshot } => MapBuilder::with_capacity(2)
+            .put("type", text("snapshot"))
+            .put("snapshot", snapshot.to_value()),
+        FromWorker::Progress { progress } => MapBuilder::with_capacity(2)
+            .put("type", text("progress"))
+            .put("progress", progress.to_value()),
         FromWorker::OpDone { op, outcome } => {
-            let b = MapBuilder::with_capacity(3).put("type", text("op_done")).put("op", Value::Int(op.0 as i64));
+            let b = MapBuilder::with_capacity(3)
+                .put("type", text("op_done"))
+                .put("op", Value::Int(op.0 as i64));
             match outcome {
                 Ok(snapshot) => b.put("session", snapshot.to_value()),
                 Err(error) => b.put("error", error.to_value()),
             }
         }
-        FromWorker::Fatal { message } => {
-            MapBuilder::with_capacity(2).put("type", text("fatal")).put("message", text(message))
-        }
+        FromWorker::Fatal { message } => MapBuilder::with_capacity(2)
+            .put("type", text("fatal"))
+            .put("message", text(message)),
     }
     .build()
 }
 
-fn from_worker_from_value(kind: &str, value: &Value, path: &Path<'_>) -> Result<FromWorker, SchemaError> {
+fn from_worker_from_value(
+    kind: &str,
+    value: &Value,
+    path: &Path<'_>,
+) -> Result<FromWorker, SchemaError> {
     let m = match kind {
         "ready" => {
             let f = Fields::new(value, path, &["type", "snapshot"])?;
-            FromWorker::Ready { snapshot: f.required("snapshot", SessionSnapshot::from_value_at)? }
+            FromWorker::Ready {
+                snapshot: f.required("snapshot", SessionSnapshot::from_value_at)?,
+            }
         }
         "failed" => {
             let f = Fields::new(value, path, &["type", "error"])?;
-            FromWorker::Failed { error: f.required("error", ProtocolError::from_value_at)? }
+            FromWorker::Failed {
+                error: f.required("error", ProtocolError::from_value_at)?,
+            }
         }
         "snapshot" => {
             let f = Fields::new(value, path, &["type", "snapshot"])?;
-            FromWorker::Snapshot { snapshot: f.required("snapshot", SessionSnapshot::from_value_at)? }
+            FromWorker::Snapshot {
+                snapshot: f.required("snapshot", SessionSnapshot::from_value_at)?,
+            }
         }
         "progress" => {
             let f = Fields::new(value, path, &["type", "progress"])?;
-            FromWorker::Progress { progress: f.required("progress", TranscriptProgress::from_value_at)? }
+            FromWorker::Progress {
+                progress: f.required("progress", TranscriptProgress::from_value_at)?,
+            }
         }
         "op_done" => {
             let f = Fields::new(value, path, &["type", "op", "session", "error"])?;
@@ -286,15 +344,25 @@ fn from_worker_from_value(kind: &str, value: &Value, path: &Path<'_>) -> Result<
             let outcome = match (session, error) {
                 (Some(s), None) => Ok(s),
                 (None, Some(e)) => Err(e),
-                _ => return Err(SchemaError::new(format!("{path}: op_done needs exactly one of session and error"))),
+                _ => {
+                    return Err(SchemaError::new(format!(
+                        "{path}: op_done needs exactly one of session and error"
+                    )));
+                }
             };
             FromWorker::OpDone { op, outcome }
         }
         "fatal" => {
             let f = Fields::new(value, path, &["type", "message"])?;
-            FromWorker::Fatal { message: f.required("message", read_string)? }
+            FromWorker::Fatal {
+                message: f.required("message", read_string)?,
+            }
         }
-        other => return Err(SchemaError::new(format!("{path}: unknown worker frame type {other:?}"))),
+        other => {
+            return Err(SchemaError::new(format!(
+                "{path}: unknown worker frame type {other:?}"
+            )));
+        }
     };
     Ok(m)
 }
@@ -307,7 +375,10 @@ pub fn encode_worker_frame(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError> 
 }
 
 /// Decodes a worker-channel frame payload.
-pub fn decode_worker_frame(payload: &[u8], limits: &CborLimits) -> Result<WorkerFrame, SchemaError> {
+pub fn decode_worker_frame(
+    payload: &[u8],
+    limits: &CborLimits,
+) -> Result<WorkerFrame, SchemaError> {
     let value = cbor::decode(payload, limits).map_err(|e| SchemaError::new(e.to_string()))?;
     WorkerFrame::from_value(&value, "")
 }
@@ -325,7 +396,10 @@ mod tests {
             created_at: 1,
             updated_at: 2,
             phase: SessionPhase::Idle,
-            model: ModelRef { provider: "faux".into(), id: "faux-1".into() },
+            model: ModelRef {
+                provider: "faux".into(),
+                id: "faux-1".into(),
+            },
             thinking_level: ThinkingLevel::Off,
             attached: false,
             locked: true,
@@ -339,7 +413,13 @@ mod tests {
     #[test]
     fn every_frame_round_trips() {
         let frames = vec![
-            WorkerFrame::Hello { version: 1, token: "t".into(), session_id: "s".into(), pid: 42, resume: None },
+            WorkerFrame::Hello {
+                version: 1,
+                token: "t".into(),
+                session_id: "s".into(),
+                pid: 42,
+                resume: None,
+            },
             WorkerFrame::Hello {
                 version: 1,
                 token: String::new(),
@@ -348,35 +428,70 @@ mod tests {
                 resume: Some(Box::new(snapshot())),
             },
             WorkerFrame::Adopted,
-            WorkerFrame::Rejected { reason: "already live".into() },
+            WorkerFrame::Rejected {
+                reason: "already live".into(),
+            },
             WorkerFrame::Replace { version: 1 },
-            WorkerFrame::Released { sessions: vec!["s1".into(), "s2".into()] },
+            WorkerFrame::Released {
+                sessions: vec!["s1".into(), "s2".into()],
+            },
             WorkerFrame::Start { create: None },
             WorkerFrame::Start {
                 create: Some(CreateSpec {
                     cwd: Some("/w".into()),
                     name: Some("n".into()),
-                    model: Some(ModelRef { provider: "p".into(), id: "m".into() }),
+                    model: Some(ModelRef {
+                        provider: "p".into(),
+                        id: "m".into(),
+                    }),
                     thinking_level: Some(ThinkingLevel::High),
                 }),
             },
             WorkerFrame::ToWorker(ToWorker::Dispose),
-            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(7), operation: Operation::Prompt { text: "hi".into() } }),
-            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(8), operation: Operation::Steer { text: "s".into() } }),
-            WorkerFrame::ToWorker(ToWorker::Operation { op: OpId(9), operation: Operation::Abort }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(7),
+                operation: Operation::Prompt { text: "hi".into() },
+            }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(8),
+                operation: Operation::Steer { text: "s".into() },
+            }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(9),
+                operation: Operation::Abort,
+            }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(10),
-                operation: Operation::SetModel { model: ModelRef { provider: "p".into(), id: "m".into() } },
+                operation: Operation::SetModel {
+                    model: ModelRef {
+                        provider: "p".into(),
+                        id: "m".into(),
+                    },
+                },
             }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(11),
-                operation: Operation::SetThinking { level: ThinkingLevel::Low },
+                operation: Operation::SetThinking {
+                    level: ThinkingLevel::Low,
+                },
             }),
-            WorkerFrame::FromWorker(FromWorker::Ready { snapshot: snapshot() }),
-            WorkerFrame::FromWorker(FromWorker::Snapshot { snapshot: snapshot() }),
-            WorkerFrame::FromWorker(FromWorker::Failed { error: ProtocolError::new(ErrorCode::SessionLocked, "x") }),
-            WorkerFrame::FromWorker(FromWorker::OpDone { op: OpId(1), outcome: Ok(snapshot()) }),
-            WorkerFrame::FromWorker(FromWorker::OpDone { op: OpId(2), outcome: Err(ProtocolError::new(ErrorCode::Busy, "b")) }),
+            WorkerFrame::FromWorker(FromWorker::Ready {
+                snapshot: snapshot(),
+            }),
+            WorkerFrame::FromWorker(FromWorker::Snapshot {
+                snapshot: snapshot(),
+            }),
+            WorkerFrame::FromWorker(FromWorker::Failed {
+                error: ProtocolError::new(ErrorCode::SessionLocked, "x"),
+            }),
+            WorkerFrame::FromWorker(FromWorker::OpDone {
+                op: OpId(1),
+                outcome: Ok(snapshot()),
+            }),
+            WorkerFrame::FromWorker(FromWorker::OpDone {
+                op: OpId(2),
+                outcome: Err(ProtocolError::new(ErrorCode::Busy, "b")),
+            }),
             WorkerFrame::FromWorker(FromWorker::Progress {
                 progress: TranscriptProgress::AssistantDelta {
                     message_id: "m".into(),
@@ -385,11 +500,16 @@ mod tests {
                     delta: "d".into(),
                 },
             }),
-            WorkerFrame::FromWorker(FromWorker::Fatal { message: "disk full".into() }),
+            WorkerFrame::FromWorker(FromWorker::Fatal {
+                message: "disk full".into(),
+            }),
         ];
         for frame in frames {
             let bytes = encode_worker_frame(&frame).expect("encodes");
-            assert_eq!(decode_worker_frame(&bytes, &CborLimits::default()).expect("decodes"), frame);
+            assert_eq!(
+                decode_worker_frame(&bytes, &CborLimits::default()).expect("decodes"),
+                frame
+            );
         }
     }
 
@@ -402,6 +522,11 @@ mod tests {
             "session" => snapshot().to_value(),
             "error" => ProtocolError::new(ErrorCode::Busy, "b").to_value(),
         };
-        assert!(WorkerFrame::from_value(&both, "").unwrap_err().to_string().contains("exactly one"));
+        assert!(
+            WorkerFrame::from_value(&both, "")
+                .unwrap_err()
+                .to_string()
+                .contains("exactly one")
+        );
     }
 }

@@ -16,7 +16,10 @@ fn stored(model: &str) -> StoredSession {
         cwd: "/w".into(),
         created_at: 0,
         updated_at: 0,
-        model: ModelRef { provider: "faux".into(), id: model.into() },
+        model: ModelRef {
+            provider: "faux".into(),
+            id: model.into(),
+        },
         thinking_level: ThinkingLevel::Off,
         revision: 0,
         transcript: Vec::new(),
@@ -28,7 +31,10 @@ fn stored(model: &str) -> StoredSession {
 impl T {
     fn new(model: &str) -> Self {
         let (rt, out) = Runtime::create(stored(model), faux::models(), Instant(0));
-        let rt = rt.with_policy(Policy { backoff_base: Duration::from_millis(100), ..Policy::default() });
+        let rt = rt.with_policy(Policy {
+            backoff_base: Duration::from_millis(100),
+            ..Policy::default()
+        });
         Self { rt, now: 0, out }
     }
 
@@ -39,7 +45,10 @@ impl T {
     }
 
     fn op(&mut self, op: u64, operation: Operation) -> &[RuntimeOutput] {
-        self.step(RuntimeInput::Operation { op: OpId(op), operation })
+        self.step(RuntimeInput::Operation {
+            op: OpId(op),
+            operation,
+        })
     }
 
     fn model(&mut self, call: u64, event: ModelEvent) -> &[RuntimeOutput] {
@@ -62,7 +71,9 @@ impl T {
 
     fn done(&self, op: u64) -> Option<Result<SessionSnapshot, ProtocolError>> {
         self.out.iter().find_map(|o| match o {
-            RuntimeOutput::Send(FromWorker::OpDone { op: o, outcome }) if o.0 == op => Some(outcome.clone()),
+            RuntimeOutput::Send(FromWorker::OpDone { op: o, outcome }) if o.0 == op => {
+                Some(outcome.clone())
+            }
             _ => None,
         })
     }
@@ -84,33 +95,59 @@ impl T {
 /// Every `item_finished` in a batch follows the persist of that very item.
 fn check_commit_before_announce(out: &[RuntimeOutput]) {
     for (i, o) in out.iter().enumerate() {
-        if let RuntimeOutput::Send(FromWorker::Progress { progress: TranscriptProgress::ItemFinished { item } }) = o {
-            let persisted = out[..i].iter().any(|p| matches!(p, RuntimeOutput::Persist(Persist::Item(x)) if x == item));
-            assert!(persisted, "item {} announced before it was committed", item.id());
+        if let RuntimeOutput::Send(FromWorker::Progress {
+            progress: TranscriptProgress::ItemFinished { item },
+        }) = o
+        {
+            let persisted = out[..i]
+                .iter()
+                .any(|p| matches!(p, RuntimeOutput::Persist(Persist::Item(x)) if x == item));
+            assert!(
+                persisted,
+                "item {} announced before it was committed",
+                item.id()
+            );
         }
     }
 }
 
 fn text(t: &str) -> ModelEvent {
-    ModelEvent::Delta { kind: DeltaKind::Text, text: t.into() }
+    ModelEvent::Delta {
+        kind: DeltaKind::Text,
+        text: t.into(),
+    }
 }
 
 fn done(stop: StopReason) -> ModelEvent {
-    ModelEvent::Done { stop, usage: None, response_model: Some("faux-1-2026".into()) }
+    ModelEvent::Done {
+        stop,
+        usage: None,
+        response_model: Some("faux-1-2026".into()),
+    }
 }
 
 fn tool_call(id: &str, command: &str) -> Vec<ModelEvent> {
     vec![
-        ModelEvent::ToolCall { tool_call_id: id.into(), tool_name: "bash".into() },
-        ModelEvent::Delta { kind: DeltaKind::ToolCall, text: "{\"command\":".into() },
-        ModelEvent::ToolInput { input: Value::Map(vec![("command".into(), Value::text(command))]) },
+        ModelEvent::ToolCall {
+            tool_call_id: id.into(),
+            tool_name: "bash".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::ToolCall,
+            text: "{\"command\":".into(),
+        },
+        ModelEvent::ToolInput {
+            input: Value::Map(vec![("command".into(), Value::text(command))]),
+        },
     ]
 }
 
 fn tool_done(t: &mut T, id: &str, output: &str) {
     t.step(RuntimeInput::ToolDone {
         id: id.into(),
-        content: vec![Content::Text { text: output.into() }],
+        content: vec![Content::Text {
+            text: output.into(),
+        }],
         details: None,
         is_error: false,
     });
@@ -119,11 +156,18 @@ fn tool_done(t: &mut T, id: &str, output: &str) {
 #[test]
 fn a_plain_turn_streams_commits_and_completes_the_prompt() {
     let mut t = T::new("faux-1");
-    assert!(matches!(t.out.last(), Some(RuntimeOutput::Send(FromWorker::Ready { .. }))));
+    assert!(matches!(
+        t.out.last(),
+        Some(RuntimeOutput::Send(FromWorker::Ready { .. }))
+    ));
     t.op(1, Operation::Prompt { text: "hi".into() });
     let (call, request) = t.started_call().expect("a model call");
     assert_eq!(request.purpose, Purpose::Reply);
-    assert_eq!(request.context.len(), 1, "the user message, not the streaming reply");
+    assert_eq!(
+        request.context.len(),
+        1,
+        "the user message, not the streaming reply"
+    );
     assert_eq!(t.rt.phase(), SessionPhase::Turn);
     t.model(call, text("hel"));
     t.model(call, text("lo"));
@@ -131,36 +175,72 @@ fn a_plain_turn_streams_commits_and_completes_the_prompt() {
     let snap = t.done(1).expect("prompt answered").expect("ok");
     assert_eq!(snap.phase, SessionPhase::Idle);
     assert_eq!(t.kinds(), ["user", "assistant:Complete(Stop)"]);
-    let TranscriptItem::Assistant(a) = &snap.transcript[1] else { panic!() };
-    assert_eq!(a.content, vec![Content::Text { text: "hello".into() }]);
+    let TranscriptItem::Assistant(a) = &snap.transcript[1] else {
+        panic!()
+    };
+    assert_eq!(
+        a.content,
+        vec![Content::Text {
+            text: "hello".into()
+        }]
+    );
     assert_eq!(a.response_model.as_deref(), Some("faux-1-2026"));
 }
 
 #[test]
 fn tool_calls_run_one_at_a_time_then_the_model_continues() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "list files".into() });
+    t.op(
+        1,
+        Operation::Prompt {
+            text: "list files".into(),
+        },
+    );
     let (call, _) = t.started_call().unwrap();
-    for e in tool_call("c1", "ls").into_iter().chain(tool_call("c2", "pwd")) {
+    for e in tool_call("c1", "ls")
+        .into_iter()
+        .chain(tool_call("c2", "pwd"))
+    {
         t.model(call, e);
     }
     t.model(call, done(StopReason::ToolUse));
     let (first, name) = t.run_tool().expect("first tool runs");
     assert_eq!(name, "bash");
-    assert_eq!(t.kinds(), ["user", "assistant:Complete(ToolUse)", "tool:Running", "tool:Running"]);
+    assert_eq!(
+        t.kinds(),
+        [
+            "user",
+            "assistant:Complete(ToolUse)",
+            "tool:Running",
+            "tool:Running"
+        ]
+    );
     tool_done(&mut t, &first, "a b c");
     let (second, _) = t.run_tool().expect("second tool runs");
     assert_ne!(first, second);
-    assert!(t.started_call().is_none(), "no model call while a tool runs");
+    assert!(
+        t.started_call().is_none(),
+        "no model call while a tool runs"
+    );
     tool_done(&mut t, &second, "/w");
     let (call2, request) = t.started_call().expect("the model continues");
-    assert_eq!(request.context.len(), 4, "user, reply with calls, two results");
+    assert_eq!(
+        request.context.len(),
+        4,
+        "user, reply with calls, two results"
+    );
     t.model(call2, text("done"));
     t.model(call2, done(StopReason::Stop));
     assert!(t.done(1).unwrap().is_ok());
     assert_eq!(
         t.kinds(),
-        ["user", "assistant:Complete(ToolUse)", "tool:Complete", "tool:Complete", "assistant:Complete(Stop)"]
+        [
+            "user",
+            "assistant:Complete(ToolUse)",
+            "tool:Complete",
+            "tool:Complete",
+            "assistant:Complete(Stop)"
+        ]
     );
 }
 
@@ -169,22 +249,39 @@ fn steer_is_delivered_after_the_current_tool_and_skips_the_rest() {
     let mut t = T::new("faux-1");
     t.op(1, Operation::Prompt { text: "go".into() });
     let (call, _) = t.started_call().unwrap();
-    for e in tool_call("c1", "make").into_iter().chain(tool_call("c2", "make test")) {
+    for e in tool_call("c1", "make")
+        .into_iter()
+        .chain(tool_call("c2", "make test"))
+    {
         t.model(call, e);
     }
     t.model(call, done(StopReason::ToolUse));
     let (first, _) = t.run_tool().unwrap();
-    let snap = t.op(2, Operation::Steer { text: "stop, use cargo".into() });
+    let snap = t.op(
+        2,
+        Operation::Steer {
+            text: "stop, use cargo".into(),
+        },
+    );
     assert!(!snap.is_empty());
     assert_eq!(t.rt.snapshot().queued_steer_count, 1);
     tool_done(&mut t, &first, "ok");
     assert!(t.run_tool().is_none(), "the second call is skipped");
     let (_, request) = t.started_call().expect("the model hears the steer next");
-    assert!(matches!(request.context.last(), Some(TranscriptItem::User(u)) if u.content == vec![Content::Text { text: "stop, use cargo".into() }]));
+    assert!(
+        matches!(request.context.last(), Some(TranscriptItem::User(u)) if u.content == vec![Content::Text { text: "stop, use cargo".into() }])
+    );
     assert_eq!(t.rt.snapshot().queued_steer_count, 0);
     assert_eq!(
         t.kinds(),
-        ["user", "assistant:Complete(ToolUse)", "tool:Complete", "tool:Error", "user", "assistant:Streaming"]
+        [
+            "user",
+            "assistant:Complete(ToolUse)",
+            "tool:Complete",
+            "tool:Error",
+            "user",
+            "assistant:Streaming"
+        ]
     );
 }
 
@@ -199,12 +296,22 @@ fn abort_during_a_tool_cancels_it_and_completes_both_requests() {
     t.model(call, done(StopReason::ToolUse));
     let (id, _) = t.run_tool().unwrap();
     t.op(2, Operation::Abort);
-    assert!(t.out.contains(&RuntimeOutput::CancelTool { id: id.clone() }));
+    assert!(
+        t.out
+            .contains(&RuntimeOutput::CancelTool { id: id.clone() })
+    );
     assert!(t.done(2).unwrap().is_ok() && t.done(1).unwrap().is_ok());
     assert_eq!(t.rt.phase(), SessionPhase::Idle);
-    assert_eq!(t.kinds(), ["user", "assistant:Complete(ToolUse)", "tool:Error"]);
+    assert_eq!(
+        t.kinds(),
+        ["user", "assistant:Complete(ToolUse)", "tool:Error"]
+    );
     tool_done(&mut t, &id, "late");
-    assert_eq!(t.kinds(), ["user", "assistant:Complete(ToolUse)", "tool:Error"], "a late result is ignored");
+    assert_eq!(
+        t.kinds(),
+        ["user", "assistant:Complete(ToolUse)", "tool:Error"],
+        "a late result is ignored"
+    );
 }
 
 #[test]
@@ -212,7 +319,11 @@ fn transient_errors_retry_with_backoff_then_give_up() {
     let mut t = T::new("faux-1");
     t.op(1, Operation::Prompt { text: "go".into() });
     let (call, _) = t.started_call().unwrap();
-    let fail = |retry_after_ms| ModelEvent::Failed { message: "HTTP 503".into(), retryable: true, retry_after_ms };
+    let fail = |retry_after_ms| ModelEvent::Failed {
+        message: "HTTP 503".into(),
+        retryable: true,
+        retry_after_ms,
+    };
     t.model(call, fail(None));
     assert_eq!(t.rt.phase(), SessionPhase::Retry);
     assert_eq!(t.rt.next_deadline(), Some(Instant(100)));
@@ -224,7 +335,11 @@ fn transient_errors_retry_with_backoff_then_give_up() {
     let (call, _) = t.started_call().expect("retried");
     assert_eq!(t.rt.phase(), SessionPhase::Turn);
     t.model(call, fail(Some(250)));
-    assert_eq!(t.rt.next_deadline(), Some(Instant(350)), "retry-after is honoured");
+    assert_eq!(
+        t.rt.next_deadline(),
+        Some(Instant(350)),
+        "retry-after is honoured"
+    );
     t.now = 350;
     t.step(RuntimeInput::Tick);
     let (call, _) = t.started_call().unwrap();
@@ -233,9 +348,16 @@ fn transient_errors_retry_with_backoff_then_give_up() {
     t.step(RuntimeInput::Tick);
     let (call, _) = t.started_call().unwrap();
     t.model(call, fail(None));
-    assert_eq!(t.rt.phase(), SessionPhase::Idle, "four attempts, then the turn ends");
+    assert_eq!(
+        t.rt.phase(),
+        SessionPhase::Idle,
+        "four attempts, then the turn ends"
+    );
     assert!(t.done(1).unwrap().is_ok());
-    assert_eq!(t.kinds().iter().filter(|k| *k == "assistant:Error").count(), 4);
+    assert_eq!(
+        t.kinds().iter().filter(|k| *k == "assistant:Error").count(),
+        4
+    );
 }
 
 #[test]
@@ -243,9 +365,18 @@ fn a_permanent_error_ends_the_turn_with_an_error_item() {
     let mut t = T::new("faux-1");
     t.op(1, Operation::Prompt { text: "go".into() });
     let (call, _) = t.started_call().unwrap();
-    t.model(call, ModelEvent::Failed { message: "HTTP 401: invalid key".into(), retryable: false, retry_after_ms: None });
+    t.model(
+        call,
+        ModelEvent::Failed {
+            message: "HTTP 401: invalid key".into(),
+            retryable: false,
+            retry_after_ms: None,
+        },
+    );
     assert!(t.done(1).unwrap().is_ok());
-    let TranscriptItem::Assistant(a) = t.rt.state().transcript.last().unwrap() else { panic!() };
+    let TranscriptItem::Assistant(a) = t.rt.state().transcript.last().unwrap() else {
+        panic!()
+    };
     assert_eq!(a.status, AssistantStatus::Error);
     assert_eq!(a.error_message.as_deref(), Some("HTTP 401: invalid key"));
 }
@@ -277,10 +408,22 @@ fn compaction_summarises_older_items_when_the_window_fills() {
     assert!(compacted, "the tiny window forced a compaction");
     let summary = t.rt.state().summary.clone().expect("a summary is kept");
     assert_eq!(summary.text, "the user kept saying word");
-    assert_eq!(t.rt.state().transcript.len(), 12, "compaction never drops transcript items");
-    t.op(op, Operation::Prompt { text: "short".into() });
+    assert_eq!(
+        t.rt.state().transcript.len(),
+        12,
+        "compaction never drops transcript items"
+    );
+    t.op(
+        op,
+        Operation::Prompt {
+            text: "short".into(),
+        },
+    );
     let (_, request) = t.started_call().unwrap();
-    assert_eq!(request.summary.as_deref(), Some("the user kept saying word"));
+    assert_eq!(
+        request.summary.as_deref(),
+        Some("the user kept saying word")
+    );
     assert!(request.context.len() < t.rt.state().transcript.len());
 }
 
@@ -289,7 +432,11 @@ fn open_marks_interrupted_work_and_never_reruns_it() {
     let mut s = stored("faux-1");
     s.revision = 41;
     s.transcript = vec![
-        TranscriptItem::User(UserItem { id: "item-1".into(), content: vec![], timestamp: 0 }),
+        TranscriptItem::User(UserItem {
+            id: "item-1".into(),
+            content: vec![],
+            timestamp: 0,
+        }),
         TranscriptItem::Assistant(AssistantItem {
             id: "item-2".into(),
             content: vec![],
@@ -312,33 +459,66 @@ fn open_marks_interrupted_work_and_never_reruns_it() {
             status: ToolStatus::Running,
         }),
     ];
-    s.queued_steer = vec![UserItem { id: "item-4".into(), content: vec![], timestamp: 0 }];
+    s.queued_steer = vec![UserItem {
+        id: "item-4".into(),
+        content: vec![],
+        timestamp: 0,
+    }];
     let (rt, out) = Runtime::open(s, faux::models(), Instant(5));
-    assert!(!out.iter().any(|o| matches!(o, RuntimeOutput::RunTool { .. } | RuntimeOutput::StartModel { .. })));
+    assert!(!out.iter().any(|o| matches!(
+        o,
+        RuntimeOutput::RunTool { .. } | RuntimeOutput::StartModel { .. }
+    )));
     let snap = rt.snapshot();
     assert_eq!(snap.revision, 42, "revisions continue from storage");
-    assert!(matches!(&snap.transcript[2], TranscriptItem::Tool(t) if t.status == ToolStatus::Error));
-    assert!(matches!(&snap.transcript[3], TranscriptItem::User(u) if u.id == "item-4"), "undelivered steer kept");
+    assert!(
+        matches!(&snap.transcript[2], TranscriptItem::Tool(t) if t.status == ToolStatus::Error)
+    );
+    assert!(
+        matches!(&snap.transcript[3], TranscriptItem::User(u) if u.id == "item-4"),
+        "undelivered steer kept"
+    );
     assert_eq!(snap.queued_steer_count, 0);
     let (rt2, _) = Runtime::open(rt.state().clone(), faux::models(), Instant(6));
-    assert_eq!(rt2.snapshot().transcript, snap.transcript, "recovery is idempotent");
+    assert_eq!(
+        rt2.snapshot().transcript,
+        snap.transcript,
+        "recovery is idempotent"
+    );
 }
 
 #[test]
 fn set_model_records_the_default_for_new_sessions() {
     let mut t = T::new("faux-1");
-    let out = t.op(1, Operation::SetModel { model: ModelRef { provider: "faux".into(), id: "faux-reasoner".into() } }).to_vec();
-    assert!(out.contains(&RuntimeOutput::Persist(Persist::DefaultModel(ModelRef {
-        provider: "faux".into(),
-        id: "faux-reasoner".into()
-    }))));
+    let out = t
+        .op(
+            1,
+            Operation::SetModel {
+                model: ModelRef {
+                    provider: "faux".into(),
+                    id: "faux-reasoner".into(),
+                },
+            },
+        )
+        .to_vec();
+    assert!(
+        out.contains(&RuntimeOutput::Persist(Persist::DefaultModel(ModelRef {
+            provider: "faux".into(),
+            id: "faux-reasoner".into()
+        })))
+    );
 }
 
 #[test]
 fn faux_tool_round_trip() {
     // The faux provider asks for bash on a `!` prompt and reports the result.
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "!echo hi".into() });
+    t.op(
+        1,
+        Operation::Prompt {
+            text: "!echo hi".into(),
+        },
+    );
     let mut guard = 0;
     while t.done(1).is_none() {
         guard += 1;
@@ -357,7 +537,17 @@ fn faux_tool_round_trip() {
             panic!("stuck: {:?}", t.out);
         }
     }
-    assert_eq!(t.kinds(), ["user", "assistant:Complete(ToolUse)", "tool:Complete", "assistant:Complete(Stop)"]);
-    let TranscriptItem::Assistant(a) = t.rt.state().transcript.last().unwrap() else { panic!() };
+    assert_eq!(
+        t.kinds(),
+        [
+            "user",
+            "assistant:Complete(ToolUse)",
+            "tool:Complete",
+            "assistant:Complete(Stop)"
+        ]
+    );
+    let TranscriptItem::Assistant(a) = t.rt.state().transcript.last().unwrap() else {
+        panic!()
+    };
     assert!(matches!(&a.content[0], Content::Text { text } if text.contains("finished: hi")));
 }

@@ -125,7 +125,12 @@ pub enum Input {
     Shutdown,
     /// A worker of another (replaced or crashed) server announces itself with
     /// its session's snapshot, asking to be adopted.
-    WorkerAnnounced { channel: ChannelId, session_id: String, pid: u64, snapshot: Box<SessionSnapshot> },
+    WorkerAnnounced {
+        channel: ChannelId,
+        session_id: String,
+        pid: u64,
+        snapshot: Box<SessionSnapshot>,
+    },
     /// A new server with this server's id asks to take over: hand every
     /// worker over without stopping it, close every connection, then finish.
     HandoffRequested,
@@ -133,7 +138,10 @@ pub enum Input {
     /// these sessions: they will announce themselves. Until they do (or
     /// `wait` passes), attaches to them wait instead of spawning a second
     /// worker that would find the session locked.
-    AdoptionsExpected { sessions: Vec<String>, wait: std::time::Duration },
+    AdoptionsExpected {
+        sessions: Vec<String>,
+        wait: std::time::Duration,
+    },
 }
 
 /// Everything the driver must do for a server.
@@ -162,7 +170,10 @@ pub enum Output {
     /// hand-off, was released): the server may exit.
     ShutdownComplete,
     /// Bind the announcing worker's channel to `worker`: it is adopted.
-    AdoptWorker { channel: ChannelId, worker: WorkerId },
+    AdoptWorker {
+        channel: ChannelId,
+        worker: WorkerId,
+    },
     /// Refuse the announcing worker; close its channel.
     RejectWorker { channel: ChannelId, reason: String },
     /// Hand-off: let go of this worker without stopping it (close its
@@ -251,11 +262,16 @@ impl Server {
                 self.on_session_removed(session_id, result)
             }
             Input::Shutdown => self.on_shutdown(),
-            Input::WorkerAnnounced { channel, session_id, pid, snapshot } => {
-                self.on_worker_announced(channel, session_id, pid, *snapshot)
-            }
+            Input::WorkerAnnounced {
+                channel,
+                session_id,
+                pid,
+                snapshot,
+            } => self.on_worker_announced(channel, session_id, pid, *snapshot),
             Input::HandoffRequested => self.on_handoff(),
-            Input::AdoptionsExpected { sessions, wait } => self.on_adoptions_expected(sessions, wait),
+            Input::AdoptionsExpected { sessions, wait } => {
+                self.on_adoptions_expected(sessions, wait)
+            }
         }
         self.track_idle();
         self.maybe_report_shutdown();
@@ -268,8 +284,12 @@ impl Server {
         let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
         let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
         let holds = self.sessions.values().filter_map(|s| s.hold_until);
-        conns.chain(workers).chain(holds)
-            .chain(self.expected.values().copied()).chain(self.idle_deadline()).min()
+        conns
+            .chain(workers)
+            .chain(holds)
+            .chain(self.expected.values().copied())
+            .chain(self.idle_deadline())
+            .min()
     }
 
     /// When an idle server started on demand retires.
@@ -785,7 +805,11 @@ impl Server {
         }
         // Refused and failed connections stay (Closing) until the driver
         // reports them gone, so only the open ones are bounded.
-        let open = self.conns.values().filter(|c| c.stage != Stage::Closing).count();
+        let open = self
+            .conns
+            .values()
+            .filter(|c| c.stage != Stage::Closing)
+            .count();
         assert!(open <= limits.max_connections, "connection bound");
         assert!(
             self.sessions.len() <= limits.max_live_sessions,
@@ -821,8 +845,14 @@ impl Server {
             );
         }
         for session in self.adoption_waiters.keys() {
-            assert!(self.expected.contains_key(session), "{session}: waiting for an adoption nobody expects");
-            assert!(!self.sessions.contains_key(session), "{session}: live and still waiting for adoption");
+            assert!(
+                self.expected.contains_key(session),
+                "{session}: waiting for an adoption nobody expects"
+            );
+            assert!(
+                !self.sessions.contains_key(session),
+                "{session}: live and still waiting for adoption"
+            );
         }
     }
 }

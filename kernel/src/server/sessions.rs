@@ -2,14 +2,16 @@
 //! flight and worker, and every request that touches them.
 
 use super::{Acquire, CloseReason, Output, Server, metadata_of};
+use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::{
     Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, ServerEvent,
     ServerMessage, SessionPhase, SessionSnapshot,
 };
-use crate::ids::ChannelId;
 use crate::time::Instant;
-use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout};
+use crate::worker::{
+    CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Where a live session is in its life.
@@ -83,7 +85,9 @@ impl Live {
     }
 
     fn runtime_phase(&self) -> SessionPhase {
-        self.snapshot.as_ref().map_or(SessionPhase::Idle, |s| s.phase)
+        self.snapshot
+            .as_ref()
+            .map_or(SessionPhase::Idle, |s| s.phase)
     }
 
     fn is_busy(&self) -> bool {
@@ -93,26 +97,56 @@ impl Live {
     pub(crate) fn check_invariants(&self) {
         match self.phase {
             Phase::Opening => {
-                assert!(self.attached.is_empty() && self.ops.is_empty(), "{}: opening with users", self.id);
                 assert!(
-                    matches!(self.worker.state(), WorkerState::Spawning | WorkerState::Starting),
+                    self.attached.is_empty() && self.ops.is_empty(),
+                    "{}: opening with users",
+                    self.id
+                );
+                assert!(
+                    matches!(
+                        self.worker.state(),
+                        WorkerState::Spawning | WorkerState::Starting
+                    ),
                     "{}: opening with worker {:?}",
                     self.id,
                     self.worker.state()
                 );
             }
             Phase::Ready => {
-                assert!(self.snapshot.is_some(), "{}: ready without snapshot", self.id);
-                assert!(self.worker.is_ready(), "{}: ready with worker {:?}", self.id, self.worker.state());
+                assert!(
+                    self.snapshot.is_some(),
+                    "{}: ready without snapshot",
+                    self.id
+                );
+                assert!(
+                    self.worker.is_ready(),
+                    "{}: ready with worker {:?}",
+                    self.id,
+                    self.worker.state()
+                );
                 assert!(self.waiters.is_empty(), "{}: waiters while ready", self.id);
-                assert_eq!(self.worker.state() == WorkerState::Busy, self.is_busy(), "{}: busy", self.id);
+                assert_eq!(
+                    self.worker.state() == WorkerState::Busy,
+                    self.is_busy(),
+                    "{}: busy",
+                    self.id
+                );
             }
             Phase::Disposing | Phase::Terminal => {
-                assert!(self.attached.is_empty(), "{}: attached while {:?}", self.id, self.phase);
+                assert!(
+                    self.attached.is_empty(),
+                    "{}: attached while {:?}",
+                    self.id,
+                    self.phase
+                );
             }
         }
         if self.phase != Phase::Disposing {
-            assert!(self.removing.is_empty(), "{}: removal outside disposing", self.id);
+            assert!(
+                self.removing.is_empty(),
+                "{}: removal outside disposing",
+                self.id
+            );
         }
         if let Some(snap) = &self.snapshot {
             assert_eq!(snap.id, self.id, "cached snapshot of another session");
@@ -148,7 +182,10 @@ fn not_live(session: &str) -> String {
 
 impl Server {
     pub(super) fn on_request(&mut self, conn: ConnId, request: Request) {
-        let Request { id: request_id, command } = request;
+        let Request {
+            id: request_id,
+            command,
+        } = request;
         let limit = self.config.limits.max_requests_in_flight_per_connection;
         if self.conns[&conn].in_flight >= limit {
             let message = format!("More than {limit} requests in flight on this connection");
@@ -169,15 +206,22 @@ impl Server {
             Command::Steer { session_id, text } => {
                 self.on_operation(conn, request_id, session_id, Operation::Steer { text })
             }
-            Command::Abort { session_id } => self.on_operation(conn, request_id, session_id, Operation::Abort),
+            Command::Abort { session_id } => {
+                self.on_operation(conn, request_id, session_id, Operation::Abort)
+            }
             Command::SetModel { session_id, model } => {
                 self.on_operation(conn, request_id, session_id, Operation::SetModel { model })
             }
-            Command::SetThinking { session_id, thinking_level } => self.on_operation(
+            Command::SetThinking {
+                session_id,
+                thinking_level,
+            } => self.on_operation(
                 conn,
                 request_id,
                 session_id,
-                Operation::SetThinking { level: thinking_level },
+                Operation::SetThinking {
+                    level: thinking_level,
+                },
             ),
         }
     }
@@ -203,7 +247,11 @@ impl Server {
             thinking_level: params.thinking_level,
         };
         self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-        let waiter = Waiter { conn, request_id, kind: Acquire::Create };
+        let waiter = Waiter {
+            conn,
+            request_id,
+            kind: Acquire::Create,
+        };
         self.open(session_id, Some(spec), vec![waiter]);
     }
 
@@ -211,19 +259,35 @@ impl Server {
         if self.conns[&conn].attached.contains(&session_id) {
             let live = &self.sessions[&session_id];
             let snapshot = normalised(live.snapshot.as_ref().expect("ready"), true);
-            return self.respond(conn, request_id, Ok(CommandResult::Attach { session: snapshot }));
+            return self.respond(
+                conn,
+                request_id,
+                Ok(CommandResult::Attach { session: snapshot }),
+            );
         }
         let max = self.config.limits.max_attachments_per_connection;
         if self.conns[&conn].attached.len() >= max {
             let message = format!("A connection may attach to at most {max} sessions");
             return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
         }
-        let waiter = Waiter { conn, request_id, kind: Acquire::Attach };
-        match self.sessions.get(&session_id).map(|s| (s.phase, s.removing.is_empty())) {
+        let waiter = Waiter {
+            conn,
+            request_id,
+            kind: Acquire::Attach,
+        };
+        match self
+            .sessions
+            .get(&session_id)
+            .map(|s| (s.phase, s.removing.is_empty()))
+        {
             Some((Phase::Ready, _)) => self.admit(&session_id, waiter),
             Some((Phase::Opening, _)) | Some((Phase::Disposing, true)) => {
                 self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-                self.sessions.get_mut(&session_id).expect("listed").waiters.push(waiter);
+                self.sessions
+                    .get_mut(&session_id)
+                    .expect("listed")
+                    .waiters
+                    .push(waiter);
             }
             Some((Phase::Disposing, false)) => {
                 let message = format!("Session is being removed: {session_id}");
@@ -236,13 +300,24 @@ impl Server {
             None if self.expected.contains_key(&session_id) => {
                 // Its worker was released by the server we replaced and will announce itself.
                 self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-                self.adoption_waiters.entry(session_id).or_default().push(waiter);
+                self.adoption_waiters
+                    .entry(session_id)
+                    .or_default()
+                    .push(waiter);
             }
             None => {
-                let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
+                let stored = self
+                    .catalog
+                    .as_ref()
+                    .is_some_and(|c| c.contains_key(&session_id));
                 if !stored || self.removals.contains_key(&session_id) {
                     let message = format!("Session not found: {session_id}");
-                    return self.respond_error(conn, waiter.request_id, ErrorCode::NotFound, message);
+                    return self.respond_error(
+                        conn,
+                        waiter.request_id,
+                        ErrorCode::NotFound,
+                        message,
+                    );
                 }
                 if let Some(error) = self.live_capacity_error() {
                     return self.respond(conn, waiter.request_id, Err(error));
@@ -256,25 +331,43 @@ impl Server {
     fn live_capacity_error(&self) -> Option<ProtocolError> {
         let max = self.config.limits.max_live_sessions;
         (self.sessions.len() >= max).then(|| {
-            ProtocolError::new(ErrorCode::Busy, format!("The server is at its limit of {max} live sessions"))
+            ProtocolError::new(
+                ErrorCode::Busy,
+                format!("The server is at its limit of {max} live sessions"),
+            )
         })
     }
 
     /// Spawns a worker for the session; the waiters are admitted when it is ready.
     fn open(&mut self, session_id: String, create: Option<CreateSpec>, waiters: Vec<Waiter>) {
-        assert!(!self.sessions.contains_key(&session_id), "{session_id}: already live");
+        assert!(
+            !self.sessions.contains_key(&session_id),
+            "{session_id}: already live"
+        );
         let worker_id = self.fresh_worker_id();
         let deadline = self.now + self.config.limits.worker_start_timeout;
-        let mut live = Live::new(session_id.clone(), Worker::spawning(worker_id, deadline), create.is_some());
+        let mut live = Live::new(
+            session_id.clone(),
+            Worker::spawning(worker_id, deadline),
+            create.is_some(),
+        );
         live.waiters = waiters;
         self.sessions.insert(session_id.clone(), live);
         self.workers.insert(worker_id, session_id.clone());
-        self.out.push(Output::SpawnWorker { worker: worker_id, session_id, create });
+        self.out.push(Output::SpawnWorker {
+            worker: worker_id,
+            session_id,
+            create,
+        });
     }
 
     /// Attaches a waiter's connection to a ready session and answers it.
     fn admit(&mut self, session_id: &str, waiter: Waiter) {
-        let Waiter { conn, request_id, kind } = waiter;
+        let Waiter {
+            conn,
+            request_id,
+            kind,
+        } = waiter;
         let ready = self.conns.get(&conn).is_some_and(|c| c.is_ready());
         if !ready {
             return; // closed while the session opened; maybe_dispose runs after admission
@@ -289,19 +382,32 @@ impl Server {
         let live = self.sessions.get_mut(session_id).expect("ready");
         live.attached.insert(conn);
         let snapshot = live.snapshot.clone().expect("ready");
-        self.conns.get_mut(&conn).expect("ready").take_revision(session_id, snapshot.revision);
+        self.conns
+            .get_mut(&conn)
+            .expect("ready")
+            .take_revision(session_id, snapshot.revision);
         let name = match kind {
             Acquire::Create => "create",
             Acquire::Attach => "attach",
         };
-        self.respond(conn, request_id, Ok(result_for(name, normalised(&snapshot, true))));
+        self.respond(
+            conn,
+            request_id,
+            Ok(result_for(name, normalised(&snapshot, true))),
+        );
     }
 
     // ---- detach and remove -------------------------------------------------
 
     fn on_detach(&mut self, conn: ConnId, request_id: String, session_id: String) {
         let changed = self.detach(conn, &session_id);
-        self.respond(conn, request_id, Ok(CommandResult::Detach { session_id: session_id.clone() }));
+        self.respond(
+            conn,
+            request_id,
+            Ok(CommandResult::Detach {
+                session_id: session_id.clone(),
+            }),
+        );
         if changed {
             self.broadcast_session(&session_id);
             self.maybe_dispose(&session_id);
@@ -311,7 +417,9 @@ impl Server {
 
     /// Removes one attachment. Returns whether there was one.
     fn detach(&mut self, conn: ConnId, session_id: &str) -> bool {
-        let Some(c) = self.conns.get_mut(&conn) else { return false };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
         if !c.attached.remove(session_id) {
             return false;
         }
@@ -323,8 +431,11 @@ impl Server {
 
     /// Disconnect cleanup: drop every attachment of the connection.
     pub(super) fn detach_everywhere(&mut self, conn: ConnId) {
-        let sessions: Vec<String> =
-            self.conns.get(&conn).map(|c| c.attached.iter().cloned().collect()).unwrap_or_default();
+        let sessions: Vec<String> = self
+            .conns
+            .get(&conn)
+            .map(|c| c.attached.iter().cloned().collect())
+            .unwrap_or_default();
         for session_id in sessions {
             self.detach(conn, &session_id);
             self.maybe_dispose(&session_id);
@@ -332,20 +443,27 @@ impl Server {
     }
 
     fn on_remove(&mut self, conn: ConnId, request_id: String, session_id: String) {
-        let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
-        if self.removals.contains_key(&session_id) || (!stored && !self.sessions.contains_key(&session_id)) {
+        let stored = self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| c.contains_key(&session_id));
+        if self.removals.contains_key(&session_id)
+            || (!stored && !self.sessions.contains_key(&session_id))
+        {
             let message = format!("Session not found: {session_id}");
             return self.respond_error(conn, request_id, ErrorCode::NotFound, message);
         }
         let Some(live) = self.sessions.get(&session_id) else {
             self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-            self.removals.insert(session_id.clone(), vec![(conn, request_id)]);
+            self.removals
+                .insert(session_id.clone(), vec![(conn, request_id)]);
             self.out.push(Output::RemoveSession { session_id });
             return;
         };
         match live.phase {
             Phase::Ready if live.is_busy() => {
-                let message = format!("Session {session_id} is running a turn; abort it before removing");
+                let message =
+                    format!("Session {session_id} is running a turn; abort it before removing");
                 self.respond_error(conn, request_id, ErrorCode::Busy, message)
             }
             Phase::Ready | Phase::Disposing => {
@@ -355,7 +473,11 @@ impl Server {
                     self.detach(c, &session_id);
                 }
                 self.dispose(&session_id);
-                self.sessions.get_mut(&session_id).expect("live").removing.push((conn, request_id));
+                self.sessions
+                    .get_mut(&session_id)
+                    .expect("live")
+                    .removing
+                    .push((conn, request_id));
             }
             Phase::Opening | Phase::Terminal => {
                 let message = format!("Session {session_id} is opening or terminating; try again");
@@ -365,24 +487,40 @@ impl Server {
     }
 
     pub(super) fn on_session_removed(&mut self, session_id: String, result: Result<(), String>) {
-        let Some(waiters) = self.removals.remove(&session_id) else { return };
+        let Some(waiters) = self.removals.remove(&session_id) else {
+            return;
+        };
         let outcome = match &result {
             Ok(()) => {
                 if let Some(catalog) = &mut self.catalog {
                     catalog.remove(&session_id);
                 }
-                Ok(CommandResult::Remove { session_id: session_id.clone() })
+                Ok(CommandResult::Remove {
+                    session_id: session_id.clone(),
+                })
             }
-            Err(e) => Err(ProtocolError::new(ErrorCode::InternalError, format!("Could not remove session: {e}"))),
+            Err(e) => Err(ProtocolError::new(
+                ErrorCode::InternalError,
+                format!("Could not remove session: {e}"),
+            )),
         };
         for (conn, request_id) in waiters {
             self.finish_pending(conn);
             self.respond(conn, request_id, outcome.clone());
         }
         if result.is_ok() {
-            let ready: Vec<ConnId> = self.conns.values().filter(|c| c.is_ready()).map(|c| c.id).collect();
+            let ready: Vec<ConnId> = self
+                .conns
+                .values()
+                .filter(|c| c.is_ready())
+                .map(|c| c.id)
+                .collect();
             for &c in &ready {
-                self.conns.get_mut(&c).expect("ready").revisions.remove(&session_id);
+                self.conns
+                    .get_mut(&c)
+                    .expect("ready")
+                    .revisions
+                    .remove(&session_id);
             }
             let event = ServerMessage::Event(ServerEvent::SessionRemoved { session_id });
             self.broadcast(&ready, &event);
@@ -392,22 +530,46 @@ impl Server {
 
     // ---- control operations -------------------------------------------------
 
-    fn on_operation(&mut self, conn: ConnId, request_id: String, session_id: String, operation: Operation) {
+    fn on_operation(
+        &mut self,
+        conn: ConnId,
+        request_id: String,
+        session_id: String,
+        operation: Operation,
+    ) {
         if !self.conns[&conn].attached.contains(&session_id) {
             let message = format!("Connection is not attached to session {session_id}");
             return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
         }
-        let ready = self.sessions.get(&session_id).is_some_and(|s| s.phase == Phase::Ready);
+        let ready = self
+            .sessions
+            .get(&session_id)
+            .is_some_and(|s| s.phase == Phase::Ready);
         if !ready {
-            return self.respond_error(conn, request_id, ErrorCode::NotFound, not_live(&session_id));
+            return self.respond_error(
+                conn,
+                request_id,
+                ErrorCode::NotFound,
+                not_live(&session_id),
+            );
         }
         let op = self.fresh_op_id();
         self.conns.get_mut(&conn).expect("ready").in_flight += 1;
         let live = self.sessions.get_mut(&session_id).expect("ready");
-        live.ops.insert(op, PendingOp { conn, request_id, name: operation.name() });
+        live.ops.insert(
+            op,
+            PendingOp {
+                conn,
+                request_id,
+                name: operation.name(),
+            },
+        );
         live.worker.set_busy(true);
         let worker = live.worker.id();
-        self.out.push(Output::ToWorker { worker, message: ToWorker::Operation { op, operation } });
+        self.out.push(Output::ToWorker {
+            worker,
+            message: ToWorker::Operation { op, operation },
+        });
     }
 
     // ---- worker events -----------------------------------------------------
@@ -417,19 +579,32 @@ impl Server {
     }
 
     pub(super) fn on_worker_spawned(&mut self, worker: WorkerId) {
-        let Some(session_id) = self.session_of(worker) else { return };
-        self.sessions.get_mut(&session_id).expect("indexed").worker.on_spawned();
+        let Some(session_id) = self.session_of(worker) else {
+            return;
+        };
+        self.sessions
+            .get_mut(&session_id)
+            .expect("indexed")
+            .worker
+            .on_spawned();
     }
 
     pub(super) fn on_worker_spawn_failed(&mut self, worker: WorkerId, error: String) {
-        let Some(session_id) = self.session_of(worker) else { return };
-        let error = ProtocolError::new(ErrorCode::InternalError, format!("Could not start session worker: {error}"));
+        let Some(session_id) = self.session_of(worker) else {
+            return;
+        };
+        let error = ProtocolError::new(
+            ErrorCode::InternalError,
+            format!("Could not start session worker: {error}"),
+        );
         self.fail_session(&session_id, error);
         self.on_worker_exited(worker);
     }
 
     pub(super) fn on_worker_message(&mut self, worker: WorkerId, message: FromWorker) {
-        let Some(session_id) = self.session_of(worker) else { return };
+        let Some(session_id) = self.session_of(worker) else {
+            return;
+        };
         match message {
             FromWorker::Ready { snapshot } => self.on_worker_ready(&session_id, snapshot),
             FromWorker::Failed { error } => self.fail_session(&session_id, error),
@@ -444,13 +619,19 @@ impl Server {
                 let live = &self.sessions[&session_id];
                 if live.phase == Phase::Ready {
                     let to: Vec<ConnId> = live.attached.iter().copied().collect();
-                    let event = ServerEvent::SessionProgress { session_id: session_id.clone(), progress };
+                    let event = ServerEvent::SessionProgress {
+                        session_id: session_id.clone(),
+                        progress,
+                    };
                     self.broadcast(&to, &ServerMessage::Event(event));
                 }
             }
             FromWorker::OpDone { op, outcome } => self.on_op_done(&session_id, op, outcome),
             FromWorker::Fatal { message } => {
-                let error = ProtocolError::new(ErrorCode::InternalError, format!("Session runtime failed: {message}"));
+                let error = ProtocolError::new(
+                    ErrorCode::InternalError,
+                    format!("Session runtime failed: {message}"),
+                );
                 self.fail_session(&session_id, error);
             }
         }
@@ -463,7 +644,11 @@ impl Server {
         if live.phase != Phase::Ready || snapshot.id != live.id {
             return false;
         }
-        if live.snapshot.as_ref().is_some_and(|s| s.revision > snapshot.revision) {
+        if live
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.revision > snapshot.revision)
+        {
             return false;
         }
         live.snapshot = Some(snapshot);
@@ -480,7 +665,10 @@ impl Server {
                 "Session runtime reported id {} for session {}",
                 snapshot.id, live.id
             );
-            return self.fail_session(session_id, ProtocolError::new(ErrorCode::InvalidRequest, message));
+            return self.fail_session(
+                session_id,
+                ProtocolError::new(ErrorCode::InvalidRequest, message),
+            );
         }
         live.phase = Phase::Ready;
         live.snapshot = Some(snapshot);
@@ -496,7 +684,11 @@ impl Server {
                 // Admitting an earlier waiter closed its connection (output
                 // bound) and that disposed the session: the rest wait for the
                 // worker to exit and reopen it, like attaches during Disposing.
-                self.sessions.get_mut(session_id).expect("live").waiters.push(waiter);
+                self.sessions
+                    .get_mut(session_id)
+                    .expect("live")
+                    .waiters
+                    .push(waiter);
                 continue;
             }
             self.finish_pending(waiter.conn);
@@ -512,9 +704,16 @@ impl Server {
         self.publish_server_snapshot();
     }
 
-    fn on_op_done(&mut self, session_id: &str, op: OpId, outcome: Result<SessionSnapshot, ProtocolError>) {
+    fn on_op_done(
+        &mut self,
+        session_id: &str,
+        op: OpId,
+        outcome: Result<SessionSnapshot, ProtocolError>,
+    ) {
         let live = self.sessions.get_mut(session_id).expect("indexed");
-        let Some(pending) = live.ops.remove(&op) else { return };
+        let Some(pending) = live.ops.remove(&op) else {
+            return;
+        };
         self.finish_pending(pending.conn);
         let result = match outcome {
             Ok(snapshot) => {
@@ -539,7 +738,9 @@ impl Server {
 
     /// Sends the current snapshot to every attached connection that has not seen it.
     fn broadcast_session(&mut self, session_id: &str) {
-        let Some(live) = self.sessions.get(session_id) else { return };
+        let Some(live) = self.sessions.get(session_id) else {
+            return;
+        };
         if live.phase != Phase::Ready {
             return;
         }
@@ -549,12 +750,19 @@ impl Server {
             .attached
             .iter()
             .copied()
-            .filter(|c| self.conns.get_mut(c).expect("attached").take_revision(session_id, revision))
+            .filter(|c| {
+                self.conns
+                    .get_mut(c)
+                    .expect("attached")
+                    .take_revision(session_id, revision)
+            })
             .collect();
         if to.is_empty() {
             return;
         }
-        let event = ServerEvent::SessionSnapshot { snapshot: normalised(snapshot, true) };
+        let event = ServerEvent::SessionSnapshot {
+            snapshot: normalised(snapshot, true),
+        };
         self.broadcast(&to, &ServerMessage::Event(event));
     }
 
@@ -567,9 +775,16 @@ impl Server {
 
     /// Idle disposal: no attachments, nothing in flight, phase idle.
     pub(super) fn maybe_dispose(&mut self, session_id: &str) {
-        let Some(live) = self.sessions.get(session_id) else { return };
+        let Some(live) = self.sessions.get(session_id) else {
+            return;
+        };
         let held = live.hold_until.is_some_and(|until| until > self.now);
-        if self.shutting_down || live.phase != Phase::Ready || !live.attached.is_empty() || live.is_busy() || held {
+        if self.shutting_down
+            || live.phase != Phase::Ready
+            || !live.attached.is_empty()
+            || live.is_busy()
+            || held
+        {
             return;
         }
         self.dispose(session_id);
@@ -579,7 +794,9 @@ impl Server {
     pub(super) fn dispose(&mut self, session_id: &str) {
         let now = self.now;
         let timeout = self.config.limits.worker_dispose_timeout;
-        let Some(live) = self.sessions.get_mut(session_id) else { return };
+        let Some(live) = self.sessions.get_mut(session_id) else {
+            return;
+        };
         match live.phase {
             Phase::Opening => {
                 live.dispose_when_ready = true;
@@ -594,16 +811,24 @@ impl Server {
         for conn in attached {
             self.detach(conn, session_id);
         }
-        self.fail_ops(session_id, ProtocolError::new(ErrorCode::NotFound, not_live(session_id)));
+        self.fail_ops(
+            session_id,
+            ProtocolError::new(ErrorCode::NotFound, not_live(session_id)),
+        );
         if send {
-            self.out.push(Output::ToWorker { worker, message: ToWorker::Dispose });
+            self.out.push(Output::ToWorker {
+                worker,
+                message: ToWorker::Dispose,
+            });
         }
     }
 
     /// Runtime-error semantics: the session becomes terminal, every attached
     /// connection is closed, waiters and operations fail, the worker is retired.
     fn fail_session(&mut self, session_id: &str, error: ProtocolError) {
-        let Some(live) = self.sessions.get_mut(session_id) else { return };
+        let Some(live) = self.sessions.get_mut(session_id) else {
+            return;
+        };
         if live.phase == Phase::Terminal {
             return;
         }
@@ -623,14 +848,21 @@ impl Server {
             self.finish_pending(conn);
             self.respond(conn, request_id, Err(error.clone()));
         }
-        let masked = if was_ready { ProtocolError::new(ErrorCode::InternalError, "Internal server error") } else { error };
+        let masked = if was_ready {
+            ProtocolError::new(ErrorCode::InternalError, "Internal server error")
+        } else {
+            error
+        };
         self.fail_ops(session_id, masked);
         let now = self.now;
         let timeout = self.config.limits.worker_dispose_timeout;
         let live = self.sessions.get_mut(session_id).expect("checked");
         if live.worker.retire(now, timeout) {
             let worker = live.worker.id();
-            self.out.push(Output::ToWorker { worker, message: ToWorker::Dispose });
+            self.out.push(Output::ToWorker {
+                worker,
+                message: ToWorker::Dispose,
+            });
         }
     }
 
@@ -644,24 +876,34 @@ impl Server {
     }
 
     pub(super) fn on_worker_exited(&mut self, worker: WorkerId) {
-        let Some(session_id) = self.session_of(worker) else { return };
+        let Some(session_id) = self.session_of(worker) else {
+            return;
+        };
         let live = self.sessions.get_mut(&session_id).expect("indexed");
         live.worker.on_exit(); // nothing more can be sent to it
         let phase = live.phase;
         match phase {
             Phase::Opening => {
                 let message = "Session worker exited before it was ready".to_string();
-                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+                self.fail_session(
+                    &session_id,
+                    ProtocolError::new(ErrorCode::InternalError, message),
+                );
             }
             Phase::Ready => {
                 let message = "Session worker exited unexpectedly".to_string();
-                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+                self.fail_session(
+                    &session_id,
+                    ProtocolError::new(ErrorCode::InternalError, message),
+                );
             }
             Phase::Disposing | Phase::Terminal => {}
         }
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
-        if live.foreign && let Some(catalog) = &mut self.catalog {
+        if live.foreign
+            && let Some(catalog) = &mut self.catalog
+        {
             catalog.remove(&session_id);
         }
         if !live.removing.is_empty() {
@@ -671,7 +913,8 @@ impl Server {
                 let message = format!("Session is being removed: {session_id}");
                 self.respond_error(waiter.conn, waiter.request_id, ErrorCode::NotFound, message);
             }
-            self.removals.insert(session_id.clone(), std::mem::take(&mut live.removing));
+            self.removals
+                .insert(session_id.clone(), std::mem::take(&mut live.removing));
             self.out.push(Output::RemoveSession { session_id });
         } else if !live.waiters.is_empty() && !self.shutting_down {
             self.open(session_id, None, live.waiters);
@@ -698,7 +941,10 @@ impl Server {
             if timeout == WorkerTimeout::Start {
                 let secs = self.config.limits.worker_start_timeout.as_secs();
                 let message = format!("Session worker did not start within {secs} s");
-                self.fail_session(&session_id, ProtocolError::new(ErrorCode::InternalError, message));
+                self.fail_session(
+                    &session_id,
+                    ProtocolError::new(ErrorCode::InternalError, message),
+                );
             }
         }
     }
@@ -716,7 +962,10 @@ impl Server {
         let refusal = if self.shutting_down {
             Some("the server is shutting down".to_string())
         } else if snapshot.id != session_id {
-            Some(format!("its snapshot is of session {}, not {session_id}", snapshot.id))
+            Some(format!(
+                "its snapshot is of session {}, not {session_id}",
+                snapshot.id
+            ))
         } else if self.sessions.contains_key(&session_id) {
             Some(format!("session {session_id} is already live here"))
         } else {
@@ -729,7 +978,10 @@ impl Server {
         let mut live = Live::new(session_id.clone(), Worker::adopted(worker), false);
         live.phase = Phase::Ready;
         live.hold_until = Some(self.now + self.config.adoption_grace);
-        let stored = self.catalog.as_ref().is_some_and(|c| c.contains_key(&session_id));
+        let stored = self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| c.contains_key(&session_id));
         live.foreign = !stored;
         if live.foreign
             && let Some(catalog) = &mut self.catalog
@@ -742,7 +994,11 @@ impl Server {
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel
         self.out.push(Output::AdoptWorker { channel, worker });
         self.expected.remove(&session_id);
-        for waiter in self.adoption_waiters.remove(&session_id).unwrap_or_default() {
+        for waiter in self
+            .adoption_waiters
+            .remove(&session_id)
+            .unwrap_or_default()
+        {
             self.finish_pending(waiter.conn);
             self.admit(&session_id, waiter);
         }
@@ -751,7 +1007,11 @@ impl Server {
     }
 
     /// The workers of these sessions were released to us and will announce themselves.
-    pub(super) fn on_adoptions_expected(&mut self, sessions: Vec<String>, wait: std::time::Duration) {
+    pub(super) fn on_adoptions_expected(
+        &mut self,
+        sessions: Vec<String>,
+        wait: std::time::Duration,
+    ) {
         let until = self.now + wait;
         for session_id in sessions {
             if !self.sessions.contains_key(&session_id) {
@@ -763,13 +1023,21 @@ impl Server {
     /// Expected workers that never announced themselves: open those sessions the usual way.
     pub(super) fn on_expected_deadlines(&mut self) {
         let now = self.now;
-        let expired: Vec<String> =
-            self.expected.iter().filter(|(_, until)| **until <= now).map(|(s, _)| s.clone()).collect();
+        let expired: Vec<String> = self
+            .expected
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(s, _)| s.clone())
+            .collect();
         for session_id in expired {
             self.expected.remove(&session_id);
-            let waiters = self.adoption_waiters.remove(&session_id).unwrap_or_default();
-            let (ready, gone): (Vec<Waiter>, Vec<Waiter>) =
-                waiters.into_iter().partition(|w| self.conns.get(&w.conn).is_some_and(|c| c.is_ready()));
+            let waiters = self
+                .adoption_waiters
+                .remove(&session_id)
+                .unwrap_or_default();
+            let (ready, gone): (Vec<Waiter>, Vec<Waiter>) = waiters
+                .into_iter()
+                .partition(|w| self.conns.get(&w.conn).is_some_and(|c| c.is_ready()));
             for waiter in gone {
                 self.finish_pending(waiter.conn);
             }
@@ -779,8 +1047,14 @@ impl Server {
             if self.shutting_down || self.live_capacity_error().is_some() {
                 for waiter in ready {
                     self.finish_pending(waiter.conn);
-                    let message = format!("Session {session_id} could not be opened now; try again");
-                    self.respond_error(waiter.conn, waiter.request_id, ErrorCode::SessionLocked, message);
+                    let message =
+                        format!("Session {session_id} could not be opened now; try again");
+                    self.respond_error(
+                        waiter.conn,
+                        waiter.request_id,
+                        ErrorCode::SessionLocked,
+                        message,
+                    );
                 }
                 continue;
             }
@@ -828,7 +1102,10 @@ impl Server {
             .map(|s| s.id.clone())
             .collect();
         for session_id in expired {
-            self.sessions.get_mut(&session_id).expect("listed").hold_until = None;
+            self.sessions
+                .get_mut(&session_id)
+                .expect("listed")
+                .hold_until = None;
             self.maybe_dispose(&session_id);
         }
     }

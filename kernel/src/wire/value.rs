@@ -39,7 +39,9 @@ pub enum Value {
 impl Value {
     /// Builds a number value, normalising integral floats to [`Value::Int`].
     pub fn number(n: f64) -> Self {
-        if n.fract() == 0.0 && n.abs() <= MAX_SAFE_INTEGER as f64 && !(n == 0.0 && n.is_sign_negative())
+        if n.fract() == 0.0
+            && n.abs() <= MAX_SAFE_INTEGER as f64
+            && !(n == 0.0 && n.is_sign_negative())
         {
             Self::Int(n as i64)
         } else {
