@@ -16,7 +16,7 @@ use kernel::faux::{self, FauxStream};
 use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{ErrorCode, ProtocolError};
-use kernel::runtime::{Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::runtime::{Runtime, RuntimeInput, RuntimeOutput, StoredSession};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server, Stage};
 use kernel::time::Instant;
 use kernel::worker::{CreateSpec, FromWorker, ToWorker};
