@@ -39,6 +39,8 @@ use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+pub mod leases;
+
 /// Events buffered per subscriber before a slow one starts to lag.
 pub const EVENT_CAPACITY: usize = 4096;
 
@@ -67,6 +69,18 @@ pub enum ClientError {
     Protocol(String),
     /// The connection is closed; the text says how it ended.
     Disconnected(String),
+    /// A lease ([`leases::Sessions`]) was refused because it conflicts with
+    /// one this client already holds or is acquiring; nothing was sent.
+    Ownership {
+        /// The contested session.
+        session_id: String,
+    },
+    /// A command went through a lease that is not active (released,
+    /// releasing or invalidated), or its session is not attached.
+    Detached {
+        /// The lease's session.
+        session_id: String,
+    },
 }
 
 impl Clone for ClientError {
@@ -76,6 +90,12 @@ impl Clone for ClientError {
             Self::Server(e) => Self::Server(e.clone()),
             Self::Protocol(m) => Self::Protocol(m.clone()),
             Self::Disconnected(m) => Self::Disconnected(m.clone()),
+            Self::Ownership { session_id } => Self::Ownership {
+                session_id: session_id.clone(),
+            },
+            Self::Detached { session_id } => Self::Detached {
+                session_id: session_id.clone(),
+            },
         }
     }
 }
@@ -87,6 +107,12 @@ impl fmt::Display for ClientError {
             Self::Server(e) => write!(f, "{} ({})", e.message, e.code.as_str()),
             Self::Protocol(m) => write!(f, "protocol error: {m}"),
             Self::Disconnected(m) => write!(f, "disconnected: {m}"),
+            Self::Ownership { session_id } => {
+                write!(f, "session {session_id} is already leased in this client")
+            }
+            Self::Detached { session_id } => {
+                write!(f, "session {session_id} is not attached through this lease")
+            }
         }
     }
 }
@@ -224,6 +250,7 @@ impl Client {
                 pending: HashMap::new(),
                 server: hello.snapshot,
                 sessions: HashMap::new(),
+                tap: None,
             }),
             stop: stop_tx,
         });
@@ -295,7 +322,7 @@ impl Client {
                 id.clone(),
                 Pending {
                     command: name,
-                    reply,
+                    reply: Reply::Call(reply),
                 },
             );
         }
@@ -419,6 +446,60 @@ impl Client {
         ));
     }
 
+    /// Starts routing, in wire order, every event, every response to a
+    /// request sent with [`Client::send_routed`] and the connection's end to
+    /// the returned channel. Replaces an earlier tap.
+    fn tap(&self) -> mpsc::UnboundedReceiver<Tapped> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut state = self.shared.lock();
+        if state.closed.is_some() {
+            let _ = tx.send(Tapped::Closed);
+        } else {
+            state.tap = Some(tx);
+        }
+        rx
+    }
+
+    /// Sends `request` under a fresh client id; its response goes to the tap
+    /// carrying `request.id` again (so the lease machine keeps its own ids).
+    /// Returns false when the connection is closed.
+    async fn send_routed(&self, request: Request) -> bool {
+        let number = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let id = format!("request-{number}");
+        let name = request.command.name();
+        let message = ClientMessage::Request(Request {
+            id: id.clone(),
+            command: request.command,
+        });
+        let Ok(frame) = encode_message(&message, self.max_frame_len) else {
+            self.shared.fail(ClientError::Protocol(format!(
+                "cannot encode the {name} request"
+            )));
+            return false;
+        };
+        {
+            let mut state = self.shared.lock();
+            if state.closed.is_some() {
+                return false;
+            }
+            state.pending.insert(
+                id.clone(),
+                Pending {
+                    command: name,
+                    reply: Reply::Routed(request.id),
+                },
+            );
+        }
+        let sent = match &self.outgoing {
+            Some(outgoing) => outgoing.send(frame).await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.shared.lock().pending.remove(&id);
+        }
+        sent
+    }
+
     fn closed_error(&self) -> ClientError {
         self.closed_reason()
             .unwrap_or_else(|| ClientError::Disconnected("the connection is closed".into()))
@@ -483,12 +564,59 @@ struct State {
     pending: HashMap<String, Pending>,
     server: ServerSnapshot,
     sessions: HashMap<String, SessionSnapshot>,
+    /// Where routed responses, events and the end go (see [`Client::tap`]).
+    tap: Option<mpsc::UnboundedSender<Tapped>>,
 }
 
 #[derive(Debug)]
 struct Pending {
     command: &'static str,
-    reply: oneshot::Sender<Result<CommandResult, ClientError>>,
+    reply: Reply,
+}
+
+/// Where a response goes.
+#[derive(Debug)]
+enum Reply {
+    /// To the [`Client::request`] call waiting for it.
+    Call(oneshot::Sender<Result<CommandResult, ClientError>>),
+    /// To the tap, under this (the lease machine's) request id.
+    Routed(String),
+}
+
+impl Reply {
+    fn send(
+        self,
+        tap: Option<&mpsc::UnboundedSender<Tapped>>,
+        outcome: Result<CommandResult, ClientError>,
+    ) {
+        match self {
+            Self::Call(reply) => {
+                let _ = reply.send(outcome);
+            }
+            Self::Routed(id) => {
+                // A protocol failure ends the connection, which the tap hears.
+                let outcome = match outcome {
+                    Ok(result) => Ok(result),
+                    Err(ClientError::Server(error)) => Err(error),
+                    Err(_) => return,
+                };
+                if let Some(tap) = tap {
+                    let _ = tap.send(Tapped::Response(kernel::protocol::Response { id, outcome }));
+                }
+            }
+        }
+    }
+}
+
+/// What the reader routes to the tap (see [`Client::tap`]), in wire order.
+#[derive(Debug)]
+enum Tapped {
+    /// A response to a routed request, under the router's id.
+    Response(kernel::protocol::Response),
+    /// A server event.
+    Event(ServerEvent),
+    /// The connection ended.
+    Closed,
 }
 
 impl Shared {
@@ -502,16 +630,20 @@ impl Shared {
     /// Records why the connection ended (the first reason wins) and fails
     /// every pending request with it.
     fn fail(&self, reason: ClientError) {
-        let pending = {
+        let (pending, tap) = {
             let mut state = self.lock();
             let reason = state.closed.get_or_insert(reason).clone();
-            std::mem::take(&mut state.pending)
+            let pending = std::mem::take(&mut state.pending)
                 .into_values()
                 .map(move |p| (p, reason.clone()))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (pending, state.tap.take())
         };
         for (p, reason) in pending {
-            let _ = p.reply.send(Err(reason));
+            p.reply.send(None, Err(reason));
+        }
+        if let Some(tap) = tap {
+            let _ = tap.send(Tapped::Closed);
         }
         self.stop.send_replace(true);
     }
@@ -671,24 +803,31 @@ fn dispatch(
                         pending.command,
                         result.name()
                     ));
-                    let _ = pending.reply.send(Err(error.clone()));
+                    pending.reply.send(None, Err(error.clone()));
                     Err(error)
                 }
                 Ok(result) => {
                     state.observe_result(&result);
-                    drop(state);
-                    let _ = pending.reply.send(Ok(result));
+                    // Sent under the lock, so the tap keeps the wire order.
+                    pending.reply.send(state.tap.as_ref(), Ok(result));
                     Ok(())
                 }
                 Err(error) => {
-                    drop(state);
-                    let _ = pending.reply.send(Err(ClientError::Server(error)));
+                    pending
+                        .reply
+                        .send(state.tap.as_ref(), Err(ClientError::Server(error)));
                     Ok(())
                 }
             }
         }
         ServerMessage::Event(event) => {
-            shared.lock().observe_event(&event);
+            {
+                let mut state = shared.lock();
+                state.observe_event(&event);
+                if let Some(tap) = &state.tap {
+                    let _ = tap.send(Tapped::Event(event.clone()));
+                }
+            }
             // No subscriber is fine: events are optional to follow.
             let _ = events.send(event);
             Ok(())
