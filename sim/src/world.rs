@@ -1243,7 +1243,14 @@ impl World {
     /// The earliest pending deadline of the server or a model stream.
     pub fn next_event(&self) -> Option<Instant> {
         let workers = self.workers.values().filter_map(worker_deadline);
-        let links = self.orphans.values().filter_map(|(l, _)| l.next_deadline());
+        let now = self.now;
+        let links = self.orphans.values().filter_map(|(l, _)| match l.state() {
+            // Past its grace a busy orphan only retries (it retires once idle).
+            kernel::link::LinkState::Orphaned { next_try, .. } => {
+                l.next_deadline().map(|d| if d <= now { next_try } else { d })
+            }
+            _ => None,
+        });
         let server = self.server.next_deadline().filter(|_| !self.server_down);
         server.into_iter().chain(workers).chain(links).min()
     }
@@ -2148,13 +2155,17 @@ impl World {
         let due: Vec<WorkerId> = self
             .orphans
             .iter()
-            .filter(|(_, (l, _))| l.next_deadline().is_some_and(|d| d <= now))
+            .filter(|(_, (l, _))| match l.state() {
+                kernel::link::LinkState::Orphaned { since, next_try } => {
+                    next_try <= now || since + ORPHAN_GRACE <= now
+                }
+                _ => false,
+            })
             .map(|(k, _)| *k)
             .collect();
         for key in due {
             let idle = self.workers.get(&key).is_none_or(|w| {
-                w.stream.is_none()
-                    && w.tools.is_empty()
+                w.tools.is_empty()
                     && w.runtime
                         .as_ref()
                         .is_none_or(|r| r.phase() == SessionPhase::Idle)

@@ -1,0 +1,225 @@
+//! The durable server's scenarios (issue 5), scripted against the real kernel
+//! in the simulated world: worker lifecycle, replacement with adoption,
+//! orphans, sessions outside the catalog. Each trace is an insta snapshot in
+//! `snapshots/durable/`.
+//!
+//! Concurrent cold activation and the selection among several servers in one
+//! server dir are CLI behaviours (socket discovery, activation locks); they
+//! are covered end to end by `tests/e2e_durable.rs`, not here.
+
+use kernel::ids::ConnId;
+use kernel::protocol::{AssistantStatus, Command, CommandResult, CreateParams, TranscriptItem};
+use sim::world::{Options, World};
+use std::time::Duration;
+
+fn snapshot(name: &str, world: &World) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots/durable"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!(name, world.trace_text()));
+}
+
+fn ok(world: &World, conn: ConnId, id: &str) -> CommandResult {
+    match world.response(conn, id).map(|r| r.outcome.clone()) {
+        Some(Ok(result)) => result,
+        other => panic!("request {id}: expected success, got {other:?}"),
+    }
+}
+
+fn create(world: &mut World, conn: ConnId) -> String {
+    let r = world.request(
+        conn,
+        Command::Create(CreateParams {
+            cwd: Some("/work".into()),
+            ..Default::default()
+        }),
+    );
+    world.created(conn, &r)
+}
+
+fn attach(world: &mut World, conn: ConnId, s: &str) -> String {
+    world.request(
+        conn,
+        Command::Attach {
+            session_id: s.to_string(),
+        },
+    )
+}
+
+fn prompt(s: &str, text: &str) -> Command {
+    Command::Prompt {
+        session_id: s.to_string(),
+        text: text.to_string(),
+    }
+}
+
+fn completed_turns(world: &World, s: &str) -> usize {
+    world.store.sessions[s]
+        .transcript
+        .iter()
+        .filter(|i| matches!(i, TranscriptItem::Assistant(a) if matches!(a.status, AssistantStatus::Complete(_))))
+        .count()
+}
+
+/// An idle worker stops once the last client attached to its session leaves.
+#[test]
+fn d01_idle_worker_stops_after_last_client_leaves() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    let b = w.connect_ready();
+    let r = attach(&mut w, b, &s);
+    ok(&w, b, &r);
+    assert_eq!(w.worker_count(), 1);
+    w.disconnect(a);
+    assert_eq!(w.worker_count(), 1, "one client still attached");
+    w.disconnect(b);
+    w.settle(Duration::from_secs(1));
+    assert_eq!(w.worker_count(), 0, "the last client left: the idle worker stops");
+    snapshot("d01_idle_worker_stops_after_last_client_leaves", &w);
+}
+
+/// Each attached session has its own worker process.
+#[test]
+fn d02_one_worker_per_attached_session() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s1 = create(&mut w, a);
+    let s2 = create(&mut w, a);
+    let (w1, w2) = (w.worker_of(&s1).unwrap(), w.worker_of(&s2).unwrap());
+    assert_ne!(w1, w2);
+    assert_eq!(w.worker_count(), 2);
+    snapshot("d02_one_worker_per_attached_session", &w);
+}
+
+/// Shutting a server down stops every worker.
+#[test]
+fn d03_workers_stop_on_shutdown() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    create(&mut w, a);
+    create(&mut w, a);
+    w.shutdown();
+    w.settle(Duration::from_secs(10));
+    assert!(w.is_shut_down());
+    assert_eq!(w.worker_count(), 0);
+    assert!(w.orphans().is_empty(), "a shutdown hands nothing over");
+    snapshot("d03_workers_stop_on_shutdown", &w);
+}
+
+/// A worker that exited is replaced by a new one on the next attach.
+#[test]
+fn d04_exited_worker_replaced_on_next_attach() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    let first = w.worker_of(&s).unwrap();
+    w.crash_worker(first);
+    assert_eq!(w.worker_count(), 0);
+    let b = w.connect_ready();
+    let r = attach(&mut w, b, &s);
+    ok(&w, b, &r);
+    let second = w.worker_of(&s).expect("a new worker");
+    assert_ne!(first, second);
+    snapshot("d04_exited_worker_replaced_on_next_attach", &w);
+}
+
+/// A replacement server adopts the old server's workers: the same fake
+/// worker (its runtime and model stream) keeps running, the in-flight turn
+/// completes, and the old clients, disconnected, re-attach to the new server.
+#[test]
+fn d05_workers_adopted_after_replacement() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, "long job"));
+    w.advance(Duration::from_millis(15));
+    let old = w.worker_of(&s).unwrap();
+    assert!(w.is_streaming(old), "a turn is in flight");
+    w.replace_server();
+    assert_eq!(w.generation(), 1);
+    assert!(w.client(a).closed, "the old server's clients are disconnected");
+    assert!(w.orphans().is_empty(), "every orphan was adopted");
+    assert_eq!(w.worker_count(), 1, "no second worker was spawned");
+    let adopted = w.worker_of(&s).unwrap();
+    assert!(w.is_streaming(adopted), "the same stream continues under the new server");
+    let b = w.connect_ready();
+    let r = attach(&mut w, b, &s);
+    ok(&w, b, &r);
+    w.settle(Duration::from_secs(10));
+    assert_eq!(completed_turns(&w, &s), 1, "the in-flight turn completed");
+    snapshot("d05_workers_adopted_after_replacement", &w);
+}
+
+/// An orphan (its server died and none reclaims it) retires after its grace
+/// once idle; a busy orphan first finishes its turn and commits it.
+#[test]
+fn d06_orphaned_idle_worker_retires_after_grace() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let idle = create(&mut w, a);
+    let busy = create(&mut w, a);
+    w.request(a, prompt(&busy, "keep going"));
+    w.crash_server_keep_workers();
+    assert_eq!(w.orphans().len(), 2);
+    assert_eq!(w.worker_count(), 2, "the workers survive their server");
+    w.advance(Duration::from_secs(29));
+    assert_eq!(w.worker_count(), 2, "within the grace");
+    assert_eq!(completed_turns(&w, &busy), 1, "the busy orphan committed its turn");
+    w.advance(Duration::from_secs(2));
+    assert_eq!(w.worker_count(), 0, "both retired after the grace: {:?}", w.workers());
+    assert!(w.orphans().is_empty());
+    assert!(w.store.sessions.contains_key(&idle));
+    snapshot("d06_orphaned_idle_worker_retires_after_grace", &w);
+}
+
+/// A session an adopted worker holds but the new server's store catalog
+/// lacks is still listed and served.
+#[test]
+fn d07_tracked_sessions_outside_catalog_restored() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.crash_server_keep_workers();
+    let stored = w.store.sessions.remove(&s).expect("stored");
+    w.start_server();
+    w.store.sessions.insert(s.clone(), stored);
+    assert!(w.orphans().is_empty(), "adopted");
+    let b = w.connect_ready();
+    let r = w.request(b, Command::List);
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::List { sessions } if sessions.iter().any(|m| m.id == s)),
+        "listed although outside the catalog"
+    );
+    let r = attach(&mut w, b, &s);
+    ok(&w, b, &r);
+    w.request(b, prompt(&s, "still here?"));
+    w.settle(Duration::from_secs(10));
+    assert_eq!(completed_turns(&w, &s), 1, "served");
+    snapshot("d07_tracked_sessions_outside_catalog_restored", &w);
+}
+
+/// An attach that reaches the new server right after the hand-off, before
+/// the released worker announced itself, waits for the adoption instead of
+/// spawning a second worker.
+#[test]
+fn d08_attach_after_handoff_waits_for_adoption() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    let mut early = None;
+    w.replace_server_then(|w| {
+        let b = w.connect_ready();
+        let r = attach(w, b, &s);
+        assert!(w.response(b, &r).is_none(), "the attach waits");
+        assert_eq!(w.worker_count(), 1, "no second worker");
+        early = Some((b, r));
+    });
+    let (b, r) = early.unwrap();
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached),
+        "answered once the worker was adopted"
+    );
+    assert_eq!(w.worker_count(), 1);
+    snapshot("d08_attach_after_handoff_waits_for_adoption", &w);
+}
