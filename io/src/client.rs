@@ -1148,4 +1148,258 @@ mod tests {
             other => panic!("expected NotFound, got {other:?}"),
         }
     }
+
+    // ---- leases (client::leases over kernel::lease) ----
+
+    use kernel::lease::LeaseStatus;
+    use leases::{LeaseMode, Sessions};
+
+    async fn lease_pair() -> (Sessions, FakeServer) {
+        let (client, server) = pair(None).await;
+        (Sessions::new(client), server)
+    }
+
+    /// Answers the next request, which must be `name`, with `result`.
+    async fn answer(
+        server: &mut FakeServer,
+        name: &str,
+        result: Result<CommandResult, ProtocolError>,
+    ) {
+        let request = server.recv_request().await;
+        assert_eq!(request.command.name(), name, "{request:?}");
+        server
+            .send(ServerMessage::Response(Response {
+                id: request.id,
+                outcome: result,
+            }))
+            .await;
+    }
+
+    fn attached() -> Result<CommandResult, ProtocolError> {
+        Ok(CommandResult::Attach {
+            session: session(1, SessionPhase::Idle),
+        })
+    }
+
+    fn detached() -> Result<CommandResult, ProtocolError> {
+        Ok(CommandResult::Detach {
+            session_id: "s1".into(),
+        })
+    }
+
+    fn listed() -> Result<CommandResult, ProtocolError> {
+        Ok(CommandResult::List {
+            sessions: Vec::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn lease_exclusive_is_refused_while_shared_is_held_without_a_request() {
+        let (sessions, mut server) = lease_pair().await;
+        let (shared, ()) = tokio::join!(
+            sessions.acquire("s1", LeaseMode::Shared),
+            answer(&mut server, "attach", attached())
+        );
+        let shared = shared.unwrap();
+        assert!(shared.is_active());
+        match sessions.acquire("s1", LeaseMode::Exclusive).await {
+            Err(ClientError::Ownership { session_id }) => assert_eq!(session_id, "s1"),
+            other => panic!("expected ownership, got {other:?}"),
+        }
+        // Nothing went out for the refusal: the next request is the list.
+        let (list, ()) = tokio::join!(sessions.list(), answer(&mut server, "list", listed()));
+        assert!(list.unwrap().is_empty());
+        assert!(
+            ClientError::Ownership {
+                session_id: "s1".into()
+            }
+            .to_string()
+            .contains("already leased")
+        );
+    }
+
+    #[tokio::test]
+    async fn lease_two_shared_share_one_attach_and_detach_after_both() {
+        let (sessions, mut server) = lease_pair().await;
+        let (a, b, ()) = tokio::join!(
+            sessions.acquire("s1", LeaseMode::Shared),
+            sessions.acquire("s1", LeaseMode::Shared),
+            answer(&mut server, "attach", attached())
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        // Releasing one of two sends nothing.
+        a.release().await.unwrap();
+        assert_eq!(a.status(), Some(LeaseStatus::Released));
+        assert!(b.is_active());
+        match a.prompt("x").await {
+            Err(ClientError::Detached { session_id }) => assert_eq!(session_id, "s1"),
+            other => panic!("expected detached, got {other:?}"),
+        }
+        let (released, ()) = tokio::join!(b.release(), answer(&mut server, "detach", detached()));
+        released.unwrap();
+        assert!(matches!(
+            b.steer("x").await,
+            Err(ClientError::Detached { .. })
+        ));
+        assert!(matches!(b.abort().await, Err(ClientError::Detached { .. })));
+        let model = faux::default_model();
+        assert!(matches!(
+            b.set_model(ModelRef {
+                provider: model.provider.clone(),
+                id: model.id.clone()
+            })
+            .await,
+            Err(ClientError::Detached { .. })
+        ));
+        assert!(matches!(
+            b.set_thinking(ThinkingLevel::High).await,
+            Err(ClientError::Detached { .. })
+        ));
+        // Releasing again is a no-op: the next request is the list.
+        a.release().await.unwrap();
+        let (list, ()) = tokio::join!(sessions.list(), answer(&mut server, "list", listed()));
+        list.unwrap();
+    }
+
+    #[tokio::test]
+    async fn lease_second_dispose_returns_the_same_result() {
+        let (sessions, mut server) = lease_pair().await;
+        let (lease, ()) = tokio::join!(
+            sessions.acquire("s1", LeaseMode::Exclusive),
+            answer(&mut server, "attach", attached())
+        );
+        let lease = lease.unwrap();
+        let busy = Err(ProtocolError::new(ErrorCode::Busy, "no"));
+        let (first, ()) = tokio::join!(lease.dispose(), answer(&mut server, "detach", busy));
+        match &first {
+            Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::Busy),
+            other => panic!("expected busy, got {other:?}"),
+        }
+        match lease.dispose().await {
+            Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::Busy),
+            other => panic!("expected the same busy, got {other:?}"),
+        }
+        assert!(matches!(
+            lease.prompt("x").await,
+            Err(ClientError::Detached { .. })
+        ));
+        // A successful dispose also repeats.
+        let (other, ()) = tokio::join!(sessions.acquire("s1", LeaseMode::Exclusive), async {
+            // The failed dispose marked the session: reconcile, then attach.
+            answer(&mut server, "detach", detached()).await;
+            answer(&mut server, "attach", attached()).await;
+        });
+        let other = other.unwrap();
+        let (first, ()) = tokio::join!(other.dispose(), answer(&mut server, "detach", detached()));
+        first.unwrap();
+        other.dispose().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn lease_disconnect_invalidates_leases() {
+        let (sessions, mut server) = lease_pair().await;
+        let (lease, ()) = tokio::join!(
+            sessions.acquire("s1", LeaseMode::Exclusive),
+            answer(&mut server, "attach", attached())
+        );
+        let lease = lease.unwrap();
+        let (pending, ()) = tokio::join!(lease.prompt("x"), async {
+            let _ = server.recv_request().await;
+            drop(server);
+        });
+        assert!(
+            matches!(pending, Err(ClientError::Disconnected(_))),
+            "{pending:?}"
+        );
+        // The machine hears the end through the tap, after the pending call failed.
+        for _ in 0..100 {
+            if lease.status() == Some(LeaseStatus::Invalidated) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(lease.status(), Some(LeaseStatus::Invalidated));
+        assert!(matches!(
+            lease.prompt("y").await,
+            Err(ClientError::Disconnected(_))
+        ));
+        assert!(matches!(
+            sessions.acquire("s2", LeaseMode::Shared).await,
+            Err(ClientError::Disconnected(_))
+        ));
+        lease.dispose().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn lease_prompt_streams_and_completes() {
+        let (sessions, mut server) = lease_pair().await;
+        let mut events = sessions.events();
+        let (lease, ()) = tokio::join!(
+            sessions.create(CreateParams::default()),
+            answer(
+                &mut server,
+                "create",
+                Ok(CommandResult::Create {
+                    session: session(1, SessionPhase::Idle)
+                })
+            )
+        );
+        let lease = lease.unwrap();
+        assert_eq!(lease.session_id(), "s1");
+        assert!(matches!(
+            sessions.acquire("s1", LeaseMode::Shared).await,
+            Err(ClientError::Ownership { .. })
+        ));
+        let turn = async {
+            let request = server.recv_request().await;
+            assert_eq!(
+                request.command,
+                Command::Prompt {
+                    session_id: "s1".into(),
+                    text: "hi".into()
+                }
+            );
+            let progress = TranscriptProgress::AssistantDelta {
+                message_id: "item-2".into(),
+                content_index: 0,
+                kind: DeltaKind::Text,
+                delta: "hello".into(),
+            };
+            server
+                .send(ServerMessage::Event(ServerEvent::SessionProgress {
+                    session_id: "s1".into(),
+                    progress,
+                }))
+                .await;
+            server
+                .send(ServerMessage::Response(Response {
+                    id: request.id,
+                    outcome: Ok(CommandResult::Prompt {
+                        session: session(3, SessionPhase::Idle),
+                    }),
+                }))
+                .await;
+        };
+        let (snapshot, ()) = tokio::join!(lease.prompt("hi"), turn);
+        assert_eq!(snapshot.unwrap().revision, 3);
+        assert_eq!(lease.snapshot().unwrap().revision, 3);
+        match events.try_recv().unwrap() {
+            ServerEvent::SessionProgress {
+                progress: TranscriptProgress::AssistantDelta { delta, .. },
+                ..
+            } => assert_eq!(delta, "hello"),
+            other => panic!("unexpected event {other:?}"),
+        }
+        // Dropping the lease disposes it: its detach goes out.
+        drop(lease);
+        let request = server.recv_request().await;
+        assert_eq!(
+            request.command,
+            Command::Detach {
+                session_id: "s1".into()
+            }
+        );
+        sessions.dispose();
+        assert!(sessions.client().closed_reason().is_some());
+    }
 }
