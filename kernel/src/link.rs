@@ -112,9 +112,13 @@ impl Link {
     }
 
     /// When [`Link::on_tick`] has something to do.
+    ///
+    /// That is the next announcement: the grace is checked on every tick, so
+    /// it is honoured to within one retry interval, and a busy orphan past its
+    /// grace never yields a deadline in the past (which would make a driver spin).
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.state {
-            LinkState::Orphaned { since, next_try } => Some(next_try.min(since + self.grace)),
+            LinkState::Orphaned { next_try, .. } => Some(next_try),
             _ => None,
         }
     }
@@ -147,6 +151,11 @@ mod tests {
             l.on_tick(Instant(5000), false),
             Some(LinkAction::Announce),
             "busy: keep trying"
+        );
+        assert_eq!(
+            l.next_deadline(),
+            Some(Instant(5100)),
+            "past the grace: never a deadline in the past"
         );
         assert_eq!(
             l.on_tick(Instant(5001), true),
