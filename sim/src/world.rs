@@ -33,8 +33,8 @@
 use crate::summary::{self, Names};
 use kernel::faux::{self, FauxStream};
 use kernel::ids::{ChannelId, ConnId, OpId, WorkerId};
-use kernel::link::{Link, LinkAction};
 use kernel::limits::Limits;
+use kernel::link::{Link, LinkAction};
 use kernel::protocol::{
     ClientHello, ClientMessage, Command, CommandResult, Content, ErrorCode, ModelRef,
     ProtocolError, Request, ServerEvent, ServerMessage, SessionMetadata, SessionPhase,
@@ -1246,9 +1246,9 @@ impl World {
         let now = self.now;
         let links = self.orphans.values().filter_map(|(l, _)| match l.state() {
             // Past its grace a busy orphan only retries (it retires once idle).
-            kernel::link::LinkState::Orphaned { next_try, .. } => {
-                l.next_deadline().map(|d| if d <= now { next_try } else { d })
-            }
+            kernel::link::LinkState::Orphaned { next_try, .. } => l
+                .next_deadline()
+                .map(|d| if d <= now { next_try } else { d }),
             _ => None,
         });
         let server = self.server.next_deadline().filter(|_| !self.server_down);

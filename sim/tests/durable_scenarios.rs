@@ -75,7 +75,11 @@ fn d01_idle_worker_stops_after_last_client_leaves() {
     assert_eq!(w.worker_count(), 1, "one client still attached");
     w.disconnect(b);
     w.settle(Duration::from_secs(1));
-    assert_eq!(w.worker_count(), 0, "the last client left: the idle worker stops");
+    assert_eq!(
+        w.worker_count(),
+        0,
+        "the last client left: the idle worker stops"
+    );
     snapshot("d01_idle_worker_stops_after_last_client_leaves", &w);
 }
 
@@ -138,11 +142,17 @@ fn d05_workers_adopted_after_replacement() {
     assert!(w.is_streaming(old), "a turn is in flight");
     w.replace_server();
     assert_eq!(w.generation(), 1);
-    assert!(w.client(a).closed, "the old server's clients are disconnected");
+    assert!(
+        w.client(a).closed,
+        "the old server's clients are disconnected"
+    );
     assert!(w.orphans().is_empty(), "every orphan was adopted");
     assert_eq!(w.worker_count(), 1, "no second worker was spawned");
     let adopted = w.worker_of(&s).unwrap();
-    assert!(w.is_streaming(adopted), "the same stream continues under the new server");
+    assert!(
+        w.is_streaming(adopted),
+        "the same stream continues under the new server"
+    );
     let b = w.connect_ready();
     let r = attach(&mut w, b, &s);
     ok(&w, b, &r);
@@ -165,9 +175,18 @@ fn d06_orphaned_idle_worker_retires_after_grace() {
     assert_eq!(w.worker_count(), 2, "the workers survive their server");
     w.advance(Duration::from_secs(29));
     assert_eq!(w.worker_count(), 2, "within the grace");
-    assert_eq!(completed_turns(&w, &busy), 1, "the busy orphan committed its turn");
+    assert_eq!(
+        completed_turns(&w, &busy),
+        1,
+        "the busy orphan committed its turn"
+    );
     w.advance(Duration::from_secs(2));
-    assert_eq!(w.worker_count(), 0, "both retired after the grace: {:?}", w.workers());
+    assert_eq!(
+        w.worker_count(),
+        0,
+        "both retired after the grace: {:?}",
+        w.workers()
+    );
     assert!(w.orphans().is_empty());
     assert!(w.store.sessions.contains_key(&idle));
     snapshot("d06_orphaned_idle_worker_retires_after_grace", &w);
