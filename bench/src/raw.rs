@@ -1,0 +1,199 @@
+//! A minimal framed connection (u32 big-endian length + payload) that does
+//! no decoding on its own, and the few protocol messages the benches send.
+//!
+//! The same client code drives our server, the echo server and the
+//! TypeScript server, so client-side costs are equal on both sides of every
+//! ratio.
+
+use kernel::protocol::{
+    ClientHello, ClientMessage, Command, PROTOCOL_VERSION, Request, ServerMessage,
+    decode_server_message, encode_client_message,
+};
+use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+use kernel::wire::{CborLimits, Value, cbor};
+use std::io;
+use std::path::Path;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Bytes the read buffer keeps free before a read.
+const READ_SPACE: usize = 64 * 1024;
+
+/// A framed Unix-socket connection.
+#[derive(Debug)]
+pub(crate) struct RawConn {
+    pub(crate) stream: UnixStream,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl RawConn {
+    /// Connects to `path`.
+    pub(crate) async fn connect(path: &Path) -> io::Result<Self> {
+        Ok(Self::new(UnixStream::connect(path).await?))
+    }
+
+    /// Wraps a stream.
+    pub(crate) fn new(stream: UnixStream) -> Self {
+        Self {
+            stream,
+            buf: vec![0; READ_SPACE],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Writes already framed bytes.
+    pub(crate) async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// The range of the next complete payload in the buffer, if any.
+    fn complete(&self) -> Option<(usize, usize)> {
+        let have = self.end - self.start;
+        if have < 4 {
+            return None;
+        }
+        let header: [u8; 4] = self.buf[self.start..self.start + 4]
+            .try_into()
+            .expect("4 bytes");
+        let len = u32::from_be_bytes(header) as usize;
+        (have >= 4 + len).then_some((self.start + 4, self.start + 4 + len))
+    }
+
+    /// Reads at least one more byte. `UnexpectedEof` when the peer closed.
+    pub(crate) async fn fill(&mut self) -> io::Result<()> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.buf.len() - self.end < READ_SPACE && self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < READ_SPACE {
+            self.buf.resize(self.end + READ_SPACE, 0);
+        }
+        let n = self.stream.read(&mut self.buf[self.end..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.end += n;
+        Ok(())
+    }
+
+    /// Hands every complete payload in the buffer to `f`, in order.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(&[u8])) {
+        while let Some((s, e)) = self.complete() {
+            f(&self.buf[s..e]);
+            self.start = e;
+        }
+    }
+
+    /// The next payload.
+    pub(crate) async fn frame(&mut self) -> io::Result<Vec<u8>> {
+        loop {
+            if let Some((s, e)) = self.complete() {
+                self.start = e;
+                return Ok(self.buf[s..e].to_vec());
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads frames until one of kind `Response`; returns it.
+    pub(crate) async fn until_response(&mut self) -> io::Result<Vec<u8>> {
+        loop {
+            let payload = self.frame().await?;
+            if kind(&payload) == Kind::Response {
+                return Ok(payload);
+            }
+        }
+    }
+
+    /// v1 handshake: sends hello, returns the server's first message.
+    pub(crate) async fn hello_v1(&mut self) -> io::Result<ServerMessage> {
+        self.send(&v1_frame(&ClientMessage::Hello(ClientHello {
+            version: PROTOCOL_VERSION,
+            token: None,
+        })))
+        .await?;
+        let payload = self.frame().await?;
+        decode(&payload).map_err(io::Error::other)
+    }
+}
+
+/// Frames a v1 client message.
+pub(crate) fn v1_frame(message: &ClientMessage) -> Vec<u8> {
+    let payload = encode_client_message(message).expect("a bench message encodes");
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("a bench frame fits")
+}
+
+/// Frames a v1 request.
+pub(crate) fn v1_request(id: &str, command: Command) -> Vec<u8> {
+    v1_frame(&ClientMessage::Request(Request {
+        id: id.into(),
+        command,
+    }))
+}
+
+/// Decodes a v1 server payload.
+pub(crate) fn decode(payload: &[u8]) -> Result<ServerMessage, String> {
+    decode_server_message(payload, &CborLimits::default()).map_err(|e| e.to_string())
+}
+
+/// Frames an arbitrary CBOR value (for protocol v8).
+pub(crate) fn value_frame(value: &Value) -> Vec<u8> {
+    let mut payload = Vec::new();
+    cbor::encode(value, &mut payload).expect("a bench value encodes");
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("a bench frame fits")
+}
+
+/// A CBOR map from pairs.
+pub(crate) fn map(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// A CBOR text value.
+pub(crate) fn text(s: &str) -> Value {
+    Value::Text(s.into())
+}
+
+/// What a server frame is, judged from its first bytes (every message of
+/// both protocol versions is a map whose first key is `type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Hello,
+    Response,
+    Event,
+    ServiceUpdate,
+    Other,
+}
+
+/// The kind of a payload, without decoding it.
+pub(crate) fn kind(payload: &[u8]) -> Kind {
+    let rest = payload.get(1..).unwrap_or_default();
+    let Some(rest) = rest.strip_prefix(b"\x64type") else {
+        return Kind::Other;
+    };
+    if rest.starts_with(b"\x68response") {
+        Kind::Response
+    } else if rest.starts_with(b"\x65event") {
+        Kind::Event
+    } else if rest.starts_with(b"\x65hello") {
+        Kind::Hello
+    } else if rest.starts_with(b"\x6eservice_update") {
+        Kind::ServiceUpdate
+    } else {
+        Kind::Other
+    }
+}
+
+/// True for a v1 `session_progress` event (the type tag sits in the first bytes).
+pub(crate) fn is_progress(payload: &[u8]) -> bool {
+    kind(payload) == Kind::Event
+        && payload
+            .get(..48.min(payload.len()))
+            .is_some_and(|head| head.windows(16).any(|w| w == b"session_progress"))
+}

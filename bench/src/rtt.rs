@@ -1,0 +1,324 @@
+//! Item 1: request round trips (`list`; `attach` + `detach`) over our socket
+//! against a raw Unix-socket echo of the same frames.
+
+use crate::echo::Echo;
+use crate::raw::{Kind, RawConn, kind, v1_request};
+use crate::server::{Server, create_sessions};
+use crate::util::{Env, Report, ctx_switches, fmt_us, median, percentile, schedstat, sorted, us};
+use kernel::protocol::{ClientHello, ClientMessage, Command, PROTOCOL_VERSION};
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// `n` sequential cycles; each sends `requests` one after the other, waiting
+/// for each response (and skipping events). Returns µs per cycle.
+pub(crate) async fn cycles(
+    conn: &mut RawConn,
+    requests: &[Vec<u8>],
+    n: usize,
+) -> io::Result<Vec<f64>> {
+    let split = cycles_split(conn, requests, n).await?;
+    Ok((0..n).map(|i| split.iter().map(|s| s[i]).sum()).collect())
+}
+
+/// [`cycles`], with the µs of each request of the cycle kept apart.
+pub(crate) async fn cycles_split(
+    conn: &mut RawConn,
+    requests: &[Vec<u8>],
+    n: usize,
+) -> io::Result<Vec<Vec<f64>>> {
+    let mut samples = vec![Vec::with_capacity(n); requests.len()];
+    for _ in 0..n {
+        for (i, request) in requests.iter().enumerate() {
+            let start = Instant::now();
+            conn.send(request).await?;
+            conn.until_response().await?;
+            samples[i].push(us(start.elapsed()));
+        }
+    }
+    Ok(samples)
+}
+
+/// Reads and frames everything that arrives until `quiet` passes with nothing.
+pub(crate) async fn collect_quiet(conn: &mut RawConn, quiet: Duration) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    while let Ok(Ok(payload)) = tokio::time::timeout(quiet, conn.frame()).await {
+        bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&payload);
+    }
+    bytes
+}
+
+/// What the server sends for each request of a cycle: the frames up to and
+/// including its response; trailing events go with the last request.
+pub(crate) async fn capture(conn: &mut RawConn, requests: &[Vec<u8>]) -> io::Result<Vec<Vec<u8>>> {
+    collect_quiet(conn, Duration::from_millis(200)).await;
+    let mut script = Vec::new();
+    for request in requests {
+        conn.send(request).await?;
+        let mut bytes = Vec::new();
+        loop {
+            let payload = conn.frame().await?;
+            bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(&payload);
+            if kind(&payload) == Kind::Response {
+                break;
+            }
+        }
+        script.push(bytes);
+    }
+    let trailing = collect_quiet(conn, Duration::from_millis(200)).await;
+    script.last_mut().expect("one request").extend(trailing);
+    Ok(script)
+}
+
+/// A pair measured alternately: A (the baseline) then B (ours), `rounds` times.
+#[derive(Debug, Default)]
+pub(crate) struct Pair {
+    /// Every A sample.
+    pub(crate) a: Vec<f64>,
+    /// Every B sample.
+    pub(crate) b: Vec<f64>,
+    /// Per round: median(B) / median(A).
+    pub(crate) ratios: Vec<f64>,
+    /// Per round: the server's µs on a CPU per cycle of B (when measured).
+    pub(crate) server_run: Vec<f64>,
+    /// Per round: the server's threads' µs waiting for a CPU per cycle of B.
+    pub(crate) server_wait: Vec<f64>,
+    /// Per round: the server's threads' context switches per cycle of B.
+    pub(crate) server_switches: Vec<f64>,
+}
+
+impl Pair {
+    /// Adds one round.
+    pub(crate) fn round(&mut self, a: Vec<f64>, b: Vec<f64>) {
+        self.ratios.push(median(&b) / median(&a));
+        self.a.extend(a);
+        self.b.extend(b);
+    }
+
+    /// median(B) / median(A) over all samples.
+    pub(crate) fn ratio(&self) -> f64 {
+        median(&self.b) / median(&self.a)
+    }
+
+    /// "p50 x, p99 y".
+    pub(crate) fn describe(samples: &[f64]) -> String {
+        let s = sorted(samples);
+        format!(
+            "p50 {}, p99 {}",
+            fmt_us(percentile(&s, 50.0)),
+            fmt_us(percentile(&s, 99.0))
+        )
+    }
+
+    /// "server on a CPU x µs/cycle, waiting y µs/cycle" (medians of rounds).
+    pub(crate) fn server_time(&self) -> String {
+        if self.server_run.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; server threads per cycle: {} on a CPU, {} waiting for one, {:.1} context switches",
+            fmt_us(median(&self.server_run)),
+            fmt_us(median(&self.server_wait)),
+            median(&self.server_switches)
+        )
+    }
+
+    /// The per-round ratio range.
+    pub(crate) fn spread(&self) -> String {
+        let s = sorted(&self.ratios);
+        format!(
+            "rounds {:.2}–{:.2}",
+            s.first().copied().unwrap_or(f64::NAN),
+            s.last().copied().unwrap_or(f64::NAN)
+        )
+    }
+}
+
+/// Round trips of `requests` against our server and against an echo of the
+/// same frames, alternating.
+pub(crate) async fn versus_echo(
+    env: &Env,
+    ours: &mut RawConn,
+    server_pid: u32,
+    requests: &[Vec<u8>],
+    n: usize,
+) -> Result<(Pair, Vec<usize>, Vec<usize>), String> {
+    let err = |e: io::Error| e.to_string();
+    cycles(ours, requests, n / 5 + 1).await.map_err(err)?; // warm up
+    let script = capture(ours, requests).await.map_err(err)?;
+    let request_sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+    let reply_sizes: Vec<usize> = script.iter().map(Vec::len).collect();
+    let echo = Echo::start(&env.fresh_dir("echo").join("echo.sock"), script);
+    let mut baseline = RawConn::connect(&echo.path).await.map_err(err)?;
+    cycles(&mut baseline, requests, n / 5 + 1)
+        .await
+        .map_err(err)?;
+    let mut pair = Pair::default();
+    for _ in 0..env.rounds {
+        let a = cycles(&mut baseline, requests, n).await.map_err(err)?;
+        let before = schedstat(server_pid);
+        let switches = ctx_switches(server_pid);
+        let b = cycles(ours, requests, n).await.map_err(err)?;
+        let after = schedstat(server_pid);
+        pair.server_switches
+            .push((ctx_switches(server_pid) - switches) as f64 / n as f64);
+        pair.server_run
+            .push((after.0 - before.0) as f64 / 1e3 / n as f64);
+        pair.server_wait
+            .push((after.1 - before.1) as f64 / 1e3 / n as f64);
+        pair.round(a, b);
+    }
+    Ok((pair, request_sizes, reply_sizes))
+}
+
+/// A connection that stays attached to a session (so it stays live) and
+/// drains whatever it is sent on its own thread.
+#[derive(Debug)]
+pub(crate) struct Holder {
+    stream: std::os::unix::net::UnixStream,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Holder {
+    /// Connects, says hello, attaches `session_id` and waits for the answer.
+    pub(crate) fn attach(socket: &Path, session_id: &str) -> io::Result<Self> {
+        let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+        stream.write_all(&crate::raw::v1_frame(&ClientMessage::Hello(ClientHello {
+            version: PROTOCOL_VERSION,
+            token: None,
+        })))?;
+        stream.write_all(&v1_request(
+            "hold",
+            Command::Attach {
+                session_id: session_id.into(),
+            },
+        ))?;
+        let mut reader = stream.try_clone()?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut pending: Vec<u8> = Vec::new();
+            let mut ready = Some(ready_tx);
+            loop {
+                let n = match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if let Some(tx) = &ready {
+                    pending.extend_from_slice(&buf[..n]);
+                    let mut at = 0;
+                    while pending.len() - at >= 4 {
+                        let len =
+                            u32::from_be_bytes(pending[at..at + 4].try_into().expect("4")) as usize;
+                        if pending.len() - at < 4 + len {
+                            break;
+                        }
+                        if kind(&pending[at + 4..at + 4 + len]) == Kind::Response {
+                            let _ = tx.send(());
+                            ready = None;
+                            break;
+                        }
+                        at += 4 + len;
+                    }
+                    if ready.is_some() {
+                        pending.drain(..at);
+                    }
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| io::Error::other("the holder's attach was not answered"))?;
+        Ok(Self {
+            stream,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Item 1.
+pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
+    let sessions = env.fresh_dir("rtt-sessions");
+    let ids = create_sessions(&sessions, 1, 1)?;
+    let id = ids[0].clone();
+    let server = Server::start(env, &sessions, &[])?;
+    let _holder = Holder::attach(&server.socket, &id).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut conn = RawConn::connect(&server.socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.hello_v1().await.map_err(|e| e.to_string())?;
+
+        // `BENCH_RTT=attach` measures only attach+detach (for profiling).
+        let only_attach = std::env::var("BENCH_RTT").is_ok_and(|v| v == "attach");
+        let n = env.pick(200, 2000);
+        let list = vec![v1_request("r1", Command::List)];
+        if !only_attach {
+            let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &list, n).await?;
+            let ratio = pair.ratio();
+            report.push(
+                "1",
+                format!(
+                    "`list` round trip (1 stored session; request {} B, reply {} B), ours vs raw echo",
+                    req[0], rep[0]
+                ),
+                format!(
+                    "ours {} / echo {} → **{ratio:.2}×** ({}){}",
+                    Pair::describe(&pair.b),
+                    Pair::describe(&pair.a),
+                    pair.spread(),
+                    pair.server_time()
+                ),
+                "≤ 1.5×",
+                Some(ratio <= 1.5),
+            );
+        }
+
+        let n = env.pick(100, 1000);
+        let attach = v1_request(
+            "r2",
+            Command::Attach {
+                session_id: id.clone(),
+            },
+        );
+        let detach = v1_request("r3", Command::Detach { session_id: id.clone() });
+        let requests = [attach, detach];
+        let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &requests, n).await?;
+        let ratio = pair.ratio();
+        let split = cycles_split(&mut conn, &requests, n).await.map_err(|e| e.to_string())?;
+        report.push(
+            "1",
+            format!(
+                "`attach`+`detach` round trips (live session; requests {}+{} B, replies {}+{} B incl. the server_snapshot event after detach), ours vs raw echo",
+                req[0], req[1], rep[0], rep[1]
+            ),
+            format!(
+                "ours {} / echo {} → **{ratio:.2}×** ({}){}; ours split: attach {}, detach {}",
+                Pair::describe(&pair.b),
+                Pair::describe(&pair.a),
+                pair.spread(),
+                pair.server_time(),
+                Pair::describe(&split[0]),
+                Pair::describe(&split[1])
+            ),
+            "≤ 1.5×",
+            Some(ratio <= 1.5),
+        );
+        Ok(())
+    })
+}

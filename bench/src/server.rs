@@ -1,0 +1,222 @@
+//! The real `pi-server serve` process, and stored sessions made with the store.
+
+use crate::util::Env;
+use kernel::faux;
+use kernel::protocol::ThinkingLevel;
+use kernel::runtime::StoredSession;
+use pi_io::store::SessionStore;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `pi-server serve`. Stopped with SIGTERM (then SIGKILL) on drop.
+#[derive(Debug)]
+pub(crate) struct Server {
+    child: Option<Child>,
+    /// `perf record` attached to it (`BENCH_PERF=1`).
+    perf: Option<Child>,
+    /// Its process id.
+    pub(crate) pid: u32,
+    /// The client socket.
+    pub(crate) socket: PathBuf,
+    /// Its log (stderr).
+    pub(crate) log: PathBuf,
+    /// When it was spawned.
+    pub(crate) spawned: Instant,
+}
+
+impl Server {
+    /// Spawns a server on `session_dir` and waits until its socket is bound.
+    pub(crate) fn start(
+        env: &Env,
+        session_dir: &Path,
+        vars: &[(&str, String)],
+    ) -> Result<Self, String> {
+        let mut server = Self::spawn(env, session_dir, vars)?;
+        server.wait_bound(Duration::from_secs(60))?;
+        if std::env::var_os("BENCH_PERF").is_some_and(|v| v != "0") {
+            server.perf = Some(start_perf(env, server.pid)?);
+        }
+        Ok(server)
+    }
+
+    /// Spawns a server on `session_dir` without waiting.
+    pub(crate) fn spawn(
+        env: &Env,
+        session_dir: &Path,
+        vars: &[(&str, String)],
+    ) -> Result<Self, String> {
+        let dir = env.fresh_dir("srv");
+        let server_dir = dir.join("s");
+        let server_id = pi_io::config::new_uuid();
+        let log = dir.join("server.log");
+        let stderr = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut cmd = Command::new(&env.server_bin);
+        cmd.arg("serve")
+            .arg("--server-dir")
+            .arg(&server_dir)
+            .arg("--session-dir")
+            .arg(session_dir)
+            .arg("--server-id")
+            .arg(&server_id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let spawned = Instant::now();
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot spawn {}: {e}", env.server_bin.display()))?;
+        Ok(Self {
+            pid: child.id(),
+            child: Some(child),
+            perf: None,
+            socket: pi_io::config::socket_path(&server_dir, &server_id),
+            log,
+            spawned,
+        })
+    }
+
+    /// Waits until the client socket exists.
+    pub(crate) fn wait_bound(&mut self, timeout: Duration) -> Result<(), String> {
+        while !self.socket.exists() {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!(
+                    "pi-server exited ({status}) before binding; log: {}",
+                    self.log_tail()
+                ));
+            }
+            if self.spawned.elapsed() > timeout {
+                return Err("pi-server did not bind its socket in time".into());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    /// The last lines of the log.
+    pub(crate) fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    }
+
+    /// The log text.
+    pub(crate) fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then SIGKILL if it is still running after `grace`.
+    pub(crate) fn stop(&mut self) {
+        if let Some(mut perf) = self.perf.take() {
+            signal(perf.id(), rustix::process::Signal::INT);
+            let _ = perf.wait();
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal(self.pid, rustix::process::Signal::TERM);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `perf record` (software clock, DWARF call graphs unless `BENCH_PERF=flat`) of process `pid`, into
+/// `<target>/bench-perf/server-<pid>.data`.
+fn start_perf(env: &Env, pid: u32) -> Result<Child, String> {
+    let dir = env.target_dir.join("bench-perf");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let out = dir.join(format!("server-{pid}.data"));
+    println!("  perf record of server pid {pid} -> {}", out.display());
+    // `BENCH_PERF=flat`: no call graphs (less overhead, self time only).
+    let graph: &[&str] = if std::env::var("BENCH_PERF").is_ok_and(|v| v == "flat") {
+        &[]
+    } else {
+        &["--call-graph", "dwarf,32768"]
+    };
+    let child = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "4999"])
+        .args(graph)
+        .arg("-p")
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run perf: {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(child)
+}
+
+/// Sends `sig` to `pid`.
+pub(crate) fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+/// A new session's stored state.
+pub(crate) fn stored_session(id: &str, created_at: u64) -> StoredSession {
+    StoredSession {
+        id: id.into(),
+        name: Some(format!("bench {}", &id[..8.min(id.len())])),
+        cwd: "/work/bench".into(),
+        created_at,
+        updated_at: created_at,
+        model: faux::default_model(),
+        thinking_level: ThinkingLevel::Off,
+        revision: 1,
+        transcript: Vec::new(),
+        queued_steer: Vec::new(),
+        summary: None,
+    }
+}
+
+/// Creates `n` stored sessions under `dir` with the store (in `threads`
+/// threads); returns their ids.
+pub(crate) fn create_sessions(dir: &Path, n: usize, threads: usize) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ids: Vec<String> = (0..n).map(|_| pi_io::config::new_uuid()).collect();
+    let chunk = n.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ids
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || -> Result<(), String> {
+                    for (i, id) in part.iter().enumerate() {
+                        let store = SessionStore::create(
+                            dir,
+                            &stored_session(id, 1_700_000_000_000 + i as u64),
+                        )
+                        .map_err(|e| e.to_string())?;
+                        drop(store);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| "a creating thread panicked".to_string())?
+        })
+    })?;
+    Ok(ids)
+}

@@ -1,0 +1,447 @@
+//! Shared pieces: the environment (paths, the binary under test), statistics,
+//! `/proc` readings, the machine description and the report table.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Where things are and how hard to run.
+#[derive(Debug)]
+pub(crate) struct Env {
+    /// The workspace root (holds the root `Cargo.toml`).
+    pub(crate) workspace: PathBuf,
+    /// Cargo's target directory (the parent of `release/bench`).
+    pub(crate) target_dir: PathBuf,
+    /// The `pi-server` binary under test.
+    pub(crate) server_bin: PathBuf,
+    /// A short private scratch directory (Unix socket paths must stay short).
+    pub(crate) run_dir: PathBuf,
+    /// Alternating rounds per pair.
+    pub(crate) rounds: usize,
+    /// Reduced sizes (for profiling under callgrind, or a smoke run).
+    pub(crate) quick: bool,
+}
+
+impl Env {
+    /// Finds the workspace and target directory, builds `pi-server` (release)
+    /// unless `PI_SERVER_BIN` names one, and makes the scratch directory.
+    pub(crate) fn discover() -> Result<Self, String> {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .ok_or("no workspace directory")?
+            .to_path_buf();
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let target_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("cannot find the target directory from the bench binary's path")?
+            .to_path_buf();
+        let server_bin = match std::env::var_os("PI_SERVER_BIN") {
+            Some(bin) => PathBuf::from(bin),
+            None => {
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+                eprintln!("bench: building pi-server (release) ...");
+                let status = Command::new(cargo)
+                    .args([
+                        "build",
+                        "--release",
+                        "-p",
+                        "pi-server",
+                        "--bin",
+                        "pi-server",
+                    ])
+                    .env("CARGO_TARGET_DIR", &target_dir)
+                    .current_dir(&workspace)
+                    .status()
+                    .map_err(|e| format!("cannot run cargo: {e}"))?;
+                if !status.success() {
+                    return Err(format!("cargo build of pi-server failed: {status}"));
+                }
+                target_dir.join("release").join("pi-server")
+            }
+        };
+        if !server_bin.is_file() {
+            return Err(format!("{} does not exist", server_bin.display()));
+        }
+        let run_dir = std::env::temp_dir().join(format!("pi-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&run_dir)
+            .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+        let quick = std::env::var_os("BENCH_QUICK").is_some_and(|v| v != "0");
+        let rounds = std::env::var("BENCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if quick { 2 } else { 7 });
+        Ok(Self {
+            workspace,
+            target_dir,
+            server_bin,
+            run_dir,
+            rounds,
+            quick,
+        })
+    }
+
+    /// A fresh directory under the scratch directory.
+    pub(crate) fn fresh_dir(&self, name: &str) -> PathBuf {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.run_dir.join(format!("{name}{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        dir
+    }
+
+    /// `quick` or `full` depending on the run size.
+    pub(crate) fn pick<T>(&self, quick: T, full: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!("bench: kept {}", self.run_dir.display());
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+// ---- statistics -------------------------------------------------------------
+
+/// Percentile `p` (0..=100) of `sorted` by the nearest-rank method.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Sorted copy.
+pub(crate) fn sorted(samples: &[f64]) -> Vec<f64> {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The median.
+pub(crate) fn median(samples: &[f64]) -> f64 {
+    percentile(&sorted(samples), 50.0)
+}
+
+/// Microseconds of a duration.
+pub(crate) fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// A compact human form of a number of microseconds.
+pub(crate) fn fmt_us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} ms", v / 1000.0)
+    } else if v >= 1000.0 {
+        format!("{:.2} ms", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0} µs")
+    } else {
+        format!("{v:.1} µs")
+    }
+}
+
+/// A rate with a k/M suffix.
+pub(crate) fn fmt_rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1} k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// A fast non-cryptographic hash of a frame payload (identifies a frame
+/// across connections: the server encodes a broadcast once).
+pub(crate) fn hash_bytes(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for chunk in bytes.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(word))
+            .wrapping_mul(0x0000_0100_0000_01b3)
+            .rotate_left(29);
+    }
+    h ^ bytes.len() as u64
+}
+
+/// Seconds of the (UTC) day of a log line's RFC 3339 timestamp.
+pub(crate) fn log_time(line: &str) -> Option<f64> {
+    let stamp = line.split_whitespace().next()?;
+    let time = stamp.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// Seconds of the (UTC) day now, comparable with [`log_time`].
+pub(crate) fn wall_sod() -> f64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() % 86_400) as f64 + f64::from(d.subsec_nanos()) / 1e9
+}
+
+// ---- /proc --------------------------------------------------------------------
+
+/// Resident set size of a process in KiB (`VmRSS`).
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Nanoseconds a process's threads have run on a CPU and waited on a run
+/// queue (sums of `/proc/<pid>/task/*/schedstat`).
+pub(crate) fn schedstat(pid: u32) -> (u64, u64) {
+    let (mut run, mut wait) = (0, 0);
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    for task in tasks.flatten() {
+        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+            let mut fields = stat
+                .split_whitespace()
+                .map(|f| f.parse::<u64>().unwrap_or(0));
+            run += fields.next().unwrap_or(0);
+            wait += fields.next().unwrap_or(0);
+        }
+    }
+    (run, wait)
+}
+
+/// The workspace's commit, and whether the tree has uncommitted changes.
+pub(crate) fn git_head(workspace: &Path) -> String {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(workspace)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let head = run(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !run(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    format!(
+        "{head}{}",
+        if dirty { " + uncommitted changes" } else { "" }
+    )
+}
+
+/// Context switches (voluntary + involuntary) of a process's threads.
+pub(crate) fn ctx_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    let mut total = 0;
+    for task in tasks.flatten() {
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            total += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+    }
+    total
+}
+
+/// The load average line.
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Child processes of `pid` (all threads).
+pub(crate) fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Open file descriptors of a process.
+pub(crate) fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Waits until `pid` has no child processes (a disposed worker exited).
+pub(crate) fn wait_no_children(pid: u32, timeout: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < timeout {
+        if children(pid).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+/// Raises the soft limit of open files to at least `want` (up to the hard limit).
+pub(crate) fn raise_nofile(want: u64) -> (u64, u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if soft < want {
+        let new = Rlimit {
+            current: Some(want.min(hard)),
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, new).is_ok() {
+            return (want.min(hard), hard);
+        }
+    }
+    (soft, hard)
+}
+
+// ---- the machine ----------------------------------------------------------------
+
+/// What the figures were measured on.
+pub(crate) fn machine() -> String {
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{nproc} CPUs ({cpu}), {:.1} GiB RAM, Linux {}, {}",
+        mem_kib as f64 / 1024.0 / 1024.0,
+        kernel.trim(),
+        today()
+    )
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`.
+pub(crate) fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+// ---- the report -------------------------------------------------------------------
+
+/// One figure.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    /// Issue item (1..7).
+    pub(crate) item: &'static str,
+    /// What was measured.
+    pub(crate) what: String,
+    /// The figure.
+    pub(crate) figure: String,
+    /// The target, or "—".
+    pub(crate) target: String,
+    /// Met / missed / not applicable.
+    pub(crate) met: Option<bool>,
+}
+
+/// Every figure of a run, printed as a Markdown table at the end.
+#[derive(Debug, Default)]
+pub(crate) struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    /// Adds a figure with no target.
+    pub(crate) fn info(&mut self, item: &'static str, what: impl Into<String>, figure: String) {
+        self.push(item, what, figure, "—", None);
+    }
+
+    /// Adds a figure.
+    pub(crate) fn push(
+        &mut self,
+        item: &'static str,
+        what: impl Into<String>,
+        figure: String,
+        target: &str,
+        met: Option<bool>,
+    ) {
+        let row = Row {
+            item,
+            what: what.into(),
+            figure,
+            target: target.into(),
+            met,
+        };
+        println!(
+            "  [{}] {}: {}   (target {}{})",
+            row.item,
+            row.what,
+            row.figure,
+            row.target,
+            match row.met {
+                Some(true) => ", met",
+                Some(false) => ", MISSED",
+                None => "",
+            }
+        );
+        self.rows.push(row);
+    }
+
+    /// The Markdown table.
+    pub(crate) fn markdown(&self) -> String {
+        let mut out = String::new();
+        out.push_str("| # | what | figure | target | met |\n|---|---|---|---|---|\n");
+        for r in &self.rows {
+            let met = match r.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                r.item, r.what, r.figure, r.target, met
+            );
+        }
+        out
+    }
+}
