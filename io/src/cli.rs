@@ -222,10 +222,16 @@ struct CreateArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli.command);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The server and the worker are each one loop task (blocking work goes to
+    // `spawn_blocking`): a current-thread runtime saves a thread hop per
+    // request (BENCHMARKS.md, item 1: context switches per `list` 5.1 → 2.0).
+    let single_loop = matches!(cli.command, Commands::Serve(_) | Commands::Worker);
+    let mut builder = if single_loop {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("pi-server: cannot start the async runtime: {e}");
