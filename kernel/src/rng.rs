@@ -6,7 +6,7 @@
 
 /// SplitMix64: tiny, fast, and good enough for unguessable-looking ids when
 /// seeded from the OS. Not a cryptographic generator; ids are not secrets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rng {
     state: u64,
 }

@@ -50,25 +50,24 @@ impl fmt::Display for Ratio {
     }
 }
 
-/// SplitMix64 (Steele, Lea and Flood 2014): one `u64` of state, full period.
+/// The simulator's choices, drawn from the kernel's own SplitMix64
+/// ([`kernel::rng::Rng`]) with the helpers a driver needs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Prng {
-    state: u64,
+    inner: kernel::rng::Rng,
 }
 
 impl Prng {
     /// A generator starting from `seed`.
     pub fn new(seed: u64) -> Self {
-        Self { state: seed }
+        Self {
+            inner: kernel::rng::Rng::new(seed),
+        }
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.inner.next_u64()
     }
 
     /// A number in `0..count` (Lemire's multiply-shift; the bias is below 2^-32
