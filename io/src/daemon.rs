@@ -15,9 +15,8 @@ use crate::socket;
 use crate::store;
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::limits::Limits;
-use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
+use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
-use kernel::wire::frame::encode_frame;
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::CreateSpec;
 use std::collections::BTreeMap;
@@ -159,11 +158,7 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
     let frame = WorkerFrame::Replace {
         version: kernel::protocol::worker::WORKER_PROTOCOL_VERSION,
     };
-    let bytes = encode_worker_frame(&frame)
-        .map_err(|e| e.to_string())
-        .and_then(|p| {
-            encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).map_err(|e| e.to_string())
-        })?;
+    let bytes = frame_worker_message(&frame).map_err(|e| e.to_string())?;
     stream
         .write_all(&bytes)
         .await
@@ -311,12 +306,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         }
         // Our sockets are gone and every worker is released: the successor may bind.
         let sessions = std::mem::take(&mut d.released);
-        let bytes = encode_worker_frame(&WorkerFrame::Released { sessions })
-            .map_err(|e| e.to_string())
-            .and_then(|p| {
-                encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN)
-                    .map_err(|e| e.to_string())
-            })?;
+        let bytes =
+            frame_worker_message(&WorkerFrame::Released { sessions }).map_err(|e| e.to_string())?;
         successor
             .write_all(&bytes)
             .await
@@ -754,12 +745,7 @@ impl Daemon {
                     return;
                 };
                 tracing::warn!(pid, %reason, "refused to adopt a worker");
-                let bytes = encode_worker_frame(&WorkerFrame::Rejected { reason })
-                    .ok()
-                    .and_then(|p| {
-                        encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN).ok()
-                    });
-                if let Some(bytes) = bytes {
+                if let Ok(bytes) = frame_worker_message(&WorkerFrame::Rejected { reason }) {
                     tokio::spawn(async move {
                         let _ = stream.write_all(&bytes).await;
                     });
@@ -911,12 +897,7 @@ impl Daemon {
         let Some(w) = self.workers.get_mut(&worker) else {
             return;
         };
-        let bytes = match encode_worker_frame(frame)
-            .map_err(|e| e.to_string())
-            .and_then(|p| {
-                encode_frame(&p, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN)
-                    .map_err(|e| e.to_string())
-            }) {
+        let bytes = match frame_worker_message(frame) {
             Ok(b) => b,
             Err(e) => return tracing::error!(%worker, error = %e, "cannot encode a worker frame"),
         };

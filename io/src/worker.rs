@@ -14,14 +14,14 @@ use kernel::faux::{self, FauxStream};
 use kernel::link::{Link, LinkAction};
 use kernel::protocol::SessionPhase;
 use kernel::protocol::worker::{
-    WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, encode_worker_frame,
+    WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, frame_worker_message,
 };
 use kernel::protocol::{ErrorCode, ProtocolError};
 use kernel::runtime::{
     ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession,
 };
 use kernel::time::Instant;
-use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::{FromWorker, ToWorker};
 use std::collections::VecDeque;
@@ -80,11 +80,7 @@ impl Channel {
 
     async fn send(&mut self, frame: &WorkerFrame) {
         let Some(write) = &mut self.write else { return };
-        let bytes = encode_worker_frame(frame).and_then(|p| {
-            encode_frame(&p, DEFAULT_MAX_FRAME_LEN)
-                .map_err(|e| kernel::protocol::SchemaError::new(e.to_string()))
-        });
-        match bytes {
+        match frame_worker_message(frame) {
             Ok(bytes) => {
                 if write.write_all(&bytes).await.is_err() {
                     tracing::warn!("server channel lost");

@@ -374,6 +374,13 @@ pub fn encode_worker_frame(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError> 
     Ok(out)
 }
 
+/// Encodes a worker-channel frame with its length prefix, ready to write.
+pub fn frame_worker_message(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError> {
+    let payload = encode_worker_frame(frame)?;
+    crate::wire::frame::encode_frame(&payload, crate::wire::frame::DEFAULT_MAX_FRAME_LEN)
+        .map_err(|e| SchemaError::new(e.to_string()))
+}
+
 /// Decodes a worker-channel frame payload.
 pub fn decode_worker_frame(
     payload: &[u8],
