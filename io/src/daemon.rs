@@ -9,6 +9,14 @@
 //! catalog scan and session removal. They talk to the loop through one
 //! bounded event channel (readers block when the loop falls behind) and are
 //! talked to through per-task channels whose size the kernel already bounds.
+//!
+//! Client output takes a short path: the loop gathers a step's frames per
+//! connection and writes them to the socket itself, without blocking
+//! (`try_write`). Only what the socket does not take at once goes to the
+//! connection's writer task, which waits for the socket to drain; while it
+//! holds bytes, later frames queue behind them, so the order is kept. A
+//! request whose answer fits the socket buffer therefore costs no task
+//! hand-off at all (BENCHMARKS.md, item 1).
 
 use crate::config::{self, new_uuid};
 use crate::socket;
@@ -16,7 +24,7 @@ use crate::store;
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
-use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
+use kernel::server::{CloseReason, Config, Input, Output, Server};
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::CreateSpec;
 use std::collections::BTreeMap;
@@ -44,12 +52,119 @@ pub struct ServeOptions {
     pub listen_tcp: Option<String>,
 }
 
-/// A client byte stream: a Unix socket or a TCP connection.
-trait ClientStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ClientStream for T {}
+/// A client connection: a Unix socket or a TCP connection. Shared by the
+/// loop (direct writes), the connection's reader and its writer.
+enum ClientSocket {
+    Unix(UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+impl ClientSocket {
+    async fn readable(&self) -> std::io::Result<()> {
+        match self {
+            Self::Unix(s) => s.readable().await,
+            Self::Tcp(s) => s.readable().await,
+        }
+    }
+
+    async fn writable(&self) -> std::io::Result<()> {
+        match self {
+            Self::Unix(s) => s.writable().await,
+            Self::Tcp(s) => s.writable().await,
+        }
+    }
+
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Unix(s) => s.try_write(buf),
+            Self::Tcp(s) => s.try_write(buf),
+        }
+    }
+
+    /// Ends our direction of the stream (the peer reads end-of-file).
+    fn shutdown_write(&self) {
+        let result = match self {
+            Self::Unix(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+            Self::Tcp(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "shutdown of a client connection failed");
+        }
+    }
+
+    /// Reads what is ready, without waiting. `Ok(None)`: nothing yet.
+    ///
+    /// Reads into the thread's scratch buffer, so an idle connection holds
+    /// none. A short read drained the socket: its readiness is cleared then,
+    /// which spares the reader a second `recv` that would only find nothing.
+    fn read_ready(&self) -> std::io::Result<Option<Vec<u8>>> {
+        READ_SCRATCH.with_borrow_mut(|buf| {
+            buf.resize(READ_CHUNK, 0);
+            let mut got = 0;
+            let result = match self {
+                Self::Unix(s) => s.try_io(tokio::io::Interest::READABLE, || {
+                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
+                }),
+                Self::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || {
+                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
+                }),
+            };
+            match result {
+                Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => Ok(Some(buf[..n].to_vec())),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && got > 0 => {
+                    Ok(Some(buf[..got].to_vec()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Writes all of `bytes`, waiting for the socket to drain as needed.
+    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            self.writable().await?;
+            match self.try_write(bytes) {
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The most a connection's reader takes from its socket at once.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// One `read`; a short one reports would-block after it (`*got` holds the
+/// count), so tokio clears the readiness: the socket is drained.
+fn read_draining(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    got: &mut usize,
+) -> std::io::Result<usize> {
+    let len = buf.len();
+    let n = rustix::io::read(fd, buf)?;
+    *got = n;
+    if n > 0 && n < len {
+        return Err(std::io::ErrorKind::WouldBlock.into());
+    }
+    Ok(n)
+}
+
+thread_local! {
+    /// The buffer every client connection reads into (all on the loop's thread).
+    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A connection's gathered output buffer is kept between steps up to this
+/// capacity; a larger one (after a big `list`) is freed.
+const KEEP_OUT_CAPACITY: usize = 64 * 1024;
 
 enum Event {
-    Accepted(Box<dyn ClientStream>),
+    Accepted(ClientSocket),
     CatalogLoaded(Vec<kernel::protocol::SessionMetadata>),
     Received {
         conn: ConnId,
@@ -58,9 +173,11 @@ enum Event {
     ReadClosed {
         conn: ConnId,
     },
+    /// The writer task wrote `chunks` hand-offs, `bytes` in all.
     Written {
         conn: ConnId,
         bytes: usize,
+        chunks: usize,
     },
     WriterClosed {
         conn: ConnId,
@@ -93,14 +210,41 @@ enum Event {
 }
 
 enum WriterMsg {
-    Frame(Frame),
+    /// Bytes the socket did not take at once, in order.
+    Bytes(Vec<u8>),
+    /// Flush, then end the stream.
     Close,
 }
 
 struct ClientConn {
+    socket: std::sync::Arc<ClientSocket>,
     writer: mpsc::UnboundedSender<WriterMsg>,
+    /// Hand-offs to the writer not yet reported written; while any is out,
+    /// the loop must not write to the socket itself.
+    handed: usize,
+    /// This step's frames, gathered; written when the step's inputs are done.
+    out: Vec<u8>,
     reader: JoinHandle<()>,
     writer_task: JoinHandle<()>,
+}
+
+impl ClientConn {
+    /// Queues on the writer task.
+    fn hand(&mut self, msg: WriterMsg) {
+        if matches!(msg, WriterMsg::Bytes(_)) {
+            self.handed += 1;
+        }
+        let _ = self.writer.send(msg);
+    }
+
+    /// Empties the gathered output, keeping a buffer of ordinary size.
+    fn clear_out(&mut self) {
+        if self.out.capacity() > KEEP_OUT_CAPACITY {
+            self.out = Vec::new();
+        } else {
+            self.out.clear();
+        }
+    }
 }
 
 struct WorkerProc {
@@ -142,6 +286,8 @@ struct Daemon {
     dropped: Vec<JoinHandle<()>>,
     /// Inputs waiting while outputs are carried out (see `step`).
     inputs: std::collections::VecDeque<Input>,
+    /// Connections with gathered output to write (see `flush`).
+    dirty: Vec<ConnId>,
     stepping: bool,
     done: bool,
 }
@@ -257,6 +403,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         released: Vec::new(),
         dropped: Vec::new(),
         inputs: Default::default(),
+        dirty: Vec::new(),
         stepping: false,
         done: false,
     };
@@ -324,7 +471,11 @@ async fn accept_tcp(listener: tokio::net::TcpListener, tx: mpsc::Sender<Event>) 
             Ok((stream, peer)) => {
                 tracing::debug!(%peer, "remote client connected");
                 let _ = stream.set_nodelay(true);
-                if tx.send(Event::Accepted(Box::new(stream))).await.is_err() {
+                if tx
+                    .send(Event::Accepted(ClientSocket::Tcp(stream)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -340,7 +491,11 @@ async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                if tx.send(Event::Accepted(Box::new(stream))).await.is_err() {
+                if tx
+                    .send(Event::Accepted(ClientSocket::Unix(stream)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -421,21 +576,67 @@ impl Daemon {
     /// Feeds one input and carries out the outputs, in order. Inputs that
     /// arise while outputs are being carried out (a connection dropped, a
     /// spawn failed) are queued and fed afterwards, so outputs are never
-    /// interleaved across steps.
+    /// interleaved across steps. When no input is left, the gathered client
+    /// output is written ([`Daemon::flush`]), which may report writes.
     fn step(&mut self, input: Input) {
         self.inputs.push_back(input);
         if self.stepping {
             return;
         }
         self.stepping = true;
-        while let Some(input) = self.inputs.pop_front() {
-            let now = self.now();
-            let outputs = self.server.step(now, input);
-            for output in outputs {
-                self.carry_out(output);
+        loop {
+            while let Some(input) = self.inputs.pop_front() {
+                let now = self.now();
+                let outputs = self.server.step(now, input);
+                for output in outputs {
+                    self.carry_out(output);
+                }
+            }
+            self.flush();
+            if self.inputs.is_empty() {
+                break;
             }
         }
         self.stepping = false;
+    }
+
+    /// Writes each connection's gathered output: straight to the socket if
+    /// its writer holds nothing and the socket takes it; the rest goes to
+    /// the writer, behind what it holds.
+    fn flush(&mut self) {
+        for conn in std::mem::take(&mut self.dirty) {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            if c.out.is_empty() {
+                continue;
+            }
+            let written = if c.handed > 0 {
+                Ok(0)
+            } else {
+                match c.socket.try_write(&c.out) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+                    other => other,
+                }
+            };
+            match written {
+                Ok(n) => {
+                    if n < c.out.len() {
+                        let rest = c.out[n..].to_vec();
+                        c.hand(WriterMsg::Bytes(rest));
+                    }
+                    c.clear_out();
+                    if n > 0 {
+                        self.inputs.push_back(Input::Written { conn, bytes: n });
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(%conn, error = %e, "client connection write failed");
+                    c.clear_out();
+                    self.drop_conn(conn);
+                }
+            }
+        }
     }
 
     fn on_signal(&mut self, count: u32) {
@@ -467,8 +668,13 @@ impl Daemon {
                     self.drop_conn(conn);
                 }
             }
-            Event::Written { conn, bytes } => {
-                if self.conns.contains_key(&conn) {
+            Event::Written {
+                conn,
+                bytes,
+                chunks,
+            } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.handed -= chunks;
                     self.step(Input::Written { conn, bytes });
                 }
             }
@@ -537,74 +743,65 @@ impl Daemon {
         }
     }
 
-    fn on_accepted(&mut self, stream: Box<dyn ClientStream>) {
+    fn on_accepted(&mut self, socket: ClientSocket) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        let (mut read, mut write) = tokio::io::split(stream);
+        let socket = std::sync::Arc::new(socket);
         let tx = self.events.clone();
+        let read_socket = std::sync::Arc::clone(&socket);
         let reader = tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 * 1024];
             loop {
-                match read.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if tx
-                            .send(Event::Received {
-                                conn,
-                                bytes: buf[..n].to_vec(),
-                            })
-                            .await
-                            .is_err()
-                        {
+                if read_socket.readable().await.is_err() {
+                    break;
+                }
+                match read_socket.read_ready() {
+                    Ok(None) => {}
+                    Ok(Some(bytes)) => {
+                        if tx.send(Event::Received { conn, bytes }).await.is_err() {
                             return;
                         }
                     }
+                    Err(_) => break,
                 }
             }
             let _ = tx.send(Event::ReadClosed { conn }).await;
         });
         let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
         let tx = self.events.clone();
+        let write_socket = std::sync::Arc::clone(&socket);
         let writer_task = tokio::spawn(async move {
-            let mut out = Vec::new();
-            'outer: while let Some(msg) = wrx.recv().await {
-                let mut batch = Vec::new();
+            while let Some(msg) = wrx.recv().await {
+                // Everything queued goes out in one write where the socket takes it.
+                let mut out = Vec::new();
+                let mut chunks = 0;
                 let mut close = false;
                 let mut next = Some(msg);
                 while let Some(m) = next {
                     match m {
-                        WriterMsg::Frame(f) => batch.push(f),
+                        WriterMsg::Bytes(bytes) => {
+                            chunks += 1;
+                            if out.is_empty() {
+                                out = bytes;
+                            } else {
+                                out.extend_from_slice(&bytes);
+                            }
+                        }
                         WriterMsg::Close => {
                             close = true;
                             break;
                         }
                     }
-                    next = if batch.len() < 256 {
-                        wrx.try_recv().ok()
-                    } else {
-                        None
-                    };
+                    next = wrx.try_recv().ok();
                 }
-                // One write per batch, not per frame: at 100 clients every event
-                // would otherwise cost 100 system calls (BENCHMARKS.md, item 2).
-                let written: usize = batch.iter().map(|f| f.len()).sum();
-                let result = if batch.len() == 1 {
-                    write.write_all(&batch[0]).await
-                } else {
-                    out.clear();
-                    for frame in &batch {
-                        out.extend_from_slice(frame);
-                    }
-                    write.write_all(&out).await
-                };
-                if result.is_err() {
-                    break 'outer;
+                if write_socket.write_all(&out).await.is_err() {
+                    break;
                 }
-                if written > 0
+                if chunks > 0
                     && tx
                         .send(Event::Written {
                             conn,
-                            bytes: written,
+                            bytes: out.len(),
+                            chunks,
                         })
                         .await
                         .is_err()
@@ -612,7 +809,7 @@ impl Daemon {
                     return;
                 }
                 if close {
-                    let _ = tokio::time::timeout(Duration::from_secs(2), write.shutdown()).await;
+                    write_socket.shutdown_write();
                     break;
                 }
             }
@@ -621,7 +818,10 @@ impl Daemon {
         self.conns.insert(
             conn,
             ClientConn {
+                socket,
                 writer: wtx,
+                handed: 0,
+                out: Vec::new(),
                 reader,
                 writer_task,
             },
@@ -646,16 +846,24 @@ impl Daemon {
     fn carry_out(&mut self, output: Output) {
         match output {
             Output::Send { conn, frame } => {
-                if let Some(c) = self.conns.get(&conn) {
-                    let _ = c.writer.send(WriterMsg::Frame(frame));
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if c.out.is_empty() {
+                        self.dirty.push(conn);
+                    }
+                    c.out.extend_from_slice(&frame);
                 }
             }
             Output::Close { conn, reason } => {
                 tracing::debug!(%conn, %reason, "closing connection");
                 match reason {
                     CloseReason::Protocol(_) | CloseReason::TooManyConnections => {
-                        if let Some(c) = self.conns.get(&conn) {
-                            let _ = c.writer.send(WriterMsg::Close);
+                        // The writer sends what is gathered (the refusal), then ends the stream.
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            if !c.out.is_empty() {
+                                let out = std::mem::take(&mut c.out);
+                                c.hand(WriterMsg::Bytes(out));
+                            }
+                            c.hand(WriterMsg::Close);
                         }
                     }
                     CloseReason::SlowConsumer
