@@ -1,78 +1,108 @@
 //! The physical floor of a request round trip: a raw Unix-socket server that
 //! answers the n-th frame it receives with a scripted reply (the exact frames
-//! our server sent for the same request, captured beforehand). It runs on its
-//! own thread and multi-threaded tokio runtime, like a separate server would.
+//! our server sent for the same request, captured beforehand).
+//!
+//! It runs in a process of its own (this binary, re-executed with
+//! `echo-serve`), on a current-thread tokio runtime, like `pi-server serve`:
+//! a thread of the bench process would be woken on the client's CPU more
+//! often than a separate process is, and on this VM a wake-up of the other,
+//! idle CPU costs tens of µs — the ratio would measure CPU placement, not
+//! the server (BENCHMARKS.md, item 1).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
-use tokio::sync::oneshot;
 
-/// A running echo server; stops on drop.
+/// The argument that makes this binary an echo server.
+pub(crate) const SUBCOMMAND: &str = "echo-serve";
+
+/// A running echo server process; killed on drop.
 #[derive(Debug)]
 pub(crate) struct Echo {
     /// Its socket.
     pub(crate) path: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    child: Child,
 }
 
 impl Echo {
     /// Listens at `path`; the i-th frame received on a connection is answered
     /// with `script[i % script.len()]` (already framed bytes).
-    pub(crate) fn start(path: &Path, script: Vec<Vec<u8>>) -> Self {
+    pub(crate) fn start(path: &Path, script: Vec<Vec<u8>>) -> std::io::Result<Self> {
         let _ = std::fs::remove_file(path);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        let socket = path.to_path_buf();
-        let script = Arc::new(script);
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("echo runtime");
-            runtime.block_on(async move {
-                let listener = UnixListener::bind(&socket).expect("bind the echo socket");
-                let _ = bound_tx.send(());
-                let accept = async {
-                    loop {
-                        let Ok((stream, _)) = listener.accept().await else {
-                            continue;
-                        };
-                        tokio::spawn(serve(stream, Arc::clone(&script)));
-                    }
-                };
-                tokio::select! {
-                    () = accept => {}
-                    _ = stopped => {}
-                }
-            });
-            runtime.shutdown_background();
-        });
-        bound_rx.recv().expect("the echo server binds");
-        Self {
-            path: path.to_path_buf(),
-            stop: Some(stop),
-            thread: Some(thread),
+        let script_path = path.with_extension("script");
+        let mut bytes = Vec::new();
+        for reply in &script {
+            bytes.extend_from_slice(&(reply.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(reply);
         }
+        std::fs::write(&script_path, bytes)?;
+        let child = Command::new(std::env::current_exe()?)
+            .arg(SUBCOMMAND)
+            .arg(path)
+            .arg(&script_path)
+            .stdin(Stdio::null())
+            .spawn()?;
+        let echo = Self {
+            path: path.to_path_buf(),
+            child,
+        };
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(path).is_err() {
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(std::io::Error::other(
+                    "the echo server did not bind in 10 s",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(echo)
+    }
+
+    /// Its process id (for its scheduler statistics).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
 impl Drop for Echo {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-async fn serve(mut stream: tokio::net::UnixStream, script: Arc<Vec<Vec<u8>>>) {
+/// `bench echo-serve <socket> <script>`: the echo server process.
+pub(crate) fn serve_main(args: &[String]) -> Result<(), String> {
+    let [socket, script_path] = args else {
+        return Err("usage: bench echo-serve <socket> <script>".into());
+    };
+    let bytes = std::fs::read(script_path).map_err(|e| format!("{script_path}: {e}"))?;
+    let mut script = Vec::new();
+    let mut rest = &bytes[..];
+    while rest.len() >= 8 {
+        let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
+        script.push(rest[8..8 + len].to_vec());
+        rest = &rest[8 + len..];
+    }
+    let script: &'static [Vec<u8>] = Vec::leak(script);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let listener = UnixListener::bind(socket).map_err(|e| format!("bind {socket}: {e}"))?;
+        loop {
+            if let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, script));
+            }
+        }
+    })
+}
+
+async fn serve(mut stream: tokio::net::UnixStream, script: &'static [Vec<u8>]) {
     let mut buf = vec![0u8; 64 * 1024];
     let (mut start, mut end) = (0usize, 0usize);
     let mut n = 0usize;

@@ -48,6 +48,15 @@ const ALL: &[&str] = &[
 
 fn main() -> ExitCode {
     let which: Vec<String> = std::env::args().skip(1).collect();
+    if which.first().map(String::as_str) == Some(echo::SUBCOMMAND) {
+        return match echo::serve_main(&which[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench {}: {e}", echo::SUBCOMMAND);
+                ExitCode::FAILURE
+            }
+        };
+    }
     let which: Vec<&str> = match which.iter().map(String::as_str).collect::<Vec<_>>() {
         v if v.is_empty() || v.contains(&"all") => ALL.to_vec(),
         v => v,

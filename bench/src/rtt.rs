@@ -87,6 +87,10 @@ pub(crate) struct Pair {
     pub(crate) server_wait: Vec<f64>,
     /// Per round: the server's threads' context switches per cycle of B.
     pub(crate) server_switches: Vec<f64>,
+    /// Per round: the baseline server's µs on a CPU per cycle of A (when measured).
+    pub(crate) baseline_run: Vec<f64>,
+    /// Per round: the baseline server's context switches per cycle of A.
+    pub(crate) baseline_switches: Vec<f64>,
 }
 
 impl Pair {
@@ -117,8 +121,17 @@ impl Pair {
         if self.server_run.is_empty() {
             return String::new();
         }
+        let baseline = if self.baseline_run.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (the echo: {} on a CPU, {:.1} context switches)",
+                fmt_us(median(&self.baseline_run)),
+                median(&self.baseline_switches)
+            )
+        };
         format!(
-            "; server threads per cycle: {} on a CPU, {} waiting for one, {:.1} context switches",
+            "; server threads per cycle: {} on a CPU, {} waiting for one, {:.1} context switches{baseline}",
             fmt_us(median(&self.server_run)),
             fmt_us(median(&self.server_wait)),
             median(&self.server_switches)
@@ -150,14 +163,20 @@ pub(crate) async fn versus_echo(
     let script = capture(ours, requests).await.map_err(err)?;
     let request_sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
     let reply_sizes: Vec<usize> = script.iter().map(Vec::len).collect();
-    let echo = Echo::start(&env.fresh_dir("echo").join("echo.sock"), script);
+    let echo = Echo::start(&env.fresh_dir("echo").join("echo.sock"), script).map_err(err)?;
     let mut baseline = RawConn::connect(&echo.path).await.map_err(err)?;
     cycles(&mut baseline, requests, n / 5 + 1)
         .await
         .map_err(err)?;
     let mut pair = Pair::default();
     for _ in 0..env.rounds {
+        let echo_before = schedstat(echo.pid());
+        let echo_switches = ctx_switches(echo.pid());
         let a = cycles(&mut baseline, requests, n).await.map_err(err)?;
+        pair.baseline_run
+            .push((schedstat(echo.pid()).0 - echo_before.0) as f64 / 1e3 / n as f64);
+        pair.baseline_switches
+            .push((ctx_switches(echo.pid()) - echo_switches) as f64 / n as f64);
         let before = schedstat(server_pid);
         let switches = ctx_switches(server_pid);
         let b = cycles(ours, requests, n).await.map_err(err)?;
