@@ -1,10 +1,19 @@
-//! Kernel throughput: steps per second on one core for a mixed workload.
+//! Kernel throughput: steps per second on one core.
 //!
-//! `cargo bench -p kernel --bench steps` — per round: accept, hello, create
-//! (the worker becomes ready), a prompt streaming 100 deltas, detach,
-//! disconnect, worker exit; every frame sent is acknowledged as written.
-//! Prints steps/s and frames/s. A benchmark, not a test: nothing is asserted
-//! about time.
+//! `cargo bench -p kernel --bench steps [-- SECTION...]`, sections (all by
+//! default):
+//!
+//! - `mixed`: per round: accept, hello, create (the worker becomes ready), a
+//!   prompt streaming 100 deltas, detach, disconnect, worker exit; every frame
+//!   sent is acknowledged as written. Prints steps/s and frames/s.
+//! - `written`: the cost of one `Written` step (a write acknowledgement) with
+//!   100 and 1,000 ready connections attached to one session, each
+//!   acknowledging a broadcast progress event.
+//! - `list`: the step answering `list` with 1,000 and 10,000 stored sessions.
+//! - `hello`: the step answering a client hello (it carries the server
+//!   snapshot, so the whole catalog) with 1,000 and 10,000 stored sessions.
+//!
+//! A benchmark, not a test: nothing is asserted about time.
 
 // A benchmark measures wall time; the kernel's no-clock rule is for the kernel itself.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -13,8 +22,8 @@ use kernel::faux;
 use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, CreateParams, DeltaKind, Request, SessionPhase,
-    SessionSnapshot, ThinkingLevel, TranscriptProgress, encode_client_message,
+    ClientHello, ClientMessage, Command, CreateParams, DeltaKind, Request, SessionMetadata,
+    SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptProgress, encode_client_message,
 };
 use kernel::server::{Config, Input, Output, Server};
 use kernel::time::Instant;
@@ -178,8 +187,8 @@ impl Bench {
     }
 }
 
-fn main() {
-    let config = Config {
+fn config() -> Config {
+    Config {
         server_id: "00000000-0000-4000-8000-000000000001".into(),
         token: None,
         seed: 7,
@@ -187,9 +196,275 @@ fn main() {
         limits: Limits::default(),
         idle_exit: None,
         adoption_grace: Duration::from_secs(30),
+    }
+}
+
+fn hello_frame() -> Vec<u8> {
+    frame(&ClientMessage::Hello(ClientHello {
+        version: 1,
+        token: None,
+    }))
+}
+
+/// Sends frames are acknowledged at once; other outputs are returned.
+fn ack_all(server: &mut Server, now: Instant, outputs: Vec<Output>) -> Vec<Output> {
+    let mut rest = Vec::new();
+    for o in outputs {
+        match o {
+            Output::Send { conn, frame } => {
+                server.step(
+                    now,
+                    Input::Written {
+                        conn,
+                        bytes: frame.len(),
+                    },
+                );
+            }
+            other => rest.push(other),
+        }
+    }
+    rest
+}
+
+/// Accepts `conn` and completes its handshake.
+fn connect(server: &mut Server, now: Instant, conn: ConnId) {
+    let out = server.step(now, Input::Accepted { conn });
+    ack_all(server, now, out);
+    let out = server.step(
+        now,
+        Input::Received {
+            conn,
+            bytes: hello_frame(),
+        },
+    );
+    ack_all(server, now, out);
+}
+
+/// `Written` steps with `n` ready connections attached to one session.
+fn bench_written(n: u64) {
+    let mut server = Server::new(config());
+    let now = Instant(1);
+    server.step(
+        now,
+        Input::CatalogLoaded {
+            sessions: Vec::new(),
+        },
+    );
+    connect(&mut server, now, ConnId(1));
+    let create = frame(&ClientMessage::Request(Request {
+        id: "c".into(),
+        command: Command::Create(CreateParams::default()),
+    }));
+    let out = server.step(
+        now,
+        Input::Received {
+            conn: ConnId(1),
+            bytes: create,
+        },
+    );
+    let (worker, session) = ack_all(&mut server, now, out)
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker {
+                worker, session_id, ..
+            } => Some((*worker, session_id.clone())),
+            _ => None,
+        })
+        .expect("spawn");
+    let out = server.step(now, Input::WorkerSpawned { worker });
+    ack_all(&mut server, now, out);
+    let ready = FromWorker::Ready {
+        snapshot: snapshot(&session, 1, SessionPhase::Idle),
     };
+    let out = server.step(
+        now,
+        Input::FromWorker {
+            worker,
+            message: Box::new(ready),
+        },
+    );
+    ack_all(&mut server, now, out);
+    for c in 2..=n {
+        let conn = ConnId(c);
+        connect(&mut server, now, conn);
+        let attach = frame(&ClientMessage::Request(Request {
+            id: "a".into(),
+            command: Command::Attach {
+                session_id: session.clone(),
+            },
+        }));
+        let out = server.step(
+            now,
+            Input::Received {
+                conn,
+                bytes: attach,
+            },
+        );
+        ack_all(&mut server, now, out);
+    }
+    assert_eq!(server.connection_count() as u64, n);
+    let mut acks = 0u64;
+    let mut spent = Duration::ZERO;
+    let started = std::time::Instant::now();
+    let mut i = 0u64;
+    while started.elapsed() < Duration::from_secs(2) || acks < 10 * n {
+        i += 1;
+        let progress = TranscriptProgress::AssistantDelta {
+            message_id: "item-2".into(),
+            content_index: 0,
+            kind: DeltaKind::Text,
+            delta: format!("word{i} "),
+        };
+        let out = server.step(
+            now,
+            Input::FromWorker {
+                worker,
+                message: Box::new(FromWorker::Progress { progress }),
+            },
+        );
+        let writes: Vec<(ConnId, usize)> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Send { conn, frame } => Some((*conn, frame.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(writes.len() as u64, n, "one event per attached connection");
+        let t = std::time::Instant::now();
+        for (conn, bytes) in writes {
+            std::hint::black_box(server.step(now, Input::Written { conn, bytes }));
+        }
+        spent += t.elapsed();
+        acks += n;
+    }
+    println!(
+        "written step, {n} attached connections: {:.2} µs/step ({acks} steps)",
+        spent.as_secs_f64() * 1e6 / acks as f64
+    );
+}
+
+/// A stored session as the catalog holds it (about 120 bytes of CBOR).
+fn stored(i: u64) -> SessionMetadata {
+    SessionMetadata {
+        id: format!("{:08x}-0000-4000-8000-{:012x}", i, i),
+        created_at: 1_700_000_000_000 + i,
+        updated_at: Some(1_700_000_500_000 + i),
+        parent_session_id: None,
+        session_name: Some(format!("session {i}")),
+        cwd: Some(format!("/home/user/projects/project-{}", i % 97)),
+    }
+}
+
+/// A server whose catalog holds `n` stored sessions.
+fn with_catalog(n: u64) -> Server {
+    let mut server = Server::new(config());
+    server.step(
+        Instant(1),
+        Input::CatalogLoaded {
+            sessions: (0..n).map(stored).collect(),
+        },
+    );
+    server
+}
+
+/// Times `f` over repeated runs for about a second; returns ms per run.
+fn time_ms(mut f: impl FnMut() -> Duration) -> (f64, u64) {
+    let started = std::time::Instant::now();
+    let mut spent = Duration::ZERO;
+    let mut runs = 0u64;
+    while started.elapsed() < Duration::from_secs(2) || runs < 5 {
+        spent += f();
+        runs += 1;
+    }
+    (spent.as_secs_f64() * 1e3 / runs as f64, runs)
+}
+
+/// The step answering `list` with `n` stored sessions.
+fn bench_list(n: u64) {
+    let mut server = with_catalog(n);
+    let now = Instant(1);
+    connect(&mut server, now, ConnId(1));
+    let list = frame(&ClientMessage::Request(Request {
+        id: "l".into(),
+        command: Command::List,
+    }));
+    let mut bytes = 0;
+    let (ms, runs) = time_ms(|| {
+        let t = std::time::Instant::now();
+        let out = server.step(
+            now,
+            Input::Received {
+                conn: ConnId(1),
+                bytes: list.clone(),
+            },
+        );
+        let spent = t.elapsed();
+        for o in &out {
+            if let Output::Send { frame, .. } = o {
+                bytes = frame.len();
+            }
+        }
+        ack_all(&mut server, now, out);
+        spent
+    });
+    println!("list step, {n} stored sessions: {ms:.3} ms/step ({runs} runs, {bytes} B frame)");
+}
+
+/// The step answering a hello (server snapshot) with `n` stored sessions.
+fn bench_hello(n: u64) {
+    let mut server = with_catalog(n);
+    let now = Instant(1);
+    let mut c = 0;
+    let mut bytes = 0;
+    let (ms, runs) = time_ms(|| {
+        c += 1;
+        let conn = ConnId(c);
+        let out = server.step(now, Input::Accepted { conn });
+        ack_all(&mut server, now, out);
+        let hello = hello_frame();
+        let t = std::time::Instant::now();
+        let out = server.step(now, Input::Received { conn, bytes: hello });
+        let spent = t.elapsed();
+        for o in &out {
+            if let Output::Send { frame, .. } = o {
+                bytes = frame.len();
+            }
+        }
+        ack_all(&mut server, now, out);
+        server.step(now, Input::Disconnected { conn });
+        spent
+    });
+    println!("hello step, {n} stored sessions: {ms:.3} ms/step ({runs} runs, {bytes} B frame)");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; other arguments name the sections to run.
+    let sections: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let run = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
+    if run("mixed") {
+        bench_mixed();
+    }
+    if run("written") {
+        bench_written(100);
+        bench_written(1_000);
+    }
+    if run("list") {
+        bench_list(1_000);
+        bench_list(10_000);
+    }
+    if run("hello") {
+        bench_hello(1_000);
+        bench_hello(10_000);
+    }
+}
+
+/// The mixed workload: rounds for about three seconds after a warm-up.
+fn bench_mixed() {
     let mut bench = Bench {
-        server: Server::new(config),
+        server: Server::new(config()),
         now: 0,
         steps: 0,
         frames: 0,
