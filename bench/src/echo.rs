@@ -103,6 +103,10 @@ pub(crate) fn serve_main(args: &[String]) -> Result<(), String> {
 }
 
 async fn serve(mut stream: tokio::net::UnixStream, script: &'static [Vec<u8>]) {
+    let spin = std::env::var("BENCH_ECHO_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_micros);
     let mut buf = vec![0u8; 64 * 1024];
     let (mut start, mut end) = (0usize, 0usize);
     let mut n = 0usize;
@@ -119,6 +123,13 @@ async fn serve(mut stream: tokio::net::UnixStream, script: &'static [Vec<u8>]) {
             start += 4 + len;
             let reply = &script[n % script.len()];
             n += 1;
+            if let Some(spin) = spin {
+                // `BENCH_ECHO_SPIN_US`: stand-in for a server's work per request.
+                let until = Instant::now() + spin;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
             if stream.write_all(reply).await.is_err() {
                 return;
             }
