@@ -135,6 +135,9 @@ impl ClientSocket {
     }
 }
 
+/// The most events handled before the output they cause is written.
+const EVENT_BATCH: usize = 64;
+
 /// The most a connection's reader takes from its socket at once.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -288,6 +291,8 @@ struct Daemon {
     inputs: std::collections::VecDeque<Input>,
     /// Connections with gathered output to write (see `flush`).
     dirty: Vec<ConnId>,
+    /// Handling a batch of events: their output is written after the last.
+    deferring: bool,
     stepping: bool,
     done: bool,
 }
@@ -404,6 +409,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         dropped: Vec::new(),
         inputs: Default::default(),
         dirty: Vec::new(),
+        deferring: false,
         stepping: false,
         done: false,
     };
@@ -435,7 +441,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             }
         };
         tokio::select! {
-            Some(event) = rx.recv() => d.on_event(event),
+            Some(event) = rx.recv() => {
+                // Events that are already waiting are handled together, and
+                // their output written once: in a burst (a model streaming to
+                // many clients) that is one write per client per batch, not
+                // per event. Alone, an event is written at once.
+                d.deferring = true;
+                d.on_event(event);
+                for _ in 1..EVENT_BATCH {
+                    let Ok(event) = rx.try_recv() else { break };
+                    d.on_event(event);
+                }
+                d.deferring = false;
+                d.drain();
+            }
             () = sleep => d.step(Input::Tick),
             _ = sigterm.recv() => { signals += 1; d.on_signal(signals) }
             _ = sigint.recv() => { signals += 1; d.on_signal(signals) }
@@ -580,9 +599,14 @@ impl Daemon {
     /// output is written ([`Daemon::flush`]), which may report writes.
     fn step(&mut self, input: Input) {
         self.inputs.push_back(input);
-        if self.stepping {
-            return;
+        if !self.stepping {
+            self.drain();
         }
+    }
+
+    /// Feeds the queued inputs, then (unless deferring) writes the gathered
+    /// output and feeds what the writes report.
+    fn drain(&mut self) {
         self.stepping = true;
         loop {
             while let Some(input) = self.inputs.pop_front() {
@@ -591,6 +615,9 @@ impl Daemon {
                 for output in outputs {
                     self.carry_out(output);
                 }
+            }
+            if self.deferring {
+                break;
             }
             self.flush();
             if self.inputs.is_empty() {
