@@ -16,7 +16,7 @@ use crate::fanout::{Audience, FanoutResult, analyze, prompt_frame, summarize};
 use crate::raw::{Kind, RawConn, kind, map, text, v1_request, value_frame};
 use crate::rtt::{Pair, cycles};
 use crate::server::{Server, create_sessions};
-use crate::util::{Env, Report, fmt_rate, hash_bytes, median};
+use crate::util::{Env, Placement, Report, fmt_rate, hash_bytes, median};
 use kernel::protocol::Command;
 use kernel::wire::Value;
 use std::io::{BufRead, BufReader};
@@ -306,26 +306,36 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         let n = env.pick(200, 2000);
         cycles(&mut theirs, &list_v8, n / 5).await.map_err(|e| e.to_string())?;
         cycles(&mut ours, &list_v1, n / 5).await.map_err(|e| e.to_string())?;
-        let mut pair = Pair::default();
-        for _ in 0..env.rounds {
-            let a = cycles(&mut theirs, &list_v8, n).await.map_err(|e| e.to_string())?;
-            let b = cycles(&mut ours, &list_v1, n).await.map_err(|e| e.to_string())?;
-            pair.round(a, b);
+        let placement = Placement::discover()?;
+        for pinned in [true, false] {
+            placement.apply(pinned, &[host_pid, server.pid])?;
+            let mut pair = Pair::default();
+            for _ in 0..env.rounds {
+                let a = cycles(&mut theirs, &list_v8, n).await.map_err(|e| e.to_string())?;
+                let b = cycles(&mut ours, &list_v1, n).await.map_err(|e| e.to_string())?;
+                pair.round(a, b);
+            }
+            placement.apply(false, &[host_pid, server.pid])?;
+            let (ours_rps, theirs_rps) = (1e6 / median(&pair.b), 1e6 / median(&pair.a));
+            let where_ = if pinned {
+                format!("all on CPU {}", placement.cpu)
+            } else {
+                "free placement".to_string()
+            };
+            report.info(
+                "6",
+                format!("request round trips/s, one client, sequential, {where_}: our `list` vs TypeScript pi-server 0.85.1 `bench.list` (Node {node_version})"),
+                format!(
+                    "ours {}/s ({}) vs TS {}/s ({}) → **ours {:.2}× theirs** ({})",
+                    fmt_rate(ours_rps),
+                    Pair::describe(&pair.b),
+                    fmt_rate(theirs_rps),
+                    Pair::describe(&pair.a),
+                    ours_rps / theirs_rps,
+                    inverse_spread(&pair)
+                ),
+            );
         }
-        let (ours_rps, theirs_rps) = (1e6 / median(&pair.b), 1e6 / median(&pair.a));
-        report.info(
-            "6",
-            format!("request round trips/s, one client, sequential: our `list` vs TypeScript pi-server 0.85.1 `bench.list` (Node {node_version})"),
-            format!(
-                "ours {}/s ({}) vs TS {}/s ({}) → **ours {:.2}× theirs** ({})",
-                fmt_rate(ours_rps),
-                Pair::describe(&pair.b),
-                fmt_rate(theirs_rps),
-                Pair::describe(&pair.a),
-                ours_rps / theirs_rps,
-                inverse_spread(&pair)
-            ),
-        );
         drop(theirs);
         drop(ours);
 

@@ -4,7 +4,9 @@
 use crate::echo::Echo;
 use crate::raw::{Kind, RawConn, kind, v1_request};
 use crate::server::{Server, create_sessions};
-use crate::util::{Env, Report, ctx_switches, fmt_us, median, percentile, schedstat, sorted, us};
+use crate::util::{
+    Env, Placement, Report, ctx_switches, fmt_us, median, percentile, schedstat, sorted, us,
+};
 use kernel::protocol::{ClientHello, ClientMessage, Command, PROTOCOL_VERSION};
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -277,18 +279,10 @@ impl Drop for Holder {
 /// spins 6 µs per request (`BENCH_ECHO_SPIN_US=6`) flips to the slow mode
 /// (BENCHMARKS.md, item 1). The target is judged on the first.
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
-    let free = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
-    let Some(first) = (0..rustix::thread::CpuSet::MAX_CPU).find(|&cpu| free.is_set(cpu)) else {
-        return Err("no CPU in this process's affinity mask".into());
-    };
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(first);
-    let pin = |set: &rustix::thread::CpuSet| {
-        rustix::thread::sched_setaffinity(None, set).map_err(|e| format!("sched_setaffinity: {e}"))
-    };
-    pin(&one)?;
-    let pinned = measure(env, report, &format!("all on CPU {first}"), true);
-    pin(&free)?;
+    let placement = Placement::discover()?;
+    placement.apply(true, &[])?;
+    let pinned = measure(env, report, &format!("all on CPU {}", placement.cpu), true);
+    placement.apply(false, &[])?;
     pinned?;
     measure(env, report, "free placement", false)
 }

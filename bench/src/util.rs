@@ -445,3 +445,53 @@ impl Report {
         out
     }
 }
+
+/// CPU placement for round-trip pairs: every thread of the processes
+/// involved on one CPU, or back where the scheduler wants them.
+///
+/// A round trip between two processes on this 2-CPU VM is fast when they
+/// take turns on one CPU and several times slower when each wake-up crosses
+/// to the other, idle, CPU; left free, which one a pair gets flips with
+/// timing (BENCHMARKS.md, item 1). On one CPU both sides of a ratio pay the
+/// same, so the ratio measures the software.
+#[derive(Debug)]
+pub(crate) struct Placement {
+    free: rustix::thread::CpuSet,
+    one: rustix::thread::CpuSet,
+    /// The CPU that "one" means.
+    pub(crate) cpu: usize,
+}
+
+impl Placement {
+    /// The current thread's mask is "free"; its first CPU is "one".
+    pub(crate) fn discover() -> Result<Self, String> {
+        let free = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+        let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
+            .find(|&cpu| free.is_set(cpu))
+            .ok_or("no CPU in this process's affinity mask")?;
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(cpu);
+        Ok(Self { free, one, cpu })
+    }
+
+    /// Puts the calling thread (and what it spawns from now on) and every
+    /// thread of `pids` on one CPU (`true`) or frees them.
+    pub(crate) fn apply(&self, pinned: bool, pids: &[u32]) -> Result<(), String> {
+        let set = if pinned { &self.one } else { &self.free };
+        let err = |e: rustix::io::Errno| format!("sched_setaffinity: {e}");
+        rustix::thread::sched_setaffinity(None, set).map_err(err)?;
+        for &pid in pids {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let tid = task.file_name().to_string_lossy().parse::<i32>().ok();
+                if let Some(tid) = tid.and_then(rustix::process::Pid::from_raw) {
+                    // A thread may have exited since the listing.
+                    let _ = rustix::thread::sched_setaffinity(Some(tid), set);
+                }
+            }
+        }
+        Ok(())
+    }
+}
