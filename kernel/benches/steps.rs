@@ -9,7 +9,9 @@
 //! - `written`: the cost of one `Written` step (a write acknowledgement) with
 //!   100 and 1,000 ready connections attached to one session, each
 //!   acknowledging a broadcast progress event.
-//! - `list`: the step answering `list` with 1,000 and 10,000 stored sessions.
+//! - `list`: the step answering `list` with 1,000 and 10,000 stored sessions,
+//!   and the same right after a live session's `updatedAt` moved (a turn
+//!   committed), so that the listed sessions changed since the last `list`.
 //! - `hello`: the step answering a client hello (it carries the server
 //!   snapshot, so the whole catalog) with 1,000 and 10,000 stored sessions.
 //!
@@ -410,6 +412,79 @@ fn bench_list(n: u64) {
     println!("list step, {n} stored sessions: {ms:.3} ms/step ({runs} runs, {bytes} B frame)");
 }
 
+/// The step answering `list` with `n` stored sessions when a live session's
+/// `updatedAt` moved since the previous one.
+fn bench_list_after_change(n: u64) {
+    let mut server = with_catalog(n);
+    let now = Instant(1);
+    connect(&mut server, now, ConnId(1));
+    let attach = frame(&ClientMessage::Request(Request {
+        id: "a".into(),
+        command: Command::Attach {
+            session_id: stored(n / 2).id,
+        },
+    }));
+    let out = server.step(
+        now,
+        Input::Received {
+            conn: ConnId(1),
+            bytes: attach,
+        },
+    );
+    let worker = ack_all(&mut server, now, out)
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker { worker, .. } => Some(*worker),
+            _ => None,
+        })
+        .expect("spawn");
+    let out = server.step(now, Input::WorkerSpawned { worker });
+    ack_all(&mut server, now, out);
+    let mut live = snapshot(&stored(n / 2).id, 1, SessionPhase::Idle);
+    let ready = FromWorker::Ready {
+        snapshot: live.clone(),
+    };
+    let out = server.step(
+        now,
+        Input::FromWorker {
+            worker,
+            message: Box::new(ready),
+        },
+    );
+    ack_all(&mut server, now, out);
+    let list = frame(&ClientMessage::Request(Request {
+        id: "l".into(),
+        command: Command::List,
+    }));
+    let (ms, runs) = time_ms(|| {
+        live.revision += 1;
+        live.updated_at += 1;
+        let changed = FromWorker::Snapshot {
+            snapshot: live.clone(),
+        };
+        let out = server.step(
+            now,
+            Input::FromWorker {
+                worker,
+                message: Box::new(changed),
+            },
+        );
+        ack_all(&mut server, now, out);
+        let t = std::time::Instant::now();
+        let out = server.step(
+            now,
+            Input::Received {
+                conn: ConnId(1),
+                bytes: list.clone(),
+            },
+        );
+        let spent = t.elapsed();
+        ack_all(&mut server, now, out);
+        spent
+    });
+    println!("list step after a change, {n} stored sessions: {ms:.3} ms/step ({runs} runs)");
+}
+
 /// The step answering a hello (server snapshot) with `n` stored sessions.
 fn bench_hello(n: u64) {
     let mut server = with_catalog(n);
@@ -454,6 +529,8 @@ fn main() {
     if run("list") {
         bench_list(1_000);
         bench_list(10_000);
+        bench_list_after_change(1_000);
+        bench_list_after_change(10_000);
     }
     if run("hello") {
         bench_hello(1_000);

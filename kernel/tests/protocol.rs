@@ -1758,3 +1758,140 @@ proptest! {
         prop_assert_eq!(decode_server_message(&bytes, &CborLimits::default())?, message);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Property: the encoders around pre-encoded lists write the normal bytes.
+// ---------------------------------------------------------------------------
+
+/// A server snapshot with lists long enough for one- and two-byte array headers.
+fn long_server_snapshot() -> BoxedStrategy<ServerSnapshot> {
+    (
+        server_snapshot(),
+        prop::collection::vec(session_metadata(), 0..300),
+        prop::collection::vec(model_metadata(), 0..30),
+    )
+        .prop_map(|(snapshot, sessions, models)| ServerSnapshot {
+            sessions,
+            models,
+            ..snapshot
+        })
+        .boxed()
+}
+
+/// The CBOR of `sessions` built as a server's cache does: some items
+/// encoded on their own beforehand, the others while building.
+fn spliced_sessions(sessions: &[SessionMetadata]) -> Vec<u8> {
+    let mut list = codec::spliced::ListBuilder::new(sessions.len()).unwrap();
+    for (i, meta) in sessions.iter().enumerate() {
+        if i % 2 == 0 {
+            list.push_encoded(&codec::spliced::encode_item(meta).unwrap());
+        } else {
+            list.push(meta).unwrap();
+        }
+    }
+    list.finish()
+}
+
+/// A message encoded in pieces, framed from them.
+fn framed_pieces(spliced: codec::spliced::Spliced<'_>) -> Result<Vec<u8>, TestCaseError> {
+    use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, frame_pieces};
+    let frame = frame_pieces(&spliced.pieces(), DEFAULT_MAX_FRAME_LEN)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    Ok(frame.to_vec())
+}
+
+fn framed(message: &ServerMessage) -> Result<Vec<u8>, TestCaseError> {
+    use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+    let payload = encode_server_message(message)?;
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).map_err(|e| TestCaseError::fail(e.to_string()))
+}
+
+proptest! {
+    // Each case encodes up to 300 sessions four ways.
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn spliced_encodings_equal_the_normal_ones(
+        snapshot in long_server_snapshot(),
+        connection_id in id(),
+        request_id in id(),
+    ) {
+        use codec::spliced::{EncodedSnapshot, encode_list};
+        let sessions = spliced_sessions(&snapshot.sessions);
+        let models = encode_list(&snapshot.models).unwrap();
+        let encoded = EncodedSnapshot {
+            server_id: &snapshot.server_id,
+            protocol_version: snapshot.protocol_version,
+            revision: snapshot.revision,
+            sessions: &sessions,
+            models: &models,
+        };
+
+        let hello = ServerMessage::Hello(ServerHello {
+            version: PROTOCOL_VERSION,
+            connection_id: connection_id.clone(),
+            snapshot: snapshot.clone(),
+        });
+        let spliced = framed_pieces(codec::spliced::encode_hello(
+            PROTOCOL_VERSION,
+            &connection_id,
+            &encoded,
+        )?)?;
+        prop_assert_eq!(hex(&spliced), hex(&framed(&hello)?));
+
+        let event = ServerMessage::Event(ServerEvent::ServerSnapshot {
+            snapshot: snapshot.clone(),
+        });
+        let spliced = framed_pieces(codec::spliced::encode_server_snapshot_event(&encoded)?)?;
+        prop_assert_eq!(hex(&spliced), hex(&framed(&event)?));
+
+        let list = ServerMessage::Response(Response {
+            id: request_id.clone(),
+            outcome: Ok(CommandResult::List {
+                sessions: snapshot.sessions.clone(),
+            }),
+        });
+        let spliced =
+            framed_pieces(codec::spliced::encode_list_response(&request_id, &sessions)?)?;
+        prop_assert_eq!(
+            hex(&spliced[4..]),
+            hex(&codec::spliced::encode_list_response(&request_id, &sessions)?.to_vec())
+        );
+        prop_assert_eq!(hex(&spliced), hex(&framed(&list)?));
+    }
+}
+
+/// Past the CBOR length limit, the encoders around pre-encoded lists fail
+/// as the normal encoder does.
+#[test]
+fn spliced_encodings_fail_like_the_normal_ones() {
+    let big = SessionMetadata {
+        id: "s".into(),
+        created_at: 1,
+        updated_at: None,
+        parent_session_id: None,
+        session_name: Some("x".repeat(9 * 1024 * 1024)),
+        cwd: None,
+    };
+    let sessions = vec![
+        big.clone(),
+        SessionMetadata {
+            id: "t".into(),
+            ..big
+        },
+    ];
+    let message = ServerMessage::Response(Response {
+        id: "l".into(),
+        outcome: Ok(CommandResult::List {
+            sessions: sessions.clone(),
+        }),
+    });
+    let normal = encode_server_message(&message).unwrap_err();
+    let spliced =
+        codec::spliced::encode_list_response("l", &spliced_sessions(&sessions)).unwrap_err();
+    assert_eq!(spliced, normal);
+    assert!(
+        normal.message().contains("CBOR byte length exceeds"),
+        "{normal}"
+    );
+}

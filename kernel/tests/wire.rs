@@ -1286,6 +1286,77 @@ fn encode_frame_checks_the_limit() {
     );
 }
 
+#[test]
+fn frame_pieces_frames_their_concatenation() {
+    use kernel::wire::frame::frame_pieces;
+    let pieces: [&[u8]; 4] = [&[1, 2], &[], &[3], &[4, 5, 6]];
+    assert_eq!(
+        frame_pieces(&pieces, 6).unwrap()[..],
+        encode_frame(&[1, 2, 3, 4, 5, 6], 6).unwrap()[..]
+    );
+    assert_eq!(frame_pieces(&[], 0).unwrap()[..], [0, 0, 0, 0]);
+    assert_eq!(
+        frame_pieces(&pieces, 5).unwrap_err(),
+        encode_frame(&[1, 2, 3, 4, 5, 6], 5).unwrap_err()
+    );
+}
+
+/// The piecewise encoder writes what `encode` writes for the same item,
+/// with pre-encoded items spliced in, and enforces the same limits.
+#[test]
+fn encoder_pieces_equal_whole_items() {
+    let inner = map! { "a" => Value::Int(1), "b" => Value::Array(vec![Value::Null]) };
+    let whole = map! {
+        "x" => Value::text("y"),
+        "list" => Value::Array(vec![inner.clone(); 30]),
+        "n" => Value::Int(-500),
+    };
+    let limits = CborLimits::default();
+    let item = enc(&inner);
+    let mut out = vec![0xaa]; // appends after what is there
+    let mut e = cbor::Encoder::new(&mut out, &limits);
+    e.map_header(3).unwrap();
+    e.text("x").unwrap();
+    e.item(&Value::text("y")).unwrap();
+    e.text("list").unwrap();
+    e.array_header(30).unwrap();
+    for _ in 0..30 {
+        e.raw(&item);
+    }
+    e.text("n").unwrap();
+    e.item(&Value::Int(-500)).unwrap();
+    e.finish().unwrap();
+    assert_eq!(out[0], 0xaa);
+    assert_eq!(hex(&out[1..]), hex(&enc(&whole)));
+
+    let small = CborLimits {
+        max_byte_len: 4,
+        max_container_len: 2,
+        ..CborLimits::default()
+    };
+    let mut out = Vec::new();
+    let mut e = cbor::Encoder::new(&mut out, &small);
+    assert_eq!(
+        e.array_header(3).unwrap_err().kind(),
+        CborErrorKind::ContainerLimit
+    );
+    e.array_header(1).unwrap();
+    e.raw(&enc(&Value::text("long")));
+    assert_eq!(
+        e.finish().unwrap_err().kind(),
+        CborErrorKind::ByteLengthLimit
+    );
+    assert_eq!(
+        cbor::check_item_len(5, &small).unwrap_err(),
+        cbor::encode_with_limits(
+            &Value::Array(vec![Value::text("long")]),
+            &mut Vec::new(),
+            &small
+        )
+        .unwrap_err()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Properties
 // ---------------------------------------------------------------------------

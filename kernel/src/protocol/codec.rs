@@ -24,6 +24,7 @@
 mod fields;
 mod items;
 mod messages;
+pub mod spliced;
 
 pub use fields::{
     Fields, MapBuilder, read_bool, read_id, read_json, read_list, read_number, read_string,
@@ -169,9 +170,13 @@ pub fn decode_payload<T: Schema>(payload: &[u8], limits: &CborLimits) -> Result<
 pub fn encode_payload<T: Schema>(message: &T) -> Result<Vec<u8>, SchemaError> {
     let value = message.to_checked_value()?;
     let mut out = Vec::new();
-    cbor::encode(&value, &mut out)
-        .map_err(|error| SchemaError::new(format!("cannot encode CBOR: {error}")))?;
+    cbor::encode(&value, &mut out).map_err(cbor_error)?;
     Ok(out)
+}
+
+/// The error of a payload encoder whose CBOR could not be written.
+pub(crate) fn cbor_error(error: cbor::CborError) -> SchemaError {
+    SchemaError::new(format!("cannot encode CBOR: {error}"))
 }
 
 /// Decodes one client frame payload.
@@ -213,7 +218,6 @@ pub fn encode_trusted_server_message(message: &ServerMessage) -> Result<Vec<u8>,
         message.to_value()
     };
     let mut out = Vec::new();
-    cbor::encode(&value, &mut out)
-        .map_err(|error| SchemaError::new(format!("cannot encode CBOR: {error}")))?;
+    cbor::encode(&value, &mut out).map_err(cbor_error)?;
     Ok(out)
 }

@@ -16,6 +16,7 @@
 //! a session is disposed exactly when it has no attachments, no operations in
 //! flight and its phase is idle.
 
+mod catalog;
 mod connection;
 mod sessions;
 
@@ -23,15 +24,19 @@ pub use connection::Stage;
 
 use crate::ids::{ChannelId, ConnId, OpId, WorkerId};
 use crate::limits::Limits;
+use crate::protocol::codec::cbor_error;
+use crate::protocol::codec::spliced::{self, EncodedSnapshot, ListBuilder, Spliced};
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
-    ProtocolError, Response, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
+    ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
     SessionMetadata, SessionSnapshot, decode_client_message, encode_trusted_server_message,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
-use crate::wire::frame::encode_frame;
+use crate::wire::CborError;
+use crate::wire::frame::{encode_frame, frame_pieces};
 use crate::worker::{CreateSpec, FromWorker, ToWorker};
+use catalog::Catalog;
 use connection::{Connection, constant_time_eq};
 use sessions::Live;
 use std::collections::BTreeMap;
@@ -192,7 +197,7 @@ pub struct Server {
     conns: BTreeMap<ConnId, Connection>,
     sessions: BTreeMap<String, Live>,
     workers: BTreeMap<WorkerId, String>,
-    catalog: Option<BTreeMap<String, SessionMetadata>>,
+    catalog: Catalog,
     removals: BTreeMap<String, Vec<(ConnId, String)>>,
     /// Sessions whose released workers should announce themselves, until when.
     expected: BTreeMap<String, Instant>,
@@ -207,6 +212,10 @@ pub struct Server {
     out: Vec<Output>,
     /// Steps taken, for the periodic full invariant check.
     steps: u64,
+    /// The session list of `list` and server snapshots, encoded (see [`ListCache`]).
+    list_cache: Option<ListCache>,
+    /// CBOR of the models array of server snapshots (the models never change).
+    models_cbor: Result<Vec<u8>, SchemaError>,
 }
 
 impl Server {
@@ -218,6 +227,7 @@ impl Server {
             config.limits.validate()
         );
         let rng = Rng::new(config.seed);
+        let models_cbor = spliced::encode_list(&config.models).map_err(cbor_error);
         Self {
             config,
             now: Instant(0),
@@ -225,7 +235,7 @@ impl Server {
             conns: BTreeMap::new(),
             sessions: BTreeMap::new(),
             workers: BTreeMap::new(),
-            catalog: None,
+            catalog: Catalog::default(),
             removals: BTreeMap::new(),
             expected: BTreeMap::new(),
             adoption_waiters: BTreeMap::new(),
@@ -237,6 +247,8 @@ impl Server {
             idle_since: Some(Instant(0)),
             out: Vec::new(),
             steps: 0,
+            list_cache: None,
+            models_cbor,
         }
     }
 
@@ -477,22 +489,15 @@ impl Server {
             return self.fail_protocol(id, ErrorCode::Version, message);
         }
         self.conns.get_mut(&id).expect("checked").stage = Stage::Handshaking;
-        if self.catalog.is_some() {
+        if self.catalog.is_loaded() {
             self.complete_handshake(id);
         }
     }
 
     fn complete_handshake(&mut self, id: ConnId) {
         let connection_id = self.rng.uuid_v4();
-        let snapshot = self.server_snapshot();
-        self.send(
-            id,
-            &ServerMessage::Hello(ServerHello {
-                version: PROTOCOL_VERSION,
-                connection_id,
-                snapshot,
-            }),
-        );
+        let frame = self.hello_frame(&connection_id);
+        self.send_encoded(id, frame);
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
@@ -510,11 +515,7 @@ impl Server {
     }
 
     fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>) {
-        let mut catalog = self.catalog.take().unwrap_or_default();
-        for meta in sessions {
-            catalog.insert(meta.id.clone(), meta);
-        }
-        self.catalog = Some(catalog);
+        self.catalog.load(sessions);
         let waiting: Vec<ConnId> = self
             .conns
             .values()
@@ -609,7 +610,13 @@ impl Server {
 
     /// Encodes and queues one message; an unencodable message closes the connection.
     fn send(&mut self, id: ConnId, message: &ServerMessage) {
-        match self.encode(message) {
+        let frame = self.encode(message);
+        self.send_encoded(id, frame);
+    }
+
+    /// Queues an encoded message; one that could not be encoded closes the connection.
+    fn send_encoded(&mut self, id: ConnId, frame: Result<Frame, String>) {
+        match frame {
             Ok(frame) => self.send_frame(id, frame),
             Err(e) => self.close(id, CloseReason::Protocol(format!("cannot send: {e}"))),
         }
@@ -662,22 +669,18 @@ impl Server {
 
     // ---- server snapshots --------------------------------------------------
 
+    /// The server snapshot, built from scratch: the reference for the
+    /// encodings built around the cached session list (see [`ListCache`]),
+    /// which debug builds compare with it.
     fn server_snapshot(&self) -> ServerSnapshot {
         let mut sessions: BTreeMap<&str, SessionMetadata> = BTreeMap::new();
-        if let Some(catalog) = &self.catalog {
-            for (id, meta) in catalog {
-                sessions.insert(id, meta.clone());
-            }
+        for (id, stored) in self.catalog.iter() {
+            sessions.insert(id, stored.meta.clone());
         }
         for live in self.sessions.values() {
             let Some(snap) = &live.snapshot else { continue };
-            let entry = sessions
-                .entry(&live.id)
-                .or_insert_with(|| metadata_of(snap));
-            entry.created_at = snap.created_at;
-            entry.updated_at = Some(snap.updated_at);
-            entry.session_name = snap.name.clone();
-            entry.cwd = Some(snap.cwd.clone());
+            let listed = listed_metadata(sessions.get(live.id.as_str()), snap);
+            sessions.insert(&live.id, listed);
         }
         ServerSnapshot {
             server_id: self.config.server_id.clone(),
@@ -686,6 +689,109 @@ impl Server {
             sessions: sessions.into_values().collect(),
             models: self.config.models.clone(),
         }
+    }
+
+    /// CBOR of the session list (the catalog merged with the live sessions'
+    /// snapshots), rebuilt when it is stale.
+    fn session_list(&mut self) -> Result<Arc<Vec<u8>>, SchemaError> {
+        let cache = match self.list_cache.take() {
+            Some(cache) if cache.is_fresh(self) => cache,
+            _ => ListCache::build(self),
+        };
+        let sessions = cache.sessions.clone();
+        self.list_cache = Some(cache);
+        sessions
+    }
+
+    /// Builds a message around the cached session list and the encoded
+    /// models: `encode` gets the server snapshot's parts.
+    fn snapshot_frame(
+        &mut self,
+        encode: impl for<'a> FnOnce(&EncodedSnapshot<'a>) -> Result<Spliced<'a>, SchemaError>,
+    ) -> Result<Frame, String> {
+        let sessions = self.session_list().map_err(|e| e.to_string())?;
+        let models = self.models_cbor.as_ref().map_err(|e| e.to_string())?;
+        let snapshot = EncodedSnapshot {
+            server_id: &self.config.server_id,
+            protocol_version: PROTOCOL_VERSION,
+            revision: self.revision,
+            sessions: &sessions,
+            models,
+        };
+        self.spliced_frame(encode(&snapshot))
+    }
+
+    /// Frames a message encoded in pieces, with one copy of each.
+    fn spliced_frame(&self, payload: Result<Spliced<'_>, SchemaError>) -> Result<Frame, String> {
+        let payload = payload.map_err(|e| e.to_string())?;
+        frame_pieces(&payload.pieces(), self.config.limits.max_frame_len).map_err(|e| e.to_string())
+    }
+
+    /// The server hello of a connection.
+    fn hello_frame(&mut self, connection_id: &str) -> Result<Frame, String> {
+        let frame = self.snapshot_frame(|snapshot| {
+            spliced::encode_hello(PROTOCOL_VERSION, connection_id, snapshot)
+        });
+        self.checked(frame, || {
+            ServerMessage::Hello(ServerHello {
+                version: PROTOCOL_VERSION,
+                connection_id: connection_id.to_string(),
+                snapshot: self.server_snapshot(),
+            })
+        })
+    }
+
+    /// The server snapshot event.
+    fn server_snapshot_frame(&mut self) -> Result<Frame, String> {
+        let frame = self.snapshot_frame(spliced::encode_server_snapshot_event);
+        self.checked(frame, || {
+            let snapshot = self.server_snapshot();
+            ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot })
+        })
+    }
+
+    /// The response to `list`.
+    fn list_frame(&mut self, request_id: &str) -> Result<Frame, String> {
+        let frame = match self.session_list() {
+            Ok(sessions) => {
+                self.spliced_frame(spliced::encode_list_response(request_id, &sessions))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        self.checked(frame, || {
+            ServerMessage::Response(Response {
+                id: request_id.to_string(),
+                outcome: Ok(CommandResult::List {
+                    sessions: self.server_snapshot().sessions,
+                }),
+            })
+        })
+    }
+
+    /// In debug builds (every test and the simulator), asserts that a frame
+    /// built around cached parts is exactly the normal encoding of `message`,
+    /// which checks the cache and its invalidation at every use.
+    fn checked(
+        &self,
+        frame: Result<Frame, String>,
+        message: impl FnOnce() -> ServerMessage,
+    ) -> Result<Frame, String> {
+        if cfg!(debug_assertions) {
+            let normal = self.encode(&message());
+            if frame != normal {
+                let at = match (&frame, &normal) {
+                    (Ok(a), Ok(b)) => a.iter().zip(b.iter()).take_while(|(x, y)| x == y).count(),
+                    _ => 0,
+                };
+                panic!(
+                    "an encoding around the cached session list differs from the normal one \
+                     (first difference at byte {at}): {:?} vs {:?}",
+                    frame.as_ref().map(|f| f.len()),
+                    normal.as_ref().map(|f| f.len()),
+                );
+            }
+        }
+        frame
     }
 
     /// Broadcasts a server snapshot to every ready connection; the revision
@@ -704,16 +810,21 @@ impl Server {
             return;
         }
         self.revision += 1;
-        let snapshot = self.server_snapshot();
-        let message = ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot });
-        self.broadcast(&ready, &message);
+        let frame = self.server_snapshot_frame();
+        self.broadcast_frame(&ready, frame);
     }
 
     fn broadcast(&mut self, to: &[ConnId], message: &ServerMessage) {
         if to.is_empty() {
             return;
         }
-        match self.encode(message) {
+        let frame = self.encode(message);
+        self.broadcast_frame(to, frame);
+    }
+
+    /// Queues one encoded message for each of `to`.
+    fn broadcast_frame(&mut self, to: &[ConnId], frame: Result<Frame, String>) {
+        match frame {
             Ok(frame) => {
                 for &id in to {
                     self.send_frame(id, frame.clone());
@@ -991,6 +1102,149 @@ enum Scope {
         conn: Option<ConnId>,
         session: Option<String>,
     },
+}
+
+/// The session list's CBOR, kept between `list` responses and server
+/// snapshots, with what it was built from.
+///
+/// It is fresh while its inputs are unchanged: the catalog (every change
+/// increments [`Catalog::revision`]) and what each live session with a
+/// snapshot contributes ([`Listed`], compared at use: a few hundred live
+/// sessions at most, against thousands of stored ones). Nothing else has to
+/// remember to invalidate it.
+struct ListCache {
+    /// The catalog revision it was built at.
+    catalog_revision: u64,
+    /// The live sessions' entries it was built from, in id order.
+    live: Vec<Listed>,
+    /// CBOR of the `sessions` array (or why it cannot be encoded).
+    sessions: Result<Arc<Vec<u8>>, SchemaError>,
+}
+
+/// What it was built from, and the length of the CBOR rather than its bytes.
+impl fmt::Debug for ListCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListCache")
+            .field("catalog_revision", &self.catalog_revision)
+            .field("live", &self.live)
+            .field("sessions_len", &self.sessions.as_ref().map(|s| s.len()))
+            .finish()
+    }
+}
+
+impl ListCache {
+    /// Merges the catalog's encoded entries with the live sessions' entries
+    /// (encoded now), in id order, as [`Server::server_snapshot`] lists them.
+    fn build(server: &Server) -> Self {
+        let lives: Vec<(&str, &SessionSnapshot)> = server
+            .sessions
+            .values()
+            .filter_map(|l| l.snapshot.as_ref().map(|snap| (l.id.as_str(), snap)))
+            .collect();
+        let sessions = Self::encode(&server.catalog, &lives)
+            .map(Arc::new)
+            .map_err(cbor_error);
+        Self {
+            catalog_revision: server.catalog.revision(),
+            live: lives.iter().map(|(_, snap)| Listed::of(snap)).collect(),
+            sessions,
+        }
+    }
+
+    /// The `sessions` array: stored entries as encoded when stored, live
+    /// ones (`lives`, in id order) encoded now.
+    fn encode(catalog: &Catalog, lives: &[(&str, &SessionSnapshot)]) -> Result<Vec<u8>, CborError> {
+        /// About the CBOR length of a live session's entry.
+        const LIVE_ENTRY_LEN: usize = 160;
+        let unstored = lives.iter().filter(|(id, _)| !catalog.contains(id)).count();
+        let mut list = ListBuilder::with_capacity(
+            catalog.len() + unstored,
+            catalog.encoded_len() + lives.len() * LIVE_ENTRY_LEN,
+        )?;
+        let mut stored = catalog.iter().peekable();
+        let mut lives = lives.iter().peekable();
+        loop {
+            let next_live = lives.peek().map(|(id, _)| *id);
+            match (stored.peek(), next_live) {
+                (None, None) => break,
+                (Some((id, s)), live) if live.is_none_or(|live| id.as_str() < live) => {
+                    match &s.cbor {
+                        Ok(cbor) => list.push_encoded(cbor),
+                        Err(e) => return Err(e.clone()),
+                    }
+                    stored.next();
+                }
+                _ => {
+                    let (id, snap) = lives.next().expect("peeked: stored is not first");
+                    let base = match stored.peek() {
+                        Some((stored_id, _)) if stored_id.as_str() == *id => {
+                            stored.next().map(|(_, s)| &s.meta)
+                        }
+                        _ => None,
+                    };
+                    list.push(&listed_metadata(base, snap))?;
+                }
+            }
+        }
+        Ok(list.finish())
+    }
+
+    /// True while the catalog and the live sessions' entries are as when built.
+    fn is_fresh(&self, server: &Server) -> bool {
+        if self.catalog_revision != server.catalog.revision() {
+            return false;
+        }
+        let mut listed = self.live.iter();
+        server
+            .sessions
+            .values()
+            .filter_map(|l| l.snapshot.as_ref())
+            .all(|snap| listed.next().is_some_and(|l| l.is(snap)))
+            && listed.next().is_none()
+    }
+}
+
+/// What a live session contributes to the session list: the fields of its
+/// snapshot that [`listed_metadata`] reads.
+#[derive(Debug, PartialEq)]
+struct Listed {
+    id: String,
+    created_at: u64,
+    updated_at: u64,
+    name: Option<String>,
+    cwd: String,
+}
+
+impl Listed {
+    fn of(snap: &SessionSnapshot) -> Self {
+        Self {
+            id: snap.id.clone(),
+            created_at: snap.created_at,
+            updated_at: snap.updated_at,
+            name: snap.name.clone(),
+            cwd: snap.cwd.clone(),
+        }
+    }
+
+    /// True when `snap` lists as this.
+    fn is(&self, snap: &SessionSnapshot) -> bool {
+        self.id == snap.id
+            && self.created_at == snap.created_at
+            && self.updated_at == snap.updated_at
+            && self.name == snap.name
+            && self.cwd == snap.cwd
+    }
+}
+
+/// A live session's list entry: its stored metadata (if it has any) updated
+/// from its snapshot.
+fn listed_metadata(stored: Option<&SessionMetadata>, snap: &SessionSnapshot) -> SessionMetadata {
+    let mut meta = stored.cloned().unwrap_or_else(|| metadata_of(snap));
+    meta.created_at = snap.created_at;
+    meta.updated_at = Some(snap.updated_at);
+    meta.session_name = snap.name.clone();
+    meta.cwd = Some(snap.cwd.clone());
+    meta
 }
 
 /// Durable metadata of a session, from its snapshot.

@@ -193,8 +193,10 @@ impl Server {
         }
         match command {
             Command::List => {
-                let sessions = self.server_snapshot().sessions;
-                self.respond(conn, request_id, Ok(CommandResult::List { sessions }));
+                if self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
+                    let frame = self.list_frame(&request_id);
+                    self.send_encoded(conn, frame);
+                }
             }
             Command::Create(params) => self.on_create(conn, request_id, params),
             Command::Attach { session_id } => self.on_attach(conn, request_id, session_id),
@@ -234,8 +236,7 @@ impl Server {
         }
         let session_id = loop {
             let id = self.rng.uuid_v4();
-            let taken = self.sessions.contains_key(&id)
-                || self.catalog.as_ref().is_some_and(|c| c.contains_key(&id));
+            let taken = self.sessions.contains_key(&id) || self.catalog.contains(&id);
             if !taken {
                 break id;
             }
@@ -306,10 +307,7 @@ impl Server {
                     .push(waiter);
             }
             None => {
-                let stored = self
-                    .catalog
-                    .as_ref()
-                    .is_some_and(|c| c.contains_key(&session_id));
+                let stored = self.catalog.contains(&session_id);
                 if !stored || self.removals.contains_key(&session_id) {
                     let message = format!("Session not found: {session_id}");
                     return self.respond_error(
@@ -443,10 +441,7 @@ impl Server {
     }
 
     fn on_remove(&mut self, conn: ConnId, request_id: String, session_id: String) {
-        let stored = self
-            .catalog
-            .as_ref()
-            .is_some_and(|c| c.contains_key(&session_id));
+        let stored = self.catalog.contains(&session_id);
         if self.removals.contains_key(&session_id)
             || (!stored && !self.sessions.contains_key(&session_id))
         {
@@ -492,9 +487,7 @@ impl Server {
         };
         let outcome = match &result {
             Ok(()) => {
-                if let Some(catalog) = &mut self.catalog {
-                    catalog.remove(&session_id);
-                }
+                self.catalog.remove(&session_id);
                 Ok(CommandResult::Remove {
                     session_id: session_id.clone(),
                 })
@@ -675,9 +668,9 @@ impl Server {
         let waiters = std::mem::take(&mut live.waiters);
         let created = live.creating;
         live.creating = false;
-        if created && let Some(catalog) = &mut self.catalog {
+        if created {
             let meta = metadata_of(self.sessions[session_id].snapshot.as_ref().expect("set"));
-            catalog.insert(session_id.to_string(), meta);
+            self.catalog.insert(meta);
         }
         for waiter in waiters {
             if self.sessions[session_id].phase != Phase::Ready {
@@ -901,10 +894,8 @@ impl Server {
         }
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
-        if live.foreign
-            && let Some(catalog) = &mut self.catalog
-        {
-            catalog.remove(&session_id);
+        if live.foreign {
+            self.catalog.remove(&session_id);
         }
         if !live.removing.is_empty() {
             // Attaches that waited for this worker to exit cannot reopen a session being removed.
@@ -978,15 +969,10 @@ impl Server {
         let mut live = Live::new(session_id.clone(), Worker::adopted(worker), false);
         live.phase = Phase::Ready;
         live.hold_until = Some(self.now + self.config.adoption_grace);
-        let stored = self
-            .catalog
-            .as_ref()
-            .is_some_and(|c| c.contains_key(&session_id));
+        let stored = self.catalog.contains(&session_id);
         live.foreign = !stored;
-        if live.foreign
-            && let Some(catalog) = &mut self.catalog
-        {
-            catalog.insert(session_id.clone(), metadata_of(&snapshot));
+        if live.foreign {
+            self.catalog.insert(metadata_of(&snapshot));
         }
         live.snapshot = Some(snapshot);
         self.sessions.insert(session_id.clone(), live);

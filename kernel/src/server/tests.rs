@@ -1,5 +1,5 @@
 //! Unit tests of the server machine's internals: the targeted invariant
-//! check of release builds.
+//! check of release builds, and the cached session list.
 //!
 //! Scenarios across the whole server live in the simulator (`sim/`); these
 //! drive a server step by step and look inside it.
@@ -63,11 +63,23 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
+        Self::with(config())
+    }
+
+    fn with(config: Config) -> Self {
         Self {
-            server: Server::new(config()),
+            server: Server::new(config),
             now: 0,
             sent: BTreeMap::new(),
         }
+    }
+
+    /// A server whose catalog holds `sessions`, with one ready connection.
+    fn serving(sessions: Vec<SessionMetadata>, conn: ConnId) -> Self {
+        let mut h = Self::new();
+        h.step(Input::CatalogLoaded { sessions });
+        h.connect(conn);
+        h
     }
 
     /// One step; afterwards also runs the release build's targeted check
@@ -141,6 +153,39 @@ impl Harness {
             },
         );
         (worker, session)
+    }
+
+    /// Asks for the list and checks the response against the normal
+    /// encoding of the list built from scratch; returns the sessions.
+    fn list(&mut self, conn: ConnId) -> Vec<SessionMetadata> {
+        self.request(conn, "list", Command::List);
+        let frame = self.sent[&conn].last().expect("a response").clone();
+        let expected = self
+            .server
+            .encode(&ServerMessage::Response(Response {
+                id: "list".into(),
+                outcome: Ok(CommandResult::List {
+                    sessions: self.server.server_snapshot().sessions,
+                }),
+            }))
+            .expect("encodes");
+        assert_eq!(
+            frame, expected,
+            "list response differs from a fresh encoding"
+        );
+        match self.last(conn) {
+            ServerMessage::Response(Response {
+                outcome: Ok(CommandResult::List { sessions }),
+                ..
+            }) => sessions,
+            other => panic!("not a list response: {other:?}"),
+        }
+    }
+
+    /// The session list's cached CBOR.
+    fn cached_list(&self) -> Arc<Vec<u8>> {
+        let cache = self.server.list_cache.as_ref().expect("built");
+        cache.sessions.clone().expect("encodes")
     }
 
     /// The last message sent to `conn`, decoded.
@@ -271,4 +316,232 @@ fn targeted_check_catches_a_broken_worker_index() {
     h.server.workers.remove(&worker);
     h.server.workers.insert(WorkerId(999), session.clone());
     h.server.check_touched(None, Some(&session));
+}
+
+fn stored(i: u64) -> SessionMetadata {
+    SessionMetadata {
+        id: format!("stored-{i:05}"),
+        created_at: i,
+        updated_at: Some(1000 + i),
+        parent_session_id: i.is_multiple_of(3).then(|| "parent".to_string()),
+        session_name: i.is_multiple_of(2).then(|| format!("name {i}")),
+        cwd: Some(format!("/work/{i}")),
+    }
+}
+
+fn entry<'a>(list: &'a [SessionMetadata], id: &str) -> Option<&'a SessionMetadata> {
+    list.iter().find(|m| m.id == id)
+}
+
+/// `list` after each kind of change equals the fresh encoding (the harness
+/// compares bytes), shows the change, and reuses the cached bytes only while
+/// nothing changed.
+#[test]
+fn list_follows_every_change_to_its_inputs() {
+    let a = ConnId(1);
+    let mut h = Harness::serving((0..5).map(stored).collect(), a);
+    let first = h.list(a);
+    assert_eq!(first.len(), 5);
+    let cached = h.cached_list();
+    assert_eq!(h.list(a), first);
+    assert!(Arc::ptr_eq(&cached, &h.cached_list()), "unchanged: reused");
+
+    // create: a new live session, then in the catalog.
+    let (worker, created) = h.create(a);
+    let list = h.list(a);
+    assert_eq!(list.len(), 6);
+    assert!(entry(&list, &created).is_some());
+    assert!(!Arc::ptr_eq(&cached, &h.cached_list()), "changed: rebuilt");
+
+    // rename: a snapshot with a new name.
+    let mut renamed = snapshot(&created, 2, SessionPhase::Idle);
+    renamed.name = Some("renamed".into());
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: renamed.clone(),
+        },
+    );
+    let list = h.list(a);
+    assert_eq!(
+        entry(&list, &created).and_then(|m| m.session_name.as_deref()),
+        Some("renamed")
+    );
+
+    // a snapshot that changes nothing listed keeps the cache.
+    let cached = h.cached_list();
+    let mut busy = renamed.clone();
+    busy.revision = 3;
+    busy.phase = SessionPhase::Idle;
+    busy.queued_steer_count = 0;
+    h.worker(worker, FromWorker::Snapshot { snapshot: busy });
+    h.list(a);
+    assert!(
+        Arc::ptr_eq(&cached, &h.cached_list()),
+        "unlisted change: reused"
+    );
+
+    // turn commit: the operation's final snapshot moves updatedAt.
+    let outputs = h.request(
+        a,
+        "prompt",
+        Command::Prompt {
+            session_id: created.clone(),
+            text: "hi".into(),
+        },
+    );
+    let op = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::ToWorker {
+                message: ToWorker::Operation { op, .. },
+                ..
+            } => Some(*op),
+            _ => None,
+        })
+        .expect("operation");
+    let mut committed = renamed.clone();
+    committed.revision = 4;
+    committed.updated_at = 99;
+    h.worker(
+        worker,
+        FromWorker::OpDone {
+            op,
+            outcome: Ok(committed),
+        },
+    );
+    let list = h.list(a);
+    assert_eq!(entry(&list, &created).and_then(|m| m.updated_at), Some(99));
+
+    // attach of a stored session: its live snapshot overrides the stored
+    // metadata (the parent stays).
+    let b = ConnId(2);
+    h.connect(b);
+    let outputs = h.request(
+        b,
+        "attach",
+        Command::Attach {
+            session_id: "stored-00003".into(),
+        },
+    );
+    let opened = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker { worker, .. } => Some(*worker),
+            _ => None,
+        })
+        .expect("opens");
+    h.step(Input::WorkerSpawned { worker: opened });
+    let mut live = snapshot("stored-00003", 7, SessionPhase::Idle);
+    live.name = Some("live name".into());
+    live.updated_at = 5000;
+    h.worker(opened, FromWorker::Ready { snapshot: live });
+    let list = h.list(a);
+    let listed = entry(&list, "stored-00003").expect("listed");
+    assert_eq!(listed.session_name.as_deref(), Some("live name"));
+    assert_eq!(listed.updated_at, Some(5000));
+    assert_eq!(listed.parent_session_id.as_deref(), Some("parent"));
+
+    // detach: the session is disposed; once its worker exited the stored
+    // metadata is listed again.
+    h.request(
+        b,
+        "detach",
+        Command::Detach {
+            session_id: "stored-00003".into(),
+        },
+    );
+    h.step(Input::WorkerExited { worker: opened });
+    let list = h.list(a);
+    assert_eq!(entry(&list, "stored-00003"), Some(&stored(3)));
+
+    // remove of a stored session.
+    h.request(
+        a,
+        "remove",
+        Command::Remove {
+            session_id: "stored-00002".into(),
+        },
+    );
+    h.step(Input::SessionRemoved {
+        session_id: "stored-00002".into(),
+        result: Ok(()),
+    });
+    let list = h.list(a);
+    assert_eq!(list.len(), 5);
+    assert!(entry(&list, "stored-00002").is_none());
+    let ids: Vec<&str> = list.iter().map(|m| m.id.as_str()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(ids, sorted, "listed in id order");
+}
+
+/// The server snapshots broadcast after changes (checked against fresh
+/// encodings in debug builds by the server itself) carry the current list.
+#[test]
+fn server_snapshots_carry_the_current_list() {
+    let (a, b) = (ConnId(1), ConnId(2));
+    let mut h = Harness::serving((0..3).map(stored).collect(), a);
+    h.connect(b);
+    let (_, created) = h.create(a);
+    let ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot }) = h.last(b) else {
+        panic!("a server snapshot after create: {:?}", h.last(b));
+    };
+    assert_eq!(snapshot.sessions.len(), 4);
+    assert!(entry(&snapshot.sessions, &created).is_some());
+    assert_eq!(snapshot, h.server.server_snapshot());
+}
+
+/// Thousands of stored sessions (two-byte array header) and live ones among
+/// them: the hello and `list` equal their fresh encodings.
+#[test]
+fn many_stored_sessions_list_as_freshly_encoded() {
+    let a = ConnId(1);
+    let mut h = Harness::serving((0..3000).map(stored).collect(), a);
+    let ServerMessage::Hello(hello) =
+        decode_server_message(&h.sent[&a][0][4..], &Default::default()).expect("decodes")
+    else {
+        panic!("hello first");
+    };
+    assert_eq!(hello.snapshot.sessions.len(), 3000);
+    assert_eq!(hello.snapshot.sessions[1234], stored(1234));
+    let (_, created) = h.create(a);
+    let list = h.list(a);
+    assert_eq!(list.len(), 3001);
+    assert!(entry(&list, &created).is_some());
+    h.connect(ConnId(2));
+}
+
+/// A list too large for a frame cannot be sent: the connection is closed,
+/// with the error the normal encoding reports.
+#[test]
+fn a_list_larger_than_a_frame_closes_the_connection() {
+    let mut config = config();
+    config.limits.max_frame_len = 16 * 1024;
+    config.limits.max_output_bytes_per_connection = 64 * 1024;
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded {
+        sessions: (0..1000).map(stored).collect(),
+    });
+    let conn = ConnId(1);
+    h.step(Input::Accepted { conn });
+    let hello = client_frame(&ClientMessage::Hello(ClientHello {
+        version: PROTOCOL_VERSION,
+        token: None,
+    }));
+    let outputs = h.step(Input::Received { conn, bytes: hello });
+    let reason = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Close { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .expect("closed");
+    let CloseReason::Protocol(message) = reason else {
+        panic!("{reason:?}");
+    };
+    assert!(
+        message.starts_with("cannot send: Frame payload length") && message.ends_with("16384"),
+        "{message}"
+    );
 }

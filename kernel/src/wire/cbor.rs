@@ -183,29 +183,29 @@ pub fn encode_with_limits(
     limits: &CborLimits,
 ) -> Result<(), CborError> {
     let start = out.len();
-    let mut encoder = Encoder {
-        out,
-        max_depth: limits.effective_max_depth(),
-        limits,
+    let result = {
+        let mut encoder = Encoder::new(out, limits);
+        encoder.item(value).and_then(|()| encoder.finish())
     };
-    let result = encoder.value(value, 0).and_then(|()| {
-        let written = encoder.out.len() - start;
-        if written > limits.max_byte_len {
-            Err(CborError::with_kind(
-                CborErrorKind::ByteLengthLimit,
-                format!(
-                    "CBOR byte length exceeds configured limit of {}",
-                    limits.max_byte_len
-                ),
-            ))
-        } else {
-            Ok(())
-        }
-    });
     if result.is_err() {
         out.truncate(start);
     }
     result
+}
+
+/// Checks the length of a whole encoded item against the limits, as
+/// [`encode_with_limits`] does (for an item assembled from pieces).
+pub fn check_item_len(len: usize, limits: &CborLimits) -> Result<(), CborError> {
+    if len > limits.max_byte_len {
+        return Err(CborError::with_kind(
+            CborErrorKind::ByteLengthLimit,
+            format!(
+                "CBOR byte length exceeds configured limit of {}",
+                limits.max_byte_len
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Encodes `value` into a fresh buffer (see [`encode`]).
@@ -215,13 +215,70 @@ pub fn to_vec(value: &Value) -> Result<Vec<u8>, CborError> {
     Ok(out)
 }
 
-struct Encoder<'o, 'l> {
+/// Writes one item piece by piece, for messages built around pre-encoded
+/// parts (see [`Encoder::raw`]).
+///
+/// Containers are written as a header ([`Encoder::map_header`],
+/// [`Encoder::array_header`]) followed by their entries; map keys with
+/// [`Encoder::text`]. The bytes are those [`encode_with_limits`] writes for
+/// the same item, provided the caller writes what a [`Value`] would hold:
+/// as many entries as the header says, unique keys in the wanted order.
+/// [`Encoder::finish`] enforces the total length.
+#[derive(Debug)]
+pub struct Encoder<'o, 'l> {
     out: &'o mut Vec<u8>,
     limits: &'l CborLimits,
     max_depth: usize,
+    /// Length of `out` before this encoder wrote anything.
+    start: usize,
 }
 
-impl Encoder<'_, '_> {
+impl<'o, 'l> Encoder<'o, 'l> {
+    /// An encoder appending to `out` under `limits`.
+    pub fn new(out: &'o mut Vec<u8>, limits: &'l CborLimits) -> Self {
+        let start = out.len();
+        Self {
+            out,
+            limits,
+            max_depth: limits.effective_max_depth(),
+            start,
+        }
+    }
+
+    /// Writes one complete item. Its depth is counted from itself: the
+    /// containers opened with headers around it are not (the protocol's
+    /// envelopes are a few levels deep, far below any depth limit).
+    pub fn item(&mut self, value: &Value) -> Result<(), CborError> {
+        self.value(value, 0)
+    }
+
+    /// Writes the header of a map of `len` entries; the entries (key, value)
+    /// follow.
+    pub fn map_header(&mut self, len: usize) -> Result<(), CborError> {
+        self.container_len("map", len)?;
+        self.head(5, len as u64);
+        Ok(())
+    }
+
+    /// Writes the header of an array of `len` items; the items follow.
+    pub fn array_header(&mut self, len: usize) -> Result<(), CborError> {
+        self.container_len("array", len)?;
+        self.head(4, len as u64);
+        Ok(())
+    }
+
+    /// Copies one item encoded before (by an encoder with the same limits,
+    /// for example into a cache) as it is: nothing is checked.
+    pub fn raw(&mut self, item: &[u8]) {
+        self.out.extend_from_slice(item);
+    }
+
+    /// Checks the total length written against the limits. An error leaves
+    /// what was written in place: the caller discards it.
+    pub fn finish(&self) -> Result<(), CborError> {
+        check_item_len(self.out.len() - self.start, self.limits)
+    }
+
     /// Writes an initial byte and argument in the shortest form.
     fn head(&mut self, major: u8, argument: u64) {
         let prefix = major << 5;
@@ -284,7 +341,8 @@ impl Encoder<'_, '_> {
         Ok(())
     }
 
-    fn text(&mut self, s: &str) -> Result<(), CborError> {
+    /// Writes a text string (a map key, or a text item).
+    pub fn text(&mut self, s: &str) -> Result<(), CborError> {
         if s.len() > self.limits.max_byte_len {
             return Err(CborError::with_kind(
                 CborErrorKind::ByteLengthLimit,

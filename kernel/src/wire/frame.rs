@@ -7,6 +7,7 @@
 //! make it allocate. Error texts follow the reference implementation.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Default maximum payload length: 16 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -241,23 +242,43 @@ fn truncated(detail: &str) -> FrameError {
 
 /// Prefixes `payload` with its length. Fails when it exceeds `max_frame_len`.
 pub fn encode_frame(payload: &[u8], max_frame_len: u32) -> Result<Vec<u8>, FrameError> {
-    let len = match u32::try_from(payload.len()) {
-        Ok(len) if len <= max_frame_len => len,
-        _ => {
-            return Err(FrameError::with_kind(
-                FrameErrorKind::TooLong {
-                    len: payload.len() as u64,
-                    max: max_frame_len,
-                },
-                format!(
-                    "Frame payload length {} exceeds configured limit of {max_frame_len}",
-                    payload.len()
-                ),
-            ));
-        }
-    };
+    let len = payload_len(payload.len(), max_frame_len)?;
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
     frame.extend_from_slice(&len.to_be_bytes());
     frame.extend_from_slice(payload);
     Ok(frame)
+}
+
+/// Frames the concatenation of `pieces` into one shared buffer, allocated
+/// once at its final size: for a large payload assembled from pieces that
+/// already exist (an envelope around a cached list), this saves building the
+/// payload and copying it again. Fails as [`encode_frame`] does when the
+/// payload exceeds `max_frame_len`.
+pub fn frame_pieces(pieces: &[&[u8]], max_frame_len: u32) -> Result<Arc<[u8]>, FrameError> {
+    let payload: usize = pieces.iter().map(|p| p.len()).sum();
+    let len = payload_len(payload, max_frame_len)?;
+    let mut frame: Arc<[u8]> = std::iter::repeat_n(0, FRAME_HEADER_LEN + payload).collect();
+    let bytes = Arc::get_mut(&mut frame).expect("a fresh Arc is unique");
+    let (header, mut rest) = bytes.split_at_mut(FRAME_HEADER_LEN);
+    header.copy_from_slice(&len.to_be_bytes());
+    for piece in pieces {
+        let (this, after) = rest.split_at_mut(piece.len());
+        this.copy_from_slice(piece);
+        rest = after;
+    }
+    Ok(frame)
+}
+
+/// The header of a payload of `len` bytes, or why it cannot be sent.
+fn payload_len(len: usize, max_frame_len: u32) -> Result<u32, FrameError> {
+    match u32::try_from(len) {
+        Ok(len) if len <= max_frame_len => Ok(len),
+        _ => Err(FrameError::with_kind(
+            FrameErrorKind::TooLong {
+                len: len as u64,
+                max: max_frame_len,
+            },
+            format!("Frame payload length {len} exceeds configured limit of {max_frame_len}"),
+        )),
+    }
 }

@@ -1,0 +1,223 @@
+//! Encoders of the messages that carry the session list — `list` responses,
+//! server hellos and server snapshot events — around CBOR of the list (and
+//! of the models) encoded earlier, so that a server can keep those bytes
+//! instead of rebuilding and re-encoding thousands of entries per message.
+//!
+//! A message comes out as pieces ([`Spliced`]): the envelope before the
+//! list, the list's bytes as given, and the rest; the server frames them
+//! with one copy ([`crate::wire::frame::frame_pieces`]). Together the pieces
+//! are exactly the bytes [`super::encode_payload`] writes for the same message
+//! (keys in the schema order of `messages.rs` and `items.rs`, numbers through
+//! the same [`uint_value`] mapping, the same CBOR limits, the same errors);
+//! the list comes from [`ListBuilder`] and [`encode_item`]. Like
+//! [`super::encode_trusted_server_message`] in release builds they do not
+//! re-check the schema: they are for messages a server builds itself. The
+//! server compares them with the normal encoding in debug builds, and
+//! `kernel/tests/protocol.rs` does on arbitrary messages.
+
+use super::{Schema, SchemaError, cbor_error, uint_value};
+use crate::wire::cbor::{Encoder, check_item_len};
+use crate::wire::{CborError, CborLimits, Value};
+
+/// A [`crate::protocol::ServerSnapshot`] whose two lists are already encoded.
+#[derive(Debug, Clone, Copy)]
+pub struct EncodedSnapshot<'a> {
+    /// `serverId`.
+    pub server_id: &'a str,
+    /// `protocolVersion`.
+    pub protocol_version: u64,
+    /// `revision`.
+    pub revision: u64,
+    /// CBOR of the `sessions` array of [`crate::protocol::SessionMetadata`].
+    pub sessions: &'a [u8],
+    /// CBOR of the `models` array of [`crate::protocol::ModelMetadata`].
+    pub models: &'a [u8],
+}
+
+/// One encoded message in three pieces: `head`, then `item` (encoded
+/// earlier, borrowed), then `tail`.
+#[derive(Debug)]
+pub struct Spliced<'a> {
+    head: Vec<u8>,
+    item: &'a [u8],
+    tail: Vec<u8>,
+}
+
+impl Spliced<'_> {
+    /// The pieces, in order: their concatenation is the payload.
+    pub fn pieces(&self) -> [&[u8]; 3] {
+        [&self.head, self.item, &self.tail]
+    }
+
+    /// The payload as one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.pieces().concat()
+    }
+}
+
+/// CBOR of one schema item, to splice into a list or message later
+/// (the whole message's length is checked when it is built).
+pub fn encode_item<T: Schema>(item: &T) -> Result<Vec<u8>, CborError> {
+    let mut out = Vec::new();
+    Encoder::new(&mut out, &CborLimits::default()).item(&item.to_value())?;
+    Ok(out)
+}
+
+/// Builds the CBOR of an array from items encoded now or earlier.
+#[derive(Debug)]
+pub struct ListBuilder {
+    out: Vec<u8>,
+}
+
+impl ListBuilder {
+    /// An array that will hold `len` items: exactly `len` must be pushed.
+    pub fn new(len: usize) -> Result<Self, CborError> {
+        Self::with_capacity(len, 0)
+    }
+
+    /// [`ListBuilder::new`] with room for `bytes` of items.
+    pub fn with_capacity(len: usize, bytes: usize) -> Result<Self, CborError> {
+        /// The longest array header.
+        const HEADER_LEN: usize = 9;
+        let mut out = Vec::with_capacity(HEADER_LEN + bytes);
+        Encoder::new(&mut out, &CborLimits::default()).array_header(len)?;
+        Ok(Self { out })
+    }
+
+    /// Appends an item, encoding it now.
+    pub fn push<T: Schema>(&mut self, item: &T) -> Result<(), CborError> {
+        Encoder::new(&mut self.out, &CborLimits::default()).item(&item.to_value())
+    }
+
+    /// Appends an item encoded by [`encode_item`].
+    pub fn push_encoded(&mut self, item: &[u8]) {
+        self.out.extend_from_slice(item);
+    }
+
+    /// The array's CBOR.
+    pub fn finish(self) -> Vec<u8> {
+        self.out
+    }
+}
+
+/// CBOR of `items` as one array (for example a snapshot's `models`).
+pub fn encode_list<T: Schema>(items: &[T]) -> Result<Vec<u8>, CborError> {
+    let mut list = ListBuilder::new(items.len())?;
+    for item in items {
+        list.push(item)?;
+    }
+    Ok(list.finish())
+}
+
+/// `{type:"hello", version, connectionId, snapshot}`: a
+/// [`crate::protocol::ServerMessage::Hello`] payload.
+pub fn encode_hello<'a>(
+    version: u64,
+    connection_id: &str,
+    snapshot: &EncodedSnapshot<'a>,
+) -> Result<Spliced<'a>, SchemaError> {
+    splice(
+        snapshot.sessions,
+        |e| {
+            e.map_header(4)?;
+            e.text("type")?;
+            e.text("hello")?;
+            e.text("version")?;
+            e.item(&uint_value(version))?;
+            e.text("connectionId")?;
+            e.text(connection_id)?;
+            e.text("snapshot")?;
+            snapshot_head(e, snapshot)
+        },
+        |e| snapshot_tail(e, snapshot),
+    )
+}
+
+/// `{type:"event", event:{type:"server_snapshot", snapshot}}`: a
+/// [`crate::protocol::ServerEvent::ServerSnapshot`] payload.
+pub fn encode_server_snapshot_event<'a>(
+    snapshot: &EncodedSnapshot<'a>,
+) -> Result<Spliced<'a>, SchemaError> {
+    splice(
+        snapshot.sessions,
+        |e| {
+            e.map_header(2)?;
+            e.text("type")?;
+            e.text("event")?;
+            e.text("event")?;
+            e.map_header(2)?;
+            e.text("type")?;
+            e.text("server_snapshot")?;
+            e.text("snapshot")?;
+            snapshot_head(e, snapshot)
+        },
+        |e| snapshot_tail(e, snapshot),
+    )
+}
+
+/// `{type:"response", id, ok:true, result:{command:"list", sessions}}`: the
+/// response to `list`, with `sessions` the CBOR of the array.
+pub fn encode_list_response<'a>(
+    request_id: &str,
+    sessions: &'a [u8],
+) -> Result<Spliced<'a>, SchemaError> {
+    splice(
+        sessions,
+        |e| {
+            e.map_header(4)?;
+            e.text("type")?;
+            e.text("response")?;
+            e.text("id")?;
+            e.text(request_id)?;
+            e.text("ok")?;
+            e.item(&Value::Bool(true))?;
+            e.text("result")?;
+            e.map_header(2)?;
+            e.text("command")?;
+            e.text("list")?;
+            e.text("sessions")
+        },
+        |_| Ok(()),
+    )
+}
+
+/// Writes `head` and `tail` around `item` under the default limits, and
+/// checks the whole length, as [`crate::wire::cbor::encode`] does.
+fn splice<'a>(
+    item: &'a [u8],
+    head: impl FnOnce(&mut Encoder<'_, '_>) -> Result<(), CborError>,
+    tail: impl FnOnce(&mut Encoder<'_, '_>) -> Result<(), CborError>,
+) -> Result<Spliced<'a>, SchemaError> {
+    /// Room for an envelope's keys and small values.
+    const ENVELOPE_LEN: usize = 128;
+    let limits = CborLimits::default();
+    let mut spliced = Spliced {
+        head: Vec::with_capacity(ENVELOPE_LEN),
+        item,
+        tail: Vec::new(),
+    };
+    head(&mut Encoder::new(&mut spliced.head, &limits)).map_err(cbor_error)?;
+    tail(&mut Encoder::new(&mut spliced.tail, &limits)).map_err(cbor_error)?;
+    let len = spliced.head.len() + item.len() + spliced.tail.len();
+    check_item_len(len, &limits).map_err(cbor_error)?;
+    Ok(spliced)
+}
+
+/// `{serverId, protocolVersion, revision, sessions:` — the sessions follow.
+fn snapshot_head(e: &mut Encoder<'_, '_>, snapshot: &EncodedSnapshot<'_>) -> Result<(), CborError> {
+    e.map_header(5)?;
+    e.text("serverId")?;
+    e.text(snapshot.server_id)?;
+    e.text("protocolVersion")?;
+    e.item(&uint_value(snapshot.protocol_version))?;
+    e.text("revision")?;
+    e.item(&uint_value(snapshot.revision))?;
+    e.text("sessions")
+}
+
+/// `models}` — after the sessions.
+fn snapshot_tail(e: &mut Encoder<'_, '_>, snapshot: &EncodedSnapshot<'_>) -> Result<(), CborError> {
+    e.text("models")?;
+    e.raw(snapshot.models);
+    Ok(())
+}
