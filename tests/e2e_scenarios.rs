@@ -360,7 +360,8 @@ async fn s08_attachment_state_relative_to_requester() {
 async fn s09_busy_work_survives_disconnect() {
     let server = TestServer::start("s09").await;
     let c = server.connect().await;
-    let s = c.create(params("nine")).await.unwrap().id;
+    let created = c.create(params("nine")).await.unwrap();
+    let s = created.id.clone();
     let worker = server.worker_of(&s).await;
     let mut events = c.events();
     let text = long_text(300);
@@ -386,7 +387,19 @@ async fn s09_busy_work_survives_disconnect() {
         Some(&("assistant".to_owned(), Some("complete".to_owned()))),
         "{items:?}"
     );
+    // Listed while no worker runs: what the session last reported (the end
+    // of its turn), not what it was when created. (Opening it again is a
+    // state change of its own: a later updatedAt.)
+    let listed = observer.list().await.unwrap();
+    let listed = listed.iter().find(|m| m.id == s).expect("listed");
+    let turn_end = listed.updated_at.expect("updatedAt");
     let snapshot = observer.attach(&s).await.unwrap();
+    assert!(
+        created.updated_at < turn_end && turn_end <= snapshot.updated_at,
+        "created {}, listed {turn_end}, reopened {}",
+        created.updated_at,
+        snapshot.updated_at
+    );
     assert_eq!(snapshot.transcript.len(), 2);
     assert!(matches!(
         last_assistant_status(&snapshot),

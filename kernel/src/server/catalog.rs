@@ -96,6 +96,11 @@ impl Catalog {
         }
     }
 
+    /// A stored session's metadata.
+    pub(crate) fn get(&self, id: &str) -> Option<&SessionMetadata> {
+        self.sessions.as_ref()?.get(id).map(|stored| &stored.meta)
+    }
+
     /// True when the session is stored.
     pub(crate) fn contains(&self, id: &str) -> bool {
         self.sessions.as_ref().is_some_and(|c| c.contains_key(id))

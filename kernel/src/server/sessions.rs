@@ -1,7 +1,7 @@
 //! The session registry: live sessions, their attachments, operations in
 //! flight and worker, and every request that touches them.
 
-use super::{Acquire, CloseReason, Output, Server, metadata_of};
+use super::{Acquire, CloseReason, Output, Server, listed_metadata, metadata_of};
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::{
@@ -896,6 +896,16 @@ impl Server {
         self.workers.remove(&worker);
         if live.foreign {
             self.catalog.remove(&session_id);
+        } else if live.removing.is_empty()
+            && let Some(snap) = &live.snapshot
+            && let Some(stored) = self.catalog.get(&session_id)
+        {
+            // The list keeps showing what the session last reported (its
+            // name, its last update), not what was stored when we started.
+            let listed = listed_metadata(Some(stored), snap);
+            if *stored != listed {
+                self.catalog.insert(listed);
+            }
         }
         if !live.removing.is_empty() {
             // Attaches that waited for this worker to exit cannot reopen a session being removed.

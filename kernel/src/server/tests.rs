@@ -437,13 +437,13 @@ fn list_follows_every_change_to_its_inputs() {
     live.updated_at = 5000;
     h.worker(opened, FromWorker::Ready { snapshot: live });
     let list = h.list(a);
-    let listed = entry(&list, "stored-00003").expect("listed");
+    let listed = entry(&list, "stored-00003").expect("listed").clone();
     assert_eq!(listed.session_name.as_deref(), Some("live name"));
     assert_eq!(listed.updated_at, Some(5000));
     assert_eq!(listed.parent_session_id.as_deref(), Some("parent"));
 
-    // detach: the session is disposed; once its worker exited the stored
-    // metadata is listed again.
+    // detach: the session is disposed; once its worker exited the list
+    // keeps what it last reported (not the metadata loaded at start).
     h.request(
         b,
         "detach",
@@ -453,7 +453,8 @@ fn list_follows_every_change_to_its_inputs() {
     );
     h.step(Input::WorkerExited { worker: opened });
     let list = h.list(a);
-    assert_eq!(entry(&list, "stored-00003"), Some(&stored(3)));
+    assert_eq!(entry(&list, "stored-00003"), Some(&listed));
+    assert_ne!(entry(&list, "stored-00003"), Some(&stored(3)));
 
     // remove of a stored session.
     h.request(
