@@ -10,6 +10,8 @@ use crate::util::{
 use kernel::protocol::{ClientHello, ClientMessage, Command, PROTOCOL_VERSION};
 use std::io::{self, Read, Write};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// `n` sequential cycles; each sends `requests` one after the other, waiting
@@ -52,11 +54,19 @@ pub(crate) async fn collect_quiet(conn: &mut RawConn, quiet: Duration) -> Vec<u8
 }
 
 /// What the server sends for each request of a cycle: the frames up to and
-/// including its response; trailing events go with the last request.
-pub(crate) async fn capture(conn: &mut RawConn, requests: &[Vec<u8>]) -> io::Result<Vec<Vec<u8>>> {
-    collect_quiet(conn, Duration::from_millis(200)).await;
+/// including its response (trailing events go with the last request), and
+/// how many bytes the other attached client (`holder`) got meanwhile.
+pub(crate) async fn capture(
+    conn: &mut RawConn,
+    requests: &[Vec<u8>],
+    holder: Option<&Holder>,
+) -> io::Result<Vec<(Vec<u8>, usize)>> {
+    let settle = Duration::from_millis(200);
+    collect_quiet(conn, settle).await;
+    let received = || holder.map_or(0, Holder::received);
     let mut script = Vec::new();
-    for request in requests {
+    for (i, request) in requests.iter().enumerate() {
+        let before = received();
         conn.send(request).await?;
         let mut bytes = Vec::new();
         loop {
@@ -67,10 +77,13 @@ pub(crate) async fn capture(conn: &mut RawConn, requests: &[Vec<u8>]) -> io::Res
                 break;
             }
         }
-        script.push(bytes);
+        if i + 1 == requests.len() {
+            bytes.extend(collect_quiet(conn, settle).await);
+        } else {
+            tokio::time::sleep(settle).await;
+        }
+        script.push((bytes, (received() - before) as usize));
     }
-    let trailing = collect_quiet(conn, Duration::from_millis(200)).await;
-    script.last_mut().expect("one request").extend(trailing);
     Ok(script)
 }
 
@@ -159,13 +172,18 @@ pub(crate) async fn versus_echo(
     server_pid: u32,
     requests: &[Vec<u8>],
     n: usize,
-) -> Result<(Pair, Vec<usize>, Vec<usize>), String> {
+    holder: Option<&Holder>,
+) -> Result<(Pair, Vec<usize>, Vec<(usize, usize)>), String> {
     let err = |e: io::Error| e.to_string();
     cycles(ours, requests, n / 5 + 1).await.map_err(err)?; // warm up
-    let script = capture(ours, requests).await.map_err(err)?;
+    let script = capture(ours, requests, holder).await.map_err(err)?;
     let request_sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-    let reply_sizes: Vec<usize> = script.iter().map(Vec::len).collect();
+    let reply_sizes: Vec<(usize, usize)> = script
+        .iter()
+        .map(|(reply, side)| (reply.len(), *side))
+        .collect();
     let echo = Echo::start(&env.fresh_dir("echo").join("echo.sock"), script).map_err(err)?;
+    let _side = echo.side().map_err(err)?;
     let mut baseline = RawConn::connect(&echo.path).await.map_err(err)?;
     cycles(&mut baseline, requests, n / 5 + 1)
         .await
@@ -200,6 +218,8 @@ pub(crate) async fn versus_echo(
 pub(crate) struct Holder {
     stream: std::os::unix::net::UnixStream,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Bytes received after the attach was answered.
+    received: Arc<AtomicU64>,
 }
 
 impl Holder {
@@ -218,6 +238,8 @@ impl Holder {
         ))?;
         let mut reader = stream.try_clone()?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let received = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&received);
         let thread = std::thread::spawn(move || {
             let mut buf = vec![0u8; 256 * 1024];
             let mut pending: Vec<u8> = Vec::new();
@@ -227,6 +249,9 @@ impl Holder {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
+                if ready.is_none() {
+                    count.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 if let Some(tx) = &ready {
                     pending.extend_from_slice(&buf[..n]);
                     let mut at = 0;
@@ -255,7 +280,44 @@ impl Holder {
         Ok(Self {
             stream,
             thread: Some(thread),
+            received,
         })
+    }
+
+    /// Bytes received since the attach was answered.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+}
+
+/// A connection drained (and counted) by a thread of its own.
+#[derive(Debug)]
+pub(crate) struct Drain {
+    stream: std::os::unix::net::UnixStream,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drain {
+    /// Drains `stream` until it closes.
+    pub(crate) fn start(stream: std::os::unix::net::UnixStream) -> io::Result<Self> {
+        let mut reader = stream.try_clone()?;
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
+            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        Ok(Self {
+            stream,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -293,7 +355,7 @@ fn measure(env: &Env, report: &mut Report, placement: &str, judged: bool) -> Res
     let ids = create_sessions(&sessions, 1, 1)?;
     let id = ids[0].clone();
     let server = Server::start(env, &sessions, &[])?;
-    let _holder = Holder::attach(&server.socket, &id).map_err(|e| e.to_string())?;
+    let holder = Holder::attach(&server.socket, &id).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -309,13 +371,13 @@ fn measure(env: &Env, report: &mut Report, placement: &str, judged: bool) -> Res
         let n = env.pick(200, 2000);
         let list = vec![v1_request("r1", Command::List)];
         if !only_attach {
-            let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &list, n).await?;
+            let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &list, n, Some(&holder)).await?;
             let ratio = pair.ratio();
             report.push(
                 "1",
                 format!(
                     "`list` round trip (1 stored session; request {} B, reply {} B), ours vs raw echo, {placement}",
-                    req[0], rep[0]
+                    req[0], rep[0].0
                 ),
                 format!(
                     "ours {} / echo {} → **{ratio:.2}×** ({}){}",
@@ -338,14 +400,14 @@ fn measure(env: &Env, report: &mut Report, placement: &str, judged: bool) -> Res
         );
         let detach = v1_request("r3", Command::Detach { session_id: id.clone() });
         let requests = [attach, detach];
-        let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &requests, n).await?;
+        let (pair, req, rep) = versus_echo(env, &mut conn, server.pid, &requests, n, Some(&holder)).await?;
         let ratio = pair.ratio();
         let split = cycles_split(&mut conn, &requests, n).await.map_err(|e| e.to_string())?;
         report.push(
             "1",
             format!(
-                "`attach`+`detach` round trips (live session; requests {}+{} B, replies {}+{} B incl. the server_snapshot event after detach), ours vs raw echo, {placement}",
-                req[0], req[1], rep[0], rep[1]
+                "`attach`+`detach` round trips (live session; requests {}+{} B, replies {}+{} B incl. the server_snapshot event after detach, and {} B to the other attached client), ours vs raw echo (which writes as much to a second client), {placement}",
+                req[0], req[1], rep[0].0, rep[1].0, rep[0].1 + rep[1].1
             ),
             format!(
                 "ours {} / echo {} → **{ratio:.2}×** ({}){}; ours split: attach {}, detach {}",

@@ -105,11 +105,11 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         conn.hello_v1().await.map_err(|e| e.to_string())?;
         let list = vec![v1_request("l", Command::List)];
-        let (pair, _, reply) = versus_echo(env, &mut conn, server.pid, &list, env.pick(5, 20)).await?;
+        let (pair, _, reply) = versus_echo(env, &mut conn, server.pid, &list, env.pick(5, 20), None).await?;
         let ratio = pair.ratio();
         report.push(
             "5",
-            format!("`list` round trip with {n} stored sessions (reply {:.1} MB), ours vs raw echo", reply[0] as f64 / 1e6),
+            format!("`list` round trip with {n} stored sessions (reply {:.1} MB), ours vs raw echo", reply[0].0 as f64 / 1e6),
             format!(
                 "ours {} / echo {} → **{ratio:.2}×** ({}){}",
                 Pair::describe(&pair.b),
