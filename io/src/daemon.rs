@@ -24,7 +24,7 @@ use crate::store;
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
-use kernel::server::{CloseReason, Config, Input, Output, Server};
+use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::CreateSpec;
 use std::collections::BTreeMap;
@@ -74,13 +74,6 @@ impl ClientSocket {
         }
     }
 
-    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Self::Unix(s) => s.try_write(buf),
-            Self::Tcp(s) => s.try_write(buf),
-        }
-    }
-
     /// Ends our direction of the stream (the peer reads end-of-file).
     fn shutdown_write(&self) {
         let result = match self {
@@ -121,12 +114,27 @@ impl ClientSocket {
         })
     }
 
-    /// Writes all of `bytes`, waiting for the socket to drain as needed.
-    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
-        while !bytes.is_empty() {
+    /// Writes what the socket takes now of `frames` (after `skip` bytes of
+    /// the first), in one system call.
+    fn try_write_frames(&self, frames: &[Frame], skip: usize) -> std::io::Result<usize> {
+        let slices: Vec<std::io::IoSlice<'_>> = frames
+            .iter()
+            .take(MAX_SLICES)
+            .enumerate()
+            .map(|(i, f)| std::io::IoSlice::new(if i == 0 { &f[skip..] } else { f }))
+            .collect();
+        match self {
+            Self::Unix(s) => s.try_write_vectored(&slices),
+            Self::Tcp(s) => s.try_write_vectored(&slices),
+        }
+    }
+
+    /// Writes all of `frames`, waiting for the socket to drain as needed.
+    async fn write_frames(&self, mut frames: Vec<Frame>, mut skip: usize) -> std::io::Result<()> {
+        while !frames.is_empty() {
             self.writable().await?;
-            match self.try_write(bytes) {
-                Ok(n) => bytes = &bytes[n..],
+            match self.try_write_frames(&frames, skip) {
+                Ok(n) => advance(&mut frames, &mut skip, n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -162,9 +170,8 @@ thread_local! {
     static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A connection's gathered output buffer is kept between steps up to this
-/// capacity; a larger one (after a big `list`) is freed.
-const KEEP_OUT_CAPACITY: usize = 64 * 1024;
+/// The most frames given to one vectored write (below every `IOV_MAX`).
+const MAX_SLICES: usize = 512;
 
 enum Event {
     Accepted(ClientSocket),
@@ -213,8 +220,9 @@ enum Event {
 }
 
 enum WriterMsg {
-    /// Bytes the socket did not take at once, in order.
-    Bytes(Vec<u8>),
+    /// Frames the socket did not take at once, in order; the first `skip`
+    /// bytes of the first are already written.
+    Frames(Vec<Frame>, usize),
     /// Flush, then end the stream.
     Close,
 }
@@ -225,8 +233,10 @@ struct ClientConn {
     /// Hand-offs to the writer not yet reported written; while any is out,
     /// the loop must not write to the socket itself.
     handed: usize,
-    /// This step's frames, gathered; written when the step's inputs are done.
-    out: Vec<u8>,
+    /// This step's frames, gathered (shared, not copied: a snapshot
+    /// broadcast to 100 clients is one buffer); written when the step's
+    /// inputs are done.
+    out: Vec<Frame>,
     reader: JoinHandle<()>,
     writer_task: JoinHandle<()>,
 }
@@ -234,20 +244,27 @@ struct ClientConn {
 impl ClientConn {
     /// Queues on the writer task.
     fn hand(&mut self, msg: WriterMsg) {
-        if matches!(msg, WriterMsg::Bytes(_)) {
+        if matches!(msg, WriterMsg::Frames(..)) {
             self.handed += 1;
         }
         let _ = self.writer.send(msg);
     }
+}
 
-    /// Empties the gathered output, keeping a buffer of ordinary size.
-    fn clear_out(&mut self) {
-        if self.out.capacity() > KEEP_OUT_CAPACITY {
-            self.out = Vec::new();
-        } else {
-            self.out.clear();
+/// Drops the first `n` bytes from `frames` (the first has `*skip` written already).
+fn advance(frames: &mut Vec<Frame>, skip: &mut usize, mut n: usize) {
+    let mut done = 0;
+    for frame in frames.iter() {
+        let left = frame.len() - *skip;
+        if n < left {
+            *skip += n;
+            break;
         }
+        n -= left;
+        *skip = 0;
+        done += 1;
     }
+    frames.drain(..done);
 }
 
 struct WorkerProc {
@@ -638,28 +655,28 @@ impl Daemon {
             if c.out.is_empty() {
                 continue;
             }
+            let mut frames = std::mem::take(&mut c.out);
             let written = if c.handed > 0 {
                 Ok(0)
             } else {
-                match c.socket.try_write(&c.out) {
+                match c.socket.try_write_frames(&frames, 0) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
                     other => other,
                 }
             };
             match written {
                 Ok(n) => {
-                    if n < c.out.len() {
-                        let rest = c.out[n..].to_vec();
-                        c.hand(WriterMsg::Bytes(rest));
+                    let mut skip = 0;
+                    advance(&mut frames, &mut skip, n);
+                    if !frames.is_empty() {
+                        c.hand(WriterMsg::Frames(frames, skip));
                     }
-                    c.clear_out();
                     if n > 0 {
                         self.inputs.push_back(Input::Written { conn, bytes: n });
                     }
                 }
                 Err(e) => {
                     tracing::debug!(%conn, error = %e, "client connection write failed");
-                    c.clear_out();
                     self.drop_conn(conn);
                 }
             }
@@ -798,20 +815,20 @@ impl Daemon {
         let write_socket = std::sync::Arc::clone(&socket);
         let writer_task = tokio::spawn(async move {
             while let Some(msg) = wrx.recv().await {
-                // Everything queued goes out in one write where the socket takes it.
-                let mut out = Vec::new();
+                // Everything queued goes out together, in as few writes as the socket allows.
+                let mut out: Vec<Frame> = Vec::new();
+                let mut skip = 0;
                 let mut chunks = 0;
                 let mut close = false;
                 let mut next = Some(msg);
                 while let Some(m) = next {
                     match m {
-                        WriterMsg::Bytes(bytes) => {
-                            chunks += 1;
+                        WriterMsg::Frames(frames, first_skip) => {
                             if out.is_empty() {
-                                out = bytes;
-                            } else {
-                                out.extend_from_slice(&bytes);
+                                skip = first_skip;
                             }
+                            chunks += 1;
+                            out.extend(frames);
                         }
                         WriterMsg::Close => {
                             close = true;
@@ -820,14 +837,15 @@ impl Daemon {
                     }
                     next = wrx.try_recv().ok();
                 }
-                if write_socket.write_all(&out).await.is_err() {
+                let bytes = out.iter().map(|f| f.len()).sum::<usize>() - skip;
+                if write_socket.write_frames(out, skip).await.is_err() {
                     break;
                 }
                 if chunks > 0
                     && tx
                         .send(Event::Written {
                             conn,
-                            bytes: out.len(),
+                            bytes,
                             chunks,
                         })
                         .await
@@ -877,7 +895,7 @@ impl Daemon {
                     if c.out.is_empty() {
                         self.dirty.push(conn);
                     }
-                    c.out.extend_from_slice(&frame);
+                    c.out.push(frame);
                 }
             }
             Output::Close { conn, reason } => {
@@ -888,7 +906,7 @@ impl Daemon {
                         if let Some(c) = self.conns.get_mut(&conn) {
                             if !c.out.is_empty() {
                                 let out = std::mem::take(&mut c.out);
-                                c.hand(WriterMsg::Bytes(out));
+                                c.hand(WriterMsg::Frames(out, 0));
                             }
                             c.hand(WriterMsg::Close);
                         }
@@ -1184,5 +1202,39 @@ fn token_eq(a: &str, b: &str) -> bool {
 fn kill(pid: u32, signal: rustix::process::Signal) {
     if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Frame, advance};
+
+    fn frames(lens: &[usize]) -> Vec<Frame> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| Frame::from(vec![i as u8; len]))
+            .collect()
+    }
+
+    fn lens(frames: &[Frame]) -> Vec<usize> {
+        frames.iter().map(|f| f.len()).collect()
+    }
+
+    #[test]
+    fn advance_drops_written_frames_and_keeps_the_offset_into_a_partial_one() {
+        let mut f = frames(&[3, 5, 2]);
+        let mut skip = 0;
+        advance(&mut f, &mut skip, 0);
+        assert_eq!((lens(&f), skip), (vec![3, 5, 2], 0));
+        advance(&mut f, &mut skip, 4);
+        assert_eq!((lens(&f), skip), (vec![5, 2], 1));
+        assert_eq!(f[0][0], 1, "the second frame is first now");
+        advance(&mut f, &mut skip, 3);
+        assert_eq!((lens(&f), skip), (vec![5, 2], 4));
+        advance(&mut f, &mut skip, 1);
+        assert_eq!((lens(&f), skip), (vec![2], 0), "exactly the rest of a frame");
+        advance(&mut f, &mut skip, 2);
+        assert!(f.is_empty());
+        assert_eq!(skip, 0);
     }
 }
