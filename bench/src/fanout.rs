@@ -301,19 +301,28 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let sessions = env.fresh_dir("fanout-sessions");
-    let id = create_sessions(&sessions, 1, 1)?.remove(0);
+    // A fresh session for each audience and for the paced run: every turn
+    // grows the transcript, and with it the session snapshots that open and
+    // close each turn (sent to every client), so a shared session would make
+    // each figure depend on what ran before it.
+    let mut fresh = create_sessions(&sessions, 4, 1)?;
+    let paced_id = fresh.pop().expect("four sessions");
+    let mut fresh = fresh.into_iter();
     let words = env.pick(300, 2000);
     let rounds = env.rounds.min(5);
 
     // Burst: the faux model streams with no delay, so the pipeline is the bottleneck.
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "0".into())])?;
-    let prompt = prompt_frame(&id, words);
     // `BENCH_FANOUT_K=100` runs only that audience (for profiling).
     let ks: Vec<usize> = std::env::var("BENCH_FANOUT_K")
         .ok()
         .map(|v| v.split(',').filter_map(|k| k.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 10, 100]);
     for k in ks {
+        let Some(id) = fresh.next() else {
+            return Err("BENCH_FANOUT_K lists more than 3 audiences".into());
+        };
+        let prompt = prompt_frame(&id, words);
         runtime.block_on(async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let rss0 = rss_kib(server.pid).unwrap_or(0);
@@ -363,6 +372,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     // Paced: 1 ms between deltas, as a model streams; the latency that a client sees.
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
     let paced_words = env.pick(200, 1000);
+    let id = paced_id;
     let prompt = prompt_frame(&id, paced_words);
     runtime.block_on(async {
         let mut audience = Audience::attach(&server.socket, &id, 100).await?;
