@@ -288,7 +288,9 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let host_pid = host.child.id();
 
     let sessions = env.fresh_dir("node-sessions");
-    let id = create_sessions(&sessions, 1, 1)?.remove(0);
+    // A fresh session for each fan-out: every turn grows the transcript and
+    // the snapshots around the next turn (see fanout.rs).
+    let ids = create_sessions(&sessions, 3, 1)?;
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "0".into())])?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -341,9 +343,9 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
 
         // Fan-out.
         let words = env.pick(300, 2000);
-        let prompt = prompt_frame(&id, words);
-        for k in [10usize, 100] {
-            let mut audience = Audience::attach(&server.socket, &id, k).await?;
+        for (k, id) in [(10usize, &ids[0]), (100, &ids[1])] {
+            let prompt = prompt_frame(id, words);
+            let mut audience = Audience::attach(&server.socket, id, k).await?;
             let warm = audience.round(&prompt, server.pid).await?;
             let n_events = warm.events;
             let mut subs = Subscribers::subscribe(&host, k).await?;
@@ -381,8 +383,8 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
     runtime.block_on(async {
         let k = 100;
-        let prompt = prompt_frame(&id, env.pick(200, 1000));
-        let mut audience = Audience::attach(&server.socket, &id, k).await?;
+        let prompt = prompt_frame(&ids[2], env.pick(200, 1000));
+        let mut audience = Audience::attach(&server.socket, &ids[2], k).await?;
         let n_events = audience.round(&prompt, server.pid).await?.events;
         let mut subs = Subscribers::subscribe(&host, k).await?;
         subs.round(&host, n_events, 1, host_pid).await?;
