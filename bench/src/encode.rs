@@ -465,7 +465,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             "2",
             format!("kernel, in process: one progress event fanned out to {k} attached connection(s)"),
             format!(
-                "step {} ({sends} frames; the encode check is {:.0} % of it); each `Written` step {}; `check_invariants` (end of every step) {}",
+                "step {} ({sends} frames; the encode check is {:.0} % of it); each `Written` step {}; the full invariant sweep (`check_invariants`: every step in debug builds, every 1,024 steps in release) {}",
                 fmt_us(step),
                 100.0 * check / step,
                 fmt_us(written),
