@@ -1232,7 +1232,11 @@ mod tests {
         advance(&mut f, &mut skip, 3);
         assert_eq!((lens(&f), skip), (vec![5, 2], 4));
         advance(&mut f, &mut skip, 1);
-        assert_eq!((lens(&f), skip), (vec![2], 0), "exactly the rest of a frame");
+        assert_eq!(
+            (lens(&f), skip),
+            (vec![2], 0),
+            "exactly the rest of a frame"
+        );
         advance(&mut f, &mut skip, 2);
         assert!(f.is_empty());
         assert_eq!(skip, 0);
