@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kernel::protocol::{ErrorCode, ServerMessage};
-use pi_io::client::Client;
+use pi_io::client::{Client, ClientOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -263,4 +263,69 @@ async fn hostile_handshakes_are_refused_while_others_are_served() {
     let late = server.connect().await;
     assert!(late.list().await.unwrap().iter().any(|m| m.id == session));
     late.close().await;
+}
+
+/// A free TCP port on the loopback interface (bound, then released).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `serve --listen tcp://…` serves remote clients that bring the token and
+/// refuses the others; without a token it refuses to start at all, leaving
+/// nothing bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_clients_over_tcp_need_the_token() {
+    let open = TestServer::new(
+        "tcp-open",
+        Options {
+            serve_args: vec!["--listen".into(), "tcp://127.0.0.1:0".into()],
+            ..Options::default()
+        },
+    );
+    let (status, text) = serve_once(&open);
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("it needs --token-file"), "{text}");
+    assert!(!open.socket.exists(), "nothing is bound: {text}");
+
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut server = TestServer::new(
+        "tcp",
+        Options {
+            token: Some("t0ken".into()),
+            serve_args: vec!["--listen".into(), format!("tcp://{address}")],
+            ..Options::default()
+        },
+    );
+    server.spawn();
+    server.wait_ready().await;
+
+    let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let remote = Client::connect_stream(stream, Some("t0ken"), ClientOptions::default())
+        .await
+        .unwrap();
+    let id = remote.create(params("remote")).await.unwrap().id;
+    let done = remote.prompt(&id, "hello over tcp").await.unwrap();
+    assert!(matches!(
+        last_assistant_status(&done),
+        Some(kernel::protocol::AssistantStatus::Complete(_))
+    ));
+    let listed = remote.list().await.unwrap();
+    assert!(listed.iter().any(|m| m.id == id));
+    // A local client sees the remote client's session.
+    let local = server.connect().await;
+    assert!(local.list().await.unwrap().iter().any(|m| m.id == id));
+
+    for token in [Some("wrong"), None] {
+        let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let refused = Client::connect_stream(stream, token, ClientOptions::default()).await;
+        let error = code(refused);
+        assert_eq!(error.code, ErrorCode::Auth, "{token:?}: {error:?}");
+    }
+    remote
+        .list()
+        .await
+        .expect("the remote client is still served");
+    remote.close().await;
+    local.close().await;
 }

@@ -343,6 +343,12 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
 
 /// Runs a server until it is shut down (signal, or idle exit).
 pub async fn serve(opts: ServeOptions) -> Result<(), String> {
+    if opts.listen_tcp.is_some() && opts.token.is_none() {
+        // Refused before anything is bound or created.
+        return Err(
+            "a TCP listener is reachable by other users and machines: it needs --token-file".into(),
+        );
+    }
     config::ensure_private_dir(&opts.server_dir)?;
     std::fs::create_dir_all(&opts.session_dir).map_err(|e| {
         format!(
@@ -386,12 +392,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     let tcp_accept = match &opts.listen_tcp {
         None => None,
         Some(addr) => {
-            if opts.token.is_none() {
-                return Err("a TCP listener is reachable by other users and machines: it needs --token-file".into());
-            }
-            let listener = tokio::net::TcpListener::bind(addr.as_str())
-                .await
-                .map_err(|e| format!("cannot listen on tcp://{addr}: {e}"))?;
+            let listener = match tokio::net::TcpListener::bind(addr.as_str()).await {
+                Ok(listener) => listener,
+                Err(e) => {
+                    // Leave no socket behind that nobody serves.
+                    let _ = std::fs::remove_file(&public_path);
+                    let _ = std::fs::remove_file(&worker_path);
+                    return Err(format!("cannot listen on tcp://{addr}: {e}"));
+                }
+            };
             let local = listener.local_addr().map_err(|e| e.to_string())?;
             tracing::info!(address = %local, "accepting remote clients (token required)");
             Some(tokio::spawn(accept_tcp(listener, tx.clone())))
@@ -507,6 +516,9 @@ async fn accept_tcp(listener: tokio::net::TcpListener, tx: mpsc::Sender<Event>) 
             Ok((stream, peer)) => {
                 tracing::debug!(%peer, "remote client connected");
                 let _ = stream.set_nodelay(true);
+                if let Err(e) = keep_alive(&stream) {
+                    tracing::warn!(%peer, error = %e, "cannot enable TCP keep-alive");
+                }
                 if tx
                     .send(Event::Accepted(ClientSocket::Tcp(stream)))
                     .await
@@ -521,6 +533,28 @@ async fn accept_tcp(listener: tokio::net::TcpListener, tx: mpsc::Sender<Event>) 
             }
         }
     }
+}
+
+/// How long a remote connection may be silent before the OS probes it, how
+/// often it probes, and how many unanswered probes end it: a peer that
+/// vanished (a laptop closed, a network partition) is noticed within about a
+/// minute even when the connection is idle, and its attachments end like
+/// any disconnect. Protocol v1 has no keep-alive message of its own.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Written data a remote peer has not acknowledged for this long ends the
+/// connection (covers a peer that vanished while we were sending).
+const TCP_USER_TIMEOUT_MS: u32 = 60_000;
+
+/// Dead-peer detection for a remote client connection.
+fn keep_alive(stream: &tokio::net::TcpStream) -> rustix::io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_keepalive(stream, true)?;
+    sockopt::set_tcp_keepidle(stream, KEEPALIVE_IDLE)?;
+    sockopt::set_tcp_keepintvl(stream, KEEPALIVE_INTERVAL)?;
+    sockopt::set_tcp_keepcnt(stream, KEEPALIVE_PROBES)?;
+    sockopt::set_tcp_user_timeout(stream, TCP_USER_TIMEOUT_MS)
 }
 
 async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
@@ -1208,6 +1242,34 @@ fn kill(pid: u32, signal: rustix::process::Signal) {
 #[cfg(test)]
 mod tests {
     use super::{Frame, advance};
+
+    #[tokio::test]
+    async fn remote_connections_get_keep_alive_and_a_user_timeout() {
+        use rustix::net::sockopt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!sockopt::socket_keepalive(&accepted).unwrap());
+        super::keep_alive(&accepted).unwrap();
+        assert!(sockopt::socket_keepalive(&accepted).unwrap());
+        assert_eq!(
+            sockopt::tcp_keepidle(&accepted).unwrap(),
+            super::KEEPALIVE_IDLE
+        );
+        assert_eq!(
+            sockopt::tcp_keepintvl(&accepted).unwrap(),
+            super::KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            sockopt::tcp_keepcnt(&accepted).unwrap(),
+            super::KEEPALIVE_PROBES
+        );
+        assert_eq!(
+            sockopt::tcp_user_timeout(&accepted).unwrap(),
+            super::TCP_USER_TIMEOUT_MS
+        );
+    }
 
     fn frames(lens: &[usize]) -> Vec<Frame> {
         lens.iter()

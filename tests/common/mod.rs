@@ -414,6 +414,8 @@ pub(crate) struct Options {
     pub(crate) idle_exit_ms: Option<u64>,
     /// Extra environment of the server.
     pub(crate) env: Vec<(String, String)>,
+    /// Extra arguments of `serve`.
+    pub(crate) serve_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -423,6 +425,7 @@ impl Default for Options {
             faux_delay_ms: 5,
             idle_exit_ms: None,
             env: Vec::new(),
+            serve_args: Vec::new(),
         }
     }
 }
@@ -494,6 +497,7 @@ impl TestServer {
         if let Some(ms) = self.options.idle_exit_ms {
             command.arg("--idle-exit-ms").arg(ms.to_string());
         }
+        command.args(&self.options.serve_args);
         self.root.isolate(&mut command);
         command
             .env("PI_FAUX_DELAY_MS", self.options.faux_delay_ms.to_string())
