@@ -14,6 +14,9 @@
 //!   committed), so that the listed sessions changed since the last `list`.
 //! - `hello`: the step answering a client hello (it carries the server
 //!   snapshot, so the whole catalog) with 1,000 and 10,000 stored sessions.
+//! - `attach`: the step answering `attach` to a live session (another
+//!   connection holds it) whose transcript is empty, small (10 items, 1 kB) or long
+//!   (500 items, about 1 MB); the connection detaches between attaches.
 //!
 //! A benchmark, not a test: nothing is asserted about time.
 
@@ -24,8 +27,9 @@ use kernel::faux;
 use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, CreateParams, DeltaKind, Request, SessionMetadata,
-    SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptProgress, encode_client_message,
+    ClientHello, ClientMessage, Command, Content, CreateParams, DeltaKind, Request,
+    SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptItem,
+    TranscriptProgress, UserItem, encode_client_message,
 };
 use kernel::server::{Config, Input, Output, Server};
 use kernel::time::Instant;
@@ -242,6 +246,50 @@ fn connect(server: &mut Server, now: Instant, conn: ConnId) {
     ack_all(server, now, out);
 }
 
+/// `conn` creates a session, whose worker comes up with the snapshot `first`
+/// makes for the session's id; returns the worker and the id.
+fn create(
+    server: &mut Server,
+    now: Instant,
+    conn: ConnId,
+    first: impl FnOnce(&str) -> SessionSnapshot,
+) -> (WorkerId, String) {
+    let create = frame(&ClientMessage::Request(Request {
+        id: "c".into(),
+        command: Command::Create(CreateParams::default()),
+    }));
+    let out = server.step(
+        now,
+        Input::Received {
+            conn,
+            bytes: create,
+        },
+    );
+    let (worker, session) = ack_all(server, now, out)
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker {
+                worker, session_id, ..
+            } => Some((*worker, session_id.clone())),
+            _ => None,
+        })
+        .expect("spawn");
+    let out = server.step(now, Input::WorkerSpawned { worker });
+    ack_all(server, now, out);
+    let ready = FromWorker::Ready {
+        snapshot: first(&session),
+    };
+    let out = server.step(
+        now,
+        Input::FromWorker {
+            worker,
+            message: Box::new(ready),
+        },
+    );
+    ack_all(server, now, out);
+    (worker, session)
+}
+
 /// `Written` steps with `n` ready connections attached to one session.
 fn bench_written(n: u64) {
     let mut server = Server::new(config());
@@ -253,39 +301,9 @@ fn bench_written(n: u64) {
         },
     );
     connect(&mut server, now, ConnId(1));
-    let create = frame(&ClientMessage::Request(Request {
-        id: "c".into(),
-        command: Command::Create(CreateParams::default()),
-    }));
-    let out = server.step(
-        now,
-        Input::Received {
-            conn: ConnId(1),
-            bytes: create,
-        },
-    );
-    let (worker, session) = ack_all(&mut server, now, out)
-        .iter()
-        .find_map(|o| match o {
-            Output::SpawnWorker {
-                worker, session_id, ..
-            } => Some((*worker, session_id.clone())),
-            _ => None,
-        })
-        .expect("spawn");
-    let out = server.step(now, Input::WorkerSpawned { worker });
-    ack_all(&mut server, now, out);
-    let ready = FromWorker::Ready {
-        snapshot: snapshot(&session, 1, SessionPhase::Idle),
-    };
-    let out = server.step(
-        now,
-        Input::FromWorker {
-            worker,
-            message: Box::new(ready),
-        },
-    );
-    ack_all(&mut server, now, out);
+    let (worker, session) = create(&mut server, now, ConnId(1), |id| {
+        snapshot(id, 1, SessionPhase::Idle)
+    });
     for c in 2..=n {
         let conn = ConnId(c);
         connect(&mut server, now, conn);
@@ -381,6 +399,34 @@ fn time_ms(mut f: impl FnMut() -> Duration) -> (f64, u64) {
     (spent.as_secs_f64() * 1e3 / runs as f64, runs)
 }
 
+/// Times the step receiving `request` on `conn`; `bytes` gets the length of
+/// the last frame it sent. The frames are acknowledged afterwards.
+fn timed_request(
+    server: &mut Server,
+    now: Instant,
+    conn: ConnId,
+    request: &[u8],
+    bytes: &mut usize,
+) -> Duration {
+    let request = request.to_vec();
+    let t = std::time::Instant::now();
+    let out = server.step(
+        now,
+        Input::Received {
+            conn,
+            bytes: request,
+        },
+    );
+    let spent = t.elapsed();
+    for o in &out {
+        if let Output::Send { frame, .. } = o {
+            *bytes = frame.len();
+        }
+    }
+    ack_all(server, now, out);
+    spent
+}
+
 /// The step answering `list` with `n` stored sessions.
 fn bench_list(n: u64) {
     let mut server = with_catalog(n);
@@ -391,24 +437,7 @@ fn bench_list(n: u64) {
         command: Command::List,
     }));
     let mut bytes = 0;
-    let (ms, runs) = time_ms(|| {
-        let t = std::time::Instant::now();
-        let out = server.step(
-            now,
-            Input::Received {
-                conn: ConnId(1),
-                bytes: list.clone(),
-            },
-        );
-        let spent = t.elapsed();
-        for o in &out {
-            if let Output::Send { frame, .. } = o {
-                bytes = frame.len();
-            }
-        }
-        ack_all(&mut server, now, out);
-        spent
-    });
+    let (ms, runs) = time_ms(|| timed_request(&mut server, now, ConnId(1), &list, &mut bytes));
     println!("list step, {n} stored sessions: {ms:.3} ms/step ({runs} runs, {bytes} B frame)");
 }
 
@@ -512,6 +541,66 @@ fn bench_hello(n: u64) {
     println!("hello step, {n} stored sessions: {ms:.3} ms/step ({runs} runs, {bytes} B frame)");
 }
 
+/// A transcript of `n` user items of `len` bytes of text each.
+fn transcript(n: u64, len: usize) -> Vec<TranscriptItem> {
+    (0..n)
+        .map(|i| {
+            let mut text = format!("message {i}: ");
+            while text.len() < len {
+                text.push_str("lorem ipsum dolor sit amet ");
+            }
+            text.truncate(len);
+            TranscriptItem::User(UserItem {
+                id: format!("item-{i}"),
+                content: vec![Content::Text { text }],
+                timestamp: 1_700_000_000_000 + i,
+            })
+        })
+        .collect()
+}
+
+/// The step answering `attach` to a live session with a transcript of
+/// `items` items of `len` bytes, which another connection keeps live.
+fn bench_attach(items: u64, len: usize) {
+    let mut server = with_catalog(0);
+    let now = Instant(1);
+    connect(&mut server, now, ConnId(1));
+    connect(&mut server, now, ConnId(2));
+    let (_, session) = create(&mut server, now, ConnId(1), |id| SessionSnapshot {
+        transcript: transcript(items, len),
+        ..snapshot(id, 1, SessionPhase::Idle)
+    });
+    let attach = frame(&ClientMessage::Request(Request {
+        id: "a".into(),
+        command: Command::Attach {
+            session_id: session.clone(),
+        },
+    }));
+    let detach = frame(&ClientMessage::Request(Request {
+        id: "d".into(),
+        command: Command::Detach {
+            session_id: session.clone(),
+        },
+    }));
+    let mut bytes = 0;
+    let (ms, runs) = time_ms(|| {
+        let spent = timed_request(&mut server, now, ConnId(2), &attach, &mut bytes);
+        let out = server.step(
+            now,
+            Input::Received {
+                conn: ConnId(2),
+                bytes: detach.clone(),
+            },
+        );
+        ack_all(&mut server, now, out);
+        spent
+    });
+    println!(
+        "attach step, {items} transcript items: {:.2} µs/step ({runs} runs, {bytes} B frame)",
+        ms * 1e3
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; other arguments name the sections to run.
     let sections: Vec<String> = std::env::args()
@@ -535,6 +624,11 @@ fn main() {
     if run("hello") {
         bench_hello(1_000);
         bench_hello(10_000);
+    }
+    if run("attach") {
+        bench_attach(0, 0);
+        bench_attach(10, 100);
+        bench_attach(500, 2_000);
     }
 }
 

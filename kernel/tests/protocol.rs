@@ -1895,3 +1895,85 @@ fn spliced_encodings_fail_like_the_normal_ones() {
         "{normal}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Property: the encoders around a pre-encoded session snapshot write the
+// normal bytes.
+// ---------------------------------------------------------------------------
+
+/// The commands answered with a session snapshot.
+const SNAPSHOT_COMMANDS: [&str; 7] = [
+    "create",
+    "attach",
+    "prompt",
+    "steer",
+    "abort",
+    "set_model",
+    "set_thinking",
+];
+
+proptest! {
+    #[test]
+    fn spliced_session_snapshots_equal_the_normal_ones(
+        snapshot in session_snapshot(),
+        request_id in id(),
+        command in prop::sample::select(SNAPSHOT_COMMANDS.to_vec()),
+    ) {
+        use codec::spliced::{
+            encode_session_response, encode_session_snapshot, encode_session_snapshot_event,
+        };
+        let cbor = encode_session_snapshot(&snapshot)?;
+
+        let event = ServerMessage::Event(ServerEvent::SessionSnapshot {
+            snapshot: snapshot.clone(),
+        });
+        let spliced = framed_pieces(encode_session_snapshot_event(&cbor)?)?;
+        prop_assert_eq!(hex(&spliced), hex(&framed(&event)?));
+
+        let result = CommandResult::with_session(command, snapshot).unwrap();
+        prop_assert_eq!(result.name(), command);
+        let response = ServerMessage::Response(Response {
+            id: request_id.clone(),
+            outcome: Ok(result),
+        });
+        let spliced = framed_pieces(encode_session_response(&request_id, command, &cbor)?)?;
+        prop_assert_eq!(hex(&spliced), hex(&framed(&response)?));
+    }
+}
+
+/// JSON nested `depth` arrays deep.
+fn nested_json(depth: usize) -> Value {
+    (0..depth).fold(Value::Null, |inner, _| Value::Array(vec![inner]))
+}
+
+/// A session snapshot is encoded on its own, but its depth counts from the
+/// messages that carry it: a tool input nested past the CBOR depth limit
+/// fails (or passes) exactly as in the normal encoding.
+#[test]
+fn spliced_session_snapshots_nest_like_the_normal_ones() {
+    use codec::spliced::{encode_session_response, encode_session_snapshot};
+    let mut failed = 0;
+    for depth in 55..=62 {
+        let mut snapshot = snapshot_with_transcript();
+        if let TranscriptItem::Tool(tool) = &mut snapshot.transcript[2] {
+            tool.input = nested_json(depth);
+        }
+        let response = ServerMessage::Response(Response {
+            id: "r".into(),
+            outcome: Ok(CommandResult::Attach {
+                session: snapshot.clone(),
+            }),
+        });
+        let normal = encode_server_message(&response).map_err(|e| e.to_string());
+        let spliced = encode_session_snapshot(&snapshot)
+            .map_err(|e| format!("cannot encode CBOR: {e}"))
+            .and_then(|cbor| {
+                encode_session_response("r", "attach", &cbor)
+                    .map(|s| s.to_vec())
+                    .map_err(|e| e.to_string())
+            });
+        assert_eq!(spliced, normal, "depth {depth}");
+        failed += usize::from(normal.is_err());
+    }
+    assert!(failed > 0 && failed < 8, "the limit lies within: {failed}");
+}

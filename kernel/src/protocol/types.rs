@@ -193,6 +193,22 @@ impl CommandResult {
             Self::Remove { .. } => "remove",
         }
     }
+
+    /// The result of `command` (its wire name) when it carries a session
+    /// snapshot: `create`, `attach` and the control commands; `None` for the
+    /// others.
+    pub fn with_session(command: &str, session: SessionSnapshot) -> Option<Self> {
+        Some(match command {
+            "create" => Self::Create { session },
+            "attach" => Self::Attach { session },
+            "prompt" => Self::Prompt { session },
+            "steer" => Self::Steer { session },
+            "abort" => Self::Abort { session },
+            "set_model" => Self::SetModel { session },
+            "set_thinking" => Self::SetThinking { session },
+            _ => return None,
+        })
+    }
 }
 
 /// An event envelope's payload, discriminated by `type`.

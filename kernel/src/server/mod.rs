@@ -678,7 +678,9 @@ impl Server {
             sessions.insert(id, stored.meta.clone());
         }
         for live in self.sessions.values() {
-            let Some(snap) = &live.snapshot else { continue };
+            let Some(snap) = live.snapshot.as_deref() else {
+                continue;
+            };
             let listed = listed_metadata(sessions.get(live.id.as_str()), snap);
             sessions.insert(&live.id, listed);
         }
@@ -769,8 +771,9 @@ impl Server {
     }
 
     /// In debug builds (every test and the simulator), asserts that a frame
-    /// built around cached parts is exactly the normal encoding of `message`,
-    /// which checks the cache and its invalidation at every use.
+    /// built around cached parts (the session list, a session's snapshot) is
+    /// exactly the normal encoding of `message`, which checks the caches and
+    /// their invalidation at every use.
     fn checked(
         &self,
         frame: Result<Frame, String>,
@@ -784,7 +787,7 @@ impl Server {
                     _ => 0,
                 };
                 panic!(
-                    "an encoding around the cached session list differs from the normal one \
+                    "an encoding around cached parts differs from the normal one \
                      (first difference at byte {at}): {:?} vs {:?}",
                     frame.as_ref().map(|f| f.len()),
                     normal.as_ref().map(|f| f.len()),
@@ -1139,7 +1142,7 @@ impl ListCache {
         let lives: Vec<(&str, &SessionSnapshot)> = server
             .sessions
             .values()
-            .filter_map(|l| l.snapshot.as_ref().map(|snap| (l.id.as_str(), snap)))
+            .filter_map(|l| l.snapshot.as_deref().map(|snap| (l.id.as_str(), snap)))
             .collect();
         let sessions = Self::encode(&server.catalog, &lives)
             .map(Arc::new)
@@ -1198,7 +1201,7 @@ impl ListCache {
         server
             .sessions
             .values()
-            .filter_map(|l| l.snapshot.as_ref())
+            .filter_map(|l| l.snapshot.as_deref())
             .all(|snap| listed.next().is_some_and(|l| l.is(snap)))
             && listed.next().is_none()
     }

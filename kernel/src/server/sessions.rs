@@ -1,18 +1,23 @@
 //! The session registry: live sessions, their attachments, operations in
 //! flight and worker, and every request that touches them.
 
-use super::{Acquire, CloseReason, Output, Server, listed_metadata, metadata_of};
+use super::{Acquire, CloseReason, Frame, Output, Server, listed_metadata, metadata_of};
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
+use crate::protocol::codec::cbor_error;
+use crate::protocol::codec::spliced;
 use crate::protocol::{
-    Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, ServerEvent,
-    ServerMessage, SessionPhase, SessionSnapshot,
+    Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, Response, SchemaError,
+    ServerEvent, ServerMessage, SessionPhase, SessionSnapshot,
 };
 use crate::time::Instant;
 use crate::worker::{
     CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout,
 };
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
 
 /// Where a live session is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +53,8 @@ pub(crate) struct Live {
     pub(crate) id: String,
     pub(crate) worker: Worker,
     pub(crate) phase: Phase,
-    /// The runtime's latest snapshot (not normalised).
-    pub(crate) snapshot: Option<SessionSnapshot>,
+    /// The runtime's latest snapshot (not normalised), with its encodings.
+    pub(crate) snapshot: Option<LiveSnapshot>,
     pub(crate) attached: BTreeSet<ConnId>,
     ops: BTreeMap<OpId, PendingOp>,
     waiters: Vec<Waiter>,
@@ -163,17 +168,83 @@ fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
     s
 }
 
-fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
-    match name {
-        "create" => CommandResult::Create { session },
-        "attach" => CommandResult::Attach { session },
-        "prompt" => CommandResult::Prompt { session },
-        "steer" => CommandResult::Steer { session },
-        "abort" => CommandResult::Abort { session },
-        "set_model" => CommandResult::SetModel { session },
-        "set_thinking" => CommandResult::SetThinking { session },
-        other => unreachable!("no snapshot result for {other}"),
+/// A live session's latest runtime snapshot, with the CBOR of its normalised
+/// forms ([`normalised`]), each encoded at its first use: the responses and
+/// session snapshot events that carry it are written around those bytes, so
+/// a long transcript is encoded once per snapshot, not once per message.
+///
+/// The snapshot cannot change in place (it is read through `Deref` only): a
+/// new one is a new `LiveSnapshot`, which starts with no encodings. So no
+/// code path has to invalidate anything, and no encoding outlives the
+/// snapshot it was made from — not even for a snapshot replaced by another
+/// with the same revision, which [`Server::update_snapshot`] accepts. The
+/// rest of what determines the bytes (`locked` is always true) is the
+/// audience's `attached`, which indexes the encodings.
+pub(crate) struct LiveSnapshot {
+    snapshot: SessionSnapshot,
+    /// CBOR of `normalised(snapshot, attached)` at index `attached as usize`
+    /// (or why it cannot be encoded), once made.
+    encoded: [Option<Result<Arc<Vec<u8>>, SchemaError>>; 2],
+}
+
+impl LiveSnapshot {
+    pub(crate) fn new(snapshot: SessionSnapshot) -> Self {
+        Self {
+            snapshot,
+            encoded: [None, None],
+        }
     }
+
+    /// CBOR of the snapshot normalised for an audience that is (or is not)
+    /// attached, encoded now if it was not yet.
+    fn encoded(&mut self, attached: bool) -> Result<Arc<Vec<u8>>, SchemaError> {
+        let snapshot = &self.snapshot;
+        self.encoded[usize::from(attached)]
+            .get_or_insert_with(|| {
+                spliced::encode_session_snapshot(&normalised(snapshot, attached))
+                    .map(Arc::new)
+                    .map_err(cbor_error)
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+impl LiveSnapshot {
+    /// The encoding for an audience that is (or is not) attached, if made.
+    pub(super) fn cached(&self, attached: bool) -> Option<Arc<Vec<u8>>> {
+        self.encoded[usize::from(attached)]
+            .as_ref()
+            .map(|e| e.clone().expect("encodes"))
+    }
+}
+
+impl Deref for LiveSnapshot {
+    type Target = SessionSnapshot;
+
+    fn deref(&self) -> &SessionSnapshot {
+        &self.snapshot
+    }
+}
+
+/// The snapshot's identity and the lengths of its encodings, not its bytes.
+impl fmt::Debug for LiveSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lens = self
+            .encoded
+            .each_ref()
+            .map(|e| e.as_ref().map(|e| e.as_ref().map(|cbor| cbor.len())));
+        f.debug_struct("LiveSnapshot")
+            .field("id", &self.snapshot.id)
+            .field("revision", &self.snapshot.revision)
+            .field("encoded_lens", &lens)
+            .finish()
+    }
+}
+
+fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
+    CommandResult::with_session(name, session)
+        .unwrap_or_else(|| unreachable!("no snapshot result for {name}"))
 }
 
 fn not_live(session: &str) -> String {
@@ -258,13 +329,7 @@ impl Server {
 
     fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
         if self.conns[&conn].attached.contains(&session_id) {
-            let live = &self.sessions[&session_id];
-            let snapshot = normalised(live.snapshot.as_ref().expect("ready"), true);
-            return self.respond(
-                conn,
-                request_id,
-                Ok(CommandResult::Attach { session: snapshot }),
-            );
+            return self.respond_with_session(conn, request_id, "attach", &session_id, true);
         }
         let max = self.config.limits.max_attachments_per_connection;
         if self.conns[&conn].attached.len() >= max {
@@ -379,20 +444,16 @@ impl Server {
         c.attached.insert(session_id.to_string());
         let live = self.sessions.get_mut(session_id).expect("ready");
         live.attached.insert(conn);
-        let snapshot = live.snapshot.clone().expect("ready");
+        let revision = live.snapshot.as_ref().expect("ready").revision;
         self.conns
             .get_mut(&conn)
             .expect("ready")
-            .take_revision(session_id, snapshot.revision);
+            .take_revision(session_id, revision);
         let name = match kind {
             Acquire::Create => "create",
             Acquire::Attach => "attach",
         };
-        self.respond(
-            conn,
-            request_id,
-            Ok(result_for(name, normalised(&snapshot, true))),
-        );
+        self.respond_with_session(conn, request_id, name, session_id, true);
     }
 
     // ---- detach and remove -------------------------------------------------
@@ -644,7 +705,7 @@ impl Server {
         {
             return false;
         }
-        live.snapshot = Some(snapshot);
+        live.snapshot = Some(LiveSnapshot::new(snapshot));
         true
     }
 
@@ -664,7 +725,7 @@ impl Server {
             );
         }
         live.phase = Phase::Ready;
-        live.snapshot = Some(snapshot);
+        live.snapshot = Some(LiveSnapshot::new(snapshot));
         let waiters = std::mem::take(&mut live.waiters);
         let created = live.creating;
         live.creating = false;
@@ -708,22 +769,22 @@ impl Server {
             return;
         };
         self.finish_pending(pending.conn);
-        let result = match outcome {
+        match outcome {
             Ok(snapshot) => {
                 self.update_snapshot(session_id, snapshot);
                 let live = &self.sessions[session_id];
                 let attached = live.attached.contains(&pending.conn);
-                let snapshot = live.snapshot.as_ref().expect("ready");
+                let revision = live.snapshot.as_ref().expect("ready").revision;
                 if let Some(c) = self.conns.get_mut(&pending.conn)
                     && attached
                 {
-                    c.take_revision(session_id, snapshot.revision);
+                    c.take_revision(session_id, revision);
                 }
-                Ok(result_for(pending.name, normalised(snapshot, attached)))
+                let (conn, request_id) = (pending.conn, pending.request_id);
+                self.respond_with_session(conn, request_id, pending.name, session_id, attached);
             }
-            Err(error) => Err(error),
-        };
-        self.respond(pending.conn, pending.request_id, result);
+            Err(error) => self.respond(pending.conn, pending.request_id, Err(error)),
+        }
         self.broadcast_session(session_id);
         self.refresh_busy(session_id);
         self.maybe_dispose(session_id);
@@ -753,10 +814,75 @@ impl Server {
         if to.is_empty() {
             return;
         }
-        let event = ServerEvent::SessionSnapshot {
-            snapshot: normalised(snapshot, true),
-        };
-        self.broadcast(&to, &ServerMessage::Event(event));
+        let frame = self.session_snapshot_frame(session_id);
+        self.broadcast_frame(&to, frame);
+    }
+
+    /// Answers a request with the session's snapshot (`command` names the
+    /// result), normalised for a requester that is (or is not) attached.
+    fn respond_with_session(
+        &mut self,
+        conn: ConnId,
+        request_id: String,
+        command: &'static str,
+        session_id: &str,
+        attached: bool,
+    ) {
+        if self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
+            let frame = self.session_response_frame(&request_id, command, session_id, attached);
+            self.send_encoded(conn, frame);
+        }
+    }
+
+    /// The CBOR of a live session's snapshot normalised for an audience that
+    /// is (or is not) attached, encoded once per snapshot (see [`LiveSnapshot`]).
+    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<Arc<Vec<u8>>, String> {
+        let live = self.sessions.get_mut(session_id).expect("live");
+        let snapshot = live.snapshot.as_mut().expect("ready");
+        snapshot.encoded(attached).map_err(|e| e.to_string())
+    }
+
+    /// The normal form of what [`Self::session_cbor`] encodes, for the
+    /// comparison of debug builds.
+    fn session_normalised(&self, session_id: &str, attached: bool) -> SessionSnapshot {
+        let snapshot = self.sessions[session_id].snapshot.as_deref();
+        normalised(snapshot.expect("ready"), attached)
+    }
+
+    /// The response to `command` carrying the session's snapshot, built
+    /// around its cached CBOR.
+    fn session_response_frame(
+        &mut self,
+        request_id: &str,
+        command: &'static str,
+        session_id: &str,
+        attached: bool,
+    ) -> Result<Frame, String> {
+        let frame = self.session_cbor(session_id, attached).and_then(|cbor| {
+            self.spliced_frame(spliced::encode_session_response(request_id, command, &cbor))
+        });
+        self.checked(frame, || {
+            ServerMessage::Response(Response {
+                id: request_id.to_string(),
+                outcome: Ok(result_for(
+                    command,
+                    self.session_normalised(session_id, attached),
+                )),
+            })
+        })
+    }
+
+    /// The session snapshot event of a session (to attached connections),
+    /// built around its cached CBOR.
+    fn session_snapshot_frame(&mut self, session_id: &str) -> Result<Frame, String> {
+        let frame = self
+            .session_cbor(session_id, true)
+            .and_then(|cbor| self.spliced_frame(spliced::encode_session_snapshot_event(&cbor)));
+        self.checked(frame, || {
+            ServerMessage::Event(ServerEvent::SessionSnapshot {
+                snapshot: self.session_normalised(session_id, true),
+            })
+        })
     }
 
     fn refresh_busy(&mut self, session_id: &str) {
@@ -984,7 +1110,7 @@ impl Server {
         if live.foreign {
             self.catalog.insert(metadata_of(&snapshot));
         }
-        live.snapshot = Some(snapshot);
+        live.snapshot = Some(LiveSnapshot::new(snapshot));
         self.sessions.insert(session_id.clone(), live);
         self.workers.insert(worker, session_id.clone());
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel

@@ -1,5 +1,6 @@
 //! Unit tests of the server machine's internals: the targeted invariant
-//! check of release builds, and the cached session list.
+//! check of release builds, the cached session list, and the cached
+//! encodings of session snapshots.
 //!
 //! Scenarios across the whole server live in the simulator (`sim/`); these
 //! drive a server step by step and look inside it.
@@ -135,6 +136,16 @@ impl Harness {
 
     /// Creates a session from `conn` and brings its worker up.
     fn create(&mut self, conn: ConnId) -> (WorkerId, String) {
+        self.create_with(conn, |session| snapshot(session, 1, SessionPhase::Idle))
+    }
+
+    /// Creates a session from `conn` and brings its worker up with the
+    /// snapshot `first` makes for the session's id.
+    fn create_with(
+        &mut self,
+        conn: ConnId,
+        first: impl FnOnce(&str) -> SessionSnapshot,
+    ) -> (WorkerId, String) {
         let outputs = self.request(conn, "create", Command::Create(CreateParams::default()));
         let (worker, session) = outputs
             .iter()
@@ -146,12 +157,8 @@ impl Harness {
             })
             .expect("spawns a worker");
         self.step(Input::WorkerSpawned { worker });
-        self.worker(
-            worker,
-            FromWorker::Ready {
-                snapshot: snapshot(&session, 1, SessionPhase::Idle),
-            },
-        );
+        let snapshot = first(&session);
+        self.worker(worker, FromWorker::Ready { snapshot });
         (worker, session)
     }
 
@@ -222,16 +229,7 @@ fn targeted_checks_hold_along_a_session_lifecycle() {
             text: "hi".into(),
         },
     );
-    let op = outputs
-        .iter()
-        .find_map(|o| match o {
-            Output::ToWorker {
-                message: ToWorker::Operation { op, .. },
-                ..
-            } => Some(*op),
-            _ => None,
-        })
-        .expect("operation");
+    let op = op_of(&outputs);
     h.worker(
         worker,
         FromWorker::Snapshot {
@@ -390,16 +388,7 @@ fn list_follows_every_change_to_its_inputs() {
             text: "hi".into(),
         },
     );
-    let op = outputs
-        .iter()
-        .find_map(|o| match o {
-            Output::ToWorker {
-                message: ToWorker::Operation { op, .. },
-                ..
-            } => Some(*op),
-            _ => None,
-        })
-        .expect("operation");
+    let op = op_of(&outputs);
     let mut committed = renamed.clone();
     committed.revision = 4;
     committed.updated_at = 99;
@@ -545,4 +534,227 @@ fn a_list_larger_than_a_frame_closes_the_connection() {
         message.starts_with("cannot send: Frame payload length") && message.ends_with("16384"),
         "{message}"
     );
+}
+
+/// The operation forwarded to the worker by a step.
+fn op_of(outputs: &[Output]) -> OpId {
+    outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::ToWorker {
+                message: ToWorker::Operation { op, .. },
+                ..
+            } => Some(*op),
+            _ => None,
+        })
+        .expect("an operation")
+}
+
+/// A snapshot with a transcript of `items` user items, not normalised (as a
+/// runtime may report it).
+fn with_transcript(id: &str, revision: u64, phase: SessionPhase, items: u64) -> SessionSnapshot {
+    use crate::protocol::{Content, TranscriptItem, UserItem};
+    let mut snap = snapshot(id, revision, phase);
+    snap.locked = false;
+    snap.transcript = (0..items)
+        .map(|i| {
+            TranscriptItem::User(UserItem {
+                id: format!("u{i}"),
+                content: vec![Content::Text {
+                    text: format!("message {i}"),
+                }],
+                timestamp: 100 + i,
+            })
+        })
+        .collect();
+    snap
+}
+
+/// `snap` as sent to an audience that is (or is not) attached.
+fn sent_as(snap: &SessionSnapshot, attached: bool) -> SessionSnapshot {
+    let mut snap = snap.clone();
+    snap.locked = true;
+    snap.attached = attached;
+    snap
+}
+
+/// The response to the request `command` (sent with that id) carrying
+/// `snap` as sent to a requester that is (or is not) attached.
+fn session_response(command: &str, snap: &SessionSnapshot, attached: bool) -> ServerMessage {
+    let result = CommandResult::with_session(command, sent_as(snap, attached));
+    ServerMessage::Response(Response {
+        id: command.into(),
+        outcome: Ok(result.expect("carries a session")),
+    })
+}
+
+/// The session snapshot event carrying `snap`.
+fn session_event(snap: &SessionSnapshot) -> ServerMessage {
+    let snapshot = sent_as(snap, true);
+    ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot })
+}
+
+impl Harness {
+    /// The last frame sent to `conn` of the kind of `expected` (response or
+    /// event of that type) is exactly the normal encoding of `expected`, which the test
+    /// built from what it sent, not from the server's state.
+    fn assert_sent(&self, conn: ConnId, expected: &ServerMessage) {
+        let kind = |m: &ServerMessage| match m {
+            ServerMessage::Event(e) => (std::mem::discriminant(m), Some(std::mem::discriminant(e))),
+            _ => (std::mem::discriminant(m), None),
+        };
+        let frame = self.sent[&conn]
+            .iter()
+            .rev()
+            .find(|f| {
+                decode_server_message(&f[4..], &Default::default())
+                    .is_ok_and(|m| kind(&m) == kind(expected))
+            })
+            .expect("a frame of that kind was sent");
+        let normal = self.server.encode(expected).expect("encodes");
+        assert_eq!(*frame, normal, "{conn}: {expected:?}");
+    }
+
+    /// The runtime finishes `op` with `snap`.
+    fn op_done(&mut self, worker: WorkerId, op: OpId, snap: &SessionSnapshot) {
+        let outcome = Ok(snap.clone());
+        self.worker(worker, FromWorker::OpDone { op, outcome });
+    }
+
+    /// The cached encoding of a live session's snapshot.
+    fn cached_snapshot(&self, session: &str, attached: bool) -> Option<Arc<Vec<u8>>> {
+        let live = &self.server.sessions[session];
+        live.snapshot.as_ref().expect("ready").cached(attached)
+    }
+
+    fn frames(&self, conn: ConnId) -> usize {
+        self.sent.get(&conn).map_or(0, Vec::len)
+    }
+}
+
+/// Responses carrying a session (create, attach, prompt, steer, set_model)
+/// and session snapshot events are written around the snapshot's CBOR,
+/// encoded once per snapshot: reused while the snapshot stays, made anew
+/// for a new one — also one with the same revision — and per audience
+/// (`attached`). Every frame equals the normal encoding of what the test
+/// sent (and, in debug builds, the server checks each against its own).
+#[test]
+fn session_frames_follow_every_snapshot() {
+    let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
+    let mut h = Harness::serving(Vec::new(), a);
+    h.connect(b);
+    h.connect(c);
+
+    // create: the response carries the first snapshot.
+    let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 3));
+    let first = with_transcript(&session, 1, SessionPhase::Idle, 3);
+    h.assert_sent(a, &session_response("create", &first, true));
+    let cached = h.cached_snapshot(&session, true).expect("encoded");
+    assert!(h.cached_snapshot(&session, false).is_none(), "made on use");
+
+    // attach (twice: the second finds it attached): the same bytes.
+    let attach = Command::Attach {
+        session_id: session.clone(),
+    };
+    for _ in 0..2 {
+        h.request(b, "attach", attach.clone());
+        h.assert_sent(b, &session_response("attach", &first, true));
+    }
+    let reused = h.cached_snapshot(&session, true).expect("encoded");
+    assert!(Arc::ptr_eq(&cached, &reused), "unchanged: reused");
+
+    // a prompt; the runtime reports a new revision: an event to both.
+    let prompt = Command::Prompt {
+        session_id: session.clone(),
+        text: "hi".into(),
+    };
+    let prompt = op_of(&h.request(a, "prompt", prompt));
+    let turn = with_transcript(&session, 2, SessionPhase::Turn, 4);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: turn.clone(),
+        },
+    );
+    for conn in [a, b] {
+        h.assert_sent(conn, &session_event(&turn));
+    }
+    let renewed = h.cached_snapshot(&session, true).expect("encoded");
+    assert!(
+        !Arc::ptr_eq(&cached, &renewed),
+        "new snapshot: encoded anew"
+    );
+
+    // The same revision re-sent with other content: no event (deduplicated
+    // by revision), but what is sent next carries the new content.
+    let (before_a, before_b) = (h.frames(a), h.frames(b));
+    let mut resent = turn.clone();
+    resent.name = Some("renamed".into());
+    resent.transcript.pop();
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: resent.clone(),
+        },
+    );
+    assert_eq!((h.frames(a), h.frames(b)), (before_a, before_b));
+    h.request(c, "attach", attach.clone());
+    h.assert_sent(c, &session_response("attach", &resent, true));
+
+    // steer: the response to b and the event to the others.
+    let steer = Command::Steer {
+        session_id: session.clone(),
+        text: "also".into(),
+    };
+    let steer = op_of(&h.request(b, "steer", steer));
+    let mut steered = with_transcript(&session, 3, SessionPhase::Turn, 4);
+    steered.queued_steer_count = 1;
+    h.op_done(worker, steer, &steered);
+    h.assert_sent(b, &session_response("steer", &steered, true));
+    for conn in [a, c] {
+        h.assert_sent(conn, &session_event(&steered));
+    }
+
+    // b detaches; a and c stay attached and keep getting the snapshots.
+    let detach = Command::Detach {
+        session_id: session.clone(),
+    };
+    h.request(b, "detach", detach.clone());
+    assert_eq!(h.server.attachments(a), vec![session.clone()]);
+    assert_eq!(h.server.attachments(c), vec![session.clone()]);
+    let before_b = h.frames(b);
+
+    // set_model from a, which detaches before it is done: its response
+    // carries the snapshot as seen from outside (attached false).
+    let set_model = Command::SetModel {
+        session_id: session.clone(),
+        model: faux::default_model(),
+    };
+    let set_model = op_of(&h.request(a, "set_model", set_model));
+    h.request(a, "detach", detach);
+    let modelled = with_transcript(&session, 4, SessionPhase::Turn, 5);
+    h.op_done(worker, set_model, &modelled);
+    h.assert_sent(a, &session_response("set_model", &modelled, false));
+    h.assert_sent(c, &session_event(&modelled));
+    assert_ne!(
+        h.cached_snapshot(&session, false),
+        h.cached_snapshot(&session, true),
+        "one encoding per audience"
+    );
+
+    // The prompt ends: its response to a (detached), the event to c.
+    let done = with_transcript(&session, 5, SessionPhase::Idle, 6);
+    h.op_done(worker, prompt, &done);
+    h.assert_sent(a, &session_response("prompt", &done, false));
+    h.assert_sent(c, &session_event(&done));
+    for frame in &h.sent[&b][before_b..] {
+        let message = decode_server_message(&frame[4..], &Default::default()).expect("decodes");
+        assert!(
+            matches!(
+                message,
+                ServerMessage::Event(ServerEvent::ServerSnapshot { .. })
+            ),
+            "b, detached, gets only server snapshots: {message:?}"
+        );
+    }
 }

@@ -252,6 +252,14 @@ impl<'o, 'l> Encoder<'o, 'l> {
         self.value(value, 0)
     }
 
+    /// Writes one complete item that the whole message nests `depth`
+    /// containers deep, counting its depth from the message as
+    /// [`encode_with_limits`] does (for parts encoded on their own that may
+    /// nest deeply, like a session snapshot's JSON fields).
+    pub fn nested_item(&mut self, value: &Value, depth: usize) -> Result<(), CborError> {
+        self.value(value, depth)
+    }
+
     /// Writes the header of a map of `len` entries; the entries (key, value)
     /// follow.
     pub fn map_header(&mut self, len: usize) -> Result<(), CborError> {

@@ -238,15 +238,7 @@ impl Schema for CommandResult {
             "create" | "attach" | "prompt" | "steer" | "abort" | "set_model" | "set_thinking" => {
                 let f = Fields::new(value, path, &["command", "session"])?;
                 let session = f.required("session", SessionSnapshot::from_value_at)?;
-                Ok(match name {
-                    "create" => Self::Create { session },
-                    "attach" => Self::Attach { session },
-                    "prompt" => Self::Prompt { session },
-                    "steer" => Self::Steer { session },
-                    "abort" => Self::Abort { session },
-                    "set_model" => Self::SetModel { session },
-                    _ => Self::SetThinking { session },
-                })
+                Ok(Self::with_session(name, session).expect("a command with a session"))
             }
             other => Err(unknown_variant(path, "command", other)),
         }

@@ -1,10 +1,14 @@
 //! Encoders of the messages that carry the session list — `list` responses,
 //! server hellos and server snapshot events — around CBOR of the list (and
 //! of the models) encoded earlier, so that a server can keep those bytes
-//! instead of rebuilding and re-encoding thousands of entries per message.
+//! instead of rebuilding and re-encoding thousands of entries per message;
+//! and of those that carry one session's snapshot — the responses to
+//! `create`, `attach` and the control commands, and session snapshot events
+//! — around CBOR of the snapshot ([`encode_session_snapshot`]), so that a
+//! long transcript is encoded once per revision rather than once per message.
 //!
 //! A message comes out as pieces ([`Spliced`]): the envelope before the
-//! list, the list's bytes as given, and the rest; the server frames them
+//! list (or snapshot), its bytes as given, and the rest; the server frames them
 //! with one copy ([`crate::wire::frame::frame_pieces`]). Together the pieces
 //! are exactly the bytes [`super::encode_payload`] writes for the same message
 //! (keys in the schema order of `messages.rs` and `items.rs`, numbers through
@@ -16,6 +20,7 @@
 //! `kernel/tests/protocol.rs` does on arbitrary messages.
 
 use super::{Schema, SchemaError, cbor_error, uint_value};
+use crate::protocol::SessionSnapshot;
 use crate::wire::cbor::{Encoder, check_item_len};
 use crate::wire::{CborError, CborLimits, Value};
 
@@ -58,8 +63,25 @@ impl Spliced<'_> {
 /// CBOR of one schema item, to splice into a list or message later
 /// (the whole message's length is checked when it is built).
 pub fn encode_item<T: Schema>(item: &T) -> Result<Vec<u8>, CborError> {
+    encode_nested(item, 0)
+}
+
+/// How deep the messages that carry a session snapshot nest it: `result.session`
+/// of a response, `event.snapshot` of an event.
+const SESSION_SNAPSHOT_DEPTH: usize = 2;
+
+/// CBOR of a session snapshot (as sent: normalised), to splice into
+/// [`encode_session_response`] and [`encode_session_snapshot_event`]. Its
+/// depth is counted from those messages, so that a transcript item's JSON
+/// nested too deeply fails here as the normal encoding fails.
+pub fn encode_session_snapshot(snapshot: &SessionSnapshot) -> Result<Vec<u8>, CborError> {
+    encode_nested(snapshot, SESSION_SNAPSHOT_DEPTH)
+}
+
+/// CBOR of one schema item that messages nest `depth` containers deep.
+fn encode_nested<T: Schema>(item: &T, depth: usize) -> Result<Vec<u8>, CborError> {
     let mut out = Vec::new();
-    Encoder::new(&mut out, &CborLimits::default()).item(&item.to_value())?;
+    Encoder::new(&mut out, &CborLimits::default()).nested_item(&item.to_value(), depth)?;
     Ok(out)
 }
 
@@ -141,18 +163,18 @@ pub fn encode_server_snapshot_event<'a>(
     splice(
         snapshot.sessions,
         |e| {
-            e.map_header(2)?;
-            e.text("type")?;
-            e.text("event")?;
-            e.text("event")?;
-            e.map_header(2)?;
-            e.text("type")?;
-            e.text("server_snapshot")?;
-            e.text("snapshot")?;
+            event_head(e, "server_snapshot")?;
             snapshot_head(e, snapshot)
         },
         |e| snapshot_tail(e, snapshot),
     )
+}
+
+/// `{type:"event", event:{type:"session_snapshot", snapshot}}`: a
+/// [`crate::protocol::ServerEvent::SessionSnapshot`] payload, with
+/// `snapshot` from [`encode_session_snapshot`].
+pub fn encode_session_snapshot_event(snapshot: &[u8]) -> Result<Spliced<'_>, SchemaError> {
+    splice(snapshot, |e| event_head(e, "session_snapshot"), |_| Ok(()))
 }
 
 /// `{type:"response", id, ok:true, result:{command:"list", sessions}}`: the
@@ -161,8 +183,30 @@ pub fn encode_list_response<'a>(
     request_id: &str,
     sessions: &'a [u8],
 ) -> Result<Spliced<'a>, SchemaError> {
+    response(request_id, "list", "sessions", sessions)
+}
+
+/// `{type:"response", id, ok:true, result:{command, session}}`: the response
+/// to `command` (`create`, `attach` or a control command, see
+/// [`crate::protocol::CommandResult::name`]), with `session` from
+/// [`encode_session_snapshot`].
+pub fn encode_session_response<'a>(
+    request_id: &str,
+    command: &str,
+    session: &'a [u8],
+) -> Result<Spliced<'a>, SchemaError> {
+    response(request_id, command, "session", session)
+}
+
+/// `{type:"response", id, ok:true, result:{command, <key>: item}}`.
+fn response<'a>(
+    request_id: &str,
+    command: &str,
+    key: &str,
+    item: &'a [u8],
+) -> Result<Spliced<'a>, SchemaError> {
     splice(
-        sessions,
+        item,
         |e| {
             e.map_header(4)?;
             e.text("type")?;
@@ -174,8 +218,8 @@ pub fn encode_list_response<'a>(
             e.text("result")?;
             e.map_header(2)?;
             e.text("command")?;
-            e.text("list")?;
-            e.text("sessions")
+            e.text(command)?;
+            e.text(key)
         },
         |_| Ok(()),
     )
@@ -201,6 +245,18 @@ fn splice<'a>(
     let len = spliced.head.len() + item.len() + spliced.tail.len();
     check_item_len(len, &limits).map_err(cbor_error)?;
     Ok(spliced)
+}
+
+/// `{type:"event", event:{type:<kind>, snapshot:` — the snapshot follows.
+fn event_head(e: &mut Encoder<'_, '_>, kind: &str) -> Result<(), CborError> {
+    e.map_header(2)?;
+    e.text("type")?;
+    e.text("event")?;
+    e.text("event")?;
+    e.map_header(2)?;
+    e.text("type")?;
+    e.text(kind)?;
+    e.text("snapshot")
 }
 
 /// `{serverId, protocolVersion, revision, sessions:` — the sessions follow.
