@@ -78,12 +78,20 @@ pub(super) struct StateRow {
     pub(super) summary: Option<Summary>,
 }
 
-fn sqlite_error(dir: &Path, id: &str, what: &str) -> impl FnOnce(rusqlite::Error) -> StoreError {
-    let context = format!(
-        "Session {id}: cannot {what} ({})",
-        dir.join(DB_FILE).display()
-    );
-    move |e| StoreError::sqlite(context, e)
+/// The error of a failed SQLite call, described only when one happens (this
+/// sits on every commit's path).
+fn sqlite_error<'a>(
+    dir: &'a Path,
+    id: &'a str,
+    what: &'a str,
+) -> impl FnOnce(rusqlite::Error) -> StoreError + 'a {
+    move |e| {
+        let context = format!(
+            "Session {id}: cannot {what} ({})",
+            dir.join(DB_FILE).display()
+        );
+        StoreError::sqlite(context, e)
+    }
 }
 
 fn corrupt(dir: &Path, id: &str, problem: impl std::fmt::Display) -> StoreError {
@@ -291,7 +299,7 @@ fn upsert_item(
          ON CONFLICT (item_id) DO UPDATE SET role = excluded.role, status = excluded.status, body = excluded.body",
     )
     .and_then(|mut stmt| stmt.execute(params![item.id(), role, status, body]))
-    .map_err(sqlite_error(dir, id, &format!("write item {}", item.id())))?;
+    .map_err(|e| sqlite_error(dir, id, &format!("write item {}", item.id()))(e))?;
     Ok(())
 }
 
