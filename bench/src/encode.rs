@@ -123,7 +123,8 @@ impl Fan {
         }
     }
 
-    fn new(k: u64) -> Self {
+    /// A server whose catalog holds `sessions`, with no connection yet.
+    fn serving(sessions: Vec<SessionMetadata>) -> Self {
         let config = Config {
             server_id: "00000000-0000-4000-8000-000000000001".into(),
             token: None,
@@ -139,19 +140,26 @@ impl Fan {
             worker: WorkerId(0),
             session: String::new(),
         };
-        fan.step(Input::CatalogLoaded {
-            sessions: Vec::new(),
+        fan.step(Input::CatalogLoaded { sessions });
+        fan
+    }
+
+    /// Accepts `conn` and completes its handshake.
+    fn connect(&mut self, conn: ConnId) {
+        self.step(Input::Accepted { conn });
+        self.step(Input::Received {
+            conn,
+            bytes: frame(&ClientMessage::Hello(ClientHello {
+                version: 1,
+                token: None,
+            })),
         });
-        let hello = frame(&ClientMessage::Hello(ClientHello {
-            version: 1,
-            token: None,
-        }));
+    }
+
+    fn new(k: u64) -> Self {
+        let mut fan = Self::serving(Vec::new());
         for c in 1..=k {
-            fan.step(Input::Accepted { conn: ConnId(c) });
-            fan.step(Input::Received {
-                conn: ConnId(c),
-                bytes: hello.clone(),
-            });
+            fan.connect(ConnId(c));
         }
         let create = frame(&ClientMessage::Request(Request {
             id: "c".into(),
@@ -264,33 +272,9 @@ fn metadata(i: usize) -> SessionMetadata {
 /// answers it, of encoding the response with and without the check, and of
 /// copying the encoded bytes (what a cached encoding would cost).
 fn list_step(n: usize, reps: usize) -> (f64, f64, f64, f64, usize) {
-    let config = Config {
-        server_id: "00000000-0000-4000-8000-000000000001".into(),
-        token: None,
-        seed: 7,
-        models: faux::models(),
-        limits: Limits::default(),
-        idle_exit: None,
-        adoption_grace: Duration::from_secs(30),
-    };
-    let mut fan = Fan {
-        server: Server::new(config),
-        now: 0,
-        worker: WorkerId(0),
-        session: String::new(),
-    };
-    fan.step(Input::CatalogLoaded {
-        sessions: (0..n).map(metadata).collect(),
-    });
+    let mut fan = Fan::serving((0..n).map(metadata).collect());
     let conn = ConnId(1);
-    fan.step(Input::Accepted { conn });
-    fan.step(Input::Received {
-        conn,
-        bytes: frame(&ClientMessage::Hello(ClientHello {
-            version: 1,
-            token: None,
-        })),
-    });
+    fan.connect(conn);
     let list = frame(&ClientMessage::Request(Request {
         id: "l".into(),
         command: Command::List,
@@ -327,14 +311,7 @@ fn attach_detach_steps(reps: usize) -> (f64, f64, usize, usize) {
     let mut fan = Fan::new(2);
     let session = fan.session.clone();
     let conn = ConnId(3);
-    fan.step(Input::Accepted { conn });
-    fan.step(Input::Received {
-        conn,
-        bytes: frame(&ClientMessage::Hello(ClientHello {
-            version: 1,
-            token: None,
-        })),
-    });
+    fan.connect(conn);
     let attach = frame(&ClientMessage::Request(Request {
         id: "a".into(),
         command: Command::Attach {
