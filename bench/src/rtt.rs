@@ -216,10 +216,7 @@ pub(crate) async fn versus_echo(
 /// drains whatever it is sent on its own thread.
 #[derive(Debug)]
 pub(crate) struct Holder {
-    stream: std::os::unix::net::UnixStream,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// Bytes received after the attach was answered.
-    received: Arc<AtomicU64>,
+    drain: Drain,
 }
 
 impl Holder {
@@ -236,57 +233,27 @@ impl Holder {
                 session_id: session_id.into(),
             },
         ))?;
-        let mut reader = stream.try_clone()?;
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let received = Arc::new(AtomicU64::new(0));
-        let count = Arc::clone(&received);
-        let thread = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 256 * 1024];
-            let mut pending: Vec<u8> = Vec::new();
-            let mut ready = Some(ready_tx);
-            loop {
-                let n = match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                if ready.is_none() {
-                    count.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                if let Some(tx) = &ready {
-                    pending.extend_from_slice(&buf[..n]);
-                    let mut at = 0;
-                    while pending.len() - at >= 4 {
-                        let len =
-                            u32::from_be_bytes(pending[at..at + 4].try_into().expect("4")) as usize;
-                        if pending.len() - at < 4 + len {
-                            break;
-                        }
-                        if kind(&pending[at + 4..at + 4 + len]) == Kind::Response {
-                            let _ = tx.send(());
-                            ready = None;
-                            break;
-                        }
-                        at += 4 + len;
-                    }
-                    if ready.is_some() {
-                        pending.drain(..at);
-                    }
-                }
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        loop {
+            let mut header = [0u8; 4];
+            stream.read_exact(&mut header).map_err(|e| {
+                io::Error::other(format!("the holder's attach was not answered: {e}"))
+            })?;
+            let mut payload = vec![0u8; u32::from_be_bytes(header) as usize];
+            stream.read_exact(&mut payload)?;
+            if kind(&payload) == Kind::Response {
+                break;
             }
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| io::Error::other("the holder's attach was not answered"))?;
+        }
+        stream.set_read_timeout(None)?;
         Ok(Self {
-            stream,
-            thread: Some(thread),
-            received,
+            drain: Drain::start(stream)?,
         })
     }
 
     /// Bytes received since the attach was answered.
     pub(crate) fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
+        self.drain.received()
     }
 }
 
@@ -295,33 +262,35 @@ impl Holder {
 pub(crate) struct Drain {
     stream: std::os::unix::net::UnixStream,
     thread: Option<std::thread::JoinHandle<()>>,
+    received: Arc<AtomicU64>,
 }
 
 impl Drain {
     /// Drains `stream` until it closes.
     pub(crate) fn start(stream: std::os::unix::net::UnixStream) -> io::Result<Self> {
         let mut reader = stream.try_clone()?;
+        let received = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&received);
         let thread = std::thread::spawn(move || {
             let mut buf = vec![0u8; 256 * 1024];
-            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+            }
         });
         Ok(Self {
             stream,
             thread: Some(thread),
+            received,
         })
+    }
+
+    /// Bytes drained so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for Drain {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Holder {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         if let Some(t) = self.thread.take() {
