@@ -10,9 +10,9 @@
 //! bounded event channel (readers block when the loop falls behind) and are
 //! talked to through per-task channels whose size the kernel already bounds.
 //!
-//! Client output takes a short path: the loop gathers a step's frames per
-//! connection and writes them to the socket itself, without blocking
-//! (`try_write`). Only what the socket does not take at once goes to the
+//! Client output takes a short path: the loop gathers the frames of the
+//! events it handles per connection (shared, not copied) and writes them to
+//! the socket itself, in one non-blocking vectored write. Only what the socket does not take at once goes to the
 //! connection's writer task, which waits for the socket to drain; while it
 //! holds bytes, later frames queue behind them, so the order is kept. A
 //! request whose answer fits the socket buffer therefore costs no task
