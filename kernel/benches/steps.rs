@@ -112,15 +112,7 @@ impl Bench {
             conn,
             bytes: create,
         });
-        let (worker, session) = outputs
-            .iter()
-            .find_map(|o| match o {
-                Output::SpawnWorker {
-                    worker, session_id, ..
-                } => Some((*worker, session_id.clone())),
-                _ => None,
-            })
-            .expect("spawn");
+        let (worker, session) = spawned(&outputs);
         self.step(Input::WorkerSpawned { worker });
         self.worker(
             worker,
@@ -212,6 +204,19 @@ fn hello_frame() -> Vec<u8> {
     }))
 }
 
+/// The worker and session of the `SpawnWorker` among `outputs`.
+fn spawned(outputs: &[Output]) -> (WorkerId, String) {
+    outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker {
+                worker, session_id, ..
+            } => Some((*worker, session_id.clone())),
+            _ => None,
+        })
+        .expect("spawns a worker")
+}
+
 /// Sends frames are acknowledged at once; other outputs are returned.
 fn ack_all(server: &mut Server, now: Instant, outputs: Vec<Output>) -> Vec<Output> {
     let mut rest = Vec::new();
@@ -265,15 +270,7 @@ fn create(
             bytes: create,
         },
     );
-    let (worker, session) = ack_all(server, now, out)
-        .iter()
-        .find_map(|o| match o {
-            Output::SpawnWorker {
-                worker, session_id, ..
-            } => Some((*worker, session_id.clone())),
-            _ => None,
-        })
-        .expect("spawn");
+    let (worker, session) = spawned(&ack_all(server, now, out));
     let out = server.step(now, Input::WorkerSpawned { worker });
     ack_all(server, now, out);
     let ready = FromWorker::Ready {
@@ -460,13 +457,7 @@ fn bench_list_after_change(n: u64) {
             bytes: attach,
         },
     );
-    let worker = ack_all(&mut server, now, out)
-        .iter()
-        .find_map(|o| match o {
-            Output::SpawnWorker { worker, .. } => Some(*worker),
-            _ => None,
-        })
-        .expect("spawn");
+    let worker = spawned(&ack_all(&mut server, now, out)).0;
     let out = server.step(now, Input::WorkerSpawned { worker });
     ack_all(&mut server, now, out);
     let mut live = snapshot(&stored(n / 2).id, 1, SessionPhase::Idle);

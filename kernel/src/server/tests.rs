@@ -27,6 +27,19 @@ fn config() -> Config {
     }
 }
 
+/// The worker and session of the `SpawnWorker` among `outputs`.
+fn spawned(outputs: &[Output]) -> (WorkerId, String) {
+    outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker {
+                worker, session_id, ..
+            } => Some((*worker, session_id.clone())),
+            _ => None,
+        })
+        .expect("spawns a worker")
+}
+
 fn client_frame(message: &ClientMessage) -> Vec<u8> {
     encode_frame(
         &encode_client_message(message).expect("encodes"),
@@ -147,15 +160,7 @@ impl Harness {
         first: impl FnOnce(&str) -> SessionSnapshot,
     ) -> (WorkerId, String) {
         let outputs = self.request(conn, "create", Command::Create(CreateParams::default()));
-        let (worker, session) = outputs
-            .iter()
-            .find_map(|o| match o {
-                Output::SpawnWorker {
-                    worker, session_id, ..
-                } => Some((*worker, session_id.clone())),
-                _ => None,
-            })
-            .expect("spawns a worker");
+        let (worker, session) = spawned(&outputs);
         self.step(Input::WorkerSpawned { worker });
         let snapshot = first(&session);
         self.worker(worker, FromWorker::Ready { snapshot });
@@ -413,13 +418,7 @@ fn list_follows_every_change_to_its_inputs() {
             session_id: "stored-00003".into(),
         },
     );
-    let opened = outputs
-        .iter()
-        .find_map(|o| match o {
-            Output::SpawnWorker { worker, .. } => Some(*worker),
-            _ => None,
-        })
-        .expect("opens");
+    let opened = spawned(&outputs).0;
     h.step(Input::WorkerSpawned { worker: opened });
     let mut live = snapshot("stored-00003", 7, SessionPhase::Idle);
     live.name = Some("live name".into());
