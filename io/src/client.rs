@@ -903,6 +903,39 @@ mod tests {
             }
         }
 
+        /// Answers a prompt of "hi" to session s1: one text delta
+        /// ("hello"), then the response with the idle snapshot at revision
+        /// 3. Returns the request's id.
+        async fn answer_prompt(&mut self) -> String {
+            let request = self.recv_request().await;
+            assert_eq!(
+                request.command,
+                Command::Prompt {
+                    session_id: "s1".into(),
+                    text: "hi".into()
+                }
+            );
+            let progress = TranscriptProgress::AssistantDelta {
+                message_id: "item-2".into(),
+                content_index: 0,
+                kind: DeltaKind::Text,
+                delta: "hello".into(),
+            };
+            self.send(ServerMessage::Event(ServerEvent::SessionProgress {
+                session_id: "s1".into(),
+                progress,
+            }))
+            .await;
+            self.send(ServerMessage::Response(Response {
+                id: request.id.clone(),
+                outcome: Ok(CommandResult::Prompt {
+                    session: session(3, SessionPhase::Idle),
+                }),
+            }))
+            .await;
+            request.id
+        }
+
         async fn send(&mut self, message: ServerMessage) {
             let payload = encode_server_message(&message).unwrap();
             let frame = encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).unwrap();
@@ -998,38 +1031,9 @@ mod tests {
         assert_eq!(client.server_snapshot().models.len(), faux::models().len());
         let mut events = client.events();
 
-        let answer = async {
-            let request = server.recv_request().await;
-            assert_eq!(request.id, "request-1");
-            assert_eq!(
-                request.command,
-                Command::Prompt {
-                    session_id: "s1".into(),
-                    text: "hi".into()
-                }
-            );
-            let progress = TranscriptProgress::AssistantDelta {
-                message_id: "item-2".into(),
-                content_index: 0,
-                kind: DeltaKind::Text,
-                delta: "hello".into(),
-            };
-            server
-                .send(ServerMessage::Event(ServerEvent::SessionProgress {
-                    session_id: "s1".into(),
-                    progress,
-                }))
-                .await;
-            server
-                .send(ServerMessage::Response(Response {
-                    id: request.id,
-                    outcome: Ok(CommandResult::Prompt {
-                        session: session(3, SessionPhase::Idle),
-                    }),
-                }))
-                .await;
-        };
-        let (snapshot, ()) = tokio::join!(client.prompt("s1", "hi"), answer);
+        let answer = server.answer_prompt();
+        let (snapshot, request_id) = tokio::join!(client.prompt("s1", "hi"), answer);
+        assert_eq!(request_id, "request-1");
         let snapshot = snapshot.unwrap();
         assert_eq!(snapshot.revision, 3);
         assert_eq!(client.session_snapshot("s1").unwrap().revision, 3);
@@ -1350,37 +1354,7 @@ mod tests {
             sessions.acquire("s1", LeaseMode::Shared).await,
             Err(ClientError::Ownership { .. })
         ));
-        let turn = async {
-            let request = server.recv_request().await;
-            assert_eq!(
-                request.command,
-                Command::Prompt {
-                    session_id: "s1".into(),
-                    text: "hi".into()
-                }
-            );
-            let progress = TranscriptProgress::AssistantDelta {
-                message_id: "item-2".into(),
-                content_index: 0,
-                kind: DeltaKind::Text,
-                delta: "hello".into(),
-            };
-            server
-                .send(ServerMessage::Event(ServerEvent::SessionProgress {
-                    session_id: "s1".into(),
-                    progress,
-                }))
-                .await;
-            server
-                .send(ServerMessage::Response(Response {
-                    id: request.id,
-                    outcome: Ok(CommandResult::Prompt {
-                        session: session(3, SessionPhase::Idle),
-                    }),
-                }))
-                .await;
-        };
-        let (snapshot, ()) = tokio::join!(lease.prompt("hi"), turn);
+        let (snapshot, _) = tokio::join!(lease.prompt("hi"), server.answer_prompt());
         assert_eq!(snapshot.unwrap().revision, 3);
         assert_eq!(lease.snapshot().unwrap().revision, 3);
         match events.try_recv().unwrap() {
