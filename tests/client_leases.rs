@@ -11,7 +11,7 @@ use pi_io::client::leases::{LeaseMode, Sessions};
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_against_a_real_server() {
     let mut server = TestServer::start("client-leases").await;
-    let sessions = Sessions::new(server.connect().await);
+    let sessions = Sessions::new(server.connect_once().await);
     let mut events = sessions.events();
 
     // create: an exclusive lease; a shared one beside it is refused.

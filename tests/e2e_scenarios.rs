@@ -325,8 +325,8 @@ async fn s07_no_prompt_queueing_steer_and_abort() {
 #[tokio::test(flavor = "multi_thread")]
 async fn s08_attachment_state_relative_to_requester() {
     let server = TestServer::start("s08").await;
-    let a = Arc::new(server.connect().await);
-    let b = server.connect().await;
+    let a = Arc::new(server.connect_once().await);
+    let b = server.connect_once().await;
     let s = a.create(params("eight")).await.unwrap().id;
     b.attach(&s).await.unwrap();
     let mut a_events = a.events();
@@ -589,8 +589,8 @@ async fn s12_locked_session_under_concurrent_attaches() {
 #[tokio::test(flavor = "multi_thread")]
 async fn s13_graceful_close_releases_all_runtimes() {
     let mut server = TestServer::start("s13").await;
-    let a = Arc::new(server.connect().await);
-    let b = server.connect().await;
+    let a = Arc::new(server.connect_once().await);
+    let b = server.connect_once().await;
     let s1 = a.create(params("busy")).await.unwrap().id;
     let s2 = b.create(params("idle")).await.unwrap().id;
     let workers = [server.worker_of(&s1).await, server.worker_of(&s2).await];

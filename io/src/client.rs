@@ -1,51 +1,49 @@
-//! An async client for pi protocol v1 over a Unix socket.
+//! The async client for pi protocol v1: a thin tokio host of the kernel's
+//! client-connection machine ([`kernel::client::Client`]).
 //!
-//! [`Client::connect`] opens the socket, sends `hello` at once and waits for
-//! the server's `hello` (or `hello_error`). [`Client::connect_stream`] does
-//! the same over any connected byte stream (the network-fault tests run it
-//! over simulated TCP). After that two tasks run beside
-//! the [`Client`] value:
+//! The machine decides everything: the hello (with the token) and its
+//! deadline, request ids and response matching, the snapshot cache, the
+//! session leases ([`leases`]) and the reconnect policy. This host owns the
+//! transport and a clock: one driver task reads the socket, writes what the
+//! machine transmits, opens a new socket when the machine asks
+//! ([`kernel::client::ClientOutput::Connect`]) and wakes it at its deadline.
+//! API calls step the machine under one lock and wait for their completion.
 //!
-//! - a reader that decodes frames, hands each response to the request waiting
-//!   for its id, keeps the latest server and session snapshots, and publishes
-//!   events to every [`Client::events`] subscriber;
-//! - a writer that sends queued frames in order, so a request future that is
-//!   dropped halfway never leaves half a frame on the wire.
+//! [`Client::connect`] connects to a Unix socket; when the connection is
+//! lost after its handshake (the server was replaced, crashed or restarted)
+//! the machine reconnects, re-attaches the sessions it was attached to and
+//! settles what was in flight (see the machine's documentation).
+//! [`Client::connect_stream`] runs over any connected byte stream and does not
+//! reconnect (there is no address to reconnect to).
 //!
 //! Requests may run concurrently (`prompt` stays pending for a whole turn
-//! while `steer` and `abort` complete beside it). Ids are `request-1`,
-//! `request-2`, … per client. As in the reference client, a response with an
-//! unknown id, or whose `result.command` differs from the request's command,
-//! is a protocol failure that closes the connection. When the connection
-//! ends, every pending and later request fails with the reason it ended, and
-//! event subscribers see [`broadcast::error::RecvError::Closed`] once they
-//! have read what was already delivered.
+//! while `steer` and `abort` complete beside it). When the client closes,
+//! every pending and later request fails with the reason, and event
+//! subscribers see [`broadcast::error::RecvError::Closed`] once they have read
+//! what was already delivered.
 
+use kernel::client::{self as machine, Call, CallId, ClientConfig, ClientInput, ClientOutput};
+use kernel::limits::ClientLimits;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, CommandResult, CreateParams, ModelRef, PROTOCOL_VERSION,
-    ProtocolError, Request, ServerEvent, ServerMessage, ServerSnapshot, SessionMetadata,
-    SessionSnapshot, ThinkingLevel, decode_server_message, encode_client_message,
+    Command, CommandResult, CreateParams, ModelRef, ProtocolError, ServerEvent, ServerSnapshot,
+    SessionMetadata, SessionSnapshot, ThinkingLevel,
 };
-use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
-use kernel::wire::{CborLimits, FrameDecoder};
-use std::collections::{HashMap, VecDeque};
+use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
+use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 
 pub mod leases;
 
+pub use kernel::client::Status;
+
 /// Events buffered per subscriber before a slow one starts to lag.
 pub const EVENT_CAPACITY: usize = 4096;
-
-/// Frames queued for the writer before `request` waits.
-const OUTGOING_CAPACITY: usize = 64;
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK_LEN: usize = 64 * 1024;
@@ -67,7 +65,8 @@ pub enum ClientError {
     /// The server sent something the protocol forbids (or a request could
     /// not be encoded); the connection is closed.
     Protocol(String),
-    /// The connection is closed; the text says how it ended.
+    /// The connection is closed or reconnecting; the text says how it ended
+    /// and what became of the request.
     Disconnected(String),
     /// A lease ([`leases::Sessions`]) was refused because it conflicts with
     /// one this client already holds or is acquiring; nothing was sent.
@@ -96,6 +95,18 @@ impl Clone for ClientError {
             Self::Detached { session_id } => Self::Detached {
                 session_id: session_id.clone(),
             },
+        }
+    }
+}
+
+impl From<machine::ClientError> for ClientError {
+    fn from(error: machine::ClientError) -> Self {
+        match error {
+            machine::ClientError::Server(e) => Self::Server(e),
+            machine::ClientError::Protocol(m) => Self::Protocol(m),
+            machine::ClientError::Disconnected(m) => Self::Disconnected(m),
+            machine::ClientError::Ownership { session_id } => Self::Ownership { session_id },
+            machine::ClientError::Detached { session_id } => Self::Detached { session_id },
         }
     }
 }
@@ -133,29 +144,184 @@ pub struct ClientOptions {
     pub max_frame_len: u32,
     /// How long to wait for the server's hello.
     pub handshake_timeout: Duration,
+    /// Reconnect when the connection is lost after its handshake (only
+    /// where there is an address to reconnect to).
+    pub reconnect: bool,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: ClientLimits::default().handshake_timeout,
+            reconnect: true,
         }
     }
 }
 
-/// One connection to a pi server. See the module documentation.
-#[derive(Debug)]
+impl ClientOptions {
+    fn config(&self, token: Option<&str>, reconnect: bool) -> ClientConfig {
+        let mut limits = ClientLimits {
+            max_frame_len: self.max_frame_len,
+            handshake_timeout: self.handshake_timeout,
+            ..ClientLimits::default()
+        };
+        limits.cbor.max_byte_len = self.max_frame_len as usize;
+        ClientConfig {
+            token: token.map(str::to_owned),
+            reconnect: reconnect && self.reconnect,
+            limits,
+        }
+    }
+}
+
+/// One connection to a pi server (cheap to clone: clones share it). See the
+/// module documentation.
+#[derive(Debug, Clone)]
 pub struct Client {
-    shared: Arc<Shared>,
-    connection_id: String,
-    max_frame_len: u32,
-    next_request: AtomicU64,
-    events: broadcast::WeakSender<ServerEvent>,
-    /// `None` once [`Client::close`] has begun.
-    outgoing: Option<mpsc::Sender<Vec<u8>>>,
-    reader: Option<JoinHandle<()>>,
-    writer: Option<JoinHandle<()>>,
+    inner: Arc<Inner>,
+}
+
+/// What the driver task does for the machine, in the order it asked.
+#[derive(Debug)]
+enum Control {
+    Transmit(Vec<u8>),
+    Connect,
+    Close,
+}
+
+type Waiter = oneshot::Sender<Result<machine::Completion, ClientError>>;
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<State>,
+    control: mpsc::UnboundedSender<Control>,
+    epoch: tokio::time::Instant,
+    status: watch::Sender<Status>,
+}
+
+#[derive(Debug)]
+struct State {
+    machine: machine::Client,
+    waiters: HashMap<CallId, Waiter>,
+    next_call: u64,
+    /// Dropped when the client closes, which ends every subscription.
+    events: Option<broadcast::Sender<ServerEvent>>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> kernel::time::Instant {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.epoch);
+        kernel::time::Instant(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    fn instant(&self, at: kernel::time::Instant) -> tokio::time::Instant {
+        self.epoch + Duration::from_millis(at.as_millis())
+    }
+
+    /// Steps the machine and carries out its outputs, all under the lock, so
+    /// that they happen in the machine's order.
+    fn step(&self, input: ClientInput) {
+        let mut state = self.lock();
+        self.step_locked(&mut state, input);
+    }
+
+    fn step_locked(&self, state: &mut State, input: ClientInput) {
+        let now = self.now();
+        for output in state.machine.step(now, input) {
+            match output {
+                ClientOutput::Connect => {
+                    let _ = self.control.send(Control::Connect);
+                }
+                ClientOutput::Transmit(bytes) => {
+                    let _ = self.control.send(Control::Transmit(bytes));
+                }
+                ClientOutput::CloseTransport => {
+                    let _ = self.control.send(Control::Close);
+                }
+                ClientOutput::Complete { call, result } => {
+                    if let Some(waiter) = state.waiters.remove(&call) {
+                        let _ = waiter.send(result.map_err(ClientError::from));
+                    }
+                }
+                ClientOutput::Event(event) => {
+                    if let Some(events) = &state.events {
+                        // No subscriber is fine: events are optional to follow.
+                        let _ = events.send(event);
+                    }
+                }
+                ClientOutput::Status(status) => {
+                    match &status {
+                        Status::Ready {
+                            reconnected: true, ..
+                        } => {
+                            tracing::info!("reconnected to the server");
+                        }
+                        Status::Reconnecting { reason } => {
+                            tracing::info!(%reason, "lost the server; reconnecting");
+                        }
+                        Status::Closed { error } => {
+                            tracing::debug!(%error, "client connection ended");
+                            state.events = None;
+                        }
+                        Status::Ready { .. } => {}
+                    }
+                    self.status.send_replace(status);
+                }
+            }
+        }
+    }
+
+    /// Makes one API call and waits for its completion.
+    async fn call(&self, kind: Call) -> Result<machine::Completion, ClientError> {
+        let answer = {
+            let mut state = self.lock();
+            state.next_call += 1;
+            let call = CallId(state.next_call);
+            let (reply, answer) = oneshot::channel();
+            state.waiters.insert(call, reply);
+            self.step_locked(
+                &mut state,
+                ClientInput::Call {
+                    call,
+                    call_kind: kind,
+                },
+            );
+            answer
+        };
+        answer
+            .await
+            .unwrap_or_else(|_| Err(ClientError::Disconnected("the connection is closed".into())))
+    }
+}
+
+/// Where to open a new transport.
+#[derive(Debug, Clone)]
+enum Connector {
+    Unix(PathBuf),
+    None,
+}
+
+impl Connector {
+    async fn connect(&self) -> std::io::Result<(ReadHalf, WriteHalf)> {
+        match self {
+            Self::Unix(path) => {
+                let (read, write) = UnixStream::connect(path).await?.into_split();
+                Ok((Box::new(read), Box::new(write)))
+            }
+            Self::None => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "no address to reconnect to",
+            )),
+        }
+    }
 }
 
 impl Client {
@@ -171,22 +337,25 @@ impl Client {
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let stream = UnixStream::connect(path).await.map_err(ClientError::Io)?;
-        Self::handshake(stream, token, options).await
+        let connector = Connector::Unix(path.to_owned());
+        let transport = connector.connect().await.map_err(ClientError::Io)?;
+        Self::start(transport, connector, token, options).await
     }
 
-    /// Runs the handshake over an already connected stream.
+    /// Runs the handshake over an already connected stream (no reconnection).
     pub async fn handshake(
         stream: UnixStream,
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
         let (read, write) = stream.into_split();
-        Self::handshake_halves(Box::new(read), Box::new(write), token, options).await
+        let transport: (ReadHalf, WriteHalf) = (Box::new(read), Box::new(write));
+        Self::start(transport, Connector::None, token, options).await
     }
 
     /// Runs the handshake over any connected byte stream (TCP, an in-memory
     /// duplex, a simulated network's stream), then serves it like a socket.
+    /// It does not reconnect.
     pub async fn connect_stream<S>(
         stream: S,
         token: Option<&str>,
@@ -196,147 +365,110 @@ impl Client {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read, write) = tokio::io::split(stream);
-        Self::handshake_halves(Box::new(read), Box::new(write), token, options).await
+        let transport: (ReadHalf, WriteHalf) = (Box::new(read), Box::new(write));
+        Self::start(transport, Connector::None, token, options).await
     }
 
-    async fn handshake_halves(
-        read: ReadHalf,
-        mut write: WriteHalf,
+    async fn start(
+        transport: (ReadHalf, WriteHalf),
+        connector: Connector,
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let hello = ClientMessage::Hello(ClientHello {
-            version: PROTOCOL_VERSION,
-            token: token.map(str::to_owned),
-        });
-        let frame = encode_message(&hello, options.max_frame_len)?;
-        write.write_all(&frame).await.map_err(ClientError::Io)?;
-
-        let mut incoming = Incoming::new(read, options.max_frame_len);
-        let first = tokio::time::timeout(options.handshake_timeout, incoming.next())
-            .await
-            .map_err(|_| {
-                ClientError::Protocol(format!(
-                    "no hello from the server within {} ms",
-                    options.handshake_timeout.as_millis()
-                ))
-            })??;
-        let hello = match first {
-            Some(ServerMessage::Hello(hello)) => hello,
-            Some(ServerMessage::HelloError(error)) => return Err(ClientError::Server(error)),
-            Some(other) => {
-                return Err(ClientError::Protocol(format!(
-                    "expected hello from the server, got {}",
-                    message_kind(&other)
-                )));
-            }
-            None => {
-                return Err(ClientError::Disconnected(
-                    "the server closed the connection during the handshake".into(),
-                ));
-            }
-        };
-        if hello.version != PROTOCOL_VERSION {
-            return Err(ClientError::Protocol(format!(
-                "the server speaks protocol version {}, this client speaks {PROTOCOL_VERSION}",
-                hello.version
-            )));
-        }
-
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                closed: None,
-                pending: HashMap::new(),
-                server: hello.snapshot,
-                sessions: HashMap::new(),
-                tap: None,
-            }),
-            stop: stop_tx,
-        });
+        let reconnect = matches!(connector, Connector::Unix(_));
+        let config = options.config(token, reconnect);
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
-        let weak_events = events.downgrade();
-        let (outgoing, outgoing_rx) = mpsc::channel(OUTGOING_CAPACITY);
-        let reader = tokio::spawn(read_loop(incoming, Arc::clone(&shared), events));
-        let writer = tokio::spawn(write_loop(write, outgoing_rx, stop_rx, Arc::clone(&shared)));
-        Ok(Self {
-            shared,
-            connection_id: hello.connection_id,
-            max_frame_len: options.max_frame_len,
-            next_request: AtomicU64::new(1),
-            events: weak_events,
-            outgoing: Some(outgoing),
-            reader: Some(reader),
-            writer: Some(writer),
-        })
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let (status, mut status_rx) = watch::channel(Status::Reconnecting {
+            reason: "connecting".into(),
+        });
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                machine: machine::Client::new(config),
+                waiters: HashMap::new(),
+                next_call: 0,
+                events: Some(events),
+            }),
+            control,
+            epoch: tokio::time::Instant::now(),
+            status,
+        });
+        inner.step(ClientInput::TransportUp);
+        tokio::spawn(drive(
+            Arc::downgrade(&inner),
+            Some(transport),
+            connector,
+            control_rx,
+        ));
+        let outcome = status_rx
+            .wait_for(|s| !matches!(s, Status::Reconnecting { .. }))
+            .await
+            .map(|s| s.clone());
+        match outcome {
+            Ok(Status::Ready { .. }) => Ok(Self { inner }),
+            Ok(Status::Closed { error }) => Err(error.into()),
+            _ => Err(ClientError::Disconnected(
+                "the client stopped during the handshake".into(),
+            )),
+        }
     }
 
-    /// The id the server gave this connection.
-    pub fn connection_id(&self) -> &str {
-        &self.connection_id
+    /// The id the server gave this connection (the latest, after a
+    /// reconnection).
+    pub fn connection_id(&self) -> String {
+        let state = self.inner.lock();
+        state.machine.connection_id().unwrap_or_default().to_owned()
     }
 
     /// The latest server snapshot (from the hello or a later `server_snapshot`
     /// event; an event with a lower revision is ignored).
     pub fn server_snapshot(&self) -> ServerSnapshot {
-        self.shared.lock().server.clone()
+        let state = self.inner.lock();
+        state
+            .machine
+            .server_snapshot()
+            .cloned()
+            .expect("a handshaken client has a server snapshot")
     }
 
     /// The latest snapshot of a session seen on this connection (from events
     /// and command results), if any.
     pub fn session_snapshot(&self, session_id: &str) -> Option<SessionSnapshot> {
-        self.shared.lock().sessions.get(session_id).cloned()
+        self.inner
+            .lock()
+            .machine
+            .session_snapshot(session_id)
+            .cloned()
     }
 
     /// A new subscription to the server's events from now on. After the
-    /// connection ends, `recv` yields what was delivered, then `Closed`.
+    /// client closes, `recv` yields what was delivered, then `Closed`.
     pub fn events(&self) -> broadcast::Receiver<ServerEvent> {
-        match self.events.upgrade() {
+        match &self.inner.lock().events {
             Some(sender) => sender.subscribe(),
             None => broadcast::channel(1).1,
         }
     }
 
-    /// Why the connection ended, or `None` while it is up.
+    /// The connection's status as it changes (ready, reconnecting, closed).
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.inner.status.subscribe()
+    }
+
+    /// Why the client closed, or `None` while it is up or reconnecting.
     pub fn closed_reason(&self) -> Option<ClientError> {
-        self.shared.lock().closed.clone()
+        let state = self.inner.lock();
+        state.machine.closed().cloned().map(ClientError::from)
     }
 
     /// Sends `command` and waits for its response.
     pub async fn request(&self, command: Command) -> Result<CommandResult, ClientError> {
-        let number = self.next_request.fetch_add(1, Ordering::Relaxed);
-        let id = format!("request-{number}");
-        let name = command.name();
-        let request = ClientMessage::Request(Request {
-            id: id.clone(),
-            command,
-        });
-        let frame = encode_message(&request, self.max_frame_len)?;
-        let (reply, answer) = oneshot::channel();
-        {
-            let mut state = self.shared.lock();
-            if let Some(reason) = &state.closed {
-                return Err(reason.clone());
-            }
-            state.pending.insert(
-                id.clone(),
-                Pending {
-                    command: name,
-                    reply: Reply::Call(reply),
-                },
-            );
-        }
-        let sent = match &self.outgoing {
-            Some(outgoing) => outgoing.send(frame).await.is_ok(),
-            None => false,
-        };
-        if !sent {
-            self.shared.lock().pending.remove(&id);
-            return Err(self.closed_error());
-        }
-        match answer.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(self.closed_error()),
+        match self.inner.call(Call::Request(command)).await? {
+            machine::Completion::Result(result) => Ok(*result),
+            machine::Completion::Session(snapshot) => Ok(resumed_result(*snapshot)),
+            other => Err(ClientError::Protocol(format!(
+                "unexpected completion {other:?}"
+            ))),
         }
     }
 
@@ -365,7 +497,8 @@ impl Client {
         self.request(Command::Detach { session_id }).await.map(drop)
     }
 
-    /// `prompt`: resolves when the turn ends, with the final snapshot.
+    /// `prompt`: resolves when the turn ends, with the final snapshot (also
+    /// across a reconnection, when the turn went on).
     pub async fn prompt(
         &self,
         session_id: &str,
@@ -426,94 +559,24 @@ impl Client {
 
     /// Writes what is queued, closes the connection and fails anything still
     /// pending with [`ClientError::Disconnected`]. The server detaches this
-    /// connection from its sessions.
-    pub async fn close(mut self) {
-        drop(self.outgoing.take());
-        if let Some(writer) = self.writer.take() {
-            let abort = writer.abort_handle();
-            if tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, writer)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
-        }
-        if let Some(reader) = self.reader.take() {
-            reader.abort();
-        }
-        self.shared.fail(ClientError::Disconnected(
-            "the client closed the connection".into(),
-        ));
-    }
-
-    /// Starts routing, in wire order, every event, every response to a
-    /// request sent with [`Client::send_routed`] and the connection's end to
-    /// the returned channel. Replaces an earlier tap.
-    fn tap(&self) -> mpsc::UnboundedReceiver<Tapped> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut state = self.shared.lock();
-        if state.closed.is_some() {
-            let _ = tx.send(Tapped::Closed);
-        } else {
-            state.tap = Some(tx);
-        }
-        rx
-    }
-
-    /// Sends `request` under a fresh client id; its response goes to the tap
-    /// carrying `request.id` again (so the lease machine keeps its own ids).
-    /// Returns false when the connection is closed.
-    async fn send_routed(&self, request: Request) -> bool {
-        let number = self.next_request.fetch_add(1, Ordering::Relaxed);
-        let id = format!("request-{number}");
-        let name = request.command.name();
-        let message = ClientMessage::Request(Request {
-            id: id.clone(),
-            command: request.command,
-        });
-        let Ok(frame) = encode_message(&message, self.max_frame_len) else {
-            self.shared.fail(ClientError::Protocol(format!(
-                "cannot encode the {name} request"
-            )));
-            return false;
-        };
-        {
-            let mut state = self.shared.lock();
-            if state.closed.is_some() {
-                return false;
-            }
-            state.pending.insert(
-                id.clone(),
-                Pending {
-                    command: name,
-                    reply: Reply::Routed(request.id),
-                },
-            );
-        }
-        let sent = match &self.outgoing {
-            Some(outgoing) => outgoing.send(frame).await.is_ok(),
-            None => false,
-        };
-        if !sent {
-            self.shared.lock().pending.remove(&id);
-        }
-        sent
-    }
-
-    fn closed_error(&self) -> ClientError {
-        self.closed_reason()
-            .unwrap_or_else(|| ClientError::Disconnected("the connection is closed".into()))
+    /// connection from its sessions. Clones of this client close with it.
+    pub async fn close(self) {
+        self.inner.step(ClientInput::Dispose);
+        let mut status = self.inner.status.subscribe();
+        let _ = tokio::time::timeout(
+            CLOSE_FLUSH_TIMEOUT,
+            status.wait_for(|s| matches!(s, Status::Closed { .. })),
+        )
+        .await;
+        // The driver writes what was queued before the close, then exits.
+        let _ = tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, self.inner.control.closed()).await;
     }
 }
 
-impl Drop for Client {
-    fn drop(&mut self) {
-        // The writer ends by itself once `outgoing` is dropped, after writing
-        // what was queued; the reader would wait for the server to hang up.
-        if let Some(reader) = self.reader.take() {
-            reader.abort();
-        }
-    }
+/// A prompt resumed across a reconnection completes with its session's
+/// final snapshot, as its response would have.
+fn resumed_result(session: SessionSnapshot) -> CommandResult {
+    CommandResult::Prompt { session }
 }
 
 fn session_of(result: CommandResult) -> Result<SessionSnapshot, ClientError> {
@@ -529,331 +592,114 @@ fn session_of(result: CommandResult) -> Result<SessionSnapshot, ClientError> {
     }
 }
 
-/// Unreachable in practice: `request` already checked the result's command.
+/// Unreachable in practice: the machine already checked the result's command.
 fn unexpected(result: &CommandResult) -> ClientError {
     ClientError::Protocol(format!("unexpected {} result", result.name()))
 }
 
-fn encode_message(message: &ClientMessage, max_frame_len: u32) -> Result<Vec<u8>, ClientError> {
-    let payload = encode_client_message(message)
-        .map_err(|e| ClientError::Protocol(format!("cannot encode the request: {e}")))?;
-    encode_frame(&payload, max_frame_len)
-        .map_err(|e| ClientError::Protocol(format!("cannot frame the request: {e}")))
-}
-
-fn message_kind(message: &ServerMessage) -> &'static str {
-    match message {
-        ServerMessage::Hello(_) => "hello",
-        ServerMessage::HelloError(_) => "hello_error",
-        ServerMessage::Response(_) => "a response",
-        ServerMessage::Event(_) => "an event",
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<State>,
-    /// Set to `true` when the connection has failed, to stop the writer.
-    stop: watch::Sender<bool>,
-}
-
-#[derive(Debug)]
-struct State {
-    /// Why the connection ended; `None` while it is up.
-    closed: Option<ClientError>,
-    pending: HashMap<String, Pending>,
-    server: ServerSnapshot,
-    sessions: HashMap<String, SessionSnapshot>,
-    /// Where routed responses, events and the end go (see [`Client::tap`]).
-    tap: Option<mpsc::UnboundedSender<Tapped>>,
-}
-
-#[derive(Debug)]
-struct Pending {
-    command: &'static str,
-    reply: Reply,
-}
-
-/// Where a response goes.
-#[derive(Debug)]
-enum Reply {
-    /// To the [`Client::request`] call waiting for it.
-    Call(oneshot::Sender<Result<CommandResult, ClientError>>),
-    /// To the tap, under this (the lease machine's) request id.
-    Routed(String),
-}
-
-impl Reply {
-    fn send(
-        self,
-        tap: Option<&mpsc::UnboundedSender<Tapped>>,
-        outcome: Result<CommandResult, ClientError>,
-    ) {
-        match self {
-            Self::Call(reply) => {
-                let _ = reply.send(outcome);
-            }
-            Self::Routed(id) => {
-                // A protocol failure ends the connection, which the tap hears.
-                let outcome = match outcome {
-                    Ok(result) => Ok(result),
-                    Err(ClientError::Server(error)) => Err(error),
-                    Err(_) => return,
-                };
-                if let Some(tap) = tap {
-                    let _ = tap.send(Tapped::Response(kernel::protocol::Response { id, outcome }));
-                }
-            }
-        }
-    }
-}
-
-/// What the reader routes to the tap (see [`Client::tap`]), in wire order.
-#[derive(Debug)]
-enum Tapped {
-    /// A response to a routed request, under the router's id.
-    Response(kernel::protocol::Response),
-    /// A server event.
-    Event(ServerEvent),
-    /// The connection ended.
-    Closed,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves plain data behind; keep going.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Records why the connection ended (the first reason wins) and fails
-    /// every pending request with it.
-    fn fail(&self, reason: ClientError) {
-        let (pending, tap) = {
-            let mut state = self.lock();
-            let reason = state.closed.get_or_insert(reason).clone();
-            let pending = std::mem::take(&mut state.pending)
-                .into_values()
-                .map(move |p| (p, reason.clone()))
-                .collect::<Vec<_>>();
-            (pending, state.tap.take())
-        };
-        for (p, reason) in pending {
-            p.reply.send(None, Err(reason));
-        }
-        if let Some(tap) = tap {
-            let _ = tap.send(Tapped::Closed);
-        }
-        self.stop.send_replace(true);
-    }
-}
-
-impl State {
-    fn observe_session(&mut self, snapshot: &SessionSnapshot) {
-        let newer = self
-            .sessions
-            .get(&snapshot.id)
-            .is_none_or(|known| known.revision <= snapshot.revision);
-        if newer {
-            self.sessions.insert(snapshot.id.clone(), snapshot.clone());
-        }
-    }
-
-    fn observe_event(&mut self, event: &ServerEvent) {
-        match event {
-            ServerEvent::ServerSnapshot { snapshot } => {
-                if snapshot.revision >= self.server.revision {
-                    self.server = snapshot.clone();
-                }
-            }
-            ServerEvent::SessionSnapshot { snapshot } => self.observe_session(snapshot),
-            ServerEvent::SessionProgress { .. } => {}
-            ServerEvent::SessionRemoved { session_id } => {
-                self.sessions.remove(session_id);
-            }
-        }
-    }
-
-    fn observe_result(&mut self, result: &CommandResult) {
-        match result {
-            CommandResult::Create { session }
-            | CommandResult::Attach { session }
-            | CommandResult::Prompt { session }
-            | CommandResult::Steer { session }
-            | CommandResult::Abort { session }
-            | CommandResult::SetModel { session }
-            | CommandResult::SetThinking { session } => self.observe_session(session),
-            CommandResult::Remove { session_id } => {
-                self.sessions.remove(session_id);
-            }
-            CommandResult::List { .. } | CommandResult::Detach { .. } => {}
-        }
-    }
-}
-
-/// The read side: frames in, messages out.
-struct Incoming {
-    read: ReadHalf,
-    decoder: FrameDecoder,
-    limits: CborLimits,
-    ready: VecDeque<Vec<u8>>,
-    /// A framing error met after the payloads in `ready`.
-    failed: Option<ClientError>,
-    buf: Vec<u8>,
-}
-
-impl Incoming {
-    fn new(read: ReadHalf, max_frame_len: u32) -> Self {
-        let limits = CborLimits {
-            max_byte_len: max_frame_len as usize,
-            ..CborLimits::default()
-        };
-        Self {
-            read,
-            decoder: FrameDecoder::new(max_frame_len),
-            limits,
-            ready: VecDeque::new(),
-            failed: None,
-            buf: vec![0; READ_CHUNK_LEN],
-        }
-    }
-
-    /// The next message, or `None` when the server closed the connection
-    /// cleanly between frames.
-    async fn next(&mut self) -> Result<Option<ServerMessage>, ClientError> {
-        loop {
-            if let Some(payload) = self.ready.pop_front() {
-                return decode_server_message(&payload, &self.limits)
-                    .map(Some)
-                    .map_err(|e| {
-                        ClientError::Protocol(format!("bad message from the server: {e}"))
-                    });
-            }
-            if let Some(error) = self.failed.take() {
-                return Err(error);
-            }
-            let read = self
-                .read
-                .read(&mut self.buf)
-                .await
-                .map_err(ClientError::Io)?;
-            if read == 0 {
-                self.decoder
-                    .end()
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                return Ok(None);
-            }
-            let mut payloads = Vec::new();
-            let pushed = self.decoder.push(&self.buf[..read], &mut payloads);
-            self.ready.extend(payloads);
-            if let Err(e) = pushed {
-                self.failed = Some(ClientError::Protocol(e.to_string()));
-            }
-        }
-    }
-}
-
-async fn read_loop(
-    mut incoming: Incoming,
-    shared: Arc<Shared>,
-    events: broadcast::Sender<ServerEvent>,
+/// The driver task: owns the transport, carries out the machine's transport
+/// outputs in order, feeds back what the transport does, and ticks the
+/// machine at its deadline. Ends when the client is closed or dropped.
+async fn drive(
+    inner: std::sync::Weak<Inner>,
+    mut transport: Option<(ReadHalf, WriteHalf)>,
+    connector: Connector,
+    mut control: mpsc::UnboundedReceiver<Control>,
 ) {
-    let reason = loop {
-        let message = match incoming.next().await {
-            Ok(Some(message)) => message,
-            Ok(None) => {
-                break ClientError::Disconnected("the server closed the connection".into());
-            }
-            Err(error) => break error,
-        };
-        if let Err(error) = dispatch(&shared, &events, message) {
-            break error;
-        }
-    };
-    tracing::debug!(%reason, "client connection ended");
-    shared.fail(reason);
-    // Dropping `events` (the only strong sender) ends every subscription.
-}
-
-/// Routes one message after the handshake. An error ends the connection.
-fn dispatch(
-    shared: &Shared,
-    events: &broadcast::Sender<ServerEvent>,
-    message: ServerMessage,
-) -> Result<(), ClientError> {
-    match message {
-        ServerMessage::Hello(_) => Err(ClientError::Protocol(
-            "the server sent a second hello".into(),
-        )),
-        ServerMessage::HelloError(error) => Err(ClientError::Server(error)),
-        ServerMessage::Response(response) => {
-            let mut state = shared.lock();
-            let Some(pending) = state.pending.remove(&response.id) else {
-                return Err(ClientError::Protocol(format!(
-                    "response to unknown request id {:?}",
-                    response.id
-                )));
-            };
-            match response.outcome {
-                Ok(result) if result.name() != pending.command => {
-                    let error = ClientError::Protocol(format!(
-                        "the response to {} ({}) carries a {} result",
-                        response.id,
-                        pending.command,
-                        result.name()
-                    ));
-                    pending.reply.send(None, Err(error.clone()));
-                    Err(error)
-                }
-                Ok(result) => {
-                    state.observe_result(&result);
-                    // Sent under the lock, so the tap keeps the wire order.
-                    pending.reply.send(state.tap.as_ref(), Ok(result));
-                    Ok(())
-                }
-                Err(error) => {
-                    pending
-                        .reply
-                        .send(state.tap.as_ref(), Err(ClientError::Server(error)));
-                    Ok(())
-                }
-            }
-        }
-        ServerMessage::Event(event) => {
-            {
-                let mut state = shared.lock();
-                state.observe_event(&event);
-                if let Some(tap) = &state.tap {
-                    let _ = tap.send(Tapped::Event(event.clone()));
-                }
-            }
-            // No subscriber is fine: events are optional to follow.
-            let _ = events.send(event);
-            Ok(())
-        }
+    enum Woke {
+        Control(Option<Control>),
+        Read(std::io::Result<usize>),
+        Tick,
     }
-}
-
-async fn write_loop(
-    mut write: WriteHalf,
-    mut outgoing: mpsc::Receiver<Vec<u8>>,
-    mut stop: watch::Receiver<bool>,
-    shared: Arc<Shared>,
-) {
+    let mut buf = vec![0u8; READ_CHUNK_LEN];
     loop {
-        let frame = tokio::select! {
-            biased;
-            _ = stop.wait_for(|stopped| *stopped) => break,
-            frame = outgoing.recv() => frame,
+        let deadline = match inner.upgrade() {
+            Some(client) => {
+                let at = client.lock().machine.next_deadline();
+                at.map(|at| client.instant(at))
+            }
+            // Dropped: write what was queued (a lease's last detach), then stop.
+            None => None,
         };
-        let Some(frame) = frame else { break };
-        if let Err(error) = write.write_all(&frame).await {
-            shared.fail(ClientError::Io(error));
+        let woke = {
+            let sleep = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let reading = async {
+                match transport.as_mut() {
+                    Some((read, _)) => read.read(&mut buf).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                c = control.recv() => Woke::Control(c),
+                r = reading => Woke::Read(r),
+                () = sleep => Woke::Tick,
+            }
+        };
+        if let Woke::Control(Some(Control::Transmit(bytes))) = &woke {
+            if let Some((_, write)) = transport.as_mut()
+                && let Err(e) = write.write_all(bytes).await
+            {
+                transport = None;
+                if let Some(client) = inner.upgrade() {
+                    client.step(ClientInput::TransportClosed {
+                        reason: format!("cannot write to the server: {e}"),
+                    });
+                }
+            }
+            continue;
+        }
+        let Some(client) = inner.upgrade() else {
+            if let Woke::Control(Some(_)) = woke {
+                continue;
+            }
             break;
+        };
+        match woke {
+            Woke::Control(None) => break,
+            Woke::Control(Some(Control::Transmit(_))) => unreachable!("handled above"),
+            Woke::Control(Some(Control::Connect)) => {
+                transport = None;
+                match connector.connect().await {
+                    Ok(opened) => {
+                        transport = Some(opened);
+                        client.step(ClientInput::TransportUp);
+                    }
+                    Err(e) => client.step(ClientInput::ConnectFailed {
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+            Woke::Control(Some(Control::Close)) => {
+                if let Some((_, mut write)) = transport.take() {
+                    let _ = write.shutdown().await;
+                }
+                if client.lock().machine.closed().is_some() {
+                    break;
+                }
+            }
+            Woke::Read(Ok(0)) => {
+                transport = None;
+                client.step(ClientInput::TransportClosed {
+                    reason: "the server closed the connection".into(),
+                });
+            }
+            Woke::Read(Ok(n)) => client.step(ClientInput::Received(buf[..n].to_vec())),
+            Woke::Read(Err(e)) => {
+                transport = None;
+                client.step(ClientInput::TransportClosed {
+                    reason: format!("cannot read from the server: {e}"),
+                });
+            }
+            Woke::Tick => client.step(ClientInput::Tick),
         }
     }
-    let _ = write.shutdown().await;
+    control.close();
 }
 
 #[cfg(test)]
@@ -865,6 +711,10 @@ mod tests {
         SessionPhase, StopReason, TranscriptItem, TranscriptProgress, UserItem,
         decode_client_message, encode_server_message,
     };
+    use kernel::protocol::{ClientHello, ClientMessage, Request, ServerMessage};
+    use kernel::wire::frame::encode_frame;
+    use kernel::wire::{CborLimits, FrameDecoder};
+    use std::collections::VecDeque;
 
     /// The server end of a socket pair, speaking frames with the kernel codec.
     struct FakeServer {
@@ -1097,7 +947,7 @@ mod tests {
         };
         let (result, ()) = tokio::join!(client.attach("s1"), answer);
         assert!(
-            matches!(result, Err(ClientError::Protocol(m)) if m.contains("carries a list result"))
+            matches!(result, Err(ClientError::Protocol(m)) if m.contains("Response command list does not match attach"))
         );
         assert!(matches!(
             events.recv().await,
@@ -1155,7 +1005,7 @@ mod tests {
 
     // ---- leases (client::leases over kernel::lease) ----
 
-    use kernel::lease::LeaseStatus;
+    use kernel::client::LeaseStatus;
     use leases::{LeaseMode, Sessions};
 
     async fn lease_pair() -> (Sessions, FakeServer) {

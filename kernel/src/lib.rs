@@ -3,7 +3,8 @@
 //! Everything that decides anything lives here, as plain values driven by
 //! inputs: the pi protocol v1 codec ([`wire`], [`protocol`]), the server's
 //! connection and session machines ([`server`]), the worker-side session
-//! runtime ([`runtime`]) and the client library's leases ([`lease`]).
+//! runtime ([`runtime`]) and the client-connection machine with its leases
+//! ([`client`]).
 //!
 //! Calling protocol, shared by every machine: the driver owns the machine by
 //! `&mut`, feeds it one input at a time together with `now`
@@ -12,9 +13,9 @@
 //! with a tick. Nothing here reads a clock, draws entropy, touches a file or a
 //! socket, or iterates a hash map into an output.
 
+pub mod client;
 pub mod faux;
 pub mod ids;
-pub mod lease;
 pub mod limits;
 pub mod link;
 pub mod protocol;

@@ -57,6 +57,42 @@ impl Default for Limits {
     }
 }
 
+/// Bounds and deadlines of the client-connection machine
+/// ([`crate::client::Client`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Largest frame payload accepted or sent, in bytes (the peers must agree).
+    pub max_frame_len: u32,
+    /// Limits of the CBOR decoder.
+    pub cbor: CborLimits,
+    /// From the client hello until the server's.
+    pub handshake_timeout: Duration,
+    /// The first reconnection waits this long; each further one twice as long.
+    pub reconnect_backoff_initial: Duration,
+    /// The longest wait between reconnection attempts.
+    pub reconnect_backoff_max: Duration,
+    /// A reconnection that has not completed a handshake this long after the
+    /// transport was lost gives up: the client closes.
+    pub reconnect_window: Duration,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        let max_frame_len = DEFAULT_MAX_FRAME_LEN;
+        Self {
+            max_frame_len,
+            cbor: CborLimits {
+                max_byte_len: max_frame_len as usize,
+                ..CborLimits::default()
+            },
+            handshake_timeout: Duration::from_secs(10),
+            reconnect_backoff_initial: Duration::from_millis(50),
+            reconnect_backoff_max: Duration::from_secs(1),
+            reconnect_window: Duration::from_secs(30),
+        }
+    }
+}
+
 impl Limits {
     /// Checks the relationships between limits; the server refuses to start otherwise.
     pub fn validate(&self) -> Result<(), String> {

@@ -1313,7 +1313,10 @@ fn estimate_item(item: &TranscriptItem) -> u64 {
         + 4
 }
 
-fn find_model<'a>(
+/// Finds `model` among `models`; unknown models are `invalid_request`
+/// naming what is offered. Shared by the runtime and the clients, which
+/// check a model before they ask for it.
+pub fn find_model<'a>(
     models: &'a [ModelMetadata],
     model: &ModelRef,
 ) -> Result<&'a ModelMetadata, ProtocolError> {
@@ -1321,14 +1324,28 @@ fn find_model<'a>(
         .iter()
         .find(|m| m.provider == model.provider && m.id == model.id)
         .ok_or_else(|| {
+            let offered: Vec<String> = models
+                .iter()
+                .map(|m| format!("{}/{}", m.provider, m.id))
+                .collect();
             ProtocolError::new(
                 ErrorCode::InvalidRequest,
-                format!("Unknown model {}/{}", model.provider, model.id),
+                format!(
+                    "Unknown model {}/{}; the server offers {}",
+                    model.provider,
+                    model.id,
+                    offered.join(", ")
+                ),
             )
         })
 }
 
-fn supported(meta: &ModelMetadata, level: ThinkingLevel) -> Result<ThinkingLevel, ProtocolError> {
+/// `level` if `meta` supports it; otherwise `invalid_request` naming the
+/// supported levels.
+pub fn supported(
+    meta: &ModelMetadata,
+    level: ThinkingLevel,
+) -> Result<ThinkingLevel, ProtocolError> {
     if meta.supported_thinking_levels.contains(&level) {
         return Ok(level);
     }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use kernel::lease::{
+use kernel::client::lease::{
     CallId, Completion, LeaseError, LeaseId, LeaseInput, LeaseMode, LeaseOutput, LeaseStatus,
     Leases, ReleaseKind, SessionCommand,
 };

@@ -22,7 +22,7 @@ use kernel::protocol::{
 };
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
-use pi_io::client::{Client, ClientError};
+use pi_io::client::{Client, ClientError, ClientOptions, Status};
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::future::Future;
@@ -142,6 +142,8 @@ impl Drop for TestRoot {
 pub(crate) enum Sig {
     Term,
     Kill,
+    #[allow(dead_code)]
+    Int,
 }
 
 /// Sends `sig` to `pid`; errors (already gone) are ignored.
@@ -152,6 +154,7 @@ pub(crate) fn signal(pid: u32, sig: Sig) {
     let sig = match sig {
         Sig::Term => rustix::process::Signal::TERM,
         Sig::Kill => rustix::process::Signal::KILL,
+        Sig::Int => rustix::process::Signal::INT,
     };
     let _ = rustix::process::kill_process(pid, sig);
 }
@@ -269,6 +272,49 @@ pub(crate) async fn next_event(
 
 /// Waits until the subscription ends (the connection closed); returns the
 /// events received before that.
+/// Waits until `client` lost its server and then completed a new handshake.
+#[allow(dead_code)]
+pub(crate) async fn until_reconnected(client: &Client) {
+    let mut status = client.status();
+    within("the client to notice the lost server", async {
+        status
+            .wait_for(|s| {
+                !matches!(
+                    s,
+                    Status::Ready {
+                        reconnected: false,
+                        ..
+                    }
+                )
+            })
+            .await
+            .map(drop)
+    })
+    .await
+    .expect("status");
+    within("the client to reconnect", async {
+        status
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    Status::Ready {
+                        reconnected: true,
+                        ..
+                    } | Status::Closed { .. }
+                )
+            })
+            .await
+            .map(drop)
+    })
+    .await
+    .expect("status");
+    assert!(
+        matches!(*status.borrow(), Status::Ready { .. }),
+        "{:?}",
+        *status.borrow()
+    );
+}
+
 pub(crate) async fn until_closed(
     events: &mut broadcast::Receiver<ServerEvent>,
 ) -> Vec<ServerEvent> {
@@ -596,6 +642,20 @@ impl TestServer {
     /// A connected client (with the configured token).
     pub(crate) async fn connect(&self) -> Client {
         match Client::connect(&self.socket, self.options.token.as_deref()).await {
+            Ok(client) => client,
+            Err(e) => panic!("cannot connect: {e}\n{}", self.log()),
+        }
+    }
+
+    /// A client that does not reconnect, for tests of what losing the
+    /// server does to a client.
+    pub(crate) async fn connect_once(&self) -> Client {
+        let options = ClientOptions {
+            reconnect: false,
+            ..ClientOptions::default()
+        };
+        let token = self.options.token.as_deref();
+        match Client::connect_with(&self.socket, token, options).await {
             Ok(client) => client,
             Err(e) => panic!("cannot connect: {e}\n{}", self.log()),
         }

@@ -1,0 +1,889 @@
+//! The client-connection machine: everything a pi protocol v1 client
+//! decides, as one sans-IO value that every client front end (the CLI, the
+//! terminal UI, the ACP adapter, the web client's server side) drives.
+//!
+//! [`Client`] owns, for one logical connection to a server:
+//!
+//! - the transport's life: the `hello` (with the token), its deadline, the
+//!   server hello's version, frame decoding and encoding;
+//! - request ids, the pending table and response matching, through the
+//!   lease machine ([`lease::Leases`]), so plain requests and leases share one
+//!   id space;
+//! - the snapshot cache: the latest server snapshot and, per session, the
+//!   latest session snapshot in revision order;
+//! - **the reconnect policy** (when [`ClientConfig::reconnect`] is set): when
+//!   the transport is lost after a handshake succeeded (the server was
+//!   replaced, crashed or restarted), it asks for a new transport with
+//!   bounded exponential backoff, says hello again, re-attaches every session
+//!   a lease holds (or that a plain `attach` attached), and settles every
+//!   request that was in flight:
+//!   - a `prompt` whose turn went on (the re-attached snapshot holds its user
+//!     message) resolves with the first idle snapshot of that session, as its
+//!     response would have;
+//!   - a `prompt` the server cannot be known to have taken, and every other
+//!     request, fails with [`ClientError::Disconnected`] saying so.
+//!
+//! The first handshake is not retried: a refused `hello` or a server that
+//! is not there is the caller's answer. A `hello_error` on a reconnection
+//! (a new token, a new protocol version) ends the client too.
+//!
+//! # Calling protocol
+//!
+//! As every kernel machine: [`Client::step`]`(now, input)` returns the outputs
+//! to carry out in order, and [`Client::next_deadline`] says when to feed
+//! [`ClientInput::Tick`]. The driver owns the transport: it opens one when
+//! told ([`ClientOutput::Connect`]), reports it ([`ClientInput::TransportUp`],
+//! [`ClientInput::ConnectFailed`]), moves bytes ([`ClientInput::Received`],
+//! [`ClientOutput::Transmit`]) and reports its end
+//! ([`ClientInput::TransportClosed`]).
+//!
+//! # Invariants
+//!
+//! Checked after every step ([`Client::invariants`]):
+//! - Invariant: the lease machine is connected exactly while the phase is
+//!   `Ready`, and suspended exactly while a reconnection is under way.
+//! - Invariant: every call waiting for a resumed prompt is waiting in
+//!   exactly one place, and only while the client is not closed.
+//! - Invariant: the cached session snapshots never go back in revision
+//!   while one connection lasts.
+
+#![warn(missing_docs)]
+
+pub mod lease;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::limits::ClientLimits;
+use crate::protocol::{
+    ClientHello, ClientMessage, Command, CommandResult, Content, PROTOCOL_VERSION, ProtocolError,
+    ServerEvent, ServerMessage, ServerSnapshot, SessionPhase, SessionSnapshot, TranscriptItem,
+    decode_server_message, encode_client_message,
+};
+use crate::time::Instant;
+use crate::wire::FrameDecoder;
+use crate::wire::frame::encode_frame;
+
+pub use lease::{CallId, Completion, LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand};
+use lease::{LeaseError, LeaseInput, LeaseOutput, Leases};
+
+/// How a client connects.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClientConfig {
+    /// Sent in every `hello`.
+    pub token: Option<String>,
+    /// Reconnect after the transport is lost (the driver can open a new one).
+    pub reconnect: bool,
+    /// Bounds and deadlines.
+    pub limits: ClientLimits,
+}
+
+/// One API call of the client, answered by exactly one
+/// [`ClientOutput::Complete`] with the same [`CallId`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// Any command, outside the lease rules.
+    Request(Command),
+    /// Lease an existing session.
+    Acquire {
+        /// The session.
+        session_id: String,
+        /// Exclusive or shared.
+        mode: LeaseMode,
+    },
+    /// `create` a session, held by an exclusive lease.
+    Create(crate::protocol::CreateParams),
+    /// Release a lease.
+    Release {
+        /// The lease.
+        lease: LeaseId,
+        /// What a failed `detach` does to it.
+        kind: ReleaseKind,
+    },
+    /// A session command through a lease.
+    Command {
+        /// The lease.
+        lease: LeaseId,
+        /// The command.
+        command: SessionCommand,
+    },
+}
+
+/// One input to [`Client::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientInput {
+    /// A transport is open (the first one, or the answer to
+    /// [`ClientOutput::Connect`]): the hello goes out.
+    TransportUp,
+    /// [`ClientOutput::Connect`] could not open a transport.
+    ConnectFailed {
+        /// What the driver saw.
+        reason: String,
+    },
+    /// Bytes read from the transport.
+    Received(Vec<u8>),
+    /// The transport ended (the peer closed it, or reading or writing failed).
+    TransportClosed {
+        /// What the driver saw.
+        reason: String,
+    },
+    /// A deadline passed (spurious ticks are harmless).
+    Tick,
+    /// An API call.
+    Call {
+        /// Its completion token (unique while outstanding).
+        call: CallId,
+        /// What it asks.
+        call_kind: Call,
+    },
+    /// The driver dropped a lease's handle (see [`lease::LeaseInput::Forget`]).
+    Forget {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// The application is done: fail what is pending, close the transport.
+    Dispose,
+}
+
+/// Where the connection stands, as [`ClientOutput::Status`] reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// The handshake completed.
+    Ready {
+        /// The server's name for this connection.
+        connection_id: String,
+        /// True when this is a reconnection.
+        reconnected: bool,
+    },
+    /// The transport was lost; a reconnection is under way.
+    Reconnecting {
+        /// What ended the last transport.
+        reason: String,
+    },
+    /// The client is closed for good.
+    Closed {
+        /// Why.
+        error: ClientError,
+    },
+}
+
+/// One output of [`Client::step`], carried out in order.
+// Outputs live for one step and are moved once; boxing the event would
+// cost an allocation per event for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientOutput {
+    /// Open a new transport to the same server address.
+    Connect,
+    /// Write these bytes (whole frames) to the transport, in order.
+    Transmit(Vec<u8>),
+    /// Close the transport after writing what was transmitted.
+    CloseTransport,
+    /// An API call finished.
+    Complete {
+        /// Its token.
+        call: CallId,
+        /// Its outcome.
+        result: Result<Completion, ClientError>,
+    },
+    /// A server event, for the application's subscribers (after the cache
+    /// took it in). A re-attachment's snapshot is reported as a
+    /// `session_snapshot` event too, so a follower sees the state after a gap.
+    Event(ServerEvent),
+    /// The connection's status changed.
+    Status(Status),
+}
+
+/// Why a call failed or the client closed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientError {
+    /// The server refused: a `hello_error`, or a response with `ok:false`.
+    Server(ProtocolError),
+    /// The server broke the protocol; the client is closed.
+    Protocol(String),
+    /// The connection is gone (or reconnecting); the text says how and what
+    /// became of the request.
+    Disconnected(String),
+    /// The lease conflicts with one this client holds; nothing was sent.
+    Ownership {
+        /// The contested session.
+        session_id: String,
+    },
+    /// The lease is not active, or its session is not attached.
+    Detached {
+        /// The lease's session.
+        session_id: String,
+    },
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Server(e) => write!(f, "{} ({})", e.message, e.code.as_str()),
+            Self::Protocol(m) => write!(f, "protocol error: {m}"),
+            Self::Disconnected(m) => write!(f, "disconnected: {m}"),
+            Self::Ownership { session_id } => {
+                write!(f, "session {session_id} is already leased in this client")
+            }
+            Self::Detached { session_id } => {
+                write!(f, "session {session_id} is not attached through this lease")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    /// Hello sent; waiting for the server's.
+    Handshaking { deadline: Instant },
+    /// Handshake done.
+    Ready,
+    /// Transport lost: waiting until `retry_at` to ask for a new one.
+    Backoff { retry_at: Instant },
+    /// [`ClientOutput::Connect`] went out.
+    Connecting,
+    /// Closed for good.
+    Closed { error: ClientError },
+}
+
+/// A reconnection under way: when it began and how many attempts it made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reconnection {
+    since: Instant,
+    attempts: u32,
+}
+
+/// A prompt handed back by a suspension: it resolves from the session's
+/// snapshots once the re-attachment shows whether its turn ran.
+#[derive(Debug, Clone, PartialEq)]
+struct Resuming {
+    session_id: String,
+    text: String,
+    /// Transcript length known when the prompt was sent: its user message
+    /// can only be after it.
+    base: usize,
+    /// Its user message was seen after the reconnection.
+    seen: bool,
+}
+
+/// The client-connection machine. See the [module docs](self).
+#[derive(Debug)]
+pub struct Client {
+    config: ClientConfig,
+    phase: Phase,
+    /// Set once a handshake succeeded (reconnection applies only then).
+    ever_ready: bool,
+    reconnection: Option<Reconnection>,
+    connection_id: Option<String>,
+    decoder: FrameDecoder,
+    leases: Leases,
+    server: Option<ServerSnapshot>,
+    sessions: BTreeMap<String, SessionSnapshot>,
+    /// Transcript length at send time of each prompt request in flight.
+    prompt_bases: BTreeMap<String, usize>,
+    /// Re-attachments in flight after a reconnection: request id → session.
+    reattaching: BTreeMap<String, String>,
+    resuming: BTreeMap<CallId, Resuming>,
+    outputs: Vec<ClientOutput>,
+}
+
+impl Client {
+    /// A client whose first transport is open: feed [`ClientInput::TransportUp`].
+    pub fn new(config: ClientConfig) -> Self {
+        let decoder = FrameDecoder::new(config.limits.max_frame_len);
+        Self {
+            config,
+            phase: Phase::Connecting,
+            ever_ready: false,
+            reconnection: None,
+            connection_id: None,
+            decoder,
+            leases: Leases::new(),
+            server: None,
+            sessions: BTreeMap::new(),
+            prompt_bases: BTreeMap::new(),
+            reattaching: BTreeMap::new(),
+            resuming: BTreeMap::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    /// Feeds one input and returns what it causes, in order.
+    pub fn step(&mut self, now: Instant, input: ClientInput) -> Vec<ClientOutput> {
+        assert!(self.outputs.is_empty());
+        match input {
+            ClientInput::TransportUp => self.on_transport_up(now),
+            ClientInput::ConnectFailed { reason } => self.on_connect_failed(now, reason),
+            ClientInput::Received(bytes) => self.on_received(now, &bytes),
+            ClientInput::TransportClosed { reason } => self.on_transport_closed(now, reason),
+            ClientInput::Tick => self.on_tick(now),
+            ClientInput::Call { call, call_kind } => self.on_call(call, call_kind),
+            ClientInput::Forget { lease } => self.lease_step(LeaseInput::Forget { lease }),
+            ClientInput::Dispose => self.on_dispose(),
+        }
+        self.invariants();
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// When to feed the next [`ClientInput::Tick`].
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Handshaking { deadline } => Some(deadline),
+            Phase::Backoff { retry_at } => Some(retry_at),
+            Phase::Ready | Phase::Connecting | Phase::Closed { .. } => None,
+        }
+    }
+
+    /// True once the handshake completed and while the connection is up.
+    pub fn is_ready(&self) -> bool {
+        self.phase == Phase::Ready
+    }
+
+    /// Why the client closed, if it has.
+    pub fn closed(&self) -> Option<&ClientError> {
+        match &self.phase {
+            Phase::Closed { error } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The server's name for the current (or last) connection.
+    pub fn connection_id(&self) -> Option<&str> {
+        self.connection_id.as_deref()
+    }
+
+    /// The latest server snapshot (from the hello or a later event).
+    pub fn server_snapshot(&self) -> Option<&ServerSnapshot> {
+        self.server.as_ref()
+    }
+
+    /// The latest snapshot of a session seen on this client.
+    pub fn session_snapshot(&self, session_id: &str) -> Option<&SessionSnapshot> {
+        self.sessions.get(session_id)
+    }
+
+    /// The lease machine, for status queries.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    // ---- transport ----
+
+    fn on_transport_up(&mut self, now: Instant) {
+        if self.phase != Phase::Connecting {
+            // Closed meanwhile: the driver drops the transport.
+            self.outputs.push(ClientOutput::CloseTransport);
+            return;
+        }
+        self.decoder = FrameDecoder::new(self.config.limits.max_frame_len);
+        let hello = ClientMessage::Hello(ClientHello {
+            version: PROTOCOL_VERSION,
+            token: self.config.token.clone(),
+        });
+        match self.frame(&hello) {
+            Ok(frame) => self.outputs.push(ClientOutput::Transmit(frame)),
+            Err(error) => return self.close(error),
+        }
+        self.phase = Phase::Handshaking {
+            deadline: now + self.config.limits.handshake_timeout,
+        };
+    }
+
+    fn on_connect_failed(&mut self, now: Instant, reason: String) {
+        if self.phase == Phase::Connecting {
+            self.transport_lost(now, reason);
+        }
+    }
+
+    fn on_transport_closed(&mut self, now: Instant, reason: String) {
+        match self.phase {
+            Phase::Handshaking { .. } | Phase::Ready => self.transport_lost(now, reason),
+            Phase::Backoff { .. } | Phase::Connecting | Phase::Closed { .. } => {}
+        }
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        match self.phase {
+            Phase::Handshaking { deadline } if now >= deadline => {
+                self.outputs.push(ClientOutput::CloseTransport);
+                let ms = self.config.limits.handshake_timeout.as_millis();
+                self.transport_lost(now, format!("no hello from the server within {ms} ms"));
+            }
+            Phase::Backoff { retry_at } if now >= retry_at => {
+                self.phase = Phase::Connecting;
+                if let Some(reconnection) = &mut self.reconnection {
+                    reconnection.attempts += 1;
+                }
+                self.outputs.push(ClientOutput::Connect);
+            }
+            _ => {}
+        }
+    }
+
+    /// The transport is gone (or never came): reconnect or close.
+    fn transport_lost(&mut self, now: Instant, reason: String) {
+        let was_ready = self.phase == Phase::Ready;
+        if !self.ever_ready || !self.config.reconnect {
+            let error = if self.ever_ready {
+                ClientError::Disconnected(reason)
+            } else {
+                ClientError::Disconnected(format!("during the handshake: {reason}"))
+            };
+            return self.close(error);
+        }
+        let reconnection = *self.reconnection.get_or_insert(Reconnection {
+            since: now,
+            attempts: 0,
+        });
+        let limits = self.config.limits.clone();
+        if now.saturating_since(reconnection.since) >= limits.reconnect_window {
+            let window = limits.reconnect_window.as_secs();
+            return self.close(ClientError::Disconnected(format!(
+                "the server went away and did not come back within {window} s ({reason})"
+            )));
+        }
+        let delay = backoff(&limits, reconnection.attempts);
+        self.phase = Phase::Backoff {
+            retry_at: now + delay,
+        };
+        if was_ready {
+            self.reattaching.clear();
+            self.outputs
+                .push(ClientOutput::Status(Status::Reconnecting { reason }));
+            self.lease_step(LeaseInput::Suspend);
+        }
+    }
+
+    fn on_dispose(&mut self) {
+        if self.closed().is_some() {
+            return;
+        }
+        self.lease_step(LeaseInput::DisposeClient);
+        self.close(ClientError::Disconnected(
+            "the client closed the connection".into(),
+        ));
+    }
+
+    /// Closes for good: every call still waiting fails with `error`.
+    fn close(&mut self, error: ClientError) {
+        if self.closed().is_some() {
+            return;
+        }
+        let transport_open = matches!(self.phase, Phase::Handshaking { .. } | Phase::Ready);
+        self.phase = Phase::Closed {
+            error: error.clone(),
+        };
+        self.lease_step(LeaseInput::Disconnected);
+        for (call, _) in std::mem::take(&mut self.resuming) {
+            self.complete(call, Err(error.clone()));
+        }
+        self.prompt_bases.clear();
+        self.reattaching.clear();
+        if transport_open && !self.outputs.contains(&ClientOutput::CloseTransport) {
+            self.outputs.push(ClientOutput::CloseTransport);
+        }
+        self.outputs
+            .push(ClientOutput::Status(Status::Closed { error }));
+    }
+
+    // ---- inbound ----
+
+    fn on_received(&mut self, now: Instant, bytes: &[u8]) {
+        if !matches!(self.phase, Phase::Handshaking { .. } | Phase::Ready) {
+            return;
+        }
+        let mut payloads = Vec::new();
+        let pushed = self.decoder.push(bytes, &mut payloads);
+        for payload in payloads {
+            if !matches!(self.phase, Phase::Handshaking { .. } | Phase::Ready) {
+                return;
+            }
+            match decode_server_message(&payload, &self.config.limits.cbor) {
+                Ok(message) => self.on_message(now, message),
+                Err(e) => {
+                    return self.close(ClientError::Protocol(format!(
+                        "bad message from the server: {e}"
+                    )));
+                }
+            }
+        }
+        if let Err(e) = pushed
+            && matches!(self.phase, Phase::Handshaking { .. } | Phase::Ready)
+        {
+            self.close(ClientError::Protocol(e.to_string()));
+        }
+    }
+
+    fn on_message(&mut self, now: Instant, message: ServerMessage) {
+        if let Phase::Handshaking { .. } = self.phase {
+            return self.on_handshake_message(now, message);
+        }
+        match message {
+            ServerMessage::Hello(_) => {
+                self.close(ClientError::Protocol(
+                    "the server sent a second hello".into(),
+                ));
+            }
+            ServerMessage::HelloError(error) => self.close(ClientError::Server(error)),
+            ServerMessage::Response(response) => {
+                self.prompt_bases.remove(&response.id);
+                let reattached = self.reattaching.remove(&response.id);
+                if let Ok(result) = &response.outcome {
+                    self.observe_result(result);
+                }
+                let outcome = response.outcome.clone();
+                self.lease_step(LeaseInput::Response(response));
+                if let Some(session_id) = reattached {
+                    self.reattached(&session_id, outcome);
+                }
+            }
+            ServerMessage::Event(event) => {
+                self.observe_event(&event);
+                let resumed = match &event {
+                    ServerEvent::SessionSnapshot { snapshot } => Some(snapshot.id.clone()),
+                    _ => None,
+                };
+                self.outputs.push(ClientOutput::Event(event.clone()));
+                self.lease_step(LeaseInput::Event(event));
+                if let Some(session_id) = resumed {
+                    self.settle_resuming(&session_id, false);
+                }
+            }
+        }
+    }
+
+    fn on_handshake_message(&mut self, _now: Instant, message: ServerMessage) {
+        let hello = match message {
+            ServerMessage::Hello(hello) => hello,
+            ServerMessage::HelloError(error) => return self.close(ClientError::Server(error)),
+            ServerMessage::Response(_) | ServerMessage::Event(_) => {
+                return self.close(ClientError::Protocol(
+                    "the server sent a message before its hello".into(),
+                ));
+            }
+        };
+        if hello.version != PROTOCOL_VERSION {
+            return self.close(ClientError::Protocol(format!(
+                "the server speaks protocol version {}, this client speaks {PROTOCOL_VERSION}",
+                hello.version
+            )));
+        }
+        let reconnected = self.ever_ready;
+        self.phase = Phase::Ready;
+        self.ever_ready = true;
+        self.reconnection = None;
+        self.connection_id = Some(hello.connection_id.clone());
+        // A new server numbers its snapshots afresh.
+        self.server = Some(hello.snapshot);
+        self.outputs.push(ClientOutput::Status(Status::Ready {
+            connection_id: hello.connection_id,
+            reconnected,
+        }));
+        self.lease_step(LeaseInput::Connected);
+    }
+
+    fn observe_session(&mut self, snapshot: &SessionSnapshot) {
+        let newer = self
+            .sessions
+            .get(&snapshot.id)
+            .is_none_or(|known| known.revision <= snapshot.revision);
+        if newer {
+            self.sessions.insert(snapshot.id.clone(), snapshot.clone());
+        }
+    }
+
+    fn observe_event(&mut self, event: &ServerEvent) {
+        match event {
+            ServerEvent::ServerSnapshot { snapshot } => {
+                let newer = self
+                    .server
+                    .as_ref()
+                    .is_none_or(|known| known.revision <= snapshot.revision);
+                if newer {
+                    self.server = Some(snapshot.clone());
+                }
+            }
+            ServerEvent::SessionSnapshot { snapshot } => self.observe_session(snapshot),
+            ServerEvent::SessionProgress { .. } => {}
+            ServerEvent::SessionRemoved { session_id } => {
+                self.sessions.remove(session_id);
+            }
+        }
+    }
+
+    fn observe_result(&mut self, result: &CommandResult) {
+        match result {
+            CommandResult::Create { session }
+            | CommandResult::Attach { session }
+            | CommandResult::Prompt { session }
+            | CommandResult::Steer { session }
+            | CommandResult::Abort { session }
+            | CommandResult::SetModel { session }
+            | CommandResult::SetThinking { session } => self.observe_session(session),
+            CommandResult::Remove { session_id } => {
+                self.sessions.remove(session_id);
+            }
+            CommandResult::List { .. } | CommandResult::Detach { .. } => {}
+        }
+    }
+
+    /// A re-attachment's response: followers get its snapshot as an event,
+    /// and the prompts resumed on the session learn whether they ran.
+    fn reattached(&mut self, session_id: &str, outcome: Result<CommandResult, ProtocolError>) {
+        if self.closed().is_some() {
+            return;
+        }
+        match outcome {
+            Ok(CommandResult::Attach { session }) => {
+                let snapshot = self.sessions.get(session_id).cloned().unwrap_or(session);
+                self.outputs
+                    .push(ClientOutput::Event(ServerEvent::SessionSnapshot {
+                        snapshot,
+                    }));
+                self.settle_resuming(session_id, true);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let reason = format!(
+                    "session {session_id} could not be re-attached after reconnecting: {} ({})",
+                    error.message,
+                    error.code.as_str()
+                );
+                self.fail_resuming(|r| r.session_id == session_id, &reason);
+            }
+        }
+    }
+
+    /// Fails the resumed prompts that `which` selects.
+    fn fail_resuming(&mut self, which: impl Fn(&Resuming) -> bool, reason: &str) {
+        let calls: Vec<CallId> = self
+            .resuming
+            .iter()
+            .filter(|(_, r)| which(r))
+            .map(|(call, _)| *call)
+            .collect();
+        for call in calls {
+            self.resuming.remove(&call);
+            self.complete(call, Err(ClientError::Disconnected(reason.to_owned())));
+        }
+    }
+
+    // ---- calls ----
+
+    fn on_call(&mut self, call: CallId, kind: Call) {
+        let input = match kind {
+            Call::Request(command) => LeaseInput::Request { call, command },
+            Call::Acquire { session_id, mode } => LeaseInput::Acquire {
+                call,
+                session_id,
+                mode,
+            },
+            Call::Create(params) => LeaseInput::Create { call, params },
+            Call::Release { lease, kind } => LeaseInput::Release { call, lease, kind },
+            Call::Command { lease, command } => LeaseInput::Command {
+                call,
+                lease,
+                command,
+            },
+        };
+        self.lease_step(input);
+    }
+
+    /// Steps the lease machine and carries its outputs into ours.
+    fn lease_step(&mut self, input: LeaseInput) {
+        let reattaching = matches!(input, LeaseInput::Connected);
+        for output in self.leases.step(input) {
+            match output {
+                LeaseOutput::Send(request) => {
+                    match &request.command {
+                        Command::Prompt { session_id, .. } => {
+                            let base = self
+                                .sessions
+                                .get(session_id)
+                                .map_or(0, |s| s.transcript.len());
+                            self.prompt_bases.insert(request.id.clone(), base);
+                        }
+                        Command::Attach { session_id } if reattaching => {
+                            self.reattaching
+                                .insert(request.id.clone(), session_id.clone());
+                        }
+                        _ => {}
+                    }
+                    match self.frame(&ClientMessage::Request(request)) {
+                        Ok(frame) => self.outputs.push(ClientOutput::Transmit(frame)),
+                        Err(error) => return self.close(error),
+                    }
+                }
+                LeaseOutput::Complete { call, result } => {
+                    let result = result.map_err(|e| self.error(e));
+                    self.complete(call, result);
+                }
+                LeaseOutput::CloseConnection { error } => {
+                    if let LeaseError::Protocol { reason } = error {
+                        self.outputs.push(ClientOutput::CloseTransport);
+                        self.close(ClientError::Protocol(reason));
+                    }
+                }
+                LeaseOutput::Orphaned { call, request } => {
+                    let Command::Prompt { session_id, text } = request.command else {
+                        unreachable!("only prompts are orphaned")
+                    };
+                    let base = self.prompt_bases.remove(&request.id).unwrap_or(0);
+                    let resuming = Resuming {
+                        session_id,
+                        text,
+                        base,
+                        seen: false,
+                    };
+                    assert!(self.resuming.insert(call, resuming).is_none());
+                }
+            }
+        }
+        if reattaching {
+            // A prompt resumed on a session that is not re-attached cannot
+            // learn its outcome.
+            let sessions: Vec<String> = self.reattaching.values().cloned().collect();
+            self.fail_resuming(
+                |r| !sessions.contains(&r.session_id),
+                "the connection to the server was lost and the session is no longer attached",
+            );
+        }
+    }
+
+    fn complete(&mut self, call: CallId, result: Result<Completion, ClientError>) {
+        self.outputs.push(ClientOutput::Complete { call, result });
+    }
+
+    /// Resolves the prompts resumed on `session_id` from its cached
+    /// snapshot. `reattached`: the snapshot is the one a re-attachment (or
+    /// any attach) returned, which shows whether the prompt ran.
+    fn settle_resuming(&mut self, session_id: &str, reattached: bool) {
+        let Some(snapshot) = self.sessions.get(session_id).cloned() else {
+            return;
+        };
+        let calls: Vec<CallId> = self
+            .resuming
+            .iter()
+            .filter(|(_, r)| r.session_id == session_id)
+            .map(|(call, _)| *call)
+            .collect();
+        for call in calls {
+            let resuming = self.resuming.get_mut(&call).expect("listed");
+            if !resuming.seen {
+                resuming.seen = holds_prompt(&snapshot, resuming.base, &resuming.text);
+            }
+            if !resuming.seen && reattached {
+                self.resuming.remove(&call);
+                let error = ClientError::Disconnected(
+                    "the connection to the server was lost before it took the prompt".into(),
+                );
+                self.outputs.push(ClientOutput::Complete {
+                    call,
+                    result: Err(error),
+                });
+            } else if resuming.seen && snapshot.phase == SessionPhase::Idle {
+                self.resuming.remove(&call);
+                self.outputs.push(ClientOutput::Complete {
+                    call,
+                    result: Ok(Completion::Session(Box::new(snapshot.clone()))),
+                });
+            }
+        }
+    }
+
+    fn error(&self, error: LeaseError) -> ClientError {
+        match error {
+            LeaseError::Ownership { session_id } => ClientError::Ownership { session_id },
+            LeaseError::Detached { session_id } => ClientError::Detached { session_id },
+            LeaseError::Disconnected => match &self.phase {
+                // Later calls fail with the reason the client closed.
+                Phase::Closed { error } => error.clone(),
+                _ if self.ever_ready && self.config.reconnect => ClientError::Disconnected(
+                    "the connection to the server was lost; reconnecting".into(),
+                ),
+                _ => ClientError::Disconnected("the connection is closed".into()),
+            },
+            LeaseError::ClientDisposed => {
+                ClientError::Disconnected("the client has been disposed".into())
+            }
+            LeaseError::Server(error) => ClientError::Server(error),
+            LeaseError::Protocol { reason } => ClientError::Protocol(reason),
+            LeaseError::UnknownLease { lease } => {
+                ClientError::Protocol(format!("unknown lease {lease}"))
+            }
+        }
+    }
+
+    fn frame(&self, message: &ClientMessage) -> Result<Vec<u8>, ClientError> {
+        let payload = encode_client_message(message)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode the request: {e}")))?;
+        encode_frame(&payload, self.config.limits.max_frame_len)
+            .map_err(|e| ClientError::Protocol(format!("cannot frame the request: {e}")))
+    }
+
+    // ---- invariants ----
+
+    /// Asserts the machine's invariants; [`step`](Self::step) runs it last.
+    pub fn invariants(&self) {
+        assert_eq!(
+            self.leases.is_connected(),
+            self.phase == Phase::Ready,
+            "leases connected exactly while ready ({:?})",
+            self.phase
+        );
+        let reconnecting = matches!(
+            self.phase,
+            Phase::Handshaking { .. } | Phase::Backoff { .. } | Phase::Connecting
+        ) && self.ever_ready;
+        if self.leases.is_suspended() {
+            assert!(reconnecting, "suspended leases outside a reconnection");
+        }
+        if self.closed().is_some() {
+            assert!(self.resuming.is_empty(), "resumed prompts after close");
+            assert!(!self.leases.is_suspended());
+        }
+        if !reconnecting && self.phase != Phase::Ready {
+            assert!(
+                self.resuming.is_empty(),
+                "resumed prompts while not resuming"
+            );
+        }
+        assert!(self.prompt_bases.len() + self.reattaching.len() <= self.leases.pending_requests());
+    }
+}
+
+/// The delay before reconnection attempt `attempt` (0-based): doubling from
+/// the initial backoff, capped.
+fn backoff(limits: &ClientLimits, attempt: u32) -> Duration {
+    let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
+    limits
+        .reconnect_backoff_initial
+        .saturating_mul(factor)
+        .min(limits.reconnect_backoff_max)
+}
+
+/// True if `snapshot` holds a user message with `text` at `base` or later.
+fn holds_prompt(snapshot: &SessionSnapshot, base: usize, text: &str) -> bool {
+    snapshot
+        .transcript
+        .iter()
+        .skip(base)
+        .any(|item| match item {
+            TranscriptItem::User(user) => {
+                let mut joined = String::new();
+                for content in &user.content {
+                    if let Content::Text { text } = content {
+                        joined.push_str(text);
+                    }
+                }
+                joined == text
+            }
+            _ => false,
+        })
+}
+
+#[cfg(test)]
+mod tests;
