@@ -235,6 +235,89 @@ async fn prompt_streams_the_reply() {
     assert!(output.stderr.contains("not_found"), "{output:?}");
 }
 
+/// `prompt ID -` reads the prompt from standard input (all of it, newlines
+/// kept), and an empty one is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn prompt_dash_reads_standard_input() {
+    let server = TestServer::start("prompt-stdin").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    for (input, ok) in [("hi from a pipe\n", true), ("  \n", false)] {
+        let mut command = tokio::process::Command::from(server.cli(&["prompt", &id, "-"]));
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).await.unwrap();
+        drop(stdin);
+        let output = within("prompt -", child.wait_with_output()).await.unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.success(), ok, "{stdout}\n{stderr}");
+        if ok {
+            assert!(stdout.contains("You said: hi from a pipe."), "{stdout}");
+        } else {
+            assert!(stderr.contains("empty"), "{stderr}");
+        }
+    }
+}
+
+/// Ctrl-C while a tool runs aborts the turn, and `prompt` says so and exits
+/// non-zero (the turn ends on the tool's result, with no reply after it).
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_during_a_tool_call_reports_the_abort() {
+    let server = TestServer::start("prompt-abort-tool").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    let mut command = tokio::process::Command::from(server.cli(&["prompt", &id, "!sleep 30"]));
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = command.spawn().unwrap();
+    let pid = child.id().unwrap();
+    // Wait until the session runs the tool.
+    let client = server.connect().await;
+    within("the tool to start", async {
+        loop {
+            let snapshot = client.attach(&id).await.unwrap();
+            let running = snapshot.transcript.iter().any(|item| {
+                matches!(item, kernel::protocol::TranscriptItem::Tool(t)
+                    if t.status == kernel::protocol::ToolStatus::Running)
+            });
+            if running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    signal(pid, Sig::Int);
+    let output = within("prompt to end", child.wait_with_output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("aborted during the bash tool call"),
+        "{stderr}"
+    );
+    client.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn create_list_rm_and_models() {
     let server = TestServer::start("cmds").await;
@@ -243,7 +326,7 @@ async fn create_list_rm_and_models() {
         .run_cli(&["create", "--cwd", "/tmp", "--model", "nope/x"])
         .await;
     assert!(!bad.status.success());
-    assert!(bad.stderr.contains("unknown model nope/x"), "{bad:?}");
+    assert!(bad.stderr.contains("Unknown model nope/x"), "{bad:?}");
     assert!(
         bad.stderr.contains("faux/faux-1"),
         "names the alternatives: {bad:?}"

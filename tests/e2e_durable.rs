@@ -11,8 +11,8 @@ mod durable_common;
 use durable_common::*;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame};
 use kernel::protocol::{
-    AssistantStatus, Command, CreateParams, DeltaKind, ErrorCode, ProtocolError, ServerEvent,
-    ServerMessage, SessionPhase, SessionSnapshot, TranscriptItem, TranscriptProgress,
+    AssistantStatus, Command, Content, CreateParams, DeltaKind, ErrorCode, ProtocolError,
+    ServerEvent, ServerMessage, SessionPhase, SessionSnapshot, TranscriptItem, TranscriptProgress,
     encode_server_message,
 };
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
@@ -213,6 +213,56 @@ fn replacement_adopts_the_worker_and_the_in_flight_turn_completes() {
         done.transcript.last(),
         Some(TranscriptItem::Assistant(_))
     ));
+}
+
+/// A `pi-server prompt` streaming while its server is replaced keeps going:
+/// its client reconnects to the new server, re-attaches the session, and the
+/// command ends with the whole reply (text missed during the hand-off is
+/// caught up from the session's snapshot) and exit status 0.
+#[test]
+fn a_cli_prompt_survives_a_graceful_hand_over() {
+    let mut env = Env::new("prompt-handover");
+    env.var("PI_FAUX_DELAY_MS", "40");
+    let id = uuid();
+    let mut a = env.serve(&id, &[]);
+    let session = create(&mut env.connect(&id));
+    let (out, mut b) = std::thread::scope(|scope| {
+        let prompt =
+            scope.spawn(|| env.run(&["--server-id", &id, "prompt", &session, LONG_PROMPT]));
+        // A few words in, replace the server.
+        std::thread::sleep(Duration::from_millis(300));
+        let b = env.spawn_serve(&id, &[]);
+        assert!(a.wait_exit(SOON).success(), "{}", a.log_text());
+        (prompt.join().expect("the prompt thread"), b)
+    });
+    out.ok();
+    let mut conn = env.connect(&id);
+    let snapshot = conn.attach(&session);
+    let reply = snapshot
+        .transcript
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            TranscriptItem::Assistant(a) => Some(a),
+            _ => None,
+        })
+        .expect("a reply");
+    assert!(
+        matches!(reply.status, AssistantStatus::Complete(_)),
+        "{reply:?}"
+    );
+    let text: String = reply
+        .content
+        .iter()
+        .filter_map(|c| match c {
+            Content::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(text.contains("denims"), "{text}");
+    assert_eq!(out.stdout.trim(), text.trim(), "stderr: {}", out.stderr);
+    signal(b.pid(), "TERM");
+    b.wait_exit(SOON);
 }
 
 /// Right after a hand-off the new server knows which sessions' workers were

@@ -19,13 +19,13 @@ use self::activate::{
     connect_error, log_tail, no_server,
 };
 use self::discover::{Found, close_all, servers, session_server};
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, Status};
 use crate::config;
 use clap::{Args, Parser, Subcommand};
 use kernel::protocol::{
     AssistantItem, AssistantStatus, Content, CreateParams, DeltaKind, ModelMetadata, ModelRef,
     ServerEvent, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptItem,
-    TranscriptProgress,
+    TranscriptProgress, UserItem,
 };
 use std::ffi::OsString;
 use std::io::Write;
@@ -130,7 +130,8 @@ enum Commands {
         /// Session id (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
-        /// The prompt; several words are joined with spaces.
+        /// The prompt; several words are joined with spaces. `-` alone reads
+        /// the prompt from standard input.
         #[arg(required = true, num_args = 1.., value_name = "TEXT")]
         text: Vec<String>,
     },
@@ -283,7 +284,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         Commands::Demo => demo::run_demo().await,
         Commands::List { json } => run_list(&target()?, json).await,
         Commands::Create(args) => run_create(&target()?, args).await,
-        Commands::Prompt { id, text } => run_prompt(&target()?, &id, &text.join(" ")).await,
+        Commands::Prompt { id, text } => {
+            let text = prompt_text(&text)?;
+            run_prompt(&target()?, &id, &text).await
+        }
         Commands::Attach { id } => run_attach(&target()?, &id).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,
         Commands::Models { json } => run_models(&target()?, json).await,
@@ -294,6 +298,21 @@ async fn run(cli: Cli) -> Result<(), String> {
 // Argument parsing
 
 /// Parses `unix:///absolute/path.sock` (percent-escapes allowed) into a path.
+/// The prompt's words joined, or standard input for a lone `-`.
+fn prompt_text(words: &[String]) -> Result<String, String> {
+    if words != ["-"] {
+        return Ok(words.join(" "));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
+    let text = text.trim_end_matches(['\n', '\r']).to_owned();
+    if text.trim().is_empty() {
+        return Err("the prompt read from standard input is empty".into());
+    }
+    Ok(text)
+}
+
 fn parse_connect(address: &str) -> Result<PathBuf, String> {
     let Some(rest) = address.strip_prefix("unix://") else {
         return Err("expected unix:///absolute/path.sock (only Unix sockets are supported)".into());
@@ -509,37 +528,16 @@ async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a requested model (and thinking level) against the server's list.
+/// Checks a requested model (and thinking level) against the server's list,
+/// with the kernel's rules and messages.
 fn check_model(
     models: &[ModelMetadata],
     model: &ModelRef,
     thinking: Option<ThinkingLevel>,
 ) -> Result<(), String> {
-    let Some(found) = models
-        .iter()
-        .find(|m| m.provider == model.provider && m.id == model.id)
-    else {
-        let known: Vec<String> = models
-            .iter()
-            .map(|m| format!("{}/{}", m.provider, m.id))
-            .collect();
-        return Err(format!(
-            "unknown model {}/{}; the server offers: {}",
-            model.provider,
-            model.id,
-            known.join(", ")
-        ));
-    };
-    if let Some(level) = thinking
-        && !found.supported_thinking_levels.contains(&level)
-    {
-        return Err(format!(
-            "model {}/{} does not support thinking level {}; it supports: {}",
-            model.provider,
-            model.id,
-            level.as_str(),
-            levels(&found.supported_thinking_levels)
-        ));
+    let found = kernel::runtime::find_model(models, model).map_err(|e| e.message)?;
+    if let Some(level) = thinking {
+        kernel::runtime::supported(found, level).map_err(|e| e.message)?;
     }
     Ok(())
 }
@@ -652,6 +650,15 @@ struct Stream {
     line_open: bool,
     /// The assistant item whose text is being written.
     message_id: Option<String>,
+    /// That item's text written so far.
+    printed: String,
+    /// Set when the connection was lost: deltas after it may follow a hole,
+    /// so only snapshots (checked against what was printed) are written.
+    frozen: bool,
+    /// The text of our prompt until its user message is seen: replies
+    /// streamed before it belong to another client's turn and are not shown.
+    /// (transcript length when it was sent, text)
+    awaiting: Option<(usize, String)>,
     /// How many deltas were written (the demo reports it).
     deltas: usize,
 }
@@ -661,6 +668,9 @@ impl Stream {
         Self {
             line_open: false,
             message_id: None,
+            printed: String::new(),
+            frozen: false,
+            awaiting: None,
             deltas: 0,
         }
     }
@@ -682,8 +692,27 @@ impl Stream {
         }
     }
 
-    /// Writes a text delta of `session_id` carried by `event`, if it is one.
+    /// Writes a text delta of `session_id` carried by `event`, if it is one;
+    /// a snapshot of the session catches up on text that was missed (events
+    /// lost while reconnecting, or to a lagging reader).
     fn on_event(&mut self, session_id: &str, event: &ServerEvent) {
+        if let ServerEvent::SessionSnapshot { snapshot } = event
+            && snapshot.id == session_id
+        {
+            if let Some((base, text)) = &self.awaiting {
+                let ours = snapshot.transcript.iter().skip(*base).any(
+                    |item| matches!(item, TranscriptItem::User(user) if user_text(user) == *text),
+                );
+                if !ours {
+                    return;
+                }
+                self.awaiting = None;
+            }
+            return self.catch_up(snapshot);
+        }
+        if self.awaiting.is_some() || self.frozen {
+            return;
+        }
         let ServerEvent::SessionProgress {
             session_id: of,
             progress:
@@ -705,9 +734,62 @@ impl Stream {
                 self.end_line();
             }
             self.message_id = Some(message_id.clone());
+            self.printed.clear();
         }
         self.deltas += 1;
+        self.printed.push_str(delta);
         self.write(delta);
+    }
+
+    /// Writes what `snapshot` holds of the current item's text beyond what
+    /// was written.
+    fn catch_up(&mut self, snapshot: &SessionSnapshot) {
+        let Some(current) = self.message_id.as_deref() else {
+            return;
+        };
+        let item = snapshot.transcript.iter().find_map(|item| match item {
+            TranscriptItem::Assistant(a) if a.id == current => Some(a),
+            _ => None,
+        });
+        if let Some(item) = item {
+            let text = text_of(item);
+            if let Some(rest) = text.strip_prefix(self.printed.as_str()) {
+                self.write(rest);
+                self.printed = text;
+            }
+        }
+    }
+
+    /// The turn ended with `snapshot`: writes what the stream missed of the
+    /// current reply, then every later reply of the turn whole.
+    fn finish(&mut self, snapshot: &SessionSnapshot) {
+        self.catch_up(snapshot);
+        let current = self.message_id.as_deref().and_then(|id| {
+            snapshot
+                .transcript
+                .iter()
+                .position(|item| matches!(item, TranscriptItem::Assistant(a) if a.id == id))
+        });
+        let later: Vec<&AssistantItem> = match current {
+            Some(i) => snapshot.transcript[i + 1..]
+                .iter()
+                .filter_map(|item| match item {
+                    TranscriptItem::Assistant(a) => Some(a),
+                    _ => None,
+                })
+                .collect(),
+            // Nothing streamed (a slow reader): the reply, whole.
+            None => last_assistant(snapshot).into_iter().collect(),
+        };
+        for item in later {
+            let text = text_of(item);
+            if !text.is_empty() {
+                self.end_line();
+                self.write(&text);
+                self.message_id = Some(item.id.clone());
+                self.printed = text;
+            }
+        }
     }
 }
 
@@ -721,6 +803,16 @@ fn last_assistant(snapshot: &SessionSnapshot) -> Option<&AssistantItem> {
             TranscriptItem::Assistant(a) => Some(a),
             _ => None,
         })
+}
+
+fn user_text(item: &UserItem) -> String {
+    item.content
+        .iter()
+        .filter_map(|c| match c {
+            Content::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn text_of(item: &AssistantItem) -> String {
@@ -745,7 +837,13 @@ async fn stream_prompt(
 ) -> Result<SessionSnapshot, String> {
     let mut events = client.events();
     let mut events_open = true;
+    let mut status = client.status();
+    let mut status_open = true;
     let mut aborting = false;
+    let base = client
+        .session_snapshot(session_id)
+        .map_or(0, |s| s.transcript.len());
+    stream.awaiting = Some((base, text.to_owned()));
     let prompt = client.prompt(session_id, text);
     tokio::pin!(prompt);
     let outcome = loop {
@@ -756,10 +854,27 @@ async fn stream_prompt(
             }
         };
         tokio::select! {
+            // First, so that no delta after a reconnection is written.
+            biased;
+            changed = status.changed(), if status_open => match changed {
+                Ok(()) => match &*status.borrow_and_update() {
+                    Status::Reconnecting { reason } => {
+                        stream.frozen = true;
+                        // Stdout stays the reply alone: the notice goes to
+                        // stderr, on a line of its own on a shared terminal.
+                        let gap = if stream.line_open { "\n" } else { "" };
+                        eprintln!("{gap}(lost the server: {reason}; reconnecting)");
+                    }
+                    Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
+                    _ => {}
+                },
+                Err(_) => status_open = false,
+            },
             outcome = &mut prompt => break outcome,
             event = events.recv(), if events_open => match event {
                 Ok(event) => stream.on_event(session_id, &event),
-                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                // A hole in the deltas: write only from snapshots from now on.
+                Err(broadcast::error::RecvError::Lagged(_)) => stream.frozen = true,
                 Err(broadcast::error::RecvError::Closed) => events_open = false,
             },
             _ = interrupted => {
@@ -779,13 +894,9 @@ async fn stream_prompt(
     while let Ok(event) = events.try_recv() {
         stream.on_event(session_id, &event);
     }
+    stream.awaiting = None;
     let snapshot = outcome.map_err(|e| format!("the prompt failed: {e}"))?;
-    if stream.deltas == 0
-        && let Some(item) = last_assistant(&snapshot)
-    {
-        // Nothing streamed (a slow reader lagged behind): show the final text.
-        stream.write(&text_of(item));
-    }
+    stream.finish(&snapshot);
     stream.end_line();
     Ok(snapshot)
 }
@@ -797,12 +908,28 @@ fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
         snapshot.revision,
         snapshot.transcript.len()
     );
-    match last_assistant(snapshot).map(|a| (a.status, a.error_message.as_deref())) {
-        Some((AssistantStatus::Error, message)) => Err(format!(
-            "the model reported an error: {}",
-            message.unwrap_or("no message")
+    // The turn is what follows its user message; it ends with the last item.
+    let turn_start = snapshot
+        .transcript
+        .iter()
+        .rposition(|item| matches!(item, TranscriptItem::User(_)))
+        .map_or(0, |i| i + 1);
+    let turn = &snapshot.transcript[turn_start..];
+    match turn.last() {
+        Some(TranscriptItem::Assistant(a)) => match a.status {
+            AssistantStatus::Error => Err(format!(
+                "the model reported an error: {}",
+                a.error_message.as_deref().unwrap_or("no message")
+            )),
+            AssistantStatus::Aborted => Err("the turn was aborted".into()),
+            _ => Ok(summary),
+        },
+        // A turn never ends on a tool result by itself: the model is called
+        // again with it. Ending there means the turn was stopped.
+        Some(TranscriptItem::Tool(tool)) => Err(format!(
+            "the turn was aborted during the {} tool call",
+            tool.tool_name
         )),
-        Some((AssistantStatus::Aborted, _)) => Err("the turn was aborted".into()),
         _ => Ok(summary),
     }
 }
