@@ -805,8 +805,9 @@ fn last_assistant(snapshot: &SessionSnapshot) -> Option<&AssistantItem> {
         })
 }
 
-fn user_text(item: &UserItem) -> String {
-    item.content
+/// The text parts of `content`, joined.
+fn texts(content: &[Content]) -> String {
+    content
         .iter()
         .filter_map(|c| match c {
             Content::Text { text } => Some(text.as_str()),
@@ -815,14 +816,12 @@ fn user_text(item: &UserItem) -> String {
         .collect()
 }
 
+fn user_text(item: &UserItem) -> String {
+    texts(&item.content)
+}
+
 fn text_of(item: &AssistantItem) -> String {
-    item.content
-        .iter()
-        .filter_map(|c| match c {
-            Content::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
+    texts(&item.content)
 }
 
 /// Sends a prompt and writes its reply's text deltas to `stream` until the

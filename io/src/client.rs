@@ -580,16 +580,9 @@ fn resumed_result(session: SessionSnapshot) -> CommandResult {
 }
 
 fn session_of(result: CommandResult) -> Result<SessionSnapshot, ClientError> {
-    match result {
-        CommandResult::Create { session }
-        | CommandResult::Attach { session }
-        | CommandResult::Prompt { session }
-        | CommandResult::Steer { session }
-        | CommandResult::Abort { session }
-        | CommandResult::SetModel { session }
-        | CommandResult::SetThinking { session } => Ok(session),
-        other => Err(unexpected(&other)),
-    }
+    result
+        .into_session()
+        .map_err(|name| ClientError::Protocol(format!("unexpected {name} result")))
 }
 
 /// Unreachable in practice: the machine already checked the result's command.

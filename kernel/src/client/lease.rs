@@ -555,16 +555,7 @@ fn parse_request_id(id: &str) -> Option<u64> {
 
 /// The session snapshot a result carries, if any.
 fn result_session(result: &CommandResult) -> Option<&SessionSnapshot> {
-    match result {
-        CommandResult::Create { session }
-        | CommandResult::Attach { session }
-        | CommandResult::Prompt { session }
-        | CommandResult::Steer { session }
-        | CommandResult::Abort { session }
-        | CommandResult::SetModel { session }
-        | CommandResult::SetThinking { session } => Some(session),
-        _ => None,
-    }
+    result.session()
 }
 
 impl Leases {

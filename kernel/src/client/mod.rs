@@ -615,18 +615,10 @@ impl Client {
     }
 
     fn observe_result(&mut self, result: &CommandResult) {
-        match result {
-            CommandResult::Create { session }
-            | CommandResult::Attach { session }
-            | CommandResult::Prompt { session }
-            | CommandResult::Steer { session }
-            | CommandResult::Abort { session }
-            | CommandResult::SetModel { session }
-            | CommandResult::SetThinking { session } => self.observe_session(session),
-            CommandResult::Remove { session_id } => {
-                self.sessions.remove(session_id);
-            }
-            CommandResult::List { .. } | CommandResult::Detach { .. } => {}
+        if let Some(session) = result.session() {
+            self.observe_session(session);
+        } else if let CommandResult::Remove { session_id } = result {
+            self.sessions.remove(session_id);
         }
     }
 

@@ -178,6 +178,35 @@ pub enum CommandResult {
 }
 
 impl CommandResult {
+    /// The session snapshot the result carries, if any.
+    pub fn session(&self) -> Option<&SessionSnapshot> {
+        match self {
+            Self::Create { session }
+            | Self::Attach { session }
+            | Self::Prompt { session }
+            | Self::Steer { session }
+            | Self::Abort { session }
+            | Self::SetModel { session }
+            | Self::SetThinking { session } => Some(session),
+            Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } => None,
+        }
+    }
+
+    /// [`CommandResult::session`], by value; the result's name when it
+    /// carries none.
+    pub fn into_session(self) -> Result<SessionSnapshot, &'static str> {
+        match self {
+            Self::Create { session }
+            | Self::Attach { session }
+            | Self::Prompt { session }
+            | Self::Steer { session }
+            | Self::Abort { session }
+            | Self::SetModel { session }
+            | Self::SetThinking { session } => Ok(session),
+            other => Err(other.name()),
+        }
+    }
+
     /// The wire name of the command this result answers.
     pub fn name(&self) -> &'static str {
         match self {
