@@ -996,7 +996,7 @@ mod tests {
         }
     }
 
-    // ---- leases (client::leases over kernel::lease) ----
+    // ---- leases (client::leases over kernel::client::lease) ----
 
     use kernel::client::LeaseStatus;
     use leases::{LeaseMode, Sessions};

@@ -1,5 +1,5 @@
 //! The remote-session ownership seed test, as six scripted scenarios of the
-//! client lease machine ([`kernel::lease::Leases`]).
+//! client lease machine ([`kernel::client::lease::Leases`]).
 //!
 //! Each scenario drives the machine through a small script and snapshots its
 //! trace: one line per input (`>`) and per output (`<`), with small ids
