@@ -553,11 +553,6 @@ fn parse_request_id(id: &str) -> Option<u64> {
     if canonical { digits.parse().ok() } else { None }
 }
 
-/// The session snapshot a result carries, if any.
-fn result_session(result: &CommandResult) -> Option<&SessionSnapshot> {
-    result.session()
-}
-
 impl Leases {
     /// A disconnected client with no leases.
     pub fn new() -> Self {
@@ -1286,7 +1281,7 @@ impl Leases {
             if let Some(session) = self.sessions.get_mut(session_id) {
                 session.attached = false;
             }
-        } else if let Some(snapshot) = result_session(result) {
+        } else if let Some(snapshot) = result.session() {
             self.apply_snapshot(snapshot);
         }
     }
@@ -1330,7 +1325,7 @@ impl Leases {
                 self.complete(call, Ok(Completion::Sessions(sessions)));
             }
             Purpose::Command { call } => {
-                let snapshot = result_session(&result).expect("the command name was checked");
+                let snapshot = result.session().expect("the command name was checked");
                 self.complete(call, Ok(Completion::Session(Box::new(snapshot.clone()))));
             }
             Purpose::Call { call } => self.complete(call, Ok(Completion::Result(Box::new(result)))),
@@ -1339,7 +1334,8 @@ impl Leases {
 
     /// `create` succeeded: reserve and grant an exclusive lease on the new id.
     fn on_created(&mut self, call: CallId, result: &CommandResult) {
-        let session_id = result_session(result)
+        let session_id = result
+            .session()
             .expect("the command name was checked")
             .id
             .clone();
@@ -1648,7 +1644,7 @@ fn fmt_result(f: &mut fmt::Formatter<'_>, result: &CommandResult) -> fmt::Result
     match result {
         CommandResult::List { sessions } => write!(f, "({} sessions)", sessions.len()),
         CommandResult::Detach { session_id } => f.write_str(session_id),
-        other => match result_session(other) {
+        other => match other.session() {
             Some(snapshot) => fmt_snapshot(f, snapshot),
             None => write!(f, "{other:?}"),
         },

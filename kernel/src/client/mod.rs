@@ -317,7 +317,7 @@ impl Client {
         match input {
             ClientInput::TransportUp => self.on_transport_up(now),
             ClientInput::ConnectFailed { reason } => self.on_connect_failed(now, reason),
-            ClientInput::Received(bytes) => self.on_received(now, &bytes),
+            ClientInput::Received(bytes) => self.on_received(&bytes),
             ClientInput::TransportClosed { reason } => self.on_transport_closed(now, reason),
             ClientInput::Tick => self.on_tick(now),
             ClientInput::Call { call, call_kind } => self.on_call(call, call_kind),
@@ -491,7 +491,7 @@ impl Client {
 
     // ---- inbound ----
 
-    fn on_received(&mut self, now: Instant, bytes: &[u8]) {
+    fn on_received(&mut self, bytes: &[u8]) {
         if !matches!(self.phase, Phase::Handshaking { .. } | Phase::Ready) {
             return;
         }
@@ -502,7 +502,7 @@ impl Client {
                 return;
             }
             match decode_server_message(&payload, &self.config.limits.cbor) {
-                Ok(message) => self.on_message(now, message),
+                Ok(message) => self.on_message(message),
                 Err(e) => {
                     return self.close(ClientError::Protocol(format!(
                         "bad message from the server: {e}"
@@ -517,9 +517,9 @@ impl Client {
         }
     }
 
-    fn on_message(&mut self, now: Instant, message: ServerMessage) {
+    fn on_message(&mut self, message: ServerMessage) {
         if let Phase::Handshaking { .. } = self.phase {
-            return self.on_handshake_message(now, message);
+            return self.on_handshake_message(message);
         }
         match message {
             ServerMessage::Hello(_) => {
@@ -555,7 +555,7 @@ impl Client {
         }
     }
 
-    fn on_handshake_message(&mut self, _now: Instant, message: ServerMessage) {
+    fn on_handshake_message(&mut self, message: ServerMessage) {
         let hello = match message {
             ServerMessage::Hello(hello) => hello,
             ServerMessage::HelloError(error) => return self.close(ClientError::Server(error)),
