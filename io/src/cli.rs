@@ -162,6 +162,14 @@ enum Commands {
         json: bool,
     },
 
+    /// Serve the Agent Client Protocol on stdin/stdout, for editors.
+    ///
+    /// An editor (Zed, a JetBrains IDE, Neovim, Emacs) starts this as its
+    /// agent. Sessions live in the server, so a turn goes on when the editor
+    /// closes, and a terminal (`pi-server attach`) or another editor can
+    /// share it. Logs go to stderr; stdout carries protocol lines only.
+    Acp,
+
     /// A one-command tour: a throwaway server, a session, a streamed reply,
     /// and a second client sharing the session.
     ///
@@ -291,6 +299,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         Commands::Attach { id } => run_attach(&target()?, &id).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,
         Commands::Models { json } => run_models(&target()?, json).await,
+        Commands::Acp => crate::acp::run(activate::connect(&target()?).await?).await,
     }
 }
 
@@ -619,7 +628,7 @@ fn print_table(rows: &[Vec<String>]) {
 }
 
 /// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
-fn format_utc(epoch_ms: u64) -> String {
+pub(crate) fn format_utc(epoch_ms: u64) -> String {
     let secs = epoch_ms / 1000;
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;

@@ -1,6 +1,7 @@
 //! The io layer of pi-server: carries out the kernel's outputs on real sockets,
 //! processes and SQLite, and feeds back inputs. It makes no protocol decisions.
 
+mod acp;
 pub mod agent;
 pub mod cli;
 pub mod client;

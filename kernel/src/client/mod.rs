@@ -49,6 +49,7 @@
 
 #![warn(missing_docs)]
 
+pub mod follow;
 pub mod lease;
 
 use std::collections::BTreeMap;
@@ -57,7 +58,7 @@ use std::time::Duration;
 
 use crate::limits::ClientLimits;
 use crate::protocol::{
-    ClientHello, ClientMessage, Command, CommandResult, Content, PROTOCOL_VERSION, ProtocolError,
+    ClientHello, ClientMessage, Command, CommandResult, PROTOCOL_VERSION, ProtocolError,
     ServerEvent, ServerMessage, ServerSnapshot, SessionPhase, SessionSnapshot, TranscriptItem,
     decode_server_message, encode_client_message,
 };
@@ -864,15 +865,7 @@ fn holds_prompt(snapshot: &SessionSnapshot, base: usize, text: &str) -> bool {
         .iter()
         .skip(base)
         .any(|item| match item {
-            TranscriptItem::User(user) => {
-                let mut joined = String::new();
-                for content in &user.content {
-                    if let Content::Text { text } = content {
-                        joined.push_str(text);
-                    }
-                }
-                joined == text
-            }
+            TranscriptItem::User(user) => follow::text_of(&user.content) == text,
             _ => false,
         })
 }

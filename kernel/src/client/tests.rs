@@ -1,6 +1,6 @@
 use super::*;
 use crate::protocol::{
-    ClientMessage, CommandResult, ErrorCode, ModelRef, ProtocolError, Request, Response,
+    ClientMessage, CommandResult, Content, ErrorCode, ModelRef, ProtocolError, Request, Response,
     ServerHello, ServerMessage, ServerSnapshot, SessionPhase, SessionSnapshot, ThinkingLevel,
     UserItem, decode_client_message, encode_server_message,
 };

@@ -1,0 +1,140 @@
+//! `pi-server acp`: an Agent Client Protocol agent on stdin and stdout,
+//! fronting the daemon's durable sessions for editors (Zed, JetBrains,
+//! Neovim, Emacs...).
+//!
+//! This module is the host: it reads newline-delimited JSON-RPC from stdin,
+//! writes the adapter's lines to stdout (protocol lines only; logs go to
+//! stderr through `tracing`), carries the adapter's pi calls out on the
+//! shared [`Client`] (which owns the connection, its reconnection and the
+//! re-attachment of open sessions), and feeds back what happens. What any of
+//! it means is decided in [`adapter`].
+
+mod adapter;
+
+use std::io;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::client::{Client, Status};
+use adapter::{Adapter, Input, Output};
+
+/// The longest line read from the editor: a prompt with embedded files fits
+/// well inside, a runaway writer does not take the memory.
+const MAX_LINE: usize = 32 << 20;
+
+/// Serves ACP on stdin/stdout over `client` until the editor closes stdin
+/// or the server is gone for good.
+pub(crate) async fn run(client: Client) -> Result<(), String> {
+    let mut adapter = Adapter::new(client.server_snapshot().models);
+    let mut events = client.events();
+    let mut status = client.status();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    let mut stdout = tokio::io::stdout();
+    let mut line = Vec::new();
+    let result = loop {
+        let input = tokio::select! {
+            // A reconnection first: no delta after it may be trusted.
+            biased;
+            changed = status.changed() => match changed {
+                Ok(()) => match &*status.borrow_and_update() {
+                    Status::Reconnecting { reason } => {
+                        tracing::warn!("lost the server ({reason}); reconnecting");
+                        Input::Gap
+                    }
+                    Status::Closed { error } => {
+                        break Err(format!("the connection to the server ended: {error}"));
+                    }
+                    Status::Ready { .. } => continue,
+                },
+                Err(_) => break Err("the client ended".into()),
+            },
+            Some((token, result)) = done_rx.recv() => Input::Done { token, result },
+            event = events.recv() => match event {
+                Ok(event) => Input::Event(event),
+                Err(broadcast::error::RecvError::Lagged(_)) => Input::Gap,
+                Err(broadcast::error::RecvError::Closed) => break Err("the client ended".into()),
+            },
+            read = read_line(&mut stdin, &mut line) => match read {
+                Ok(Some(Ok(text))) => Input::Line(text),
+                Ok(Some(Err(bytes))) => {
+                    tracing::warn!("a line of {bytes} bytes or more was skipped");
+                    Input::Oversized
+                }
+                // The editor closed our stdin: its sessions stay on the
+                // server, and their turns go on.
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(format!("cannot read stdin: {e}")),
+            },
+        };
+        for output in adapter.step(input) {
+            match output {
+                Output::Send(message) => {
+                    let mut bytes = serde_json::to_vec(&message)
+                        .map_err(|e| format!("cannot encode a message: {e}"))?;
+                    bytes.push(b'\n');
+                    if let Err(e) = write_all(&mut stdout, &bytes).await {
+                        // The editor is gone.
+                        tracing::info!("stdout closed: {e}");
+                        client.close().await;
+                        return Ok(());
+                    }
+                }
+                Output::Call { token, command } => {
+                    let client = client.clone();
+                    let done = done_tx.clone();
+                    tokio::spawn(async move {
+                        let result = client.request(command).await;
+                        let _ = done.send((token, result));
+                    });
+                }
+                Output::Log(line) => tracing::warn!("{line}"),
+            }
+        }
+    };
+    client.close().await;
+    result
+}
+
+async fn write_all(stdout: &mut tokio::io::Stdout, bytes: &[u8]) -> io::Result<()> {
+    stdout.write_all(bytes).await?;
+    stdout.flush().await
+}
+
+/// Reads one line: `Some(Ok(text))`, `Some(Err(length))` for a line longer
+/// than [`MAX_LINE`] (skipped to its end) or not UTF-8, `None` at the end of
+/// input.
+async fn read_line<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    line: &mut Vec<u8>,
+) -> io::Result<Option<Result<String, usize>>> {
+    line.clear();
+    let read = (&mut *reader)
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', line)
+        .await?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') && line.len() > MAX_LINE {
+        // Skip the rest of the line.
+        let mut skipped = line.len();
+        loop {
+            line.clear();
+            let n = (&mut *reader)
+                .take(MAX_LINE as u64)
+                .read_until(b'\n', line)
+                .await?;
+            skipped += n;
+            if n == 0 || line.last() == Some(&b'\n') {
+                break;
+            }
+        }
+        return Ok(Some(Err(skipped)));
+    }
+    match std::str::from_utf8(line) {
+        Ok(text) => Ok(Some(Ok(text.trim_end_matches(['\n', '\r']).to_owned()))),
+        Err(_) => Ok(Some(Err(line.len()))),
+    }
+}
