@@ -22,10 +22,10 @@ use self::discover::{Found, close_all, servers, session_server};
 use crate::client::{Client, ClientError, Status};
 use crate::config;
 use clap::{Args, Parser, Subcommand};
+use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::protocol::{
-    AssistantItem, AssistantStatus, Content, CreateParams, DeltaKind, ModelMetadata, ModelRef,
-    ServerEvent, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptItem,
-    TranscriptProgress, UserItem,
+    CreateParams, ModelMetadata, ModelRef, ServerEvent, SessionMetadata, SessionPhase,
+    SessionSnapshot, ThinkingLevel, TranscriptItem,
 };
 use std::ffi::OsString;
 use std::io::Write;
@@ -653,22 +653,21 @@ pub(crate) fn format_utc(epoch_ms: u64) -> String {
 // ---------------------------------------------------------------------------
 // Streaming replies
 
-/// Text written to stdout as it arrives, remembering whether a line is open.
+/// Reply text written to stdout as it arrives, remembering whether a line
+/// is open. What is new is decided by the kernel's transcript follower.
 #[derive(Debug)]
 struct Stream {
     line_open: bool,
+    /// The session followed, from the first snapshot written from.
+    follower: Option<Follower>,
+    /// `prompt` shows its own turn alone: replies streamed before its user
+    /// message belong to another client's turn.
+    own_only: bool,
+    /// With `own_only`: our user message was seen.
+    showing: bool,
     /// The assistant item whose text is being written.
-    message_id: Option<String>,
-    /// That item's text written so far.
-    printed: String,
-    /// Set when the connection was lost: deltas after it may follow a hole,
-    /// so only snapshots (checked against what was printed) are written.
-    frozen: bool,
-    /// The text of our prompt until its user message is seen: replies
-    /// streamed before it belong to another client's turn and are not shown.
-    /// (transcript length when it was sent, text)
-    awaiting: Option<(usize, String)>,
-    /// How many deltas were written (the demo reports it).
+    item: Option<String>,
+    /// How many text updates were written (the demo reports it).
     deltas: usize,
 }
 
@@ -676,10 +675,10 @@ impl Stream {
     fn new() -> Self {
         Self {
             line_open: false,
-            message_id: None,
-            printed: String::new(),
-            frozen: false,
-            awaiting: None,
+            follower: None,
+            own_only: false,
+            showing: false,
+            item: None,
             deltas: 0,
         }
     }
@@ -701,136 +700,64 @@ impl Stream {
         }
     }
 
-    /// Writes a text delta of `session_id` carried by `event`, if it is one;
-    /// a snapshot of the session catches up on text that was missed (events
-    /// lost while reconnecting, or to a lagging reader).
-    fn on_event(&mut self, session_id: &str, event: &ServerEvent) {
-        if let ServerEvent::SessionSnapshot { snapshot } = event
-            && snapshot.id == session_id
-        {
-            if let Some((base, text)) = &self.awaiting {
-                let ours = snapshot.transcript.iter().skip(*base).any(
-                    |item| matches!(item, TranscriptItem::User(user) if user_text(user) == *text),
-                );
-                if !ours {
-                    return;
-                }
-                self.awaiting = None;
-            }
-            return self.catch_up(snapshot);
-        }
-        if self.awaiting.is_some() || self.frozen {
-            return;
-        }
-        let ServerEvent::SessionProgress {
-            session_id: of,
-            progress:
-                TranscriptProgress::AssistantDelta {
-                    message_id,
-                    kind: DeltaKind::Text,
-                    delta,
-                    ..
-                },
-        } = event
-        else {
-            return;
-        };
-        if of != session_id {
-            return;
-        }
-        if self.message_id.as_deref() != Some(message_id) {
-            if self.message_id.is_some() {
-                self.end_line();
-            }
-            self.message_id = Some(message_id.clone());
-            self.printed.clear();
-        }
-        self.deltas += 1;
-        self.printed.push_str(delta);
-        self.write(delta);
+    /// Follows `snapshot`'s session from here on: what it holds is shown.
+    fn follow(&mut self, snapshot: &SessionSnapshot) {
+        let mut follower = Follower::new(snapshot.id.clone());
+        follower.resume(snapshot);
+        self.follower = Some(follower);
     }
 
-    /// Writes what `snapshot` holds of the current item's text beyond what
-    /// was written.
-    fn catch_up(&mut self, snapshot: &SessionSnapshot) {
-        let Some(current) = self.message_id.as_deref() else {
-            return;
-        };
-        let item = snapshot.transcript.iter().find_map(|item| match item {
-            TranscriptItem::Assistant(a) if a.id == current => Some(a),
-            _ => None,
-        });
-        if let Some(item) = item {
-            let text = text_of(item);
-            if let Some(rest) = text.strip_prefix(self.printed.as_str()) {
-                self.write(rest);
-                self.printed = text;
-            }
+    /// Shows only the turn of `text`, which this client is about to send.
+    fn expect_own(&mut self, text: &str) {
+        if let Some(follower) = &mut self.follower {
+            follower.expect_own(text);
+        }
+        self.own_only = true;
+        self.showing = false;
+    }
+
+    /// Progress may have been lost: only snapshots are trusted until one.
+    fn gap(&mut self) {
+        if let Some(follower) = &mut self.follower {
+            follower.gap();
         }
     }
 
-    /// The turn ended with `snapshot`: writes what the stream missed of the
-    /// current reply, then every later reply of the turn whole.
+    /// Writes the reply text `event` adds.
+    fn on_event(&mut self, event: &ServerEvent) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_event(event),
+            None => return,
+        };
+        self.show(updates);
+    }
+
+    /// The turn ended with `snapshot`: writes what the stream missed of it.
     fn finish(&mut self, snapshot: &SessionSnapshot) {
-        self.catch_up(snapshot);
-        let current = self.message_id.as_deref().and_then(|id| {
-            snapshot
-                .transcript
-                .iter()
-                .position(|item| matches!(item, TranscriptItem::Assistant(a) if a.id == id))
-        });
-        let later: Vec<&AssistantItem> = match current {
-            Some(i) => snapshot.transcript[i + 1..]
-                .iter()
-                .filter_map(|item| match item {
-                    TranscriptItem::Assistant(a) => Some(a),
-                    _ => None,
-                })
-                .collect(),
-            // Nothing streamed (a slow reader): the reply, whole.
-            None => last_assistant(snapshot).into_iter().collect(),
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_snapshot(snapshot),
+            None => return,
         };
-        for item in later {
-            let text = text_of(item);
-            if !text.is_empty() {
-                self.end_line();
-                self.write(&text);
-                self.message_id = Some(item.id.clone());
-                self.printed = text;
+        self.show(updates);
+        self.own_only = false;
+    }
+
+    fn show(&mut self, updates: Vec<Update>) {
+        for update in updates {
+            match update {
+                Update::User { own: true, .. } => self.showing = true,
+                Update::Text { item_id, delta } if self.showing || !self.own_only => {
+                    if self.item.as_ref().is_some_and(|item| *item != item_id) {
+                        self.end_line();
+                    }
+                    self.item = Some(item_id);
+                    self.deltas += 1;
+                    self.write(&delta);
+                }
+                _ => {}
             }
         }
     }
-}
-
-/// The latest assistant item of a transcript.
-fn last_assistant(snapshot: &SessionSnapshot) -> Option<&AssistantItem> {
-    snapshot
-        .transcript
-        .iter()
-        .rev()
-        .find_map(|item| match item {
-            TranscriptItem::Assistant(a) => Some(a),
-            _ => None,
-        })
-}
-
-/// The text parts of `content`, joined.
-fn texts(content: &[Content]) -> String {
-    content
-        .iter()
-        .filter_map(|c| match c {
-            Content::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn user_text(item: &UserItem) -> String {
-    texts(&item.content)
-}
-
-fn text_of(item: &AssistantItem) -> String {
-    texts(&item.content)
 }
 
 /// Sends a prompt and writes its reply's text deltas to `stream` until the
@@ -848,10 +775,12 @@ async fn stream_prompt(
     let mut status = client.status();
     let mut status_open = true;
     let mut aborting = false;
-    let base = client
-        .session_snapshot(session_id)
-        .map_or(0, |s| s.transcript.len());
-    stream.awaiting = Some((base, text.to_owned()));
+    if stream.follower.is_none()
+        && let Some(snapshot) = client.session_snapshot(session_id)
+    {
+        stream.follow(&snapshot);
+    }
+    stream.expect_own(text);
     let prompt = client.prompt(session_id, text);
     tokio::pin!(prompt);
     let outcome = loop {
@@ -867,7 +796,7 @@ async fn stream_prompt(
             changed = status.changed(), if status_open => match changed {
                 Ok(()) => match &*status.borrow_and_update() {
                     Status::Reconnecting { reason } => {
-                        stream.frozen = true;
+                        stream.gap();
                         // Stdout stays the reply alone: the notice goes to
                         // stderr, on a line of its own on a shared terminal.
                         let gap = if stream.line_open { "\n" } else { "" };
@@ -880,9 +809,9 @@ async fn stream_prompt(
             },
             outcome = &mut prompt => break outcome,
             event = events.recv(), if events_open => match event {
-                Ok(event) => stream.on_event(session_id, &event),
-                // A hole in the deltas: write only from snapshots from now on.
-                Err(broadcast::error::RecvError::Lagged(_)) => stream.frozen = true,
+                Ok(event) => stream.on_event(&event),
+                // A hole in the deltas: write only from snapshots until one.
+                Err(broadcast::error::RecvError::Lagged(_)) => stream.gap(),
                 Err(broadcast::error::RecvError::Closed) => events_open = false,
             },
             _ = interrupted => {
@@ -900,9 +829,8 @@ async fn stream_prompt(
     };
     // Events that arrived before the response may still be queued.
     while let Ok(event) = events.try_recv() {
-        stream.on_event(session_id, &event);
+        stream.on_event(&event);
     }
-    stream.awaiting = None;
     let snapshot = outcome.map_err(|e| format!("the prompt failed: {e}"))?;
     stream.finish(&snapshot);
     stream.end_line();
@@ -916,29 +844,20 @@ fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
         snapshot.revision,
         snapshot.transcript.len()
     );
-    // The turn is what follows its user message; it ends with the last item.
-    let turn_start = snapshot
+    // The turn starts at its (last) user message.
+    let base = snapshot
         .transcript
         .iter()
         .rposition(|item| matches!(item, TranscriptItem::User(_)))
-        .map_or(0, |i| i + 1);
-    let turn = &snapshot.transcript[turn_start..];
-    match turn.last() {
-        Some(TranscriptItem::Assistant(a)) => match a.status {
-            AssistantStatus::Error => Err(format!(
-                "the model reported an error: {}",
-                a.error_message.as_deref().unwrap_or("no message")
-            )),
-            AssistantStatus::Aborted => Err("the turn was aborted".into()),
-            _ => Ok(summary),
-        },
-        // A turn never ends on a tool result by itself: the model is called
-        // again with it. Ending there means the turn was stopped.
-        Some(TranscriptItem::Tool(tool)) => Err(format!(
-            "the turn was aborted during the {} tool call",
-            tool.tool_name
-        )),
-        _ => Ok(summary),
+        .unwrap_or(0);
+    match follow::turn_outcome(snapshot, base) {
+        TurnOutcome::Completed => Ok(summary),
+        TurnOutcome::MaxTokens => Ok(format!("{summary}; the reply was cut at the output limit")),
+        TurnOutcome::Aborted { tool: None } => Err("the turn was aborted".into()),
+        TurnOutcome::Aborted { tool: Some(tool) } => {
+            Err(format!("the turn was aborted during the {tool} tool call"))
+        }
+        TurnOutcome::Failed { message } => Err(format!("the model reported an error: {message}")),
     }
 }
 
@@ -1016,7 +935,11 @@ async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
     let mut view = Attached {
         client: Arc::clone(&client),
         id: id.to_owned(),
-        stream: Stream::new(),
+        stream: {
+            let mut stream = Stream::new();
+            stream.follow(&snapshot);
+            stream
+        },
         phase: snapshot.phase,
         prompting: false,
         done_tx,
@@ -1050,6 +973,7 @@ async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
+                    view.stream.gap();
                     view.stream.end_line();
                     eprintln!("(missed {n} events)");
                 }
@@ -1146,6 +1070,7 @@ impl Attached {
     fn on_event(&mut self, event: &ServerEvent) -> Result<(), String> {
         match event {
             ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.id => {
+                self.stream.on_event(event);
                 let latest = self
                     .client
                     .session_snapshot(&self.id)
@@ -1161,7 +1086,7 @@ impl Attached {
             ServerEvent::SessionRemoved { session_id } if *session_id == self.id => {
                 return Err(format!("session {} was removed", self.id));
             }
-            _ => self.stream.on_event(&self.id, event),
+            _ => self.stream.on_event(event),
         }
         Ok(())
     }
