@@ -22,8 +22,12 @@
 //!
 //! - Invariant: for every content part, the text told is a prefix of the
 //!   part's text in the latest snapshot that held it, told once, in order.
-//! - Invariant: after a gap, no delta is told until a snapshot was seen: a
-//!   delta after a hole would be told at the wrong place.
+//! - Invariant: a delta is told only for an item whose content was seen
+//!   live (`item_started`, `item_updated`, `item_finished`) with no gap
+//!   since. A snapshot does not anchor deltas: the server's snapshot of a
+//!   streaming reply lags its deltas (a client attaching mid-reply gets the
+//!   snapshot, then deltas from further on), so such a reply is told from
+//!   its next live item event, whole, rather than with a hole.
 //! - Invariant: an item's terminal update (a finished reply, a tool's final
 //!   status) is told once, after everything the item said.
 
@@ -165,6 +169,9 @@ enum Told {
         /// tool call was told.
         parts: Vec<usize>,
         finished: bool,
+        /// Its deltas follow on from what was told: its content was seen
+        /// live, with no gap since.
+        anchored: bool,
     },
     Tool {
         status: ToolStatus,
@@ -178,8 +185,6 @@ enum Told {
 pub struct Follower {
     session_id: String,
     told: BTreeMap<String, Told>,
-    /// Deltas may follow a hole: only a snapshot is trusted until one comes.
-    frozen: bool,
     /// Prompts this client sent whose user message was not seen yet.
     own: Vec<String>,
 }
@@ -190,7 +195,6 @@ impl Follower {
         Self {
             session_id: session_id.into(),
             told: BTreeMap::new(),
-            frozen: false,
             own: Vec::new(),
         }
     }
@@ -218,14 +222,30 @@ impl Follower {
     }
 
     /// Progress may have been lost (the connection was re-established, or a
-    /// reader fell behind): tell nothing from deltas until a snapshot.
+    /// reader fell behind): a reply streaming now is told again from its
+    /// next live item event (or the snapshot that ends it), not from deltas
+    /// after the hole.
     pub fn gap(&mut self) {
-        self.frozen = true;
+        for told in self.told.values_mut() {
+            if let Told::Assistant { anchored, .. } = told {
+                *anchored = false;
+            }
+        }
     }
 
-    /// True while deltas are ignored after a gap.
-    pub fn is_frozen(&self) -> bool {
-        self.frozen
+    /// True while some reply's deltas are not told (after a gap, or joined
+    /// mid-reply).
+    pub fn is_unanchored(&self) -> bool {
+        self.told.values().any(|told| {
+            matches!(
+                told,
+                Told::Assistant {
+                    anchored: false,
+                    finished: false,
+                    ..
+                }
+            )
+        })
     }
 
     /// Tells what `event` adds, if it is about this session.
@@ -242,25 +262,21 @@ impl Follower {
         }
     }
 
-    /// Tells what `snapshot` holds beyond what was told, and ends a gap.
+    /// Tells what `snapshot` holds beyond what was told.
     pub fn on_snapshot(&mut self, snapshot: &SessionSnapshot) -> Vec<Update> {
-        self.frozen = false;
         let mut out = Vec::new();
         for item in &snapshot.transcript {
-            self.item(item, &mut out);
+            self.item(item, false, &mut out);
         }
         out
     }
 
     fn on_progress(&mut self, progress: &TranscriptProgress) -> Vec<Update> {
-        if self.frozen {
-            return Vec::new();
-        }
         let mut out = Vec::new();
         match progress {
             TranscriptProgress::ItemStarted { item }
             | TranscriptProgress::ItemUpdated { item }
-            | TranscriptProgress::ItemFinished { item } => self.item(item, &mut out),
+            | TranscriptProgress::ItemFinished { item } => self.item(item, true, &mut out),
             TranscriptProgress::AssistantDelta {
                 message_id,
                 content_index,
@@ -273,13 +289,21 @@ impl Follower {
                     .or_insert(Told::Assistant {
                         parts: Vec::new(),
                         finished: false,
+                        anchored: false,
                     });
-                let Told::Assistant { parts, finished } = told else {
+                let Told::Assistant {
+                    parts,
+                    finished,
+                    anchored,
+                } = told
+                else {
                     return out;
                 };
                 let index = *content_index as usize;
-                if *finished {
-                    return out; // stale: the item's end was told
+                // Stale (the item's end was told), or following on from
+                // text this follower never saw.
+                if *finished || !*anchored {
+                    return out;
                 }
                 // Parts before it that were never seen stay untold: a
                 // snapshot tells them.
@@ -303,10 +327,12 @@ impl Follower {
         out
     }
 
-    fn item(&mut self, item: &TranscriptItem, out: &mut Vec<Update>) {
+    /// `live`: the item comes from a progress event, so it is as far as
+    /// its deltas.
+    fn item(&mut self, item: &TranscriptItem, live: bool, out: &mut Vec<Update>) {
         match item {
             TranscriptItem::User(user) => self.user(user, out),
-            TranscriptItem::Assistant(assistant) => self.assistant(assistant, out),
+            TranscriptItem::Assistant(assistant) => self.assistant(assistant, live, out),
             TranscriptItem::Tool(tool) => self.tool(tool, out),
         }
     }
@@ -331,16 +357,25 @@ impl Follower {
         });
     }
 
-    fn assistant(&mut self, item: &AssistantItem, out: &mut Vec<Update>) {
+    fn assistant(&mut self, item: &AssistantItem, live: bool, out: &mut Vec<Update>) {
         let told = self.told.entry(item.id.clone()).or_insert(Told::Assistant {
             parts: Vec::new(),
             finished: false,
+            anchored: false,
         });
-        let Told::Assistant { parts, finished } = told else {
+        let Told::Assistant {
+            parts,
+            finished,
+            anchored,
+        } = told
+        else {
             return;
         };
         if *finished {
             return;
+        }
+        if live {
+            *anchored = true;
         }
         for (index, content) in item.content.iter().enumerate() {
             if index == parts.len() {

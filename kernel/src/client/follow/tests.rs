@@ -191,32 +191,67 @@ fn deltas_then_a_snapshot_tell_each_character_once() {
     assert!(!told.iter().any(|u| matches!(u, Update::User { .. })));
 }
 
+fn finished(item: TranscriptItem) -> ServerEvent {
+    ServerEvent::SessionProgress {
+        session_id: "s".into(),
+        progress: TranscriptProgress::ItemFinished { item },
+    }
+}
+
 #[test]
-fn after_a_gap_only_a_snapshot_is_trusted() {
+fn after_a_gap_a_streaming_reply_waits_for_a_live_item() {
     let mut f = Follower::new("s");
     f.resume(&snapshot(1, vec![user("u1", "hi")]));
-    let mut told = f.on_event(&delta("a1", 0, DeltaKind::Text, "one "));
+    let mut told = f.on_event(&started(reply("a1", vec![], AssistantStatus::Streaming)));
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "one ")));
     f.gap();
-    assert!(f.is_frozen());
+    assert!(f.is_unanchored());
     // Deltas after the hole would be told in the wrong place.
     assert!(
         f.on_event(&delta("a1", 0, DeltaKind::Text, "three"))
             .is_empty()
     );
+    // A snapshot tells what it holds, but lags the live stream: deltas
+    // still wait.
     told.extend(f.on_event(&snap(snapshot(
         4,
         vec![
             user("u1", "hi"),
-            reply(
-                "a1",
-                vec![text("one two three")],
-                AssistantStatus::Streaming,
-            ),
+            reply("a1", vec![text("one two")], AssistantStatus::Streaming),
         ],
     ))));
-    assert!(!f.is_frozen());
-    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, " four")));
-    assert_eq!(said(&told), "one two three four");
+    assert!(
+        f.on_event(&delta("a1", 0, DeltaKind::Text, " four"))
+            .is_empty()
+    );
+    told.extend(f.on_event(&finished(reply(
+        "a1",
+        vec![text("one two three four five")],
+        AssistantStatus::Complete(StopReason::Stop),
+    ))));
+    assert!(!f.is_unanchored());
+    assert_eq!(said(&told), "one two three four five");
+}
+
+#[test]
+fn joining_mid_reply_tells_that_reply_whole_at_its_end() {
+    // The server's snapshot at attach time lacks the streaming reply; its
+    // deltas then go on from the middle.
+    let mut f = Follower::new("s");
+    let mut told = f.replay(&snapshot(1, vec![user("u1", "hi")]));
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "middle ")));
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "end")));
+    assert_eq!(said(&told), "");
+    told.extend(f.on_event(&finished(reply(
+        "a1",
+        vec![text("start middle end")],
+        AssistantStatus::Complete(StopReason::Stop),
+    ))));
+    assert_eq!(said(&told), "start middle end");
+    // The next reply streams live from its start.
+    told.extend(f.on_event(&started(reply("a2", vec![], AssistantStatus::Streaming))));
+    told.extend(f.on_event(&delta("a2", 0, DeltaKind::Text, "next")));
+    assert_eq!(said(&told), "start middle endnext");
 }
 
 #[test]
@@ -292,7 +327,8 @@ fn stale_and_foreign_events_tell_nothing() {
     assert!(f.on_event(&snap(other)).is_empty());
     // A snapshot whose text does not extend what was told is not told twice.
     let shorter = reply("a2", vec![text("ab")], AssistantStatus::Streaming);
-    f.on_event(&delta("a2", 0, DeltaKind::Text, "abc"));
+    f.on_event(&started(reply("a2", vec![], AssistantStatus::Streaming)));
+    assert_eq!(f.on_event(&delta("a2", 0, DeltaKind::Text, "abc")).len(), 1);
     assert!(f.on_event(&snap(snapshot(3, vec![shorter]))).is_empty());
 }
 
