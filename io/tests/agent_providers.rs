@@ -237,9 +237,10 @@ async fn openai_tool_calls_stream_fragments_then_parsed_inputs() {
         &request(&p, ThinkingLevel::Off, vec![user("item-1", "look")]),
     )
     .await;
+    // In the model's key order (serde_json's `preserve_order`).
     let path = obj(&[
-        ("limit", Value::Int(20)),
         ("path", Value::text("src/main.rs")),
+        ("limit", Value::Int(20)),
     ]);
     let want = vec![
         ModelEvent::Delta {
@@ -653,9 +654,11 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
         ),
     )
     .await;
+    // The model's key order is kept (serde_json's `preserve_order`, as a
+    // JavaScript object keeps it).
     let input = obj(&[
-        ("offset", Value::Int(10)),
         ("path", Value::text("src/lib.rs")),
+        ("offset", Value::Int(10)),
     ]);
     let want = [
         ModelEvent::Delta {
