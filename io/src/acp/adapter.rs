@@ -112,7 +112,7 @@ struct Open {
     quiet: bool,
     /// The transcript length of the latest snapshot.
     len: usize,
-    /// The pending `session/prompt`: its id, the transcript length when it
+    /// The pending `session/prompt`: the transcript length when it
     /// was sent, and whether `session/cancel` asked to stop it.
     prompt: Option<Prompting>,
     /// The model and level the editor was last told of.
@@ -134,9 +134,26 @@ type Deferred = (Option<Value>, String, Value);
 
 #[derive(Debug)]
 struct Prompting {
-    rpc: Value,
     base: usize,
     cancelled: bool,
+}
+
+impl Open {
+    /// A session that has shown nothing yet. With `quiet`, its first
+    /// snapshot is marked as shown; with `deferred`, messages for it wait
+    /// until it is open.
+    fn new(session: String, quiet: bool, deferred: Option<Vec<Deferred>>) -> Self {
+        Self {
+            follower: Follower::new(session),
+            quiet,
+            len: 0,
+            prompt: None,
+            config: None,
+            setting: false,
+            announced: BTreeSet::new(),
+            deferred,
+        }
+    }
 }
 
 /// The adapter's state. See the module docs.
@@ -371,22 +388,10 @@ impl Adapter {
             )));
         }
         // Open before the attach is answered: the session's events may
-        // arrive first. Until a snapshot, deltas are not trusted.
-        let mut follower = Follower::new(session.clone());
-        follower.gap();
-        self.sessions.insert(
-            session.clone(),
-            Open {
-                follower,
-                quiet,
-                len: 0,
-                prompt: None,
-                config: None,
-                setting: false,
-                announced: BTreeSet::new(),
-                deferred: Some(Vec::new()),
-            },
-        );
+        // arrive first (the follower tells no delta of a reply it did not
+        // see start).
+        let open = Open::new(session.clone(), quiet, Some(Vec::new()));
+        self.sessions.insert(session.clone(), open);
         let command = Command::Attach {
             session_id: session.clone(),
         };
@@ -406,7 +411,6 @@ impl Adapter {
         }
         open.follower.expect_own(text.clone());
         open.prompt = Some(Prompting {
-            rpc: rpc.clone(),
             base: open.len,
             cancelled: false,
         });
@@ -524,15 +528,9 @@ impl Adapter {
                 let updates = open.follower.on_event(event);
                 self.show(session_id, updates);
             }
+            // A prompt still pending is answered by its own response.
             ServerEvent::SessionRemoved { session_id } => {
-                if let Some(open) = self.sessions.remove(session_id)
-                    && let Some(prompting) = open.prompt
-                {
-                    self.error(
-                        prompting.rpc,
-                        RpcError::new(code::NOT_FOUND, format!("session {session_id} was removed")),
-                    );
-                }
+                self.sessions.remove(session_id);
             }
         }
     }
@@ -568,21 +566,9 @@ impl Adapter {
         match pending {
             Pending::New { rpc } => match result.map(CommandResult::into_session) {
                 Ok(Ok(snapshot)) => {
-                    let mut follower = Follower::new(snapshot.id.clone());
-                    follower.resume(&snapshot);
-                    self.sessions.insert(
-                        snapshot.id.clone(),
-                        Open {
-                            follower,
-                            quiet: false,
-                            len: snapshot.transcript.len(),
-                            prompt: None,
-                            config: Some((snapshot.model.clone(), snapshot.thinking_level)),
-                            setting: false,
-                            announced: BTreeSet::new(),
-                            deferred: None,
-                        },
-                    );
+                    let open = Open::new(snapshot.id.clone(), true, None);
+                    self.sessions.insert(snapshot.id.clone(), open);
+                    self.on_snapshot(&snapshot);
                     let response = acp::NewSessionResponse::new(snapshot.id.clone())
                         .config_options(self.config_options(&snapshot));
                     self.respond(rpc, to_value(response));
@@ -646,14 +632,7 @@ impl Adapter {
                     Err(e) => self.error(rpc, pi_error(&e, Some(&session))),
                 }
             }
-            Pending::Close { rpc, session } => {
-                self.sessions.remove(&session);
-                match result {
-                    Ok(_) => self.respond(rpc, json!({})),
-                    Err(e) => self.error(rpc, pi_error(&e, Some(&session))),
-                }
-            }
-            Pending::Delete { rpc, session } => {
+            Pending::Close { rpc, session } | Pending::Delete { rpc, session } => {
                 self.sessions.remove(&session);
                 match result {
                     Ok(_) => self.respond(rpc, json!({})),

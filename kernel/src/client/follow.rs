@@ -283,20 +283,7 @@ impl Follower {
                 kind,
                 delta,
             } => {
-                let told = self
-                    .told
-                    .entry(message_id.clone())
-                    .or_insert(Told::Assistant {
-                        parts: Vec::new(),
-                        finished: false,
-                        anchored: false,
-                    });
-                let Told::Assistant {
-                    parts,
-                    finished,
-                    anchored,
-                } = told
-                else {
+                let Some((parts, finished, anchored)) = self.reply(message_id) else {
                     return out;
                 };
                 let index = *content_index as usize;
@@ -357,18 +344,27 @@ impl Follower {
         });
     }
 
-    fn assistant(&mut self, item: &AssistantItem, live: bool, out: &mut Vec<Update>) {
-        let told = self.told.entry(item.id.clone()).or_insert(Told::Assistant {
+    /// What was told of assistant item `id` (nothing yet, when it is new):
+    /// its parts, whether it finished, whether it is anchored. `None` when
+    /// the id names another kind of item.
+    fn reply(&mut self, id: &str) -> Option<(&mut Vec<usize>, &mut bool, &mut bool)> {
+        let told = self.told.entry(id.to_owned()).or_insert(Told::Assistant {
             parts: Vec::new(),
             finished: false,
             anchored: false,
         });
-        let Told::Assistant {
-            parts,
-            finished,
-            anchored,
-        } = told
-        else {
+        match told {
+            Told::Assistant {
+                parts,
+                finished,
+                anchored,
+            } => Some((parts, finished, anchored)),
+            _ => None,
+        }
+    }
+
+    fn assistant(&mut self, item: &AssistantItem, live: bool, out: &mut Vec<Update>) {
+        let Some((parts, finished, anchored)) = self.reply(&item.id) else {
             return;
         };
         if *finished {
