@@ -52,12 +52,10 @@ async fn published_acp_client_drives_the_adapter() {
     run_script("a,b,c,d,e,f,g,h,j,k").await;
 }
 
-/// Scenario `i`: a server SIGKILLed mid-prompt and started again. Today the
-/// new server spawns a second worker for the session before the orphan
-/// announces itself, and the re-attach fails `session_locked` (issue #15,
-/// item 1): the prompt settles with that error instead of completing.
+/// Scenario `i`: a server SIGKILLed mid-prompt and started again. The new
+/// server waits for the orphan that still holds the session's lock, so the
+/// adapter's re-attach is served by it and the prompt completes.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "fails until a new server adopts a crashed server's orphans before serving them (issue #15)"]
 async fn a_server_crash_mid_prompt_is_invisible_to_the_editor() {
     run_script("i").await;
 }

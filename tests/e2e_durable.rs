@@ -296,6 +296,78 @@ fn reattaching_right_after_a_hand_off_waits_for_the_adoption() {
     assert_eq!(lock_pid(&env.session_dir, &session), Some(pid));
 }
 
+/// A server SIGKILLed mid-turn leaves its worker running as an orphan. The
+/// server started again with the same id reads the session lock (held by a
+/// live process that serves its worker socket), so an attach that arrives
+/// before the orphan announced itself waits for the adoption: it neither
+/// spawns a second worker nor answers `session_locked`, and the turn the
+/// orphan kept running completes.
+#[test]
+fn an_attach_right_after_a_server_crash_waits_for_the_orphan() {
+    let mut env = Env::new("crash-reattach");
+    env.var("PI_FAUX_DELAY_MS", "40");
+    let id = uuid();
+    let mut a = env.serve(&id, &[]);
+    let mut client = env.connect(&id);
+    let session = create(&mut client);
+    let pid = worker_pid(&env.session_dir, &session);
+    client.send(Command::Prompt {
+        session_id: session.clone(),
+        text: LONG_PROMPT.into(),
+    });
+    assert!(client.wait_event(SOON, is_text_delta(&session)).is_some());
+    signal(a.pid(), "KILL");
+    a.wait_exit(SOON);
+    assert!(alive(pid), "the worker outlives its server");
+
+    let b = env.spawn_serve(&id, &[]);
+    let mut again = None;
+    wait_until("the new server answers", SOON, || {
+        again = Conn::connect(&b.socket).ok();
+        again.is_some()
+    });
+    let mut again = again.expect("connected");
+    let attached = again.request(Command::Attach {
+        session_id: session.clone(),
+    });
+    let Ok(kernel::protocol::CommandResult::Attach {
+        session: mut snapshot,
+    }) = attached
+    else {
+        panic!(
+            "attach right after the crash: {attached:?}\nlog:\n{}",
+            b.log_text()
+        );
+    };
+    assert_eq!(
+        lock_pid(&env.session_dir, &session),
+        Some(pid),
+        "the orphan still holds it"
+    );
+    assert!(
+        !b.log_text().contains("is locked by another worker"),
+        "no second worker was spawned:\n{}",
+        b.log_text()
+    );
+    if snapshot.phase != SessionPhase::Idle {
+        let idle = again
+            .wait_event(Duration::from_secs(30), is_idle_snapshot(&session))
+            .expect("the turn ends");
+        let ServerEvent::SessionSnapshot { snapshot: last } = idle else {
+            unreachable!()
+        };
+        snapshot = last;
+    }
+    assert!(
+        matches!(
+            last_assistant_status(&snapshot),
+            Some(AssistantStatus::Complete(_))
+        ),
+        "the orphan's turn completed: {:?}",
+        last_assistant_status(&snapshot)
+    );
+}
+
 /// On a hand-off the old server closes its clients' sockets (it awaits the
 /// aborted connection tasks, which own them) before it answers `released`, so
 /// none of its clients is still connected when the new server binds.

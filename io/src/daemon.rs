@@ -175,7 +175,9 @@ const MAX_SLICES: usize = 512;
 
 enum Event {
     Accepted(ClientSocket),
-    CatalogLoaded(Vec<kernel::protocol::SessionMetadata>),
+    /// The stored sessions, and those of them a live orphan of a crashed
+    /// server with our id still holds (it will announce itself to us).
+    CatalogLoaded(Vec<kernel::protocol::SessionMetadata>, Vec<String>),
     Received {
         conn: ConnId,
         bytes: Vec<u8>,
@@ -409,9 +411,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     let worker_accept = Some(tokio::spawn(accept_workers(workers, tx.clone())));
     let session_dir = opts.session_dir.clone();
     let catalog_tx = tx.clone();
+    let our_workers = worker_path.clone();
     tokio::task::spawn_blocking(move || {
         let sessions = store::scan_catalog(&session_dir);
-        let _ = catalog_tx.blocking_send(Event::CatalogLoaded(sessions));
+        let orphans = sessions
+            .iter()
+            .filter(|m| {
+                store::live_holder(&session_dir, &m.id)
+                    .is_some_and(|h| h.server.as_deref() == Some(our_workers.as_path()))
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        let _ = catalog_tx.blocking_send(Event::CatalogLoaded(sessions, orphans));
     });
 
     let mut d = Daemon {
@@ -444,10 +455,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             count = released.len(),
             "expecting the released workers to announce themselves"
         );
-        let wait = env_duration_ms("PI_SERVER_ADOPTION_WAIT_MS", Duration::from_secs(10));
         d.step(Input::AdoptionsExpected {
             sessions: released,
-            wait,
+            wait: adoption_wait(),
         });
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -735,8 +745,18 @@ impl Daemon {
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Accepted(stream) => self.on_accepted(stream),
-            Event::CatalogLoaded(sessions) => {
+            Event::CatalogLoaded(sessions, orphans) => {
                 tracing::info!(count = sessions.len(), "session catalog loaded");
+                if !orphans.is_empty() {
+                    tracing::info!(
+                        count = orphans.len(),
+                        "live workers of a crashed server hold sessions; expecting them to announce themselves"
+                    );
+                    self.step(Input::AdoptionsExpected {
+                        sessions: orphans,
+                        wait: adoption_wait(),
+                    });
+                }
                 self.step(Input::CatalogLoaded { sessions });
             }
             Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
@@ -1215,6 +1235,11 @@ impl Daemon {
             let _ = std::fs::remove_file(&self.worker_path);
         }
     }
+}
+
+/// How long attaches wait for an expected worker to announce itself.
+fn adoption_wait() -> Duration {
+    env_duration_ms("PI_SERVER_ADOPTION_WAIT_MS", Duration::from_secs(10))
 }
 
 /// A duration from an environment variable in milliseconds, or the default.

@@ -33,7 +33,13 @@
 //! the last descriptor of the holder closes, including when the holder is
 //! killed with SIGKILL, so a lock can never stay stuck after a crash (unlike a
 //! PID file or an `O_EXCL` marker). The lock file itself is never deleted
-//! while the session exists; it holds the holder's PID for diagnostics.
+//! while the session exists. It names its holder: the PID on the first line
+//! and, once [`SessionStore::record_server`] ran, the worker socket of the
+//! server the holder serves on the second. That is the evidence a server
+//! starting after a crash reads ([`live_holder`]): a session held by a live
+//! worker of its own socket has an orphan that will announce itself, so an
+//! attach waits for it instead of spawning a second worker. It also lets a
+//! `session_locked` error name the server that holds the session.
 //!
 //! # SQLite settings and why
 //!
@@ -540,6 +546,19 @@ impl SessionStore {
         db::integrity_check(&self.conn, &self.dir, &self.id)
     }
 
+    /// Records in the lock file, after our PID, the worker socket of the
+    /// server this store's worker serves on (see [`live_holder`]). Failing to
+    /// record it only costs a crash-restarted server that evidence.
+    pub fn record_server(&mut self, worker_socket: &Path) {
+        let text = format!("{}\n{}\n", std::process::id(), worker_socket.display());
+        // In place: the PID line stays as it was, so a reader never sees it missing.
+        let _ = self
+            .lock
+            .rewind()
+            .and_then(|()| self.lock.write_all(text.as_bytes()))
+            .and_then(|()| self.lock.set_len(text.len() as u64));
+    }
+
     /// Closes the session cleanly: checkpoints the log into the database
     /// (`wal_checkpoint(TRUNCATE)`), closes the database, then releases the
     /// lock. (Dropping the store also closes the database and the lock, with
@@ -571,6 +590,72 @@ fn not_found(id: &str, dir: &Path) -> StoreError {
     ))
 }
 
+/// Who holds a session's lock, as its lock file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockHolder {
+    /// The holder's process id.
+    pub pid: u32,
+    /// The worker socket of the server it serves on, once recorded.
+    pub server: Option<PathBuf>,
+}
+
+impl LockHolder {
+    fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let pid = lines.next()?.trim().parse().ok()?;
+        let server = lines
+            .next()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(PathBuf::from);
+        Some(Self { pid, server })
+    }
+
+    /// `server-id` of a worker socket `<server-dir>/<server-id>.workers.sock`.
+    fn server_id(&self) -> Option<(&Path, &str)> {
+        let socket = self.server.as_deref()?;
+        let name = socket
+            .file_name()?
+            .to_str()?
+            .strip_suffix(".workers.sock")?;
+        Some((socket.parent()?, name))
+    }
+
+    /// ` (worker pid N of server S; reach it with --server-dir D --server-id S)`.
+    fn describe(&self) -> String {
+        match self.server_id() {
+            Some((dir, id)) => format!(
+                " (worker pid {} of server {id}; reach it with --server-dir {} --server-id {id})",
+                self.pid,
+                dir.display()
+            ),
+            None => format!(" (pid {})", self.pid),
+        }
+    }
+}
+
+/// The holder of session `id`'s lock under `session_dir`, if a live process
+/// holds it now. Reading the lock file and checking its PID disturbs nobody;
+/// only when that PID is alive is the lock probed (shared, non-blocking, and
+/// released at once) to rule out a reused PID in a stale file.
+pub fn live_holder(session_dir: &Path, id: &str) -> Option<LockHolder> {
+    let path = session_dir.join(id).join(LOCK_FILE);
+    let mut file = File::open(&path).ok()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    let holder = LockHolder::parse(&text)?;
+    let pid = rustix::process::Pid::from_raw(i32::try_from(holder.pid).ok()?)?;
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) | Err(rustix::io::Errno::PERM) => {}
+        Err(_) => return None,
+    }
+    match file.try_lock_shared() {
+        Ok(()) => None, // free: the PID was reused; the lock drops with the file
+        Err(TryLockError::WouldBlock) => Some(holder),
+        Err(TryLockError::Error(_)) => None,
+    }
+}
+
 /// Opens (creating it if needed) and exclusively locks `<dir>/lock`, then
 /// writes our PID into it.
 fn acquire_lock(dir: &Path, id: &str) -> Result<File, StoreError> {
@@ -595,14 +680,9 @@ fn acquire_lock(dir: &Path, id: &str) -> Result<File, StoreError> {
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = match holder.trim() {
-                pid if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => {
-                    format!(" (pid {pid})")
-                }
-                _ => String::new(),
-            };
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            let holder = LockHolder::parse(&text).map_or_else(String::new, |h| h.describe());
             return Err(StoreError::Locked(format!(
                 "Session {id} is locked by another worker{holder}: {} is held",
                 path.display()

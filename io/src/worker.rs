@@ -189,6 +189,7 @@ pub async fn run_worker() -> Result<(), String> {
             return Ok(());
         }
     };
+    store.record_server(&socket);
     tracing::info!(session = %session_id, "session open");
     let (events_tx, mut events) = mpsc::channel::<RuntimeInput>(1024);
     let mut w = Worker {

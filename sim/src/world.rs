@@ -2007,19 +2007,8 @@ impl World {
         trace!(self, "server replacement requested");
         self.push(Input::HandoffRequested);
         self.run();
-        let released: Vec<String> = self
-            .orphans
-            .keys()
-            .filter_map(|o| self.workers.get(o).map(|w| w.session_id.clone()))
-            .collect();
         self.next_server();
-        if !released.is_empty() {
-            self.push(Input::AdoptionsExpected {
-                sessions: released,
-                wait: ADOPTION_WAIT,
-            });
-            self.run();
-        }
+        self.expect_orphans();
         between(self);
         self.announce_orphans();
     }
@@ -2056,8 +2045,34 @@ impl World {
     /// A new server starts (after [`World::crash_server_keep_workers`]);
     /// the orphans announce themselves and are adopted.
     pub fn start_server(&mut self) {
+        self.start_server_then(|_| {});
+    }
+
+    /// [`World::start_server`], running `between` after the new server read
+    /// the session locks and before any orphan announces itself.
+    pub fn start_server_then(&mut self, between: impl FnOnce(&mut World)) {
         self.next_server();
+        self.expect_orphans();
+        between(self);
         self.announce_orphans();
+    }
+
+    /// What a starting server learns from the session locks (or, after a
+    /// hand-off, from its predecessor): the sessions a live orphan holds will
+    /// be announced, so it expects them.
+    fn expect_orphans(&mut self) {
+        let held: Vec<String> = self
+            .orphans
+            .keys()
+            .filter_map(|o| self.workers.get(o).map(|w| w.session_id.clone()))
+            .collect();
+        if !held.is_empty() {
+            self.push(Input::AdoptionsExpected {
+                sessions: held,
+                wait: ADOPTION_WAIT,
+            });
+            self.run();
+        }
     }
 
     /// Pids of the orphans, with their sessions.

@@ -242,3 +242,34 @@ fn d08_attach_after_handoff_waits_for_adoption() {
     assert_eq!(w.worker_count(), 1);
     snapshot("d08_attach_after_handoff_waits_for_adoption", &w);
 }
+
+/// Issue #15, item 1: a server crashes mid-turn and a new one starts. The
+/// session lock, held by a live orphan that serves this server's id, tells
+/// it that the orphan will announce itself, so an attach arriving first waits
+/// for the adoption instead of spawning a second worker (which would find the
+/// lock held and answer `session_locked`); the orphan's turn completes.
+#[test]
+fn d09_attach_after_crash_waits_for_the_orphan() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, "keep going"));
+    w.crash_server_keep_workers();
+    let mut early = None;
+    w.start_server_then(|w| {
+        let b = w.connect_ready();
+        let r = attach(w, b, &s);
+        assert!(w.response(b, &r).is_none(), "the attach waits");
+        assert_eq!(w.worker_count(), 1, "no second worker");
+        early = Some((b, r));
+    });
+    let (b, r) = early.unwrap();
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached),
+        "answered once the orphan was adopted"
+    );
+    assert_eq!(w.worker_count(), 1);
+    w.settle(Duration::from_secs(10));
+    assert_eq!(completed_turns(&w, &s), 1, "the orphan's turn completed");
+    snapshot("d09_attach_after_crash_waits_for_the_orphan", &w);
+}

@@ -81,8 +81,11 @@ pub fn signal(pid: u32, name: &str) {
 
 /// The pid recorded in a session's lock file (the worker holding it last).
 pub fn lock_pid(session_dir: &Path, session_id: &str) -> Option<u32> {
+    // The first line is the holder's pid; the second, its server's worker socket.
     std::fs::read_to_string(session_dir.join(session_id).join("lock"))
         .ok()?
+        .lines()
+        .next()?
         .trim()
         .parse()
         .ok()

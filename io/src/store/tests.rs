@@ -393,6 +393,49 @@ fn lock_excludes_a_second_opener_until_released() {
     SessionStore::open(&dir, "busy").unwrap();
 }
 
+/// The lock file names its holder and the server it serves: a starting
+/// server reads that as the evidence of an orphan, and a refused opener is
+/// told which server holds the session and how to reach it.
+#[test]
+fn the_lock_names_its_holder_and_server() {
+    let tmp = TempDir::new();
+    let dir = tmp.sessions();
+    assert_eq!(live_holder(&dir, "held"), None, "no session, no holder");
+    let mut store = SessionStore::create(&dir, &session("held")).unwrap();
+    let me = std::process::id();
+    assert_eq!(
+        live_holder(&dir, "held"),
+        Some(LockHolder {
+            pid: me,
+            server: None
+        })
+    );
+    let socket = tmp.0.join("srv").join("alpha.workers.sock");
+    store.record_server(&socket);
+    assert_eq!(
+        live_holder(&dir, "held"),
+        Some(LockHolder {
+            pid: me,
+            server: Some(socket.clone())
+        })
+    );
+    let message = SessionStore::open(&dir, "held").unwrap_err().to_string();
+    assert!(
+        message.contains(&format!("worker pid {me} of server alpha"))
+            && message.contains(&format!(
+                "--server-dir {} --server-id alpha",
+                tmp.0.join("srv").display()
+            )),
+        "{message}"
+    );
+    store.close().unwrap();
+    assert_eq!(
+        live_holder(&dir, "held"),
+        None,
+        "a stale file naming a live pid is not a holder"
+    );
+}
+
 #[test]
 fn missing_sessions_are_not_found() {
     let tmp = TempDir::new();
