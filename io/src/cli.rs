@@ -28,7 +28,7 @@ use kernel::protocol::{
     SessionSnapshot, ThinkingLevel, TranscriptItem,
 };
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -138,14 +138,24 @@ enum Commands {
 
     /// Follow a session interactively.
     ///
-    /// Each line read from stdin is sent as a prompt when the session is
-    /// idle, and as a steering message while a turn runs. Replies stream to
-    /// stdout, from this and every other attached client. Ctrl-C aborts the
-    /// running turn (or exits when idle); Ctrl-D detaches and exits.
+    /// On a terminal this is a full-screen UI: the transcript (history,
+    /// streamed replies, thinking, tool calls, other clients' messages), a
+    /// status line, and an input box. Enter sends a prompt when the session
+    /// is idle and a steering message while a turn runs; Alt-Enter or Ctrl-J
+    /// adds a newline; a paste is one message. Ctrl-C aborts the running
+    /// turn (again, or when idle, it clears the input); Ctrl-D detaches.
+    /// Ctrl-T shows thinking; PageUp/PageDown scroll.
+    ///
+    /// Without a terminal, each line read from stdin is sent as a prompt
+    /// when the session is idle and as a steering message while a turn
+    /// runs, and replies stream to stdout.
     Attach {
         /// Session id (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
+        /// How many of the latest turns to show on attach, or `all`.
+        #[arg(long, default_value = "10", value_name = "N|all")]
+        history: crate::tui::History,
     },
 
     /// Delete a stored session.
@@ -296,7 +306,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             let text = prompt_text(&text)?;
             run_prompt(&target()?, &id, &text).await
         }
-        Commands::Attach { id } => run_attach(&target()?, &id).await,
+        Commands::Attach { id, history } => run_attach(&target()?, &id, history).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,
         Commands::Models { json } => run_models(&target()?, json).await,
         Commands::Acp => crate::acp::run(activate::connect(&target()?).await?).await,
@@ -914,13 +924,25 @@ struct Attached {
     done_tx: mpsc::Sender<Result<SessionSnapshot, ClientError>>,
 }
 
-async fn run_attach(target: &Target, id: &str) -> Result<(), String> {
+async fn run_attach(target: &Target, id: &str, history: crate::tui::History) -> Result<(), String> {
     let client = Arc::new(session_server(target, id).await?);
     let mut events = client.events();
     let snapshot = client
         .attach(id)
         .await
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+        drop(events);
+        let result = crate::tui::run(Arc::clone(&client), id, history).await;
+        if result.is_ok() {
+            let _ = client.detach(id).await;
+            eprintln!("detached from session {id}");
+        }
+        if let Ok(client) = Arc::try_unwrap(client) {
+            client.close().await;
+        }
+        return result;
+    }
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
     eprintln!(

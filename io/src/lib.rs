@@ -10,4 +10,5 @@ pub mod daemon;
 pub mod settings;
 pub mod socket;
 pub mod store;
+mod tui;
 pub mod worker;

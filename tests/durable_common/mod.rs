@@ -215,22 +215,40 @@ impl Env {
         self
     }
 
+    /// The environment every process of this world gets (set, then removed).
+    pub fn environment(&self) -> (Vec<(String, String)>, Vec<&'static str>) {
+        let mut set = vec![
+            ("HOME".to_owned(), self.root.display().to_string()),
+            (
+                "PI_CODING_AGENT_DIR".to_owned(),
+                self.agent_dir.display().to_string(),
+            ),
+            (
+                "PI_SERVER_DIR".to_owned(),
+                self.server_dir.display().to_string(),
+            ),
+        ];
+        set.extend(self.vars.iter().cloned());
+        let removed = vec![
+            "PI_SERVER_ID",
+            "PI_SERVER_IDLE_EXIT_MS",
+            "PI_WORKER_ORPHAN_GRACE_MS",
+            "PI_SERVER_ADOPTION_GRACE_MS",
+            "PI_FAUX_DELAY_MS",
+            "RUST_LOG",
+        ];
+        (set, removed)
+    }
+
     /// `pi-server <args>` with this world's environment.
     pub fn command(&self, args: &[&str]) -> Process {
         let mut cmd = Process::new(BIN);
-        cmd.args(args)
-            .env("HOME", &self.root)
-            .env("PI_CODING_AGENT_DIR", &self.agent_dir)
-            .env("PI_SERVER_DIR", &self.server_dir)
-            .env_remove("PI_SERVER_ID")
-            .env_remove("PI_SERVER_IDLE_EXIT_MS")
-            .env_remove("PI_WORKER_ORPHAN_GRACE_MS")
-            .env_remove("PI_SERVER_ADOPTION_GRACE_MS")
-            .env_remove("PI_FAUX_DELAY_MS")
-            .env_remove("RUST_LOG")
-            .current_dir(&self.root)
-            .stdin(Stdio::null());
-        for (name, value) in &self.vars {
+        cmd.args(args).current_dir(&self.root).stdin(Stdio::null());
+        let (set, removed) = self.environment();
+        for name in removed {
+            cmd.env_remove(name);
+        }
+        for (name, value) in set {
             cmd.env(name, value);
         }
         cmd

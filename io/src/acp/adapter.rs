@@ -25,7 +25,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use agent_client_protocol_schema::v1 as acp;
-use kernel::client::follow::{Follower, TurnOutcome, Update, turn_outcome};
+use kernel::client::follow::{
+    Follower, TurnOutcome, Update, input_text, tool_path, tool_title, turn_outcome,
+};
 use kernel::protocol::{
     Command, CommandResult, Content, CreateParams, ErrorCode, JsonValue, ModelMetadata, ModelRef,
     ServerEvent, SessionMetadata, SessionSnapshot, ThinkingLevel, ToolStatus,
@@ -931,45 +933,13 @@ fn tool_kind(name: &str) -> acp::ToolKind {
     }
 }
 
-/// A text field of a tool's input.
-fn input_text<'a>(input: &'a JsonValue, key: &str) -> Option<&'a str> {
-    match input.get(key) {
-        Some(JsonValue::Text(text)) => Some(text),
-        _ => None,
-    }
-}
-
-/// The path a tool works on, if its input names one.
-fn input_path(input: &JsonValue) -> Option<&str> {
-    input_text(input, "path").or_else(|| input_text(input, "file_path"))
-}
-
-/// `▸ bash: ls -la`-style title: the tool and its main argument.
-fn tool_title(name: &str, input: &JsonValue) -> String {
-    let main = input_text(input, "command")
-        .or_else(|| input_path(input))
-        .or_else(|| input_text(input, "pattern"))
-        .or_else(|| input_text(input, "url"));
-    match main {
-        Some(arg) => {
-            let line = arg.lines().next().unwrap_or_default();
-            let mut short: String = line.chars().take(120).collect();
-            if short.len() < arg.len() {
-                short.push('…');
-            }
-            format!("{name}: {short}")
-        }
-        None => name.to_owned(),
-    }
-}
-
 fn tool_call(
     id: &str,
     name: &str,
     input: &JsonValue,
     status: acp::ToolCallStatus,
 ) -> acp::ToolCall {
-    let locations = input_path(input)
+    let locations = tool_path(input)
         .map(|p| vec![acp::ToolCallLocation::new(p)])
         .unwrap_or_default();
     acp::ToolCall::new(id.to_owned(), tool_title(name, input))
@@ -983,7 +953,7 @@ fn tool_call(
 /// diff ACP can show.
 fn tool_output(name: &str, input: &JsonValue, content: &[Content]) -> Vec<acp::ToolCallContent> {
     let mut out = Vec::new();
-    if let Some(path) = input_path(input) {
+    if let Some(path) = tool_path(input) {
         let diff = match name {
             "write" => input_text(input, "content").map(|new| acp::Diff::new(path, new)),
             "edit" => match (input_text(input, "oldText"), input_text(input, "newText")) {

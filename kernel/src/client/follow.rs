@@ -160,6 +160,39 @@ pub fn text_of(content: &[Content]) -> String {
         .collect()
 }
 
+/// A text field of a tool's input.
+pub fn input_text<'a>(input: &'a JsonValue, key: &str) -> Option<&'a str> {
+    match input.get(key) {
+        Some(JsonValue::Text(text)) => Some(text),
+        _ => None,
+    }
+}
+
+/// The path a tool works on, if its input names one.
+pub fn tool_path(input: &JsonValue) -> Option<&str> {
+    input_text(input, "path").or_else(|| input_text(input, "file_path"))
+}
+
+/// A tool call's one-line title, the tool and its main argument:
+/// `bash: ls -la`, `read: src/main.rs`. Every front end names calls alike.
+pub fn tool_title(name: &str, input: &JsonValue) -> String {
+    let main = input_text(input, "command")
+        .or_else(|| tool_path(input))
+        .or_else(|| input_text(input, "pattern"))
+        .or_else(|| input_text(input, "url"));
+    match main {
+        Some(arg) => {
+            let line = arg.lines().next().unwrap_or_default();
+            let mut short: String = line.chars().take(120).collect();
+            if short.len() < arg.len() {
+                short.push('…');
+            }
+            format!("{name}: {short}")
+        }
+        None => name.to_owned(),
+    }
+}
+
 /// What was told of one transcript item.
 #[derive(Debug, Clone, PartialEq)]
 enum Told {

@@ -535,6 +535,10 @@ pub struct Leases {
     leases: BTreeMap<LeaseId, Lease>,
     /// Calls taken in and not yet completed.
     outstanding: BTreeSet<CallId>,
+    /// Requests about a session being re-attached after a reconnection,
+    /// held until that `attach` is answered: sent before it, the server
+    /// would judge them on a connection not attached yet.
+    held: Vec<(String, CallId, Command, Purpose)>,
     /// Outputs of the current step.
     outputs: Vec<LeaseOutput>,
 }
@@ -736,6 +740,7 @@ impl Leases {
             session.attached = false;
             session.cleanup_required = false;
         }
+        self.fail_held(&LeaseError::Disconnected);
         let pending = std::mem::take(&mut self.pending);
         for (sequence, request) in pending {
             match (&request.purpose, request.prompt) {
@@ -797,6 +802,7 @@ impl Leases {
             session.reattach = false;
         }
         self.invalidate_all();
+        self.fail_held(error);
         let pending = std::mem::take(&mut self.pending);
         if let Some(purpose) = first {
             self.request_failed(purpose, error);
@@ -895,8 +901,37 @@ impl Leases {
     }
 
     fn request_for_call(&mut self, call: CallId, command: Command, purpose: Purpose) {
+        if let Some(session_id) = command.session_id()
+            && self
+                .sessions
+                .get(session_id)
+                .and_then(|s| s.attaching)
+                .is_some_and(|a| a.reattach)
+        {
+            let session_id = session_id.to_owned();
+            self.held.push((session_id, call, command, purpose));
+            return;
+        }
         if let Err(error) = self.send(command, purpose) {
             self.complete(call, Err(error));
+        }
+    }
+
+    /// Sends the requests held for `session_id`'s re-attachment, in order.
+    fn release_held(&mut self, session_id: &str) {
+        let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(s, ..)| s == session_id);
+        self.held = rest;
+        for (_, call, command, purpose) in ready {
+            self.request_for_call(call, command, purpose);
+        }
+    }
+
+    /// Held requests never reached the server: they fail with `error`.
+    fn fail_held(&mut self, error: &LeaseError) {
+        for (_, _, _, purpose) in std::mem::take(&mut self.held) {
+            self.request_failed(purpose, error);
         }
     }
 
@@ -1306,6 +1341,7 @@ impl Leases {
                 for lease in self.acquirers(&session_id, Awaiting::Attach) {
                     self.grant(lease);
                 }
+                self.release_held(&session_id);
             }
             Purpose::Reconcile { session_id } => {
                 let session = self.session_mut(&session_id);
@@ -1362,6 +1398,8 @@ impl Leases {
                 if attaching.reattach && *error != LeaseError::Disconnected {
                     self.invalidate_session(&session_id);
                 }
+                // The server answers them now (not attached, most likely).
+                self.release_held(&session_id);
             }
             Purpose::Reconcile { session_id } => {
                 self.session_mut(&session_id).reconciling = None;
@@ -1400,8 +1438,17 @@ impl Leases {
         }
         if !self.connected {
             assert!(
-                self.pending.is_empty(),
+                self.pending.is_empty() && self.held.is_empty(),
                 "requests pending while disconnected"
+            );
+        }
+        for (session_id, ..) in &self.held {
+            assert!(
+                self.sessions
+                    .get(session_id)
+                    .and_then(|s| s.attaching)
+                    .is_some_and(|a| a.reattach),
+                "{session_id}: a request is held with no re-attachment in flight"
             );
         }
         if self.suspended {
@@ -1576,7 +1623,7 @@ impl Leases {
         }
     }
 
-    /// Every outstanding call waits in exactly one place.
+    /// Every outstanding call waits in exactly one place (held requests included).
     fn call_invariants(&self) {
         let mut waiting = Vec::new();
         for lease in self.leases.values() {
@@ -1586,13 +1633,18 @@ impl Leases {
                 _ => {}
             }
         }
-        for pending in self.pending.values() {
-            match pending.purpose {
+        let purposes = self
+            .pending
+            .values()
+            .map(|p| &p.purpose)
+            .chain(self.held.iter().map(|(_, _, _, purpose)| purpose));
+        for purpose in purposes {
+            match purpose {
                 Purpose::Create { call }
                 | Purpose::List { call }
                 | Purpose::Command { call }
                 | Purpose::Call { call } => {
-                    waiting.push(call);
+                    waiting.push(*call);
                 }
                 _ => {}
             }

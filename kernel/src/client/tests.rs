@@ -462,6 +462,87 @@ fn a_plain_attachment_is_restored_too() {
     );
 }
 
+/// A request about a session sent while its re-attachment is in flight
+/// waits for the `attach` to be answered: the new server may take time to
+/// attach (an orphan's adoption), and would refuse the prompt as not
+/// attached if it came first.
+#[test]
+fn requests_wait_for_the_re_attachment_of_their_session() {
+    let mut h = Harness::ready(true);
+    let lease = h.lease(session(1, SessionPhase::Idle, &[]));
+    h.reconnect("conn-2");
+    let reattach = h.request();
+    assert!(matches!(reattach.command, Command::Attach { .. }));
+    // A lease is not active until its session is attached again (the
+    // reference client's rule): its commands fail at once, as they did.
+    let call = h.call(Call::Command {
+        lease,
+        command: SessionCommand::Prompt {
+            text: "early".into(),
+        },
+    });
+    assert!(matches!(h.completion(call), Some(Err(_))));
+    let prompt = h.call(Call::Request(Command::Prompt {
+        session_id: "s1".into(),
+        text: "go".into(),
+    }));
+    let plain = h.call(Call::Request(Command::Steer {
+        session_id: "s1".into(),
+        text: "also".into(),
+    }));
+    h.call(Call::Request(Command::List));
+    assert!(
+        matches!(h.take_sent().as_slice(), [ClientMessage::Request(r)] if r.command == Command::List),
+        "only the request about another thing goes out"
+    );
+    h.respond(
+        &reattach.id,
+        Ok(CommandResult::Attach {
+            session: session(2, SessionPhase::Idle, &[]),
+        }),
+    );
+    let sent: Vec<Command> = h
+        .take_sent()
+        .into_iter()
+        .map(|m| match m {
+            ClientMessage::Request(r) => r.command,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        matches!(
+            sent.as_slice(),
+            [Command::Prompt { .. }, Command::Steer { .. }]
+        ),
+        "then the held ones, in order: {sent:?}"
+    );
+    assert!(h.completion(prompt).is_none() && h.completion(plain).is_none());
+}
+
+/// Held requests never reached a server: a lost transport fails them.
+#[test]
+fn held_requests_fail_when_the_transport_is_lost_again() {
+    let mut h = Harness::ready(true);
+    let lease = h.lease(session(1, SessionPhase::Idle, &[]));
+    h.reconnect("conn-2");
+    let _reattach = h.request();
+    let _ = lease;
+    let call = h.call(Call::Request(Command::Steer {
+        session_id: "s1".into(),
+        text: "x".into(),
+    }));
+    assert!(h.take_sent().is_empty(), "held");
+    assert!(h.completion(call).is_none());
+    h.step(ClientInput::TransportClosed {
+        reason: "gone again".into(),
+    });
+    assert!(
+        matches!(h.completion(call), Some(Err(ClientError::Disconnected(_)))),
+        "{:?}",
+        h.completion(call)
+    );
+}
+
 #[test]
 fn reconnection_backs_off_and_gives_up_after_its_window() {
     let mut h = Harness::ready(true);

@@ -1,0 +1,308 @@
+//! Markdown to styled terminal lines: headings, emphasis, inline code, code
+//! blocks, lists, quotes and links, from pulldown-cmark's events. Partial
+//! markdown (a reply still streaming, an unclosed code fence) renders as far
+//! as it goes. The input is already sanitised.
+
+use pulldown_cmark::{CodeBlockKind, Event, HeadingLevel, Options, Parser, Tag, TagEnd};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+
+/// The lines of `text` rendered, unwrapped (the renderer wraps them).
+pub(crate) fn render(text: &str) -> Vec<Line<'static>> {
+    let mut r = Renderer::default();
+    let options = Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    for event in Parser::new_ext(text, options) {
+        r.event(event);
+    }
+    r.flush();
+    while r.lines.last().is_some_and(|l| l.spans.is_empty()) {
+        r.lines.pop();
+    }
+    r.lines
+}
+
+#[derive(Default)]
+struct Renderer {
+    lines: Vec<Line<'static>>,
+    /// The line being built.
+    spans: Vec<Span<'static>>,
+    /// Inline styles in force (emphasis, strong, …).
+    styles: Vec<Style>,
+    /// Open lists: the next number of each ordered one.
+    lists: Vec<Option<u64>>,
+    /// Prefix of every line: quote bars and list indentation.
+    quote: usize,
+    /// Inside a code block.
+    code: bool,
+    /// The link target of an open link.
+    link: Option<String>,
+    /// A list item's bullet, to put before its first text.
+    bullet: Option<String>,
+}
+
+impl Renderer {
+    fn style(&self) -> Style {
+        self.styles
+            .iter()
+            .fold(Style::default(), |acc, s| acc.patch(*s))
+    }
+
+    fn indent(&self) -> String {
+        let mut prefix = "▎ ".repeat(self.quote);
+        prefix.push_str(&"  ".repeat(self.lists.len().saturating_sub(1)));
+        prefix
+    }
+
+    fn start_line(&mut self) {
+        if self.spans.is_empty() {
+            let indent = self.indent();
+            if !indent.is_empty() {
+                self.spans.push(Span::styled(
+                    indent,
+                    Style::default().add_modifier(Modifier::DIM),
+                ));
+            }
+            if let Some(bullet) = self.bullet.take() {
+                self.spans
+                    .push(Span::styled(bullet, Style::default().fg(Color::Cyan)));
+            }
+        }
+    }
+
+    fn push(&mut self, text: &str, style: Style) {
+        for (i, part) in text.split('\n').enumerate() {
+            if i > 0 {
+                self.flush();
+            }
+            if part.is_empty() {
+                continue;
+            }
+            self.start_line();
+            self.spans.push(Span::styled(part.to_owned(), style));
+        }
+    }
+
+    /// Ends the line being built, if any.
+    fn flush(&mut self) {
+        if !self.spans.is_empty() {
+            self.lines.push(Line::from(std::mem::take(&mut self.spans)));
+        }
+    }
+
+    fn blank(&mut self) {
+        self.flush();
+        if self.lines.last().is_some_and(|l| !l.spans.is_empty()) {
+            self.lines.push(Line::default());
+        }
+    }
+
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Start(tag) => self.start(tag),
+            Event::End(tag) => self.end(tag),
+            Event::Text(text) if self.code => {
+                let style = Style::default().fg(Color::Yellow);
+                let bar = Style::default().add_modifier(Modifier::DIM);
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                for line in text.split('\n') {
+                    self.start_line();
+                    self.spans.push(Span::styled("│ ", bar));
+                    self.spans.push(Span::styled(line.to_owned(), style));
+                    self.flush();
+                }
+            }
+            Event::Text(text) => self.push(&text, self.style()),
+            Event::Code(code) => {
+                let style = self.style().fg(Color::Cyan);
+                self.push(&code, style);
+            }
+            Event::SoftBreak => self.push(" ", self.style()),
+            Event::HardBreak => self.flush(),
+            Event::Rule => {
+                self.blank();
+                self.lines.push(Line::styled(
+                    "────────",
+                    Style::default().add_modifier(Modifier::DIM),
+                ));
+                self.lines.push(Line::default());
+            }
+            Event::TaskListMarker(done) => {
+                self.push(if done { "[x] " } else { "[ ] " }, self.style());
+            }
+            Event::Html(html) | Event::InlineHtml(html) => self.push(&html, self.style()),
+            Event::FootnoteReference(name) => self.push(&format!("[{name}]"), self.style()),
+            Event::InlineMath(m) | Event::DisplayMath(m) => self.push(&m, self.style()),
+        }
+    }
+
+    fn start(&mut self, tag: Tag<'_>) {
+        match tag {
+            Tag::Paragraph => {}
+            Tag::Heading { level, .. } => {
+                self.blank();
+                let mut style = Style::default().add_modifier(Modifier::BOLD);
+                if level == HeadingLevel::H1 {
+                    style = style.add_modifier(Modifier::UNDERLINED);
+                }
+                self.styles.push(style);
+            }
+            Tag::BlockQuote(_) => {
+                self.flush();
+                self.quote += 1;
+            }
+            Tag::CodeBlock(kind) => {
+                self.blank();
+                if let CodeBlockKind::Fenced(lang) = kind
+                    && !lang.is_empty()
+                {
+                    self.start_line();
+                    self.spans.push(Span::styled(
+                        format!("╭ {lang}"),
+                        Style::default().add_modifier(Modifier::DIM),
+                    ));
+                    self.flush();
+                }
+                self.code = true;
+            }
+            Tag::List(start) => {
+                if self.lists.is_empty() {
+                    self.blank();
+                } else {
+                    self.flush();
+                }
+                self.lists.push(start);
+            }
+            Tag::Item => {
+                self.flush();
+                let bullet = match self.lists.last_mut() {
+                    Some(Some(n)) => {
+                        *n += 1;
+                        format!("{}. ", *n - 1)
+                    }
+                    _ => "• ".to_string(),
+                };
+                self.bullet = Some(bullet);
+            }
+            Tag::Emphasis => self
+                .styles
+                .push(Style::default().add_modifier(Modifier::ITALIC)),
+            Tag::Strong => self
+                .styles
+                .push(Style::default().add_modifier(Modifier::BOLD)),
+            Tag::Strikethrough => self
+                .styles
+                .push(Style::default().add_modifier(Modifier::CROSSED_OUT)),
+            Tag::Link { dest_url, .. } => {
+                self.link = Some(dest_url.to_string());
+                self.styles
+                    .push(Style::default().add_modifier(Modifier::UNDERLINED));
+            }
+            Tag::Image { dest_url, .. } => self.push(&format!("[image {dest_url}] "), self.style()),
+            _ => {}
+        }
+    }
+
+    fn end(&mut self, tag: TagEnd) {
+        match tag {
+            TagEnd::Paragraph => {
+                if self.lists.is_empty() {
+                    self.blank();
+                } else {
+                    self.flush();
+                }
+            }
+            TagEnd::Heading(_) => {
+                self.styles.pop();
+                self.blank();
+            }
+            TagEnd::BlockQuote(_) => {
+                self.flush();
+                self.quote = self.quote.saturating_sub(1);
+                self.blank();
+            }
+            TagEnd::CodeBlock => {
+                self.code = false;
+                self.blank();
+            }
+            TagEnd::List(_) => {
+                self.flush();
+                self.lists.pop();
+                if self.lists.is_empty() {
+                    self.blank();
+                }
+            }
+            TagEnd::Item => self.flush(),
+            TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough => {
+                self.styles.pop();
+            }
+            TagEnd::Link => {
+                self.styles.pop();
+                if let Some(url) = self.link.take() {
+                    let shown: String = self.spans.iter().map(|s| s.content.as_ref()).collect();
+                    if !shown.ends_with(&url) {
+                        self.push(
+                            &format!(" ({url})"),
+                            Style::default().add_modifier(Modifier::DIM),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(lines: &[Line<'_>]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn blocks_and_inlines() {
+        let text = "# Title\n\nSome *soft* and **bold** `code`.\n\n- one\n- two\n  1. inner\n\n```rust\nfn main() {}\n```\n\n> quoted\n";
+        let lines = render(text);
+        assert_eq!(
+            plain(&lines),
+            [
+                "Title",
+                "",
+                "Some soft and bold code.",
+                "",
+                "• one",
+                "• two",
+                "  1. inner",
+                "",
+                "╭ rust",
+                "│ fn main() {}",
+                "",
+                "▎ quoted",
+            ]
+        );
+        let bold = &lines[2].spans[3];
+        assert_eq!(bold.content, "bold");
+        assert!(bold.style.add_modifier.contains(Modifier::BOLD));
+        assert_eq!(lines[2].spans[5].style.fg, Some(Color::Cyan));
+    }
+
+    #[test]
+    fn an_unclosed_fence_renders_as_code() {
+        assert_eq!(
+            plain(&render("Look:\n```\nlet x = 1;\nlet y")),
+            ["Look:", "", "│ let x = 1;", "│ let y"]
+        );
+    }
+
+    #[test]
+    fn links_show_their_target() {
+        assert_eq!(
+            plain(&render("see [docs](https://x.test/d) or <https://y.test>")),
+            ["see docs (https://x.test/d) or https://y.test"]
+        );
+    }
+}

@@ -1,0 +1,724 @@
+//! The terminal UI's state, without a terminal: what the transcript shows,
+//! what the input line holds, and what a key asks for.
+//!
+//! The host ([`super::run`]) feeds it server events, connection status,
+//! keys, pastes and the results of the requests it made, and carries out the
+//! [`Action`]s it returns; [`super::render`] draws it. What is new in the
+//! session is decided by the kernel's [`Follower`] (one decision for every
+//! front end); this module decides only what the user sees and typed.
+//!
+//! Invariants:
+//! - Invariant: every text that came from the model, a tool or another
+//!   client is [`sanitize`]d before it is stored, so no control character
+//!   reaches the terminal.
+//! - Invariant: one Enter sends one message, whatever it holds (a paste of
+//!   several lines is one message); it is a prompt when the session is idle
+//!   and a steer while a turn runs ([`View::busy`]), and the input's title
+//!   says which first.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use kernel::client::follow::{self, Follower, TurnOutcome, Update};
+use kernel::protocol::{
+    AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ThinkingLevel, ToolStatus,
+    TranscriptItem,
+};
+
+/// How much of the stored history `attach` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum History {
+    /// The last N turns.
+    Last(usize),
+    /// Everything.
+    All,
+}
+
+impl std::str::FromStr for History {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "all" {
+            return Ok(Self::All);
+        }
+        s.parse()
+            .map(Self::Last)
+            .map_err(|_| format!("expected a number of turns or `all`, got `{s}`"))
+    }
+}
+
+/// What the host must do for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Send a prompt (the session was idle).
+    Prompt(String),
+    /// Send a steering message (a turn runs).
+    Steer(String),
+    /// Abort the running turn.
+    Abort,
+    /// Detach and leave.
+    Detach,
+}
+
+/// The result of a request the host made for an [`Action`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Done {
+    /// The prompt's turn ended with this snapshot, or the prompt failed.
+    Prompt(Result<Box<SessionSnapshot>, String>),
+    /// The steer was queued, or refused.
+    Steer(Result<(), String>),
+    /// The abort was taken, or refused.
+    Abort(Result<(), String>),
+}
+
+/// How a notice looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+/// One entry of the transcript as shown.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Block {
+    /// A user message; `other` when another client sent it.
+    User { text: String, other: bool },
+    /// An assistant reply: its text (markdown), its thinking, whether it
+    /// ended, and how, when that was an error or an abort.
+    Reply {
+        item_id: String,
+        text: String,
+        thinking: String,
+        ended: bool,
+        problem: Option<String>,
+    },
+    /// A tool call: its title, its status (`None` until it runs) and output.
+    Tool {
+        call_id: String,
+        title: String,
+        status: Option<ToolStatus>,
+        output: String,
+    },
+    /// A line from the UI itself: retries, errors, reconnection, turn ends.
+    Notice { level: Level, text: String },
+}
+
+/// The status line's facts, from the latest snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Status {
+    pub(crate) session: String,
+    pub(crate) name: Option<String>,
+    pub(crate) model: String,
+    pub(crate) thinking: ThinkingLevel,
+    pub(crate) phase: SessionPhase,
+    /// Tokens and cost of every reply in the session.
+    pub(crate) tokens: u64,
+    pub(crate) cost: f64,
+    /// Steers accepted and not yet taken into the turn.
+    pub(crate) queued_steers: u64,
+}
+
+impl Status {
+    fn of(snapshot: &SessionSnapshot) -> Self {
+        let (mut tokens, mut cost) = (0, 0.0);
+        for item in &snapshot.transcript {
+            if let TranscriptItem::Assistant(a) = item
+                && let Some(usage) = &a.usage
+            {
+                tokens += usage.total_tokens;
+                cost += usage.cost.total;
+            }
+        }
+        Self {
+            session: snapshot.id.clone(),
+            name: snapshot.name.clone(),
+            model: format!("{}/{}", snapshot.model.provider, snapshot.model.id),
+            thinking: snapshot.thinking_level,
+            phase: snapshot.phase,
+            tokens,
+            cost,
+            queued_steers: snapshot.queued_steer_count,
+        }
+    }
+}
+
+/// The line being typed, with its cursor and the history of sent lines.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Editor {
+    text: String,
+    /// Byte offset into `text`, on a char boundary.
+    cursor: usize,
+    history: Vec<String>,
+    /// While browsing: the history entry shown, and the draft it replaced.
+    browsing: Option<(usize, String)>,
+}
+
+impl Editor {
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub(crate) fn cursor(&self) -> usize {
+        self.cursor
+    }
+
+    fn insert(&mut self, text: &str) {
+        self.browsing = None;
+        self.text.insert_str(self.cursor, text);
+        self.cursor += text.len();
+    }
+
+    fn prev_boundary(&self) -> usize {
+        self.text[..self.cursor]
+            .char_indices()
+            .next_back()
+            .map_or(0, |(i, _)| i)
+    }
+
+    fn next_boundary(&self) -> usize {
+        self.text[self.cursor..]
+            .chars()
+            .next()
+            .map_or(self.cursor, |c| self.cursor + c.len_utf8())
+    }
+
+    fn backspace(&mut self) {
+        let start = self.prev_boundary();
+        self.text.replace_range(start..self.cursor, "");
+        self.cursor = start;
+    }
+
+    fn delete(&mut self) {
+        let end = self.next_boundary();
+        self.text.replace_range(self.cursor..end, "");
+    }
+
+    fn line_start(&self) -> usize {
+        self.text[..self.cursor].rfind('\n').map_or(0, |i| i + 1)
+    }
+
+    fn line_end(&self) -> usize {
+        self.text[self.cursor..]
+            .find('\n')
+            .map_or(self.text.len(), |i| self.cursor + i)
+    }
+
+    /// Ctrl-W: the word before the cursor, and the spaces after it.
+    fn delete_word(&mut self) {
+        let before = &self.text[..self.cursor];
+        let trimmed = before.trim_end_matches([' ', '\t']);
+        let start = trimmed
+            .rfind(|c: char| c.is_whitespace())
+            .map_or(0, |i| i + 1);
+        self.text.replace_range(start..self.cursor, "");
+        self.cursor = start;
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.cursor = 0;
+        self.browsing = None;
+    }
+
+    /// Takes the text to send, remembering it in the history.
+    fn take(&mut self) -> String {
+        let text = std::mem::take(&mut self.text);
+        self.cursor = 0;
+        self.browsing = None;
+        if !text.trim().is_empty() && self.history.last() != Some(&text) {
+            self.history.push(text.clone());
+        }
+        text
+    }
+
+    fn show(&mut self, text: String) {
+        self.text = text;
+        self.cursor = self.text.len();
+    }
+
+    fn history_prev(&mut self) {
+        let index = match &self.browsing {
+            Some((0, _)) => return,
+            Some((i, _)) => i - 1,
+            None if self.history.is_empty() => return,
+            None => self.history.len() - 1,
+        };
+        let draft = match self.browsing.take() {
+            Some((_, draft)) => draft,
+            None => self.text.clone(),
+        };
+        self.show(self.history[index].clone());
+        self.browsing = Some((index, draft));
+    }
+
+    fn history_next(&mut self) {
+        match self.browsing.take() {
+            Some((i, draft)) if i + 1 >= self.history.len() => self.show(draft),
+            Some((i, draft)) => {
+                self.show(self.history[i + 1].clone());
+                self.browsing = Some((i + 1, draft));
+            }
+            None => {}
+        }
+    }
+}
+
+/// The whole UI state of one attached session.
+#[derive(Debug, Clone)]
+pub(crate) struct View {
+    follower: Follower,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) status: Status,
+    pub(crate) editor: Editor,
+    /// While the connection is being re-established: why it was lost.
+    pub(crate) reconnecting: Option<String>,
+    /// Our prompt's request is pending.
+    prompting: bool,
+    /// An abort was asked for this turn.
+    aborting: bool,
+    /// Lines scrolled up from the bottom of the transcript (0 follows it).
+    pub(crate) scroll: usize,
+    pub(crate) show_thinking: bool,
+    /// Advances with time while something runs (the spinner).
+    pub(crate) tick: u64,
+    /// The transcript length when the current turn started.
+    turn_base: usize,
+    /// The session was removed: the host leaves.
+    pub(crate) removed: bool,
+}
+
+/// Spinner frames.
+pub(crate) const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
+
+impl View {
+    /// A view of `snapshot`'s session showing `history` of its transcript.
+    pub(crate) fn new(snapshot: &SessionSnapshot, history: History) -> Self {
+        let mut view = Self {
+            follower: Follower::new(snapshot.id.clone()),
+            blocks: Vec::new(),
+            status: Status::of(snapshot),
+            editor: Editor::default(),
+            reconnecting: None,
+            prompting: false,
+            aborting: false,
+            scroll: 0,
+            show_thinking: false,
+            tick: 0,
+            turn_base: turn_base(snapshot),
+            removed: false,
+        };
+        // History is not labelled by sender: the protocol does not record it.
+        for update in view.follower.replay(snapshot) {
+            match update {
+                Update::User { text, .. } => view.blocks.push(Block::User {
+                    text: sanitize(&text),
+                    other: false,
+                }),
+                update => view.apply_one(update),
+            }
+        }
+        if let History::Last(turns) = history {
+            view.keep_last_turns(turns);
+        }
+        view
+    }
+
+    /// Keeps the blocks of the last `turns` user messages (and what follows).
+    fn keep_last_turns(&mut self, turns: usize) {
+        let starts: Vec<usize> = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| matches!(b, Block::User { .. }))
+            .map(|(i, _)| i)
+            .collect();
+        if starts.len() <= turns {
+            return;
+        }
+        let hidden = starts.len() - turns;
+        let cut = if turns == 0 {
+            self.blocks.len()
+        } else {
+            starts[hidden]
+        };
+        self.blocks.drain(..cut);
+        let s = if hidden == 1 { "" } else { "s" };
+        self.blocks.insert(
+            0,
+            Block::Notice {
+                level: Level::Info,
+                text: format!("… {hidden} earlier turn{s} not shown (--history all shows them)"),
+            },
+        );
+    }
+
+    /// True while a turn runs or our prompt is on its way: Enter steers.
+    pub(crate) fn busy(&self) -> bool {
+        self.prompting || self.status.phase != SessionPhase::Idle
+    }
+
+    /// True while something runs that the spinner shows.
+    pub(crate) fn animating(&self) -> bool {
+        self.busy() || self.reconnecting.is_some()
+    }
+
+    /// A server event (any session; others are ignored).
+    pub(crate) fn on_event(&mut self, event: &ServerEvent) {
+        let updates = self.follower.on_event(event);
+        self.apply(updates);
+        match event {
+            ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.status.session => {
+                self.on_snapshot(snapshot);
+            }
+            ServerEvent::SessionRemoved { session_id } if *session_id == self.status.session => {
+                self.notice(Level::Error, "this session was removed".into());
+                self.removed = true;
+            }
+            _ => {}
+        }
+    }
+
+    fn on_snapshot(&mut self, snapshot: &SessionSnapshot) {
+        let before = self.status.phase;
+        self.status = Status::of(snapshot);
+        let now = snapshot.phase;
+        if before == SessionPhase::Idle && now != SessionPhase::Idle {
+            self.turn_base = turn_base(snapshot);
+        }
+        if now == SessionPhase::Retry && before != SessionPhase::Retry {
+            self.notice(
+                Level::Warn,
+                "the model reported a transient error; retrying…".into(),
+            );
+        }
+        if now == SessionPhase::Compaction && before != SessionPhase::Compaction {
+            self.notice(
+                Level::Info,
+                "compacting older history into a summary…".into(),
+            );
+        }
+        if before != SessionPhase::Idle && now == SessionPhase::Idle {
+            self.turn_ended(snapshot);
+        }
+    }
+
+    /// The line that says how a turn ended, when no reply says it.
+    fn turn_ended(&mut self, snapshot: &SessionSnapshot) {
+        self.aborting = false;
+        let base = turn_base(snapshot).min(self.turn_base);
+        // An aborted or failed reply says so itself; these endings have no reply to say it.
+        match follow::turn_outcome(snapshot, base) {
+            TurnOutcome::MaxTokens => {
+                self.notice(
+                    Level::Warn,
+                    "the reply was cut at the output token limit".into(),
+                );
+            }
+            TurnOutcome::Aborted { tool: Some(tool) } => {
+                self.notice(
+                    Level::Warn,
+                    format!("■ turn aborted during the {} tool call", sanitize(&tool)),
+                );
+            }
+            TurnOutcome::Completed
+            | TurnOutcome::Aborted { tool: None }
+            | TurnOutcome::Failed { .. } => {}
+        }
+    }
+
+    /// Progress may have been lost (the event reader fell behind).
+    pub(crate) fn on_gap(&mut self) {
+        self.follower.gap();
+    }
+
+    /// The connection was lost (`Some(reason)`) or is back (`None`).
+    pub(crate) fn on_connection(&mut self, lost: Option<String>) {
+        match lost {
+            Some(reason) => {
+                self.follower.gap();
+                if self.reconnecting.is_none() {
+                    self.notice(
+                        Level::Warn,
+                        format!("lost the server ({}); reconnecting…", sanitize(&reason)),
+                    );
+                }
+                self.reconnecting = Some(reason);
+            }
+            None => {
+                if self.reconnecting.take().is_some() {
+                    self.notice(Level::Info, "reconnected".into());
+                }
+            }
+        }
+    }
+
+    /// A request the host made finished.
+    pub(crate) fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Prompt(result) => {
+                self.prompting = false;
+                match result {
+                    Ok(snapshot) => {
+                        // Whatever the stream missed of the turn, then its end.
+                        let updates = self.follower.on_snapshot(&snapshot);
+                        self.apply(updates);
+                        let was = self.status.phase;
+                        self.on_snapshot(&snapshot);
+                        if was == SessionPhase::Idle && snapshot.phase == SessionPhase::Idle {
+                            // The turn ran between two snapshots we never saw busy.
+                            self.turn_ended(&snapshot);
+                        }
+                    }
+                    Err(e) => {
+                        self.notice(Level::Error, format!("prompt refused: {}", sanitize(&e)))
+                    }
+                }
+            }
+            Done::Steer(Err(e)) => {
+                self.notice(Level::Error, format!("steer refused: {}", sanitize(&e)))
+            }
+            Done::Abort(Err(e)) => {
+                self.aborting = false;
+                self.notice(Level::Error, format!("cannot abort: {}", sanitize(&e)));
+            }
+            Done::Steer(Ok(())) | Done::Abort(Ok(())) => {}
+        }
+    }
+
+    /// A bracketed paste: inserted whole, newlines kept, sent as one message.
+    pub(crate) fn on_paste(&mut self, text: &str) {
+        let text = text.replace("\r\n", "\n").replace('\r', "\n");
+        self.editor.insert(&sanitize(&text));
+    }
+
+    /// A key; returns what the host must do.
+    pub(crate) fn on_key(&mut self, key: KeyEvent) -> Vec<Action> {
+        if key.kind == KeyEventKind::Release {
+            return Vec::new();
+        }
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        let alt = key.modifiers.contains(KeyModifiers::ALT);
+        match key.code {
+            KeyCode::Char('c') if ctrl => return self.interrupt(),
+            KeyCode::Char('d') if ctrl => {
+                if self.editor.text.is_empty() {
+                    return vec![Action::Detach];
+                }
+                self.editor.delete();
+            }
+            KeyCode::Enter if alt => self.editor.insert("\n"),
+            KeyCode::Char('j') if ctrl => self.editor.insert("\n"),
+            KeyCode::Enter => return self.submit(),
+            KeyCode::Char('t') if ctrl => self.show_thinking = !self.show_thinking,
+            KeyCode::Char('a') if ctrl => self.editor.cursor = self.editor.line_start(),
+            KeyCode::Char('e') if ctrl => self.editor.cursor = self.editor.line_end(),
+            KeyCode::Char('u') if ctrl => {
+                let start = self.editor.line_start();
+                self.editor
+                    .text
+                    .replace_range(start..self.editor.cursor, "");
+                self.editor.cursor = start;
+            }
+            KeyCode::Char('w') if ctrl => self.editor.delete_word(),
+            KeyCode::Char(c) if !ctrl => self.editor.insert(c.encode_utf8(&mut [0; 4])),
+            KeyCode::Tab => self.editor.insert("    "),
+            KeyCode::Backspace => self.editor.backspace(),
+            KeyCode::Delete => self.editor.delete(),
+            KeyCode::Left => self.editor.cursor = self.editor.prev_boundary(),
+            KeyCode::Right => self.editor.cursor = self.editor.next_boundary(),
+            KeyCode::Home => self.editor.cursor = self.editor.line_start(),
+            KeyCode::End if ctrl => self.scroll = 0,
+            KeyCode::End => self.editor.cursor = self.editor.line_end(),
+            KeyCode::Up => self.editor.history_prev(),
+            KeyCode::Down => self.editor.history_next(),
+            KeyCode::PageUp => self.scroll += 10,
+            KeyCode::PageDown => self.scroll = self.scroll.saturating_sub(10),
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// Ctrl-C: aborts a running turn; pressed again, or when idle, clears the input.
+    fn interrupt(&mut self) -> Vec<Action> {
+        if self.busy() && !self.aborting {
+            self.aborting = true;
+            self.notice(Level::Info, "aborting the turn…".into());
+            return vec![Action::Abort];
+        }
+        if self.editor.text.is_empty() && !self.busy() {
+            self.notice(Level::Info, "Ctrl-D detaches".into());
+        }
+        self.editor.clear();
+        Vec::new()
+    }
+
+    fn submit(&mut self) -> Vec<Action> {
+        if self.editor.text.trim().is_empty() {
+            return Vec::new();
+        }
+        if self.reconnecting.is_some() {
+            self.notice(
+                Level::Warn,
+                "not sent: the server is reconnecting; press Enter again once it is back".into(),
+            );
+            return Vec::new();
+        }
+        let text = self.editor.take();
+        self.scroll = 0;
+        self.follower.expect_own(text.clone());
+        if self.busy() {
+            vec![Action::Steer(text)]
+        } else {
+            self.prompting = true;
+            self.aborting = false;
+            vec![Action::Prompt(text)]
+        }
+    }
+
+    fn notice(&mut self, level: Level, text: String) {
+        self.blocks.push(Block::Notice { level, text });
+    }
+
+    fn apply(&mut self, updates: Vec<Update>) {
+        for update in updates {
+            self.apply_one(update);
+        }
+    }
+
+    fn apply_one(&mut self, update: Update) {
+        match update {
+            Update::User { text, own, .. } => self.blocks.push(Block::User {
+                text: sanitize(&text),
+                other: !own,
+            }),
+            Update::Text { item_id, delta } => {
+                if let Some(Block::Reply { text, .. }) = self.reply(&item_id) {
+                    text.push_str(&sanitize(&delta));
+                }
+            }
+            Update::Thinking { item_id, delta } => {
+                if let Some(Block::Reply { thinking, .. }) = self.reply(&item_id) {
+                    thinking.push_str(&sanitize(&delta));
+                }
+            }
+            Update::ToolCall {
+                tool_call_id,
+                tool_name,
+                input,
+            } => {
+                if self.tool(&tool_call_id).is_none() {
+                    self.blocks.push(Block::Tool {
+                        call_id: tool_call_id,
+                        title: sanitize(&follow::tool_title(&tool_name, &input)),
+                        status: None,
+                        output: String::new(),
+                    });
+                }
+            }
+            Update::Tool {
+                tool_call_id,
+                tool_name,
+                input,
+                status: new_status,
+                content,
+                ..
+            } => {
+                let text = sanitize(&follow::text_of(&content));
+                match self.tool(&tool_call_id) {
+                    Some(Block::Tool { status, output, .. }) => {
+                        *status = Some(new_status);
+                        *output = text;
+                    }
+                    _ => self.blocks.push(Block::Tool {
+                        call_id: tool_call_id,
+                        title: sanitize(&follow::tool_title(&tool_name, &input)),
+                        status: Some(new_status),
+                        output: text,
+                    }),
+                }
+            }
+            Update::Reply {
+                item_id,
+                status,
+                error_message,
+                ..
+            } => {
+                let why = error_message.as_deref().map(sanitize);
+                let said = match status {
+                    AssistantStatus::Error => Some(format!(
+                        "✗ the model reported an error: {}",
+                        why.unwrap_or_else(|| "no message".into())
+                    )),
+                    AssistantStatus::Aborted => Some("■ turn aborted".to_string()),
+                    _ => None,
+                };
+                if let Some(Block::Reply { ended, problem, .. }) = self.reply(&item_id) {
+                    *ended = status != AssistantStatus::Streaming;
+                    *problem = said;
+                }
+            }
+        }
+    }
+
+    /// The reply block of `item_id`, made when first told.
+    fn reply(&mut self, item_id: &str) -> Option<&mut Block> {
+        let found = self
+            .blocks
+            .iter()
+            .rposition(|b| matches!(b, Block::Reply { item_id: id, .. } if id == item_id));
+        let index = match found {
+            Some(index) => index,
+            None => {
+                self.blocks.push(Block::Reply {
+                    item_id: item_id.to_owned(),
+                    text: String::new(),
+                    thinking: String::new(),
+                    ended: false,
+                    problem: None,
+                });
+                self.blocks.len() - 1
+            }
+        };
+        self.blocks.get_mut(index)
+    }
+
+    fn tool(&mut self, call_id: &str) -> Option<&mut Block> {
+        self.blocks
+            .iter_mut()
+            .rev()
+            .find(|b| matches!(b, Block::Tool { call_id: id, .. } if id == call_id))
+    }
+}
+
+/// Where the current turn starts: its last user message.
+fn turn_base(snapshot: &SessionSnapshot) -> usize {
+    snapshot
+        .transcript
+        .iter()
+        .rposition(|item| matches!(item, TranscriptItem::User(_)))
+        .unwrap_or(snapshot.transcript.len())
+}
+
+/// Text safe to put on a terminal: control characters become their visible
+/// Unicode pictures (`␛` for ESC), tabs four spaces; newlines stay.
+pub(crate) fn sanitize(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push('\n'),
+            '\t' => out.push_str("    "),
+            '\r' => {}
+            c if (c as u32) < 0x20 => {
+                out.push(char::from_u32(0x2400 + c as u32).unwrap_or('\u{FFFD}'));
+            }
+            '\u{7f}' => out.push('\u{2421}'),
+            c if c.is_control() => out.push('\u{FFFD}'),
+            // Bidirectional overrides would reorder what follows them.
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+//! `pi-server attach` in a real pseudo-terminal: keys are written to the pty
+//! as a terminal would send them, and the screen is read back through a
+//! terminal emulator (vt100). Every assertion is on the screen's text.
+
+mod durable_common;
+
+use durable_common::*;
+use kernel::protocol::CreateParams;
+use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `pi-server <args>` on a pty of 100×30, with the screen it draws.
+struct Tui {
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    writer: Box<dyn Write + Send>,
+    parser: Arc<Mutex<vt100::Parser>>,
+    _master: Box<dyn portable_pty::MasterPty + Send>,
+}
+
+impl Tui {
+    fn spawn(env: &Env, args: &[&str]) -> Self {
+        let pty = native_pty_system()
+            .openpty(PtySize {
+                rows: 30,
+                cols: 100,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("open a pty");
+        let mut cmd = CommandBuilder::new(BIN);
+        cmd.args(args);
+        cmd.cwd(&env.root);
+        let (set, removed) = env.environment();
+        for name in removed {
+            cmd.env_remove(name);
+        }
+        for (name, value) in set {
+            cmd.env(name, value);
+        }
+        cmd.env("TERM", "xterm-256color");
+        let child = pty.slave.spawn_command(cmd).expect("spawn in the pty");
+        drop(pty.slave);
+        let parser = Arc::new(Mutex::new(vt100::Parser::new(
+            std::num::NonZero::new(30).expect("rows"),
+            std::num::NonZero::new(100).expect("columns"),
+            0,
+        )));
+        let mut reader = pty.master.try_clone_reader().expect("pty reader");
+        let feed = Arc::clone(&parser);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                feed.lock().unwrap().process(&buf[..n]);
+            }
+        });
+        let writer = pty.master.take_writer().expect("pty writer");
+        Self {
+            child,
+            writer,
+            parser,
+            _master: pty.master,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.parser.lock().unwrap().screen().contents()
+    }
+
+    fn send(&mut self, bytes: &str) {
+        self.writer
+            .write_all(bytes.as_bytes())
+            .expect("write to the pty");
+        self.writer.flush().expect("flush the pty");
+    }
+
+    /// Types `text` a key at a time, as a person does.
+    fn type_text(&mut self, text: &str) {
+        for c in text.chars() {
+            self.send(c.encode_utf8(&mut [0; 4]));
+        }
+    }
+
+    /// Waits until the screen satisfies `test`; panics with the screen after `timeout`.
+    fn wait(&self, what: &str, timeout: Duration, test: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let screen = self.screen();
+            if test(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_for(&self, text: &str) -> String {
+        self.wait(&format!("{text:?}"), SOON, |s| s.contains(text))
+    }
+}
+
+impl Drop for Tui {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+const LONG: &str =
+    "please write a long answer with many many words so that the turn keeps running for a while";
+
+#[test]
+fn attach_in_a_terminal_prompts_steers_pastes_aborts_survives_a_restart_and_detaches() {
+    let mut env = Env::new("tui");
+    env.var("PI_FAUX_DELAY_MS", "60");
+    let id = uuid();
+    let mut server = env.serve(&id, &[]);
+    let session = env
+        .connect(&id)
+        .create(CreateParams {
+            cwd: Some("/".into()),
+            ..CreateParams::default()
+        })
+        .id;
+    let mut tui = Tui::spawn(&env, &["--server-id", &id, "attach", &session]);
+    tui.wait_for("prompt ›");
+
+    // A prompt, then a steer while it runs: the input box says which first.
+    tui.type_text(LONG);
+    tui.send("\r");
+    tui.wait_for("steer ›");
+    tui.wait_for("You said:");
+    tui.type_text("and mention steering");
+    tui.send("\r");
+    let screen = tui.wait("the steer taken into the turn", SOON, |s| {
+        s.contains("› and mention steering") && s.contains("You said: and mention steering")
+    });
+    assert!(screen.contains(&format!("› {}", &LONG[..40])), "{screen}");
+    tui.wait_for("prompt ›");
+
+    // A bracketed paste of three lines is one message.
+    tui.send("\x1b[200~line one\nline two\nline three\x1b[201~");
+    tui.send("\r");
+    let screen = tui.wait("the pasted message answered", SOON, |s| {
+        s.contains("You said: line one") && s.contains("prompt ›")
+    });
+    assert!(
+        screen.contains("› line one\n  line two\n  line three"),
+        "{screen}"
+    );
+    assert!(
+        !screen.contains("› line two"),
+        "one message, not three:\n{screen}"
+    );
+
+    // Ctrl-C aborts the running turn, and says so once.
+    tui.type_text(LONG);
+    tui.send("\r");
+    tui.wait_for("steer ›");
+    tui.send("\x03");
+    let screen = tui.wait_for("turn aborted");
+    assert_eq!(screen.matches("turn aborted").count(), 1, "{screen}");
+    tui.wait_for("prompt ›");
+
+    // The server is killed: the UI says so, and comes back with a new one.
+    signal(server.pid(), "KILL");
+    server.wait_exit(SOON);
+    tui.wait_for("reconnecting");
+    let _server = env.serve(&id, &[]);
+    tui.wait("the reconnection", Duration::from_secs(20), |s| {
+        s.contains("reconnected")
+    });
+    tui.type_text("still there?");
+    tui.send("\r");
+    tui.wait_for("You said: still there?");
+    tui.wait_for("prompt ›");
+
+    // Ctrl-D on an empty input detaches.
+    tui.send("\x04");
+    let deadline = Instant::now() + SOON;
+    let status = loop {
+        if let Some(status) = tui.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "attach did not exit:\n{}",
+            tui.screen()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "attach exited {status:?}");
+    tui.wait_for("detached from session");
+}
