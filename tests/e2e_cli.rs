@@ -232,7 +232,7 @@ async fn prompt_streams_the_reply() {
     let output = server.run_cli(&["prompt", "no-such-session", "x"]).await;
     assert!(!output.status.success());
     assert!(output.stderr.contains("no-such-session"), "{output:?}");
-    assert!(output.stderr.contains("not_found"), "{output:?}");
+    assert!(output.stderr.contains("No session matches"), "{output:?}");
 }
 
 /// `prompt ID -` reads the prompt from standard input (all of it, newlines
@@ -310,7 +310,16 @@ async fn ctrl_c_during_a_tool_call_reports_the_abort() {
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "Ctrl-C exits 130: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("aborted").count(),
+        1,
+        "one message for the abort: {stderr}"
+    );
     assert!(
         stderr.contains("aborted during the bash tool call"),
         "{stderr}"
@@ -439,6 +448,15 @@ async fn attach_prompts_from_stdin_and_detaches_at_eof() {
             .write_all(format!("{typed}\n").as_bytes())
             .await
             .unwrap();
+        let echo = within("our line, echoed", stdout.next_line())
+            .await
+            .unwrap()
+            .expect("more output");
+        assert_eq!(
+            echo,
+            format!("› {typed}"),
+            "the transcript shows what was sent"
+        );
         let line = within("the streamed reply", stdout.next_line())
             .await
             .unwrap()
@@ -474,6 +492,121 @@ async fn attach_prompts_from_stdin_and_detaches_at_eof() {
         "{stderr}"
     );
     client.close().await;
+}
+
+/// Lines piped in at once go out as the session can take them (a prompt,
+/// then steers once the turn runs), and end of input waits for the turn:
+/// nothing is lost and the reply is not cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_piped_attach_sends_as_the_session_can_take_it_and_waits_at_eof() {
+    let server = TestServer::start("attach-pipe").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    let mut command = tokio::process::Command::from(server.cli(&["attach", &id]));
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"first question\nsecond thought\nthird thought\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = within(
+        "attach to finish the turn and exit",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for line in ["› first question", "› second thought", "› third thought"] {
+        assert!(
+            stdout.contains(line),
+            "{line:?} missing:\n{stdout}\n{stderr}"
+        );
+    }
+    assert!(
+        stdout
+            .trim_end()
+            .ends_with("answering offline, word by word."),
+        "the last reply is whole:\n{stdout}"
+    );
+    assert!(!stderr.contains("refused"), "{stderr}");
+    let log = server.run_cli(&["log", &id]).await.success().stdout;
+    assert_eq!(
+        log.matches("› ").count(),
+        3,
+        "every line reached the session:\n{log}"
+    );
+}
+
+/// `log` prints the stored transcript; a session is named by its id, a
+/// unique prefix or its name, and an ambiguous name lists the candidates.
+#[tokio::test(flavor = "multi_thread")]
+async fn log_prefixes_and_names() {
+    let server = TestServer::start("log").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "notes"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    server
+        .run_cli(&["prompt", "notes", "remember the milk"])
+        .await
+        .success();
+    let log = server.run_cli(&["log", &id[..8]]).await.success().stdout;
+    assert_eq!(
+        log,
+        "› remember the milk\nYou said: remember the milk. This is the faux model answering offline, word by word.\n"
+    );
+    let json = server
+        .run_cli(&["log", "notes", "--json"])
+        .await
+        .success()
+        .stdout;
+    let items: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["role"], "user");
+    assert_eq!(items[1]["role"], "assistant");
+
+    for _ in 0..2 {
+        server
+            .run_cli(&["create", "--cwd", "/tmp", "--name", "twin"])
+            .await
+            .success();
+    }
+    let twin = server.run_cli(&["log", "twin"]).await;
+    assert_eq!(twin.status.code(), Some(1));
+    assert!(
+        twin.stderr.contains("twin names more than one session")
+            && twin.stderr.matches("(twin)").count() == 2,
+        "{}",
+        twin.stderr
+    );
+    let none = server.run_cli(&["prompt", "nope", "hi"]).await;
+    assert_eq!(none.status.code(), Some(1));
+    assert!(
+        none.stderr.contains("No session matches nope"),
+        "{}",
+        none.stderr
+    );
+    let usage = server.run_cli(&["log"]).await;
+    assert_eq!(usage.status.code(), Some(2), "a usage error exits 2");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -739,7 +739,7 @@ fn several_servers_share_a_server_dir() {
     assert!(
         out.failed()
             .stderr
-            .contains(&format!("No discovered server contains session {unknown}")),
+            .contains(&format!("No session matches {unknown}")),
         "{}",
         out.stderr
     );
@@ -747,7 +747,7 @@ fn several_servers_share_a_server_dir() {
     assert!(
         out.failed()
             .stderr
-            .contains(&format!("No discovered server contains session {unknown}")),
+            .contains(&format!("No session matches {unknown}")),
         "{}",
         out.stderr
     );

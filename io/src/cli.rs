@@ -11,6 +11,7 @@
 //! server that holds it ([`discover`]).
 
 mod activate;
+mod attach;
 mod demo;
 mod discover;
 
@@ -19,13 +20,13 @@ use self::activate::{
     connect_error, log_tail, no_server,
 };
 use self::discover::{Found, close_all, servers, session_server};
-use crate::client::{Client, ClientError, Status};
+use crate::client::{Client, Status};
 use crate::config;
 use clap::{Args, Parser, Subcommand};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::protocol::{
-    CreateParams, ModelMetadata, ModelRef, ServerEvent, SessionMetadata, SessionPhase,
-    SessionSnapshot, ThinkingLevel, TranscriptItem,
+    CreateParams, ModelMetadata, ModelRef, ServerEvent, SessionMetadata, SessionSnapshot,
+    ThinkingLevel, TranscriptItem,
 };
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -35,7 +36,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 
 /// A durable multi-client server for coding-agent sessions (pi protocol v1).
 ///
@@ -127,7 +128,7 @@ enum Commands {
     /// prompt (for example `busy` during another turn) or the reply ends in
     /// an error. Ctrl-C aborts the turn.
     Prompt {
-        /// Session id (see `pi-server list`).
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
         /// The prompt; several words are joined with spaces. `-` alone reads
@@ -150,17 +151,32 @@ enum Commands {
     /// when the session is idle and as a steering message while a turn
     /// runs, and replies stream to stdout.
     Attach {
-        /// Session id (see `pi-server list`).
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
         /// How many of the latest turns to show on attach, or `all`.
         #[arg(long, default_value = "10", value_name = "N|all")]
         history: crate::tui::History,
+        /// Without a terminal: print every event as a JSON line (the
+        /// protocol's own field names) instead of plain text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Print a stored session's transcript: user messages, replies, tool
+    /// calls with their first output lines, and errors.
+    Log {
+        /// Session id, a unique prefix of one, or a session name.
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// One JSON object per transcript item instead of plain text.
+        #[arg(long)]
+        json: bool,
     },
 
     /// Delete a stored session.
     Rm {
-        /// Session id (see `pi-server list`).
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
     },
@@ -237,6 +253,34 @@ struct CreateArgs {
     thinking: Option<ThinkingLevel>,
 }
 
+/// Why a command failed, and the exit code that says so: 1 for a failure,
+/// 130 after Ctrl-C (as a shell reports a SIGINT death). Usage errors exit
+/// 2, from clap.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    code: u8,
+    message: Option<String>,
+}
+
+impl Failure {
+    /// The user pressed Ctrl-C; nothing more to say.
+    fn interrupted() -> Self {
+        Self {
+            code: 130,
+            message: None,
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self {
+            code: 1,
+            message: Some(message),
+        }
+    }
+}
+
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -262,9 +306,11 @@ pub fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("pi-server: {message}");
-            ExitCode::FAILURE
+        Err(Failure { code, message }) => {
+            if let Some(message) = message {
+                eprintln!("pi-server: {message}");
+            }
+            ExitCode::from(code)
         }
     }
 }
@@ -283,7 +329,7 @@ fn init_tracing(command: &Commands) {
         .try_init();
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+async fn run(cli: Cli) -> Result<(), Failure> {
     let Cli {
         global,
         default_model,
@@ -293,10 +339,11 @@ async fn run(cli: Cli) -> Result<(), String> {
         return Err(format!(
             "{MODEL_ONLY_AT_ACTIVATION}; for `serve`, set defaultProvider and defaultModel in {}",
             config::agent_dir().join("settings.json").display()
-        ));
+        )
+        .into());
     }
     let target = || client_target(&global, default_model.clone());
-    match command {
+    let result = match command {
         Commands::Serve(args) => run_serve(global, args).await,
         Commands::Worker => crate::worker::run_worker().await,
         Commands::Demo => demo::run_demo().await,
@@ -304,13 +351,17 @@ async fn run(cli: Cli) -> Result<(), String> {
         Commands::Create(args) => run_create(&target()?, args).await,
         Commands::Prompt { id, text } => {
             let text = prompt_text(&text)?;
-            run_prompt(&target()?, &id, &text).await
+            return run_prompt(&target()?, &id, &text).await;
         }
-        Commands::Attach { id, history } => run_attach(&target()?, &id, history).await,
+        Commands::Attach { id, history, json } => {
+            return run_attach(&target()?, &id, history, json).await;
+        }
+        Commands::Log { id, json } => run_log(&target()?, &id, json).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,
         Commands::Models { json } => run_models(&target()?, json).await,
         Commands::Acp => crate::acp::run(activate::connect(&target()?).await?).await,
-    }
+    };
+    result.map_err(Failure::from)
 }
 
 // ---------------------------------------------------------------------------
@@ -569,8 +620,9 @@ fn levels(levels: &[ThinkingLevel]) -> String {
         .join(", ")
 }
 
-async fn run_rm(target: &Target, id: &str) -> Result<(), String> {
-    let client = session_server(target, id).await?;
+async fn run_rm(target: &Target, query: &str) -> Result<(), String> {
+    let (client, id) = session_server(target, query).await?;
+    let id = id.as_str();
     let result = client.remove(id).await;
     client.close().await;
     result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
@@ -679,6 +731,8 @@ struct Stream {
     item: Option<String>,
     /// How many text updates were written (the demo reports it).
     deltas: usize,
+    /// Ctrl-C was pressed while the prompt ran.
+    interrupted: bool,
 }
 
 impl Stream {
@@ -690,6 +744,7 @@ impl Stream {
             showing: false,
             item: None,
             deltas: 0,
+            interrupted: false,
         }
     }
 
@@ -826,6 +881,7 @@ async fn stream_prompt(
             },
             _ = interrupted => {
                 stream.end_line();
+                stream.interrupted = true;
                 if aborting {
                     return Err("interrupted".into());
                 }
@@ -874,15 +930,17 @@ fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
 // ---------------------------------------------------------------------------
 // prompt
 
-async fn run_prompt(target: &Target, id: &str, text: &str) -> Result<(), String> {
-    let client = session_server(target, id).await?;
-    let result = prompt_attached(&client, id, text).await;
-    let _ = client.detach(id).await;
+async fn run_prompt(target: &Target, query: &str, text: &str) -> Result<(), Failure> {
+    let (client, id) = session_server(target, query).await?;
+    let result = prompt_attached(&client, &id, text).await;
+    let _ = client.detach(&id).await;
     client.close().await;
     result
 }
 
-async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), String> {
+/// Exits 130 when Ctrl-C stopped the turn, with the one message that says
+/// how it ended (aborted, in a tool call or not).
+async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), Failure> {
     client
         .attach(id)
         .await
@@ -890,228 +948,60 @@ async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), St
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
     let mut stream = Stream::new();
-    let snapshot = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await?;
-    turn_outcome(&snapshot).map(drop)
+    let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
+    let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
+    match outcome {
+        Err(message) if stream.interrupted => {
+            eprintln!("pi-server: {message}");
+            Err(Failure::interrupted())
+        }
+        other => other.map_err(Failure::from),
+    }
+}
+
+async fn run_log(target: &Target, query: &str, json: bool) -> Result<(), String> {
+    let (client, id) = session_server(target, query).await?;
+    let attached = client.attach(&id).await;
+    if attached.is_ok() {
+        let _ = client.detach(&id).await;
+    }
+    client.close().await;
+    let snapshot = attached.map_err(|e| format!("cannot read session {id}: {e}"))?;
+    attach::print_log(&snapshot, json);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
 // attach
 
-/// Lines of stdin, read on a plain thread (a blocking read must not hold up
-/// the runtime's shutdown). The channel closes at end of input.
-fn stdin_lines() -> mpsc::Receiver<String> {
-    let (lines, receiver) = mpsc::channel(16);
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            let Ok(line) = line else { break };
-            if lines.blocking_send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
-}
-
-/// State of an interactive session view.
-struct Attached {
-    client: Arc<Client>,
-    id: String,
-    stream: Stream,
-    /// The phase of the latest snapshot, to notice turns ending.
-    phase: SessionPhase,
-    /// True while our own prompt request is pending.
-    prompting: bool,
-    done_tx: mpsc::Sender<Result<SessionSnapshot, ClientError>>,
-}
-
-async fn run_attach(target: &Target, id: &str, history: crate::tui::History) -> Result<(), String> {
-    let client = Arc::new(session_server(target, id).await?);
-    let mut events = client.events();
+async fn run_attach(
+    target: &Target,
+    query: &str,
+    history: crate::tui::History,
+    json: bool,
+) -> Result<(), Failure> {
+    let (client, id) = session_server(target, query).await?;
+    let client = Arc::new(client);
+    let id = id.as_str();
     let snapshot = client
         .attach(id)
         .await
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
-    if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
-        drop(events);
-        let result = crate::tui::run(Arc::clone(&client), id, history).await;
-        if result.is_ok() {
-            let _ = client.detach(id).await;
-            eprintln!("detached from session {id}");
-        }
-        if let Ok(client) = Arc::try_unwrap(client) {
-            client.close().await;
-        }
-        return result;
-    }
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
-    eprintln!(
-        "attached to session {id}: phase {}, model {}/{}, {} transcript items.\n\
-         Type a line to prompt (it steers while a turn runs). Ctrl-C aborts a turn or exits; Ctrl-D detaches.",
-        snapshot.phase.as_str(),
-        snapshot.model.provider,
-        snapshot.model.id,
-        snapshot.transcript.len()
-    );
-    let (done_tx, mut done_rx) = mpsc::channel(4);
-    let mut view = Attached {
-        client: Arc::clone(&client),
-        id: id.to_owned(),
-        stream: {
-            let mut stream = Stream::new();
-            stream.follow(&snapshot);
-            stream
-        },
-        phase: snapshot.phase,
-        prompting: false,
-        done_tx,
+    let result = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() && !json {
+        crate::tui::run(Arc::clone(&client), id, history)
+            .await
+            .map_err(Failure::from)
+    } else {
+        attach::run_lines(Arc::clone(&client), id, &snapshot, json).await
     };
-    let mut lines = stdin_lines();
-    let result = loop {
-        tokio::select! {
-            line = lines.recv() => match line {
-                Some(line) => view.on_line(line.trim()),
-                None => break Ok(()),
-            },
-            Some(outcome) = done_rx.recv() => {
-                // Events that arrived before the response may still be
-                // queued: show the end of the reply before the status line.
-                let mut removed = None;
-                while let Ok(event) = events.try_recv() {
-                    if let Err(reason) = view.on_event(&event) {
-                        removed = Some(reason);
-                        break;
-                    }
-                }
-                view.on_prompt_done(outcome);
-                if let Some(reason) = removed {
-                    break Err(reason);
-                }
-            }
-            event = events.recv() => match event {
-                Ok(event) => {
-                    if let Err(reason) = view.on_event(&event) {
-                        break Err(reason);
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    view.stream.gap();
-                    view.stream.end_line();
-                    eprintln!("(missed {n} events)");
-                }
-                Err(broadcast::error::RecvError::Closed) => {
-                    let reason = client.closed_reason().map_or_else(|| "closed".into(), |e| e.to_string());
-                    break Err(format!("lost the connection to the server: {reason}"));
-                }
-            },
-            _ = sigint.recv() => {
-                if !view.on_interrupt() {
-                    break Ok(());
-                }
-            }
-        }
-    };
-    view.stream.end_line();
-    drop(view);
+    let _ = client.detach(id).await;
     if result.is_ok() {
-        let _ = client.detach(id).await;
         eprintln!("detached from session {id}");
     }
     if let Ok(client) = Arc::try_unwrap(client) {
         client.close().await;
     }
     result
-}
-
-impl Attached {
-    fn busy(&self) -> bool {
-        self.prompting || self.phase != SessionPhase::Idle
-    }
-
-    /// A line of input: a prompt when idle, a steer during a turn.
-    fn on_line(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        let (client, id, text) = (Arc::clone(&self.client), self.id.clone(), text.to_owned());
-        if self.busy() {
-            tokio::spawn(async move {
-                match client.steer(&id, &text).await {
-                    Ok(_) => eprintln!("(steering message queued)"),
-                    Err(e) => eprintln!("(cannot steer: {e})"),
-                }
-            });
-        } else {
-            self.prompting = true;
-            let done = self.done_tx.clone();
-            tokio::spawn(async move {
-                let _ = done.send(client.prompt(&id, &text).await).await;
-            });
-        }
-    }
-
-    /// Ctrl-C: abort the running turn; returns false when idle (exit).
-    fn on_interrupt(&mut self) -> bool {
-        if !self.busy() {
-            return false;
-        }
-        self.stream.end_line();
-        eprintln!("(aborting the turn)");
-        let (client, id) = (Arc::clone(&self.client), self.id.clone());
-        tokio::spawn(async move {
-            if let Err(e) = client.abort(&id).await {
-                eprintln!("(cannot abort: {e})");
-            }
-        });
-        true
-    }
-
-    fn on_prompt_done(&mut self, outcome: Result<SessionSnapshot, ClientError>) {
-        self.prompting = false;
-        self.stream.end_line();
-        match outcome {
-            Ok(snapshot) => {
-                self.phase = self
-                    .client
-                    .session_snapshot(&self.id)
-                    .map_or(snapshot.phase, |s| s.phase);
-                self.status_line(&snapshot);
-            }
-            Err(e) => eprintln!("[prompt refused: {e}]"),
-        }
-    }
-
-    fn status_line(&self, snapshot: &SessionSnapshot) {
-        match turn_outcome(snapshot) {
-            Ok(summary) => eprintln!("[turn complete: {summary}]"),
-            Err(problem) => eprintln!("[turn ended: {problem}]"),
-        }
-    }
-
-    /// An event; `Err` ends the view.
-    fn on_event(&mut self, event: &ServerEvent) -> Result<(), String> {
-        match event {
-            ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.id => {
-                self.stream.on_event(event);
-                let latest = self
-                    .client
-                    .session_snapshot(&self.id)
-                    .unwrap_or_else(|| snapshot.clone());
-                let ended = self.phase != SessionPhase::Idle && latest.phase == SessionPhase::Idle;
-                self.phase = latest.phase;
-                if ended && !self.prompting {
-                    // A turn another client started (ours report on their response).
-                    self.stream.end_line();
-                    self.status_line(&latest);
-                }
-            }
-            ServerEvent::SessionRemoved { session_id } if *session_id == self.id => {
-                return Err(format!("session {} was removed", self.id));
-            }
-            _ => self.stream.on_event(event),
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
