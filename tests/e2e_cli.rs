@@ -609,6 +609,39 @@ async fn log_prefixes_and_names() {
     assert_eq!(usage.status.code(), Some(2), "a usage error exits 2");
 }
 
+/// `list -q`, newest first; `models` says which models have credentials;
+/// `completions` prints a script for the shell.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_quiet_models_credentials_and_completions() {
+    let server = TestServer::start("conventions").await;
+    let older = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let newer = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout;
+    let ids = server.run_cli(&["list", "-q"]).await.success().stdout;
+    assert_eq!(ids, format!("{}{}", newer, older), "ids only, newest first");
+    let models = server.run_cli(&["models"]).await.success().stdout;
+    assert!(models.contains("CREDENTIALS"), "{models}");
+    let script = server
+        .run_cli(&["completions", "bash"])
+        .await
+        .success()
+        .stdout;
+    assert!(
+        script.contains("_pi__server") && script.contains("attach"),
+        "{script}"
+    );
+    let bad = server.run_cli(&["completions", "tcsh"]).await;
+    assert_eq!(bad.status.code(), Some(2));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn demo_shows_two_clients_sharing_a_session() {
     let root = TestRoot::new("demo");

@@ -109,14 +109,24 @@ enum Commands {
     Worker,
 
     /// List the sessions of every server running in the server dir: server id,
-    /// session id, creation time (UTC), working directory, name.
+    /// session id, creation and last activity time (UTC), working directory,
+    /// name.
     ///
-    /// Sorted by server, then session. When no server runs, the default one
-    /// is started. With --server-id or --connect, that server only.
+    /// Newest activity first. When no server runs, the default one is
+    /// started. With --server-id or --connect, that server only.
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Print session ids only, one per line.
+        #[arg(short, long, conflicts_with = "json")]
+        quiet: bool,
+    },
+
+    /// Print a shell completion script: `pi-server completions bash > ...`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 
     /// Create a session and print its id.
@@ -325,7 +335,7 @@ fn init_tracing(command: &Commands) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .try_init();
 }
 
@@ -347,7 +357,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Commands::Serve(args) => run_serve(global, args).await,
         Commands::Worker => crate::worker::run_worker().await,
         Commands::Demo => demo::run_demo().await,
-        Commands::List { json } => run_list(&target()?, json).await,
+        Commands::List { json, quiet } => run_list(&target()?, json, quiet).await,
+        Commands::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "pi-server", &mut std::io::stdout());
+            Ok(())
+        }
         Commands::Create(args) => run_create(&target()?, args).await,
         Commands::Prompt { id, text } => {
             let text = prompt_text(&text)?;
@@ -491,7 +506,7 @@ async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(), String> {
 
 /// Sessions of every discovered server (or of the chosen one), as
 /// `(server id, session)` pairs sorted by server id, then session id.
-async fn run_list(target: &Target, json: bool) -> Result<(), String> {
+async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String> {
     let found = servers(target).await?;
     let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
     let mut failed = None;
@@ -510,7 +525,19 @@ async fn run_list(target: &Target, json: bool) -> Result<(), String> {
     if let Some(problem) = failed {
         return Err(problem);
     }
-    pairs.sort_by(|a, b| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)));
+    // Newest activity first.
+    let last = |s: &SessionMetadata| s.updated_at.unwrap_or(s.created_at);
+    pairs.sort_by(|a, b| {
+        last(&b.1)
+            .cmp(&last(&a.1))
+            .then_with(|| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)))
+    });
+    if quiet {
+        for (_, s) in &pairs {
+            println!("{}", s.id);
+        }
+        return Ok(());
+    }
     if json {
         let list: Vec<serde_json::Value> = pairs
             .iter()
@@ -531,6 +558,7 @@ async fn run_list(target: &Target, json: bool) -> Result<(), String> {
         "SERVER".into(),
         "SESSION".into(),
         "CREATED (UTC)".into(),
+        "LAST ACTIVITY (UTC)".into(),
         "CWD".into(),
         "NAME".into(),
     ]];
@@ -539,6 +567,7 @@ async fn run_list(target: &Target, json: bool) -> Result<(), String> {
             server_id.clone(),
             s.id.clone(),
             format_utc(s.created_at),
+            format_utc(last(s)),
             s.cwd.clone().unwrap_or_default(),
             s.session_name.clone().unwrap_or_default(),
         ]);
@@ -593,7 +622,18 @@ async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
         .create(params)
         .await
         .map_err(|e| format!("cannot create the session: {e}"))?;
+    let models = client.server_snapshot().models;
     client.close().await;
+    let chosen = &session.model;
+    if models
+        .iter()
+        .any(|m| m.provider == chosen.provider && m.id == chosen.id && !m.authenticated)
+    {
+        eprintln!(
+            "warning: model {}/{} has no credentials (no API key in the environment or auth.json); prompts will fail until it has",
+            chosen.provider, chosen.id
+        );
+    }
     println!("{}", session.id);
     Ok(())
 }
@@ -656,6 +696,7 @@ async fn run_models(target: &Target, json: bool) -> Result<(), String> {
         "NAME".into(),
         "REASONING".into(),
         "THINKING LEVELS".into(),
+        "CREDENTIALS".into(),
     ]];
     for m in &models {
         rows.push(vec![
@@ -663,6 +704,7 @@ async fn run_models(target: &Target, json: bool) -> Result<(), String> {
             m.name.clone(),
             if m.reasoning { "yes" } else { "no" }.into(),
             levels(&m.supported_thinking_levels),
+            if m.authenticated { "yes" } else { "missing" }.into(),
         ]);
     }
     print_table(&rows);

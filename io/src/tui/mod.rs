@@ -91,12 +91,19 @@ pub(crate) async fn run(client: Arc<Client>, id: &str, history: History) -> Resu
     let mut screen = Screen::enter().map_err(|e| format!("cannot set up the terminal: {e}"))?;
     let mut keys = terminal_events();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    // https://no-color.org: styles stay (bold, dim, reverse), colours go.
+    let colour = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let result = loop {
         screen
             .terminal
-            .draw(|frame| render::draw(frame, &view))
+            .draw(|frame| {
+                render::draw(frame, &view);
+                if !colour {
+                    render::strip_colour(frame.buffer_mut());
+                }
+            })
             .map_err(|e| format!("cannot draw: {e}"))?;
         // Wait for something, then take everything else already there
         // before the next draw (a burst of deltas is one frame).

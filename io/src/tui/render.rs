@@ -33,6 +33,14 @@ pub(crate) fn draw(frame: &mut Frame<'_>, view: &View) {
     draw_input(frame, view, input_area, &input);
 }
 
+/// Resets every cell's colours (for `NO_COLOR`), keeping its modifiers.
+pub(crate) fn strip_colour(buffer: &mut ratatui::buffer::Buffer) {
+    for cell in &mut buffer.content {
+        cell.fg = Color::Reset;
+        cell.bg = Color::Reset;
+    }
+}
+
 fn dim() -> Style {
     Style::default().add_modifier(Modifier::DIM)
 }

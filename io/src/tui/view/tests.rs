@@ -425,3 +425,29 @@ fn sanitize_neutralises_control_characters() {
     assert_eq!(sanitize("a\u{1b}[31mb\u{7}\tc\r\n"), "a␛[31mb␇    c\n");
     assert_eq!(sanitize("\u{9b}x\u{202e}y"), "\u{FFFD}x\u{FFFD}y");
 }
+
+/// `NO_COLOR`: the host strips every colour after drawing; styles stay.
+#[test]
+fn no_color_strips_colours_and_keeps_styles() {
+    let view = View::new(&history(), History::All);
+    let mut terminal = Terminal::new(TestBackend::new(80, 40)).unwrap();
+    terminal
+        .draw(|f| {
+            render::draw(f, &view);
+            render::strip_colour(f.buffer_mut());
+        })
+        .unwrap();
+    let buffer = terminal.backend().buffer();
+    assert!(
+        buffer
+            .content
+            .iter()
+            .all(|c| c.fg == ratatui::style::Color::Reset && c.bg == ratatui::style::Color::Reset)
+    );
+    assert!(
+        buffer
+            .content
+            .iter()
+            .any(|c| c.modifier.contains(ratatui::style::Modifier::BOLD))
+    );
+}
