@@ -44,6 +44,22 @@ fn serve_once(server: &TestServer) -> (std::process::ExitStatus, String) {
     (output.status, text)
 }
 
+/// A session's directory is 0700 and its files 0600, whatever the umask.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_files_are_private() {
+    let server = TestServer::start("session-perm").await;
+    let client = server.connect().await;
+    let id = client.create(params("private")).await.unwrap().id;
+    client.prompt(&id, "write something").await.unwrap();
+    let dir = server.session_path(&id);
+    assert_eq!(mode(&dir), 0o700, "session dir mode");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(mode(&path), 0o600, "{} mode", path.display());
+    }
+    client.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn server_dir_is_private_and_sockets_are_0600() {
     let server = TestServer::start("perm").await;
@@ -58,17 +74,20 @@ async fn server_dir_is_private_and_sockets_are_0600() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn open_server_dir_is_repaired_to_0700() {
-    let mut server = TestServer::new("repair", Options::default());
+async fn an_open_server_dir_is_refused_with_the_fix_not_chmod_ed() {
+    let server = TestServer::new("open", Options::default());
     std::fs::create_dir_all(&server.server_dir).unwrap();
     std::fs::set_permissions(&server.server_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    server.spawn();
-    server.wait_ready().await;
-    assert_eq!(mode(&server.server_dir), 0o700);
+    let (status, output) = serve_once(&server);
+    assert!(!status.success());
     assert!(
-        server.log().contains("made it mode 0700"),
-        "{}",
-        server.log()
+        output.contains("open to other users") && output.contains("chmod 700"),
+        "{output}"
+    );
+    assert_eq!(
+        mode(&server.server_dir),
+        0o777,
+        "never chmod-ed behind the user's back"
     );
 }
 

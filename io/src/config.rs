@@ -10,7 +10,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// A configuration problem, shown to the user as is.
@@ -54,8 +54,10 @@ pub fn worker_socket_path(server_dir: &Path, server_id: &str) -> PathBuf {
     server_dir.join(format!("{server_id}.workers.sock"))
 }
 
-/// Creates `dir` (and parents) private to this user, or checks and repairs it:
-/// it must be a directory owned by the current user, and is made mode 0700.
+/// Creates `dir` (and parents) private to this user (mode 0700), or checks
+/// it: it must be a directory owned by the current user and closed to
+/// others. An existing directory is never chmod-ed behind the user's back:
+/// one open to others is refused, with the command that fixes it.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
     if !dir.exists() {
         fs::DirBuilder::new()
@@ -78,13 +80,12 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
         ));
     }
     if meta.mode() & 0o077 != 0 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!(
-                "{} is open to other users and cannot be made private: {e}",
-                dir.display()
-            )
-        })?;
-        tracing::warn!(dir = %dir.display(), "directory was open to other users; made it mode 0700");
+        return Err(format!(
+            "refusing to use {}: it is open to other users (mode {:o}); make it private with `chmod 700 {}`",
+            dir.display(),
+            meta.mode() & 0o777,
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -162,6 +163,7 @@ pub fn read_token_file(path: &Path) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("pi-config-{name}-{}", std::process::id()));
@@ -170,13 +172,19 @@ mod tests {
     }
 
     #[test]
-    fn private_dir_is_created_and_repaired() {
+    fn private_dir_is_created_and_an_open_one_refused() {
         let dir = scratch("private");
         ensure_private_dir(&dir).unwrap();
         assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-        ensure_private_dir(&dir).unwrap();
-        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let refused = ensure_private_dir(&dir).unwrap_err();
+        assert!(refused.contains("chmod 700"), "{refused}");
+        assert_eq!(
+            fs::metadata(&dir).unwrap().mode() & 0o777,
+            0o755,
+            "left as it was"
+        );
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
         let file = dir.join("f");
         fs::write(&file, "x").unwrap();
         assert!(

@@ -123,6 +123,9 @@ impl Channel {
 
 /// Runs the worker until its runtime exits.
 pub async fn run_worker() -> Result<(), String> {
+    // Session files (the directory, meta.json, the lock, the database and
+    // its log) are the user's alone: 0700 directories, 0600 files.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let socket = PathBuf::from(env("PI_WORKER_SOCKET")?);
     let token = env("PI_WORKER_TOKEN")?;
     let session_id = env("PI_WORKER_SESSION_ID")?;
