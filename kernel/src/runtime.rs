@@ -333,6 +333,15 @@ enum Stage {
     },
 }
 
+/// What becomes of queued steers when a turn ends before a model call saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queued {
+    /// Into the transcript (the turn ended by itself, or the session closed).
+    Commit,
+    /// Back to the client (an abort).
+    Withdraw,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Turn {
     prompt_op: OpId,
@@ -567,9 +576,18 @@ impl Runtime {
             let error = ProtocolError::new(ErrorCode::Busy, "There is no active prompt to abort");
             return self.done(op, Err(error));
         }
-        let prompt_op = self.stop_turn("Aborted");
+        // Steers the model has not seen are withdrawn, not committed: the
+        // aborted reply stays the last item, and the abort's response (this
+        // revision) lists them in `queuedSteer` so the client that aborted
+        // can put them back in its input. The next revision drops them.
+        let prompt_op = self.stop_turn("Aborted", Queued::Withdraw);
         self.done(op, Ok(self.snapshot()));
         self.done(prompt_op, Ok(self.snapshot()));
+        if !self.state.queued_steer.is_empty() {
+            self.state.queued_steer.clear();
+            self.bump();
+            self.send_snapshot();
+        }
     }
 
     fn on_set_model(&mut self, model: ModelRef) -> Result<(), ProtocolError> {
@@ -617,7 +635,7 @@ impl Runtime {
     fn on_dispose(&mut self) {
         if self.turn.is_some() {
             // The server already answered the prompt when it disposed the session.
-            self.stop_turn(INTERRUPTED);
+            self.stop_turn(INTERRUPTED, Queued::Commit);
         }
         self.finished = true;
         self.out.push(RuntimeOutput::Exit);
@@ -1102,7 +1120,7 @@ impl Runtime {
 
     /// Stops whatever runs (model call, tool), records it with `message`, ends
     /// the turn; returns the prompt operation, which the caller completes.
-    fn stop_turn(&mut self, message: &str) -> OpId {
+    fn stop_turn(&mut self, message: &str, queued: Queued) -> OpId {
         let turn = self.turn.clone().expect("a turn runs");
         match turn.stage {
             Stage::Streaming { call, item } => {
@@ -1133,7 +1151,7 @@ impl Runtime {
             }
             Stage::Retrying { .. } => {}
         }
-        self.end_turn()
+        self.end_turn(queued)
     }
 
     /// Moves queued steer messages into the transcript, in order.
@@ -1144,9 +1162,11 @@ impl Runtime {
     }
 
     /// Ends the turn; returns the prompt operation, which the caller completes.
-    fn end_turn(&mut self) -> OpId {
-        // Steer text that no model call will see still belongs to the conversation.
-        self.take_steer();
+    fn end_turn(&mut self, queued: Queued) -> OpId {
+        if queued == Queued::Commit {
+            // Steer text that no model call will see still belongs to the conversation.
+            self.take_steer();
+        }
         let turn = self.turn.take().expect("a turn runs");
         self.bump();
         self.send_snapshot();
@@ -1155,7 +1175,7 @@ impl Runtime {
 
     /// Ends the turn normally: the prompt's response carries the final snapshot.
     fn complete_turn(&mut self) {
-        let op = self.end_turn();
+        let op = self.end_turn(Queued::Commit);
         self.done(op, Ok(self.snapshot()));
     }
 

@@ -328,12 +328,19 @@ fn s07_no_prompt_queueing_steer_and_abort() {
         panic!()
     };
     assert_eq!(session.phase, SessionPhase::Idle);
+    // The steer the model never saw is withdrawn: listed in the abort's
+    // response, for the client to put back, and not committed.
+    assert_eq!(session.queued_steer.len(), 1, "the abort returns the steer");
     let CommandResult::Prompt { session } = ok(&w, c, &p) else {
         panic!("the aborted prompt succeeds")
     };
-    assert!(session.transcript.iter().any(
-        |i| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Aborted)
-    ));
+    assert!(
+        matches!(
+            session.transcript.last(),
+            Some(TranscriptItem::Assistant(a)) if a.status == AssistantStatus::Aborted
+        ),
+        "the aborted reply is the last item"
+    );
     let m = w.request(
         c,
         Command::SetModel {

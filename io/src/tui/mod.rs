@@ -201,9 +201,18 @@ fn perform(client: &Arc<Client>, id: &str, action: Action, done: &mpsc::Unbounde
                     .map(drop)
                     .map_err(|e| e.to_string()),
             ),
-            Action::Abort => {
-                Done::Abort(client.abort(&id).await.map(drop).map_err(|e| e.to_string()))
-            }
+            Action::Abort => Done::Abort(
+                client
+                    .abort(&id)
+                    .await
+                    .map(|s| {
+                        s.queued_steer
+                            .iter()
+                            .map(|u| kernel::client::follow::text_of(&u.content))
+                            .collect()
+                    })
+                    .map_err(|e| e.to_string()),
+            ),
             Action::Detach => return,
         };
         let _ = done.send(result);

@@ -65,8 +65,9 @@ pub(crate) enum Done {
     Prompt(Result<Box<SessionSnapshot>, String>),
     /// The steer was queued, or refused.
     Steer(Result<(), String>),
-    /// The abort was taken, or refused.
-    Abort(Result<(), String>),
+    /// The abort was taken, with the texts of the steers it withdrew (the
+    /// model never saw them), or refused.
+    Abort(Result<Vec<String>, String>),
 }
 
 /// How a notice looks.
@@ -480,7 +481,23 @@ impl View {
                 self.aborting = false;
                 self.notice(Level::Error, format!("cannot abort: {}", sanitize(&e)));
             }
-            Done::Steer(Ok(())) | Done::Abort(Ok(())) => {}
+            Done::Abort(Ok(withdrawn)) => {
+                if !withdrawn.is_empty() {
+                    // Back into the input, before whatever was typed since.
+                    let mut text = withdrawn.join("\n");
+                    if !self.editor.text.is_empty() {
+                        text.push('\n');
+                    }
+                    let draft = std::mem::take(&mut self.editor.text);
+                    self.editor.show(sanitize(&text) + &draft);
+                    let s = if withdrawn.len() == 1 { "" } else { "s" };
+                    self.notice(
+                        Level::Info,
+                        format!("the model had not seen your steer{s}: back in the input"),
+                    );
+                }
+            }
+            Done::Steer(Ok(())) => {}
         }
     }
 

@@ -314,6 +314,69 @@ fn abort_during_a_tool_cancels_it_and_completes_both_requests() {
     );
 }
 
+/// An abort withdraws the steers the model has not seen: the aborted reply
+/// stays the last item, the abort's response lists them (for the client to
+/// put back in its input), and the next revision has none; nothing of them
+/// is sent as context later.
+#[test]
+fn abort_withdraws_steers_the_model_has_not_seen() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "go".into() });
+    t.started_call().unwrap();
+    t.op(
+        2,
+        Operation::Steer {
+            text: "also this".into(),
+        },
+    );
+    t.op(3, Operation::Abort);
+    let abort = t.done(3).unwrap().unwrap();
+    assert_eq!(abort.phase, SessionPhase::Idle);
+    assert_eq!(abort.queued_steer.len(), 1, "the abort's response lists it");
+    assert_eq!(
+        abort.queued_steer[0].content,
+        vec![Content::Text {
+            text: "also this".into()
+        }]
+    );
+    assert_eq!(t.kinds(), ["user", "assistant:Aborted"], "not committed");
+    let now = t.rt.snapshot();
+    assert!(now.queued_steer.is_empty() && now.revision == abort.revision + 1);
+    t.out.clear();
+    t.op(
+        4,
+        Operation::Prompt {
+            text: "next".into(),
+        },
+    );
+    let (_, request) = t.started_call().unwrap();
+    assert!(
+        !format!("{:?}", request.context).contains("also this"),
+        "a withdrawn steer never reaches the model"
+    );
+}
+
+/// A turn that ends by itself still carries on with queued steers.
+#[test]
+fn a_turn_ending_normally_keeps_its_queued_steers() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "go".into() });
+    let (call, _) = t.started_call().unwrap();
+    t.op(
+        2,
+        Operation::Steer {
+            text: "and then".into(),
+        },
+    );
+    t.out.clear();
+    t.model(call, done(StopReason::Stop));
+    let (_, request) = t.started_call().expect("the steer goes to the model");
+    assert!(matches!(
+        request.context.last(),
+        Some(TranscriptItem::User(_))
+    ));
+}
+
 #[test]
 fn transient_errors_retry_with_backoff_then_give_up() {
     let mut t = T::new("faux-1");

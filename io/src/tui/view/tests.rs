@@ -451,3 +451,16 @@ fn no_color_strips_colours_and_keeps_styles() {
             .any(|c| c.modifier.contains(ratatui::style::Modifier::BOLD))
     );
 }
+
+/// An abort hands back the steers the model never saw: into the input,
+/// before what was typed since.
+#[test]
+fn withdrawn_steers_come_back_into_the_input() {
+    let busy = snapshot(SessionPhase::Turn, vec![user("u1", "go")]);
+    let mut view = View::new(&busy, History::All);
+    assert_eq!(view.on_key(ctrl('c')), [Action::Abort]);
+    typed(&mut view, "new");
+    view.on_done(Done::Abort(Ok(vec!["use cargo".into()])));
+    assert_eq!(view.editor.text(), "use cargo\nnew");
+    assert!(screen(&view, 80, 30).contains("back in the input"));
+}
