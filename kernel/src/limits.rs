@@ -57,6 +57,26 @@ impl Default for Limits {
     }
 }
 
+/// How much of a streaming reply may be shown to clients and not yet
+/// stored: after a crash its aborted item keeps everything up to the last
+/// checkpoint ([`crate::runtime::Runtime`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// A streamed delta is stored at most this long after it was shown.
+    pub interval: Duration,
+    /// At most this many streamed bytes are shown and not stored.
+    pub bytes: usize,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(250),
+            bytes: 4096,
+        }
+    }
+}
+
 /// Bounds and deadlines of the client-connection machine
 /// ([`crate::client::Client`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -299,6 +299,8 @@ pub struct Policy {
     pub compaction_percent: u64,
     /// Items kept verbatim after a compaction.
     pub keep_recent: usize,
+    /// How far the stored text of a streaming reply may lag what clients saw.
+    pub checkpoint: crate::limits::Checkpoint,
 }
 
 impl Default for Policy {
@@ -309,6 +311,7 @@ impl Default for Policy {
             backoff_max: Duration::from_secs(30),
             compaction_percent: 80,
             keep_recent: 6,
+            checkpoint: crate::limits::Checkpoint::default(),
         }
     }
 }
@@ -362,6 +365,9 @@ pub struct Runtime {
     finished: bool,
     now: Instant,
     out: Vec<RuntimeOutput>,
+    /// Streamed text shown to clients and not yet stored: since when, and
+    /// how many bytes (see [`Policy::checkpoint`]).
+    unsaved: Option<(Instant, usize)>,
 }
 
 /// Message recorded on an item a turn could not finish because its worker stopped.
@@ -423,6 +429,7 @@ impl Runtime {
             finished: false,
             now,
             out: Vec::new(),
+            unsaved: None,
         };
         for i in 0..rt.state.transcript.len() {
             if let Some(item) = interrupted(&rt.state.transcript[i]) {
@@ -477,13 +484,17 @@ impl Runtime {
 
     /// When [`RuntimeInput::Tick`] has something to do (a retry is due).
     pub fn next_deadline(&self) -> Option<Instant> {
-        match &self.turn {
+        let retry = match &self.turn {
             Some(Turn {
                 stage: Stage::Retrying { at },
                 ..
             }) => Some(*at),
             _ => None,
-        }
+        };
+        let checkpoint = self
+            .unsaved
+            .map(|(since, _)| since + self.policy.checkpoint.interval);
+        retry.into_iter().chain(checkpoint).min()
     }
 
     /// The current snapshot (`attached` false, `locked` true; the server normalises both).
@@ -642,9 +653,28 @@ impl Runtime {
     }
 
     fn on_tick(&mut self) {
+        if self
+            .unsaved
+            .is_some_and(|(since, _)| since + self.policy.checkpoint.interval <= self.now)
+        {
+            self.checkpoint();
+        }
         let due = matches!(&self.turn, Some(Turn { stage: Stage::Retrying { at }, .. }) if *at <= self.now);
         if due {
             self.next_call();
+        }
+    }
+
+    /// Stores the streaming reply as far as it was shown.
+    fn checkpoint(&mut self) {
+        self.unsaved = None;
+        if let Some(Turn {
+            stage: Stage::Streaming { item, .. },
+            ..
+        }) = &self.turn
+        {
+            let item = self.state.transcript[*item].clone();
+            self.out.push(RuntimeOutput::Persist(Persist::Item(item)));
         }
     }
 
@@ -941,12 +971,18 @@ impl Runtime {
             }
         };
         let message_id = item.id.clone();
+        let bytes = text.len();
         self.progress(TranscriptProgress::AssistantDelta {
             message_id,
             content_index: content_index as u64,
             kind,
             delta: text,
         });
+        let (since, unsaved) = self.unsaved.unwrap_or((self.now, 0));
+        self.unsaved = Some((since, unsaved + bytes));
+        if unsaved + bytes >= self.policy.checkpoint.bytes {
+            self.checkpoint();
+        }
     }
 
     /// Ends the streaming reply with `status`, commits it, then announces it.
@@ -962,6 +998,7 @@ impl Runtime {
         item.usage = usage.or(item.usage.take());
         item.error_message = error;
         let item = TranscriptItem::Assistant(item.clone());
+        self.unsaved = None;
         self.out
             .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
         self.progress(TranscriptProgress::ItemFinished { item });
@@ -1250,6 +1287,18 @@ impl Runtime {
     }
 
     fn check_invariants(&self) {
+        if !matches!(
+            self.turn,
+            Some(Turn {
+                stage: Stage::Streaming { .. },
+                ..
+            })
+        ) {
+            assert!(
+                self.unsaved.is_none(),
+                "unsaved text only while a reply streams"
+            );
+        }
         let s = &self.state;
         let streaming = s
             .transcript

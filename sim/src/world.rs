@@ -1228,6 +1228,25 @@ impl World {
             .count()
     }
 
+    /// (session, item) of every reply a live runtime is streaming now.
+    pub fn streaming_replies(&self) -> std::collections::BTreeSet<(String, String)> {
+        self.workers
+            .values()
+            .filter(|w| w.stage != WorkerStage::Dead)
+            .filter_map(|w| {
+                let runtime = w.runtime.as_ref()?;
+                match runtime.state().transcript.last()? {
+                    kernel::protocol::TranscriptItem::Assistant(a)
+                        if a.status == kernel::protocol::AssistantStatus::Streaming =>
+                    {
+                        Some((w.session_id.clone(), a.id.clone()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
     /// Every fake worker the server has not yet seen exit: id, session, stage,
     /// whether its runtime is open and in a turn.
     pub fn workers(&self) -> Vec<(WorkerId, &str, WorkerStage, Option<SessionPhase>)> {

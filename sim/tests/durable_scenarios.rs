@@ -273,3 +273,41 @@ fn d09_attach_after_crash_waits_for_the_orphan() {
     assert_eq!(completed_turns(&w, &s), 1, "the orphan's turn completed");
     snapshot("d09_attach_after_crash_waits_for_the_orphan", &w);
 }
+
+/// Issue #15, item 3: a worker killed mid-reply loses at most the
+/// checkpoint bound of what its clients were shown: the aborted item the
+/// next worker makes keeps the text stored up to the last checkpoint.
+#[test]
+fn d10_a_crash_mid_reply_keeps_the_checkpointed_text() {
+    let options = Options {
+        faux_delay: Duration::from_millis(20),
+        ..Options::default()
+    };
+    let mut w = World::new(options);
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    let long = (0..60)
+        .map(|i| format!("word{i:02}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    w.request(a, prompt(&s, &long));
+    w.advance(Duration::from_millis(600));
+    assert!(!w.streaming_replies().is_empty(), "the reply still streams");
+    let worker = w.worker_of(&s).unwrap();
+    w.crash_worker(worker);
+    let b = w.connect_ready();
+    let r = attach(&mut w, b, &s);
+    let CommandResult::Attach { session } = ok(&w, b, &r) else {
+        panic!()
+    };
+    let Some(TranscriptItem::Assistant(reply)) = session.transcript.last() else {
+        panic!("{:?}", session.transcript)
+    };
+    assert_eq!(reply.status, AssistantStatus::Aborted);
+    let kept = kernel::client::follow::text_of(&reply.content);
+    assert!(
+        kept.len() > 40 && kept.starts_with("You said: word00"),
+        "the text up to the last checkpoint is kept: {kept:?}"
+    );
+    snapshot("d10_a_crash_mid_reply_keeps_the_checkpointed_text", &w);
+}

@@ -57,7 +57,7 @@ const root = path.dirname(path.resolve(cfg.serverDir));
 const socketPath = path.join(cfg.serverDir, `${cfg.serverId}.sock`);
 const serverLog = path.join(root, "server.log");
 const workRoot = path.join(root, "work");
-fs.mkdirSync(cfg.serverDir, { recursive: true });
+fs.mkdirSync(cfg.serverDir, { recursive: true, mode: 0o700 });
 fs.mkdirSync(cfg.sessionDir, { recursive: true });
 fs.mkdirSync(workRoot, { recursive: true });
 const globalArgs = ["--server-dir", cfg.serverDir, "--server-id", cfg.serverId, "--session-dir", cfg.sessionDir];

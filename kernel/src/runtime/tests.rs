@@ -377,6 +377,68 @@ fn a_turn_ending_normally_keeps_its_queued_steers() {
     ));
 }
 
+/// The stored text of the streaming reply, per its last `Persist::Item`.
+fn persisted_text(out: &[RuntimeOutput]) -> Option<String> {
+    out.iter().rev().find_map(|o| match o {
+        RuntimeOutput::Persist(Persist::Item(TranscriptItem::Assistant(a))) => {
+            Some(crate::client::follow::text_of(&a.content))
+        }
+        _ => None,
+    })
+}
+
+/// A streaming reply is checkpointed at most 250 ms after a delta was shown,
+/// or at once when 4 KiB are unsaved; after a crash the aborted item keeps
+/// the checkpointed text.
+#[test]
+fn streaming_text_is_checkpointed_within_its_bound() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "go".into() });
+    let (call, _) = t.started_call().unwrap();
+    t.now = 10;
+    t.model(call, text("one "));
+    assert_eq!(persisted_text(&t.out), None, "not at once");
+    assert_eq!(t.rt.next_deadline(), Some(Instant(260)));
+    t.now = 100;
+    t.model(call, text("two "));
+    assert_eq!(
+        t.rt.next_deadline(),
+        Some(Instant(260)),
+        "the first unsaved delta sets it"
+    );
+    t.now = 260;
+    t.step(RuntimeInput::Tick);
+    assert_eq!(persisted_text(&t.out).as_deref(), Some("one two "));
+    assert_eq!(t.rt.next_deadline(), None, "nothing unsaved");
+    t.now = 270;
+    let big = "x".repeat(4096);
+    t.model(call, text(&big));
+    assert_eq!(
+        persisted_text(&t.out).map(|s| s.len()),
+        Some(8 + 4096),
+        "4 KiB unsaved is stored at once"
+    );
+    t.now = 280;
+    t.model(call, text("tail"));
+    // The worker dies here: what was stored is what a new worker opens.
+    let mut state = t.rt.state().clone();
+    if let Some(TranscriptItem::Assistant(a)) = state.transcript.last_mut() {
+        a.content = vec![Content::Text {
+            text: format!("one two {big}"),
+        }];
+    }
+    let (reopened, _) = Runtime::open(state, faux::models(), Instant(1000));
+    match reopened.state().transcript.last() {
+        Some(TranscriptItem::Assistant(a)) => {
+            assert_eq!(a.status, AssistantStatus::Aborted);
+            assert_eq!(crate::client::follow::text_of(&a.content).len(), 8 + 4096);
+        }
+        other => panic!("{other:?}"),
+    }
+    t.model(call, done(StopReason::Stop));
+    assert_eq!(t.rt.next_deadline(), None, "the final commit clears it");
+}
+
 #[test]
 fn transient_errors_retry_with_backoff_then_give_up() {
     let mut t = T::new("faux-1");

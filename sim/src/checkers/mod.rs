@@ -10,6 +10,7 @@
 //! | [`requests`] | every request gets exactly one response while its connection lives |
 //! | [`snapshots`] | revisions never go back; responses and events reflect the attachment; what is broadcast is committed |
 //! | [`store`] | a committed (terminal) transcript item is never lost or changed |
+//! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
 //! | [`processes`] | at most one live runtime and one worker per session; world and kernel agree on workers |
 //! | [`bounds`] | no output queue passes its bound; the world and the kernel count the same bytes |
@@ -20,6 +21,7 @@ pub mod busy;
 pub mod liveness;
 pub mod processes;
 pub mod requests;
+pub mod shown;
 pub mod snapshots;
 pub mod store;
 
@@ -62,6 +64,8 @@ pub struct Checkers {
     pub snapshots: snapshots::Snapshots,
     /// Committed transcript items.
     pub store: store::StoreChecker,
+    /// Streamed text shown is stored within the checkpoint bound.
+    pub shown: shown::Shown,
     /// Busy rules.
     pub busy: busy::Busy,
     /// Facts seen so far.
@@ -82,6 +86,7 @@ impl Checkers {
             self.observe_fact(world, fact)?;
         }
         self.store.check(&mut world.store)?;
+        self.shown.check(world)?;
         processes::check(world)?;
         bounds::check(world)
     }
@@ -90,6 +95,7 @@ impl Checkers {
         self.requests.observe(fact)?;
         self.snapshots.observe(world, fact)?;
         self.store.observe(fact);
+        self.shown.observe(world, fact);
         self.busy.observe(fact)
     }
 
