@@ -642,6 +642,54 @@ async fn list_quiet_models_credentials_and_completions() {
     assert_eq!(bad.status.code(), Some(2));
 }
 
+/// Issue #15, item 7: a `prompt` refused as busy prints nothing of the turn
+/// another client is running (it prints only its own session's output, and
+/// only for its own request), and says why on stderr. Many rounds, each
+/// racing the other client's stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_prompt_prints_nothing_of_another_clients_turn() {
+    let options = Options {
+        faux_delay_ms: 2,
+        ..Options::default()
+    };
+    let server = TestServer::start_with("refused", options).await;
+    let client = std::sync::Arc::new(server.connect().await);
+    let id = client.create(params("busy")).await.unwrap().id;
+    for round in 0..10 {
+        let mut events = client.events();
+        let other = {
+            let (client, id) = (std::sync::Arc::clone(&client), id.clone());
+            tokio::spawn(async move {
+                client
+                    .prompt(
+                        &id,
+                        &format!("round {round} of a long job with many words to stream"),
+                    )
+                    .await
+            })
+        };
+        next_event(&mut events, "the other turn streams", |e| {
+            matches!(e, kernel::protocol::ServerEvent::SessionProgress { .. })
+        })
+        .await;
+        let output = server.run_cli(&["prompt", &id, "me too"]).await;
+        let refused = !output.status.success();
+        if refused {
+            assert_eq!(output.stdout, "", "round {round}: {output:?}");
+            assert!(output.stderr.contains("busy"), "round {round}: {output:?}");
+        } else {
+            assert!(
+                output.stdout.contains("You said: me too") && !output.stdout.contains("round"),
+                "round {round}: only its own reply: {output:?}"
+            );
+        }
+        other.await.unwrap().unwrap();
+    }
+    if let Ok(client) = std::sync::Arc::try_unwrap(client) {
+        client.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn demo_shows_two_clients_sharing_a_session() {
     let root = TestRoot::new("demo");

@@ -10,6 +10,7 @@
 //! | [`requests`] | every request gets exactly one response while its connection lives |
 //! | [`snapshots`] | revisions never go back; responses and events reflect the attachment; what is broadcast is committed |
 //! | [`store`] | a committed (terminal) transcript item is never lost or changed |
+//! | [`rules`] | a session command from a connection not attached is `invalid_request` |
 //! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
 //! | [`processes`] | at most one live runtime and one worker per session; world and kernel agree on workers |
@@ -21,6 +22,7 @@ pub mod busy;
 pub mod liveness;
 pub mod processes;
 pub mod requests;
+pub mod rules;
 pub mod shown;
 pub mod snapshots;
 pub mod store;
@@ -66,6 +68,8 @@ pub struct Checkers {
     pub store: store::StoreChecker,
     /// Streamed text shown is stored within the checkpoint bound.
     pub shown: shown::Shown,
+    /// Response codes against the attachment rule.
+    pub rules: rules::Rules,
     /// Busy rules.
     pub busy: busy::Busy,
     /// Facts seen so far.
@@ -96,6 +100,7 @@ impl Checkers {
         self.snapshots.observe(world, fact)?;
         self.store.observe(fact);
         self.shown.observe(world, fact);
+        self.rules.observe(fact)?;
         self.busy.observe(fact)
     }
 

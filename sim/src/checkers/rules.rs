@@ -1,0 +1,188 @@
+//! Response codes against the protocol's rules, judged from what clients
+//! saw (so a breach that keeps every other view self-consistent is caught).
+//!
+//! - **Attachment.** A session command (`prompt`, `steer`, `abort`,
+//!   `set_model`, `set_thinking`) from a connection that was not attached
+//!   to the session, with no attach, detach, create or remove of it in
+//!   flight from the moment it was sent to its answer, is answered
+//!   `invalid_request`.
+//!
+//! Not judged here: a `remove` accepted while a prompt runs. Its answer
+//! comes after the disposal has ended the prompt, so what clients see does
+//! not tell it from a remove taken just after the turn ended.
+
+use super::{Check, Violation};
+use crate::world::{Fact, result_session};
+use kernel::ids::ConnId;
+use kernel::protocol::{Command, CommandResult, ErrorCode, ServerEvent, ServerMessage};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A request waiting for its answer.
+#[derive(Debug, Clone)]
+struct Sent {
+    command: Command,
+    /// For a session command: the attachment generation when it was sent,
+    /// if the connection was then surely not attached.
+    unattached_at: Option<u64>,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default, Clone)]
+pub struct Rules {
+    /// (connection, session) pairs attached, as the responses said.
+    attached: BTreeSet<(ConnId, String)>,
+    /// Changes of (connection, session) attachment sent or answered so far;
+    /// a session command is judged only if none happened meanwhile.
+    generation: BTreeMap<(ConnId, String), u64>,
+    /// Attach, detach, create and remove requests in flight per pair.
+    changing: BTreeMap<(ConnId, String), usize>,
+    pending: BTreeMap<(ConnId, String), Sent>,
+    /// Session commands judged.
+    pub judged: u64,
+}
+
+fn violation(message: String) -> Check {
+    Err(Violation::new("rules", message))
+}
+
+fn is_operation(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Prompt { .. }
+            | Command::Steer { .. }
+            | Command::Abort { .. }
+            | Command::SetModel { .. }
+            | Command::SetThinking { .. }
+    )
+}
+
+/// The session an attachment-changing command is about, if it is one.
+fn changes(command: &Command) -> Option<&str> {
+    match command {
+        Command::Attach { session_id }
+        | Command::Detach { session_id }
+        | Command::Remove { session_id } => Some(session_id),
+        _ => None,
+    }
+}
+
+impl Rules {
+    fn bump(&mut self, key: (ConnId, String)) {
+        *self.generation.entry(key).or_default() += 1;
+    }
+
+    /// Applies one fact.
+    pub fn observe(&mut self, fact: &Fact) -> Check {
+        match fact {
+            Fact::RequestSent { conn, id, command } => {
+                let mut unattached_at = None;
+                if let Some(session_id) = changes(command) {
+                    let key = (*conn, session_id.to_owned());
+                    *self.changing.entry(key.clone()).or_default() += 1;
+                    self.bump(key);
+                } else if is_operation(command)
+                    && let Some(session_id) = command.session_id()
+                {
+                    let key = (*conn, session_id.to_owned());
+                    let quiet = self.changing.get(&key).is_none_or(|n| *n == 0);
+                    if quiet && !self.attached.contains(&key) {
+                        unattached_at = Some(self.generation.get(&key).copied().unwrap_or(0));
+                    }
+                }
+                let sent = Sent {
+                    command: command.clone(),
+                    unattached_at,
+                };
+                self.pending.insert((*conn, id.clone()), sent);
+                Ok(())
+            }
+            Fact::Emitted { conn, message, .. } => match message.as_ref() {
+                ServerMessage::Response(response) => {
+                    let Some(sent) = self.pending.remove(&(*conn, response.id.clone())) else {
+                        return Ok(());
+                    };
+                    self.answered(*conn, &response.id, sent, &response.outcome)
+                }
+                ServerMessage::Event(ServerEvent::SessionRemoved { session_id }) => {
+                    let gone: Vec<(ConnId, String)> = self
+                        .attached
+                        .iter()
+                        .filter(|(_, s)| s == session_id)
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        self.attached.remove(&key);
+                        self.bump(key);
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
+            Fact::ConnClosed { conn } => {
+                self.attached.retain(|(c, _)| c != conn);
+                self.pending.retain(|(c, _), _| c != conn);
+                self.changing.retain(|(c, _), _| c != conn);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn answered(
+        &mut self,
+        conn: ConnId,
+        id: &str,
+        sent: Sent,
+        outcome: &Result<CommandResult, kernel::protocol::ProtocolError>,
+    ) -> Check {
+        let command = &sent.command;
+        if let Some(session_id) = changes(command) {
+            let key = (conn, session_id.to_owned());
+            if let Some(n) = self.changing.get_mut(&key) {
+                *n = n.saturating_sub(1);
+            }
+            self.bump(key.clone());
+            match (command, outcome) {
+                (Command::Attach { .. }, Ok(_)) => {
+                    self.attached.insert(key);
+                }
+                (Command::Detach { .. }, Ok(_)) => {
+                    self.attached.remove(&key);
+                }
+                (Command::Remove { .. }, Ok(_)) => {
+                    self.attached.retain(|(_, s)| s != session_id);
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
+        if let (Command::Create(_), Ok(result)) = (command, outcome)
+            && let Some(session) = result_session(result)
+        {
+            let key = (conn, session.id.clone());
+            self.bump(key.clone());
+            self.attached.insert(key);
+            return Ok(());
+        }
+        let Some(at) = sent.unattached_at else {
+            return Ok(());
+        };
+        let session_id = command.session_id().unwrap_or_default().to_owned();
+        let now = self
+            .generation
+            .get(&(conn, session_id.clone()))
+            .copied()
+            .unwrap_or(0);
+        if now != at {
+            return Ok(()); // the attachment changed meanwhile: not judged
+        }
+        self.judged += 1;
+        match outcome {
+            Err(e) if e.code == ErrorCode::InvalidRequest => Ok(()),
+            other => violation(format!(
+                "{conn}#{id}: {} on {session_id} from a connection not attached was answered {other:?}, not invalid_request",
+                command.name()
+            )),
+        }
+    }
+}
