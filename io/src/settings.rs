@@ -1,6 +1,6 @@
 //! `<agentDir>/settings.json`: user settings shared by every session. The
-//! daemon reads and writes only `defaultProvider` and `defaultModel` and
-//! keeps every other key as it is.
+//! daemon writes only `defaultProvider` and `defaultModel`, reads those and
+//! `contextFiles`, and keeps every other key as it is.
 
 use kernel::protocol::ModelRef;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,11 @@ fn read(agent_dir: &Path) -> serde_json::Map<String, serde_json::Value> {
             Default::default()
         }
     }
+}
+
+/// A boolean setting, if the settings give one.
+pub fn flag(agent_dir: &Path, key: &str) -> Option<bool> {
+    read(agent_dir).get(key)?.as_bool()
 }
 
 /// The model new sessions start with, if the settings name one.

@@ -401,7 +401,13 @@ impl Worker {
         let provider = if request.model.provider == faux::PROVIDER {
             None
         } else {
-            Some(self.registry.provider_config(&request.model, &self.cwd))
+            // Context files are read again for every call: edits take effect.
+            let date = crate::cli::format_utc(wall_now().as_millis());
+            let date = date.split(' ').next().unwrap_or_default().to_owned();
+            Some(
+                self.registry
+                    .call_config(&request.model, &self.cwd, &self.agent_dir, &date),
+            )
         };
         let token = cancel.clone();
         let task = tokio::spawn(async move {

@@ -118,6 +118,7 @@ struct Session {
     tools: HashMap<String, CancellationToken>,
     sent: Vec<FromWorker>,
     next_op: u64,
+    agent_dir: PathBuf,
 }
 
 impl Session {
@@ -157,6 +158,7 @@ impl Session {
             tools: HashMap::new(),
             sent: vec![],
             next_op: 1,
+            agent_dir: dir.0.join("agent"),
         };
         s.apply(outputs);
         s
@@ -181,7 +183,10 @@ impl Session {
                     let cancel = CancellationToken::new();
                     self.models.insert(call, cancel.clone());
                     let cwd = self.runtime.state().cwd.clone();
-                    let config = self.registry.provider_config(&request.model, &cwd).unwrap();
+                    let config = self
+                        .registry
+                        .call_config(&request.model, &cwd, &self.agent_dir, "2026-12-03")
+                        .unwrap();
                     let events = self.events.clone();
                     tokio::spawn(async move {
                         let (tx, mut rx) = mpsc::channel(64);
@@ -455,4 +460,56 @@ async fn steer_is_delivered_after_the_running_tool_and_abort_kills_a_command() {
     });
     assert_eq!(last_tool.unwrap().status, ToolStatus::Error);
     assert_eq!(mock.requests().len(), 2, "no model call after the abort");
+}
+
+/// The system prompt carries the context files (the agent dir's AGENTS.md,
+/// then the project's, outermost first, each under its path), the date and
+/// the OS; a context file edited between calls is read again.
+#[tokio::test]
+async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
+    let dir = TempDir::new();
+    let project = dir.0.join("project");
+    std::fs::write(dir.0.join("agent/AGENTS.md"), "Global: answer in English.").unwrap();
+    std::fs::write(project.join("AGENTS.md"), "Project: run cargo test first.").unwrap();
+    let mock = Mock::sequence(vec![text_reply("ok"), text_reply("ok again")]).await;
+    let mut s = Session::open(&dir, &mock);
+    let op = s.operation(Operation::Prompt { text: "hi".into() });
+    s.run_until("the first prompt", |s| s.done(op)).await;
+    std::fs::write(project.join("AGENTS.md"), "Project: use nextest now.").unwrap();
+    let op = s.operation(Operation::Prompt {
+        text: "again".into(),
+    });
+    s.run_until("the second prompt", |s| s.done(op)).await;
+
+    let systems: Vec<String> = mock
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(systems.len(), 2);
+    let first = &systems[0];
+    let global = first
+        .find("Global: answer in English.")
+        .expect("global file");
+    let local = first
+        .find("Project: run cargo test first.")
+        .expect("project file");
+    assert!(global < local, "outermost first:\n{first}");
+    assert!(
+        first.contains(&format!("## {}", project.join("AGENTS.md").display())),
+        "{first}"
+    );
+    assert!(first.contains("Current date: 2026-12-03"), "{first}");
+    assert!(first.contains(std::env::consts::OS), "{first}");
+    assert!(
+        systems[1].contains("Project: use nextest now."),
+        "re-read: {}",
+        systems[1]
+    );
+    assert!(!systems[1].contains("cargo test first"));
 }

@@ -143,7 +143,7 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     let mut body = json!({
         "model": p.model.id,
         "max_tokens": max_tokens,
-        "system": prompt::system_prompt(request, &p.cwd),
+        "system": prompt::system_prompt(request, &p.cwd, &p.context),
         "messages": messages,
         "stream": true,
     });

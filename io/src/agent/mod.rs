@@ -16,6 +16,7 @@
 //!   session's cwd; [`tools::tool_specs`] describes them to the providers.
 
 mod anthropic;
+pub mod context;
 pub mod json;
 mod model;
 mod openai;

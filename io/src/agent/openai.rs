@@ -43,8 +43,9 @@ pub(crate) async fn run(
 /// The request body.
 pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     let images = p.model.input.contains(&InputKind::Image);
-    let mut messages =
-        vec![json!({"role": "system", "content": prompt::system_prompt(request, &p.cwd)})];
+    let mut messages = vec![
+        json!({"role": "system", "content": prompt::system_prompt(request, &p.cwd, &p.context)}),
+    ];
     // Images of tool results go in a user message after the tool messages of that turn.
     let mut tool_images: Vec<Json> = Vec::new();
     for m in prompt::messages(request) {

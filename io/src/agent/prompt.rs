@@ -39,8 +39,9 @@ pub(crate) enum Message {
     },
 }
 
-/// The system prompt of a request.
-pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str) -> String {
+/// The system prompt of a request; `context` (the date, the OS, the
+/// project's context files) goes last.
+pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str, context: &str) -> String {
     if request.purpose == Purpose::Summarize {
         return SUMMARIZER.to_string();
     }
@@ -62,6 +63,7 @@ pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str) -> String {
          - Be concise, and name the files you change.\n",
     );
     let _ = write!(text, "\nCurrent working directory: {cwd}");
+    text.push_str(context);
     text
 }
 

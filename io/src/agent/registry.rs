@@ -156,6 +156,9 @@ pub struct ProviderConfig {
     pub max_tokens_field: Option<String>,
     /// The session's working directory (named in the system prompt).
     pub cwd: String,
+    /// Appended to the system prompt: the date, the OS and the project's
+    /// context files ([`super::context::section`]).
+    pub context: String,
     /// Anthropic thinking signatures (shared by the calls of a process).
     pub thinking_signatures: ThinkingSignatures,
 }
@@ -173,6 +176,7 @@ impl ProviderConfig {
             timeouts: Timeouts::default(),
             max_tokens_field: None,
             cwd: "/".to_string(),
+            context: String::new(),
             thinking_signatures: ThinkingSignatures::default(),
         }
     }
@@ -275,6 +279,22 @@ impl ModelRegistry {
             .find(|m| m.provider == model.provider && m.id == model.id)
     }
 
+    /// [`ModelRegistry::provider_config`] for one model call of a session,
+    /// with the project context (read now, so edits take effect) for the
+    /// system prompt: the date (`YYYY-MM-DD`), the OS and the context files
+    /// of `agent_dir` and `cwd` ([`super::context`]).
+    pub fn call_config(
+        &self,
+        model: &ModelRef,
+        cwd: &str,
+        agent_dir: &Path,
+        date: &str,
+    ) -> Result<ProviderConfig, String> {
+        let mut config = self.provider_config(model, cwd)?;
+        config.context = super::context::section(agent_dir, Path::new(cwd), date);
+        Ok(config)
+    }
+
     /// How to call `model` for a session whose working directory is `cwd`.
     /// Faux models are not reached over HTTP and have none.
     pub fn provider_config(&self, model: &ModelRef, cwd: &str) -> Result<ProviderConfig, String> {
@@ -308,6 +328,7 @@ impl ModelRegistry {
             timeouts: p.timeouts,
             max_tokens_field: p.max_tokens_field.clone(),
             cwd: cwd.to_string(),
+            context: String::new(),
             thinking_signatures: self.signatures.clone(),
         })
     }
