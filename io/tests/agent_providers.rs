@@ -627,14 +627,20 @@ async fn anthropic_text_stream_with_usage_and_request_shape() {
     assert_eq!(req.body["max_tokens"], 64000);
     assert_eq!(req.body["stream"], true);
     assert!(
-        req.body["system"]
+        req.body["system"][0]["text"]
             .as_str()
             .unwrap()
             .contains("Available tools")
     );
     assert_eq!(
+        req.body["system"][0]["cache_control"],
+        serde_json::json!({"type": "ephemeral"}),
+        "the system prompt is cached"
+    );
+    assert_eq!(
         req.body["messages"],
-        serde_json::json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+        serde_json::json!([{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]),
+        "the last user message is the cache breakpoint"
     );
     assert_eq!(req.body["tools"][0]["name"], "read");
     assert!(req.body["tools"][0]["input_schema"]["properties"]["path"].is_object());
@@ -773,6 +779,14 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
         "toolu_01T1x1fJ34qAmk2tNTrN7Up6"
     );
     assert_eq!(results["content"][0]["is_error"], false);
+    // Two cache breakpoints: the system prompt and the tool results, the
+    // last user message; the first prompt is no longer marked.
+    assert_eq!(
+        results["content"][0]["cache_control"],
+        serde_json::json!({"type": "ephemeral"})
+    );
+    assert!(body["messages"][0]["content"][0].get("cache_control").is_none());
+    assert_eq!(body.to_string().matches("cache_control").count(), 2);
 
     // Without the signature (a fresh worker), the thinking block is left out and thinking is off.
     let mock3 = Mock::start(sse("anthropic-text.sse")).await;
@@ -837,7 +851,7 @@ async fn summarize_requests_carry_no_tools_and_the_serialised_conversation() {
     assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
     let body = mock.request().body;
     assert!(body.get("tools").is_none() && body.get("thinking").is_none());
-    assert!(body["system"].as_str().unwrap().contains("summary"));
+    assert!(body["system"][0]["text"].as_str().unwrap().contains("summary"));
     let text = body["messages"][0]["content"][0]["text"].as_str().unwrap();
     assert!(
         text.contains("<previous-summary>\nEarlier: set up the crate.")

@@ -140,10 +140,25 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     if messages.first().is_some_and(|m| m["role"] != "user") {
         messages.insert(0, json!({"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]}));
     }
+    // Prompt caching, as pi marks it: the system prompt (with the tools
+    // before it, the stable prefix) and the last user message (a prompt or
+    // tool results), so each call reads the conversation so far from the
+    // cache and writes only what is new.
+    let cached = json!({"type": "ephemeral"});
+    if let Some(block) = messages
+        .iter_mut()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_array_mut())
+        .and_then(|blocks| blocks.last_mut())
+    {
+        block["cache_control"] = cached.clone();
+    }
+    let system = prompt::system_prompt(request, &p.cwd, &p.context);
     let mut body = json!({
         "model": p.model.id,
         "max_tokens": max_tokens,
-        "system": prompt::system_prompt(request, &p.cwd, &p.context),
+        "system": [{"type": "text", "text": system, "cache_control": cached}],
         "messages": messages,
         "stream": true,
     });
