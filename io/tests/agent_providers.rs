@@ -419,6 +419,32 @@ async fn a_stream_that_ends_without_a_stop_is_retryable() {
     assert!(message.contains("stream ended unexpectedly"), "{message}");
 }
 
+/// A stream whose server closed it cleanly in the middle of an event's line
+/// (no blank line after it): the unfinished event is discarded, as the SSE
+/// standard says, so this is a stream that ended early (retryable), not a
+/// malformed one.
+#[tokio::test]
+async fn a_stream_cut_mid_line_is_retryable_not_malformed() {
+    let mut bytes = fixture("openai-truncated.sse");
+    bytes.extend_from_slice(b"data: {\"id\":\"chatcmpl-cut\",\"choices\":[{\"delta\":{\"cont");
+    let reply = Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: Body::UntilClose(bytes),
+    };
+    let mock = Mock::start(reply).await;
+    let p = openai(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    assert_eq!(joined(&events, DeltaKind::Text), "This reply stops half");
+    let (message, retryable, _) = failure(&events);
+    assert!(retryable, "{message}");
+    assert!(message.contains("stream ended unexpectedly"), "{message}");
+}
+
 #[tokio::test]
 async fn a_disconnect_mid_stream_is_a_retryable_network_error() {
     let bytes = fixture("anthropic-text.sse");
@@ -785,7 +811,11 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
         results["content"][0]["cache_control"],
         serde_json::json!({"type": "ephemeral"})
     );
-    assert!(body["messages"][0]["content"][0].get("cache_control").is_none());
+    assert!(
+        body["messages"][0]["content"][0]
+            .get("cache_control")
+            .is_none()
+    );
     assert_eq!(body.to_string().matches("cache_control").count(), 2);
 
     // Without the signature (a fresh worker), the thinking block is left out and thinking is off.
@@ -851,7 +881,12 @@ async fn summarize_requests_carry_no_tools_and_the_serialised_conversation() {
     assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
     let body = mock.request().body;
     assert!(body.get("tools").is_none() && body.get("thinking").is_none());
-    assert!(body["system"][0]["text"].as_str().unwrap().contains("summary"));
+    assert!(
+        body["system"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("summary")
+    );
     let text = body["messages"][0]["content"][0]["text"].as_str().unwrap();
     assert!(
         text.contains("<previous-summary>\nEarlier: set up the crate.")

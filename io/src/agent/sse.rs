@@ -56,15 +56,21 @@ impl SseParser {
         Ok(())
     }
 
-    /// The stream ended: a last line or event without its blank line is still delivered.
+    /// The stream ended. As the standard says, an event not ended by its
+    /// blank line is discarded (and an unfinished line with it): a stream cut
+    /// mid-event is then a stream that ended early, which the providers
+    /// report as a retryable "stream ended unexpectedly", not as malformed.
     pub(crate) fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), String> {
-        if !self.buf.is_empty() {
-            let rest = std::mem::take(&mut self.buf);
-            let text = std::str::from_utf8(&rest)
-                .map_err(|_| "invalid UTF-8 in the event stream".to_string())?;
-            self.line(text.trim_end_matches('\r'), out);
+        // A `\r` held back to see whether `\n` follows ended its line.
+        if let Some((b'\r', line)) = self.buf.split_last() {
+            let line = std::str::from_utf8(line)
+                .map_err(|_| "invalid UTF-8 in the event stream".to_string())?
+                .to_string();
+            self.line(&line, out);
         }
-        self.line("", out);
+        self.buf.clear();
+        self.data = None;
+        self.event = None;
         Ok(())
     }
 
@@ -142,15 +148,23 @@ mod tests {
     }
 
     #[test]
-    fn a_last_event_without_blank_line_is_delivered() {
-        let out = parse_in_pieces(b"data: [DONE]", 4);
+    fn an_event_cut_before_its_blank_line_is_discarded() {
+        assert_eq!(parse_in_pieces(b"data: [DONE]", 4), vec![]);
+        assert_eq!(parse_in_pieces(b"data: {\"a\":\n", 3), vec![]);
         assert_eq!(
-            out,
+            parse_in_pieces(b"data: one\n\ndata: tw", 5),
             vec![SseEvent {
                 event: None,
-                data: "[DONE]".into()
-            }]
+                data: "one".into()
+            }],
+            "the finished event before the cut is kept"
         );
+        // A cut in the middle of a multi-byte character is not an error.
+        let mut p = SseParser::default();
+        let mut out = Vec::new();
+        p.push(b"data: caf\xc3", &mut out).unwrap();
+        p.finish(&mut out).unwrap();
+        assert!(out.is_empty());
     }
 
     #[test]
