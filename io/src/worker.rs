@@ -202,6 +202,7 @@ pub async fn run_worker() -> Result<(), String> {
         model_task: None,
         tool_task: None,
         agent_dir,
+        outputs: session_dir.join(&session_id),
         delay: faux_delay(),
         exit: false,
     };
@@ -321,6 +322,8 @@ struct Worker {
     model_task: Option<(u64, JoinHandle<()>, CancellationToken)>,
     tool_task: Option<(String, JoinHandle<()>, CancellationToken)>,
     agent_dir: PathBuf,
+    /// The session's directory: whole outputs of cut `bash` commands go there.
+    outputs: PathBuf,
     delay: Duration,
     exit: bool,
 }
@@ -466,8 +469,10 @@ impl Worker {
         let task_id = id.clone();
         let cancel = CancellationToken::new();
         let token = cancel.clone();
+        let outputs = self.outputs.clone();
         let task = tokio::spawn(async move {
-            let done = agent::run_tool(&tool_name, &input, std::path::Path::new(&cwd), token).await;
+            let cwd = std::path::Path::new(&cwd);
+            let done = agent::run_tool_in(&tool_name, &input, cwd, Some(&outputs), token).await;
             let _ = events
                 .send(RuntimeInput::ToolDone {
                     id,

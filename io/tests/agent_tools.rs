@@ -3,7 +3,7 @@
 use base64::Engine as _;
 use kernel::protocol::Content;
 use kernel::wire::Value;
-use pi_io::agent::{CancellationToken, ToolOutcome, run_tool, tool_specs};
+use pi_io::agent::{CancellationToken, ToolOutcome, run_tool, run_tool_in, tool_specs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -358,6 +358,54 @@ async fn bash_runs_in_cwd_and_interleaves_stdout_and_stderr() {
     assert_eq!(text(&out), "failing\n\nCommand exited with code 3");
     let out = run("bash", args(&[("command", s("true"))]), &dir.0).await;
     assert_eq!(text(&out), "(no output)");
+}
+
+/// A cut `bash` output is kept whole in the session's directory and the
+/// result names the file; an output that fits leaves no file behind.
+#[tokio::test]
+async fn a_cut_bash_output_is_kept_whole_in_the_session_dir() {
+    let dir = TempDir::new();
+    let session = dir.0.join("session");
+    std::fs::create_dir_all(&session).unwrap();
+    let command = "for i in $(seq 1 20000); do echo \"line $i of the output\"; done";
+    let input = args(&[("command", s(command))]);
+    let out = run_tool_in(
+        "bash",
+        &input,
+        &dir.0,
+        Some(&session),
+        CancellationToken::new(),
+    )
+    .await;
+    let Value::Text(path) = detail(&out, "fullOutputPath") else {
+        panic!("no path: {:?}", out.details)
+    };
+    assert!(path.starts_with(&session.join("bash-output").display().to_string()));
+    assert!(
+        text(&out).contains(&format!("The full output is in {path}.")),
+        "{}",
+        &text(&out)[..300]
+    );
+    let whole = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(whole.lines().count(), 20000);
+    assert!(whole.starts_with("line 1 of the output\n"));
+    let short = args(&[("command", s("echo small"))]);
+    let out = run_tool_in(
+        "bash",
+        &short,
+        &dir.0,
+        Some(&session),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(detail(&out, "fullOutputPath"), Value::Null);
+    assert_eq!(
+        std::fs::read_dir(session.join("bash-output"))
+            .unwrap()
+            .count(),
+        1,
+        "only the cut output is kept"
+    );
 }
 
 #[tokio::test]

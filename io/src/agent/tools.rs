@@ -142,6 +142,19 @@ pub async fn run_tool(
     cwd: &Path,
     cancel: CancellationToken,
 ) -> ToolOutcome {
+    run_tool_in(name, input, cwd, None, cancel).await
+}
+
+/// [`run_tool`], keeping in `outputs` (the session's directory) the whole
+/// output of a `bash` command whose output was cut to [`BASH_MAX_BYTES`];
+/// the result names the file.
+pub async fn run_tool_in(
+    name: &str,
+    input: &Value,
+    cwd: &Path,
+    outputs: Option<&Path>,
+    cancel: CancellationToken,
+) -> ToolOutcome {
     let args = match Args::new(input) {
         Ok(args) => args,
         Err(e) => return ToolOutcome::error(format!("{name}: {e}")),
@@ -150,7 +163,7 @@ pub async fn run_tool(
         "read" => read(&args, cwd).await,
         "write" => write(&args, cwd).await,
         "edit" => edit(&args, cwd).await,
-        "bash" => bash(&args, cwd, cancel).await,
+        "bash" => bash(&args, cwd, outputs, cancel).await,
         other => {
             let known: Vec<&str> = tool_specs().iter().map(|s| s.name).collect();
             return ToolOutcome::error(format!(
@@ -554,9 +567,58 @@ enum Ending {
     Cancelled,
 }
 
+/// The whole output of a `bash` command, written as it arrives, kept only
+/// if the result had to cut it.
+struct Spill {
+    path: PathBuf,
+    file: Option<tokio::fs::File>,
+}
+
+impl Spill {
+    async fn open(dir: &Path) -> Option<Self> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = dir.join("bash-output");
+        tokio::fs::create_dir_all(&dir).await.ok()?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{stamp}-{}-{n}.log", std::process::id()));
+        let file = tokio::fs::File::create(&path).await.ok()?;
+        Some(Self {
+            path,
+            file: Some(file),
+        })
+    }
+
+    async fn write(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        if let Some(file) = &mut self.file
+            && file.write_all(bytes).await.is_err()
+        {
+            self.file = None; // a full disk costs the copy, not the command
+        }
+    }
+
+    /// The path of the whole output if it was cut and fully kept; else the file goes.
+    async fn finish(mut self, cut: bool) -> Option<PathBuf> {
+        use tokio::io::AsyncWriteExt;
+        let kept = match self.file.take() {
+            Some(mut file) => file.flush().await.is_ok(),
+            None => false,
+        };
+        if cut && kept {
+            return Some(self.path);
+        }
+        let _ = tokio::fs::remove_file(&self.path).await;
+        None
+    }
+}
+
 async fn bash(
     args: &Args<'_>,
     cwd: &Path,
+    outputs: Option<&Path>,
     cancel: CancellationToken,
 ) -> Result<ToolOutcome, String> {
     let command = args.required(&["command", "cmd"])?;
@@ -607,6 +669,10 @@ async fn bash(
         cap: BASH_MAX_BYTES,
         total: 0,
     };
+    let mut spill = match outputs {
+        Some(dir) => Spill::open(dir).await,
+        None => None,
+    };
     let mut chunk = vec![0u8; 16 * 1024];
     let deadline = tokio::time::Instant::now() + timeout;
     let mut open = true;
@@ -623,7 +689,12 @@ async fn bash(
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
             n = pipe.read(&mut chunk), if open => match n {
                 Ok(0) | Err(_) => open = false,
-                Ok(n) => tail.push(&chunk[..n]),
+                Ok(n) => {
+                    tail.push(&chunk[..n]);
+                    if let Some(spill) = &mut spill {
+                        spill.write(&chunk[..n]).await;
+                    }
+                }
             },
             s = child.wait(), if status.is_none() => match s {
                 Ok(s) => {
@@ -632,7 +703,12 @@ async fn bash(
                     let grace = tokio::time::Instant::now() + Duration::from_millis(200);
                     while open {
                         match tokio::time::timeout_at(grace, pipe.read(&mut chunk)).await {
-                            Ok(Ok(n)) if n > 0 => tail.push(&chunk[..n]),
+                            Ok(Ok(n)) if n > 0 => {
+                                tail.push(&chunk[..n]);
+                                if let Some(spill) = &mut spill {
+                                    spill.write(&chunk[..n]).await;
+                                }
+                            }
                             _ => open = false,
                         }
                     }
@@ -649,10 +725,18 @@ async fn bash(
         }
     }
     let (output, cut) = tail.text();
+    let full = match spill {
+        Some(spill) => spill.finish(cut > 0).await,
+        None => None,
+    };
     let mut text = String::new();
     if cut > 0 {
+        let whole = match &full {
+            Some(path) => format!(" The full output is in {}.", path.display()),
+            None => String::new(),
+        };
         text.push_str(&format!(
-            "[Output truncated: the first {cut} of {} bytes were cut; showing the last {} bytes.]\n",
+            "[Output truncated: the first {cut} of {} bytes were cut; showing the last {} bytes.{whole}]\n",
             tail.total,
             tail.total - cut
         ));
@@ -703,6 +787,7 @@ async fn bash(
         "cancelled": matches!(ending, Ending::Cancelled),
         "truncated": cut > 0,
         "totalBytes": tail.total,
+        "fullOutputPath": full.as_ref().map(|p| p.display().to_string()),
     });
     Ok(ToolOutcome {
         content: vec![Content::Text { text }],
