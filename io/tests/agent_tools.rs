@@ -101,17 +101,24 @@ async fn wait_gone(pid: i32) -> bool {
 }
 
 #[test]
-fn specs_describe_the_four_tools_with_object_schemas() {
+fn specs_describe_every_tool_with_object_schemas() {
     let specs = tool_specs();
     let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
-    assert_eq!(names, ["read", "write", "edit", "bash"]);
+    assert_eq!(
+        names,
+        ["read", "write", "edit", "bash", "grep", "find", "ls"]
+    );
     for spec in specs {
         assert_eq!(spec.parameters["type"], "object");
         assert!(!spec.description.is_empty());
-        assert!(
+        // Every tool but `ls` (whose path defaults to the cwd) requires something.
+        assert_eq!(
             spec.parameters["required"]
                 .as_array()
-                .is_some_and(|r| !r.is_empty())
+                .is_some_and(|r| !r.is_empty()),
+            spec.name != "ls",
+            "{}",
+            spec.name
         );
     }
 }
@@ -311,7 +318,7 @@ async fn bad_input_and_unknown_tools_are_errors() {
     assert!(out.is_error);
     assert_eq!(
         text(&out),
-        "unknown tool \"fly\"; the tools are read, write, edit, bash"
+        "unknown tool \"fly\"; the tools are read, write, edit, bash, grep, find, ls"
     );
     let out = run("read", args(&[]), &dir.0).await;
     assert_eq!(text(&out), "read: missing required argument path");
@@ -514,4 +521,118 @@ async fn dropping_a_bash_run_kills_the_process_group() {
         wait_gone(pid).await,
         "background child {pid} survived the abort"
     );
+}
+
+/// A generated tree: sources, a .gitignore'd build dir, a hidden dir, a
+/// binary file, and `.git`.
+fn tree() -> TempDir {
+    let dir = TempDir::new();
+    let root = &dir.0;
+    for (path, text) in [
+        (".gitignore", "target/\n*.log\n"),
+        (
+            "src/main.rs",
+            "fn main() {\n    let needle = 1;\n    println!(\"{needle}\");\n}\n",
+        ),
+        (
+            "src/lib/util.rs",
+            "// Needle in the lib\npub fn util() {}\n",
+        ),
+        ("target/debug/out.rs", "let needle = 2;\n"),
+        ("run.log", "needle in a log\n"),
+        (".github/ci.yml", "needle: yes\n"),
+        (".git/config", "needle = git\n"),
+        ("README.md", "# Project\n"),
+    ] {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    std::fs::write(root.join("blob.bin"), b"needle\x00\x01\x02").unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn grep_respects_gitignore_skips_binaries_and_git_and_bounds_its_output() {
+    let dir = tree();
+    let out = run("grep", args(&[("pattern", s("needle"))]), &dir.0).await;
+    assert!(!out.is_error, "{}", text(&out));
+    let t = text(&out);
+    let mut lines: Vec<&str> = t.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            ".github/ci.yml:1: needle: yes",
+            "src/main.rs:2:     let needle = 1;",
+            "src/main.rs:3:     println!(\"{needle}\");",
+        ],
+        "ignored, binary and .git files are skipped; hidden ones are searched"
+    );
+    let out = run(
+        "grep",
+        args(&[
+            ("pattern", s("NEEDLE")),
+            ("ignoreCase", Value::Bool(true)),
+            ("glob", s("*.rs")),
+        ]),
+        &dir.0,
+    )
+    .await;
+    assert_eq!(text(&out).lines().count(), 3, "{}", text(&out));
+    let out = run(
+        "grep",
+        args(&[
+            ("pattern", s("needle")),
+            ("path", s("src")),
+            ("context", Value::Int(1)),
+            ("limit", Value::Int(1)),
+        ]),
+        &dir.0,
+    )
+    .await;
+    let t = text(&out);
+    assert!(
+        t.contains("main.rs-1- fn main() {") && t.contains("main.rs:2:"),
+        "{t}"
+    );
+    assert!(t.contains("[Results cut at 1 matches"), "{t}");
+    assert_eq!(detail(&out, "truncated"), Value::Bool(true));
+    let bad = run("grep", args(&[("pattern", s("("))]), &dir.0).await;
+    assert!(
+        bad.is_error && text(&bad).contains("invalid pattern"),
+        "{}",
+        text(&bad)
+    );
+    let none = run("grep", args(&[("pattern", s("zebra"))]), &dir.0).await;
+    assert!(!none.is_error && text(&none).starts_with("No matches"));
+}
+
+#[tokio::test]
+async fn find_matches_globs_and_ls_lists_one_directory() {
+    let dir = tree();
+    let out = run("find", args(&[("pattern", s("*.rs"))]), &dir.0).await;
+    assert_eq!(
+        text(&out),
+        "src/lib/util.rs\nsrc/main.rs\n",
+        "target/ is ignored"
+    );
+    let out = run(
+        "find",
+        args(&[("pattern", s("*")), ("limit", Value::Int(2))]),
+        &dir.0,
+    )
+    .await;
+    assert!(
+        text(&out).contains("[Results cut at 2 paths"),
+        "{}",
+        text(&out)
+    );
+    let out = run("ls", args(&[]), &dir.0).await;
+    assert_eq!(
+        text(&out),
+        ".git/\n.github/\n.gitignore\nblob.bin\nREADME.md\nrun.log\nsrc/\ntarget/\n"
+    );
+    let missing = run("ls", args(&[("path", s("nope"))]), &dir.0).await;
+    assert!(missing.is_error, "{}", text(&missing));
 }

@@ -12,8 +12,9 @@
 //! - [`registry::ModelRegistry`]: built-in OpenAI and Anthropic models, the
 //!   faux models, custom models from `<agentDir>/models.json`, keys from the
 //!   environment or `<agentDir>/auth.json`.
-//! - [`tools::run_tool`]: `read`, `write`, `edit` and `bash`, run in the
-//!   session's cwd; [`tools::tool_specs`] describes them to the providers.
+//! - [`tools::run_tool`]: `read`, `write`, `edit`, `bash`, `grep`, `find`
+//!   and `ls`, run in the session's cwd; [`tools::tool_specs`] describes
+//!   them to the providers.
 
 mod anthropic;
 pub mod context;

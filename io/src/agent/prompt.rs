@@ -58,7 +58,7 @@ pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str, context: &str) ->
          - Read a file before you edit it.\n\
          - Use edit for precise changes: old_text must match the file exactly, once.\n\
          - Use write only for new files or complete rewrites.\n\
-         - Use bash for ls, grep, find, builds and tests.\n\
+         - Use grep, find and ls to explore the tree; bash for builds, tests and git.\n\
          - Relative paths are resolved against the working directory.\n\
          - Be concise, and name the files you change.\n",
     );

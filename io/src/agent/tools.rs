@@ -1,5 +1,6 @@
 //! The coding tools, run in the session's working directory: `read`,
-//! `write`, `edit` and `bash`.
+//! `write`, `edit`, `bash`, and the search tools `grep`, `find` and `ls`
+//! (`search.rs`).
 //!
 //! A tool never fails the worker: unknown tools, bad input and IO errors come
 //! back as an [`ToolOutcome`] with `is_error` and a message the model can act
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
+
+mod search;
 
 /// Lines `read` returns when no limit is given.
 pub const READ_MAX_LINES: usize = 2000;
@@ -131,6 +134,50 @@ pub fn tool_specs() -> Vec<ToolSpec> {
                 "additionalProperties": false
             }),
         },
+        ToolSpec {
+            name: "grep",
+            description: "Search file contents for a regular expression (ripgrep syntax),                           respecting .gitignore. Returns path:line: text, at most limit matches                           (default 100) or 50 KB.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression (or text, with literal)"},
+                    "path": {"type": "string", "description": "Directory or file to search (default: the working directory)"},
+                    "glob": {"type": "string", "description": "Only files matching this glob, e.g. *.rs or src/**/*.ts"},
+                    "ignoreCase": {"type": "boolean", "description": "Case-insensitive search"},
+                    "literal": {"type": "boolean", "description": "Treat pattern as plain text"},
+                    "context": {"type": "integer", "minimum": 0, "description": "Lines of context around each match"},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Most matches returned (default 100)"}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: "find",
+            description: "Find files and directories whose path matches a glob (e.g. *.rs,                           **/test_*.py), respecting .gitignore. At most limit paths (default 1000).",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Glob to match"},
+                    "path": {"type": "string", "description": "Directory to search (default: the working directory)"},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Most paths returned (default 1000)"}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: "ls",
+            description: "List a directory's entries, sorted, directories with a trailing /,                           dotfiles included. At most limit entries (default 500).",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Directory to list (default: the working directory)"},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Most entries returned (default 500)"}
+                },
+                "additionalProperties": false
+            }),
+        },
     ]
 }
 
@@ -164,6 +211,9 @@ pub async fn run_tool_in(
         "write" => write(&args, cwd).await,
         "edit" => edit(&args, cwd).await,
         "bash" => bash(&args, cwd, outputs, cancel).await,
+        "grep" => search::grep(&args, cwd, cancel).await,
+        "find" => search::find(&args, cwd, cancel).await,
+        "ls" => search::ls(&args, cwd).await,
         other => {
             let known: Vec<&str> = tool_specs().iter().map(|s| s.name).collect();
             return ToolOutcome::error(format!(
@@ -234,6 +284,27 @@ impl<'a> Args<'a> {
                 .map(Some)
                 .map_err(|_| format!("{name} must be a number, not {s:?}")),
             Some(other) => Err(format!("{name} must be a number, not {}", other.kind())),
+        }
+    }
+
+    fn flag(&self, name: &str) -> Result<Option<bool>, String> {
+        match self.get(&[name]) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(Value::Text(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
+            Some(other) => Err(format!(
+                "{name} must be true or false, not {}",
+                other.kind()
+            )),
+        }
+    }
+
+    /// A whole number ≥ 0 (0 when absent).
+    fn count_or_zero(&self, name: &str) -> Result<usize, String> {
+        match self.number(name)? {
+            None => Ok(0),
+            Some(n) if n >= 0.0 && n.fract() == 0.0 => Ok(n as usize),
+            Some(n) => Err(format!("{name} must be a whole number ≥ 0, not {n}")),
         }
     }
 
