@@ -6,7 +6,8 @@
 //!
 //! `which` is one of `rtt` (1), `fanout` (2), `coldstart` (3), `commit` (4),
 //! `scale` (5), `node` (6), `kernel` (7), `encode` (the cost of the encoder's
-//! schema check), or `all`. Each pair is measured in the same run,
+//! schema check), `tui` (the terminal UI's delta → screen and keystroke →
+//! echo latency in a pty), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -29,6 +30,7 @@ mod raw;
 mod rtt;
 mod scale;
 mod server;
+mod tui;
 mod util;
 
 use std::process::ExitCode;
@@ -44,6 +46,7 @@ const ALL: &[&str] = &[
     "node",
     "kernel",
     "encode",
+    "tui",
 ];
 
 fn main() -> ExitCode {
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
             "node" => node::run(&env, &mut report),
             "kernel" => kernel_bench::run(&env, &mut report),
             "encode" => encode::run(&env, &mut report),
+            "tui" => tui::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {
