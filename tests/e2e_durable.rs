@@ -1055,3 +1055,120 @@ fn a_server_that_cannot_hand_over_is_reported() {
     );
     old.stop();
 }
+
+// ---------------------------------------------------------------------------
+// A full disk
+
+/// A tmpfs of `size` mounted at `dir` (unmounted on drop). The machines this
+/// suite runs on (and CI) run it as root; without the right to mount, the
+/// test says so rather than pass without testing anything.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "this test mounts a small tmpfs to fill it: run the suite as root (mount exited {status})"
+        );
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Issue #15, item 2: on a full disk, a prompt gets an error naming the
+/// cause; its connection and the other attached client stay connected and
+/// see the session as stored; once space returns, the session works again
+/// without a restart.
+#[test]
+fn a_full_disk_is_an_error_the_session_survives() {
+    let mut env = Env::new("disk-full");
+    env.var("PI_FAUX_DELAY_MS", "5");
+    let sessions = env.root.join("full");
+    let _tmpfs = Tmpfs::mount(&sessions, "4m");
+    let id = uuid();
+    let sessions_arg = sessions.display().to_string();
+    let server = env.serve(&id, &["--session-dir", &sessions_arg]);
+    let mut a = env.connect(&id);
+    let session = create(&mut a);
+    assert!(
+        a.request(Command::Prompt {
+            session_id: session.clone(),
+            text: "before".into()
+        })
+        .is_ok()
+    );
+    let mut b = env.connect(&id);
+    b.attach(&session);
+
+    // Fill the disk.
+    let filler = sessions.join("filler");
+    let mut file = std::fs::File::create(&filler).expect("filler");
+    let chunk = vec![0u8; 64 * 1024];
+    while std::io::Write::write_all(&mut file, &chunk).is_ok() {}
+    let _ = file.sync_all();
+
+    let refused = a.request(Command::Prompt {
+        session_id: session.clone(),
+        text: "while full ".repeat(200),
+    });
+    let error = refused.expect_err("a prompt on a full disk fails");
+    assert_eq!(error.code, ErrorCode::InternalError, "{error:?}");
+    assert!(
+        error.message.contains("full") && error.message.contains("free some space"),
+        "the cause reaches the client: {}",
+        error.message
+    );
+    assert!(
+        !a.closed_now() && !b.closed_now(),
+        "nobody is cut off:\n{}",
+        server.log_text()
+    );
+
+    drop(file);
+    std::fs::remove_file(&filler).expect("free the space");
+    let again = a.request(Command::Prompt {
+        session_id: session.clone(),
+        text: "after".into(),
+    });
+    let Ok(kernel::protocol::CommandResult::Prompt { session: snapshot }) = again else {
+        panic!(
+            "works again once there is space: {again:?}\n{}",
+            server.log_text()
+        )
+    };
+    assert!(
+        matches!(
+            last_assistant_status(&snapshot),
+            Some(AssistantStatus::Complete(_))
+        ),
+        "{:?}",
+        snapshot.transcript
+    );
+    let stored = stored_items(&sessions, &session);
+    assert!(
+        stored
+            .iter()
+            .all(|(_, status)| status.as_deref() != Some("streaming")),
+        "nothing is left running in the store: {stored:?}"
+    );
+}

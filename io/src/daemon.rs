@@ -274,6 +274,8 @@ struct WorkerProc {
     token: String,
     pid: Option<u32>,
     create: Option<CreateSpec>,
+    /// Passed on in the start (see [`kernel::server::Output::SpawnWorker`]).
+    revision_floor: u64,
     channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
     reader: Option<JoinHandle<()>>,
     queued: Vec<Vec<u8>>,
@@ -980,7 +982,8 @@ impl Daemon {
                 worker,
                 session_id,
                 create,
-            } => self.spawn_worker(worker, session_id, create),
+                revision_floor,
+            } => self.spawn_worker(worker, session_id, create, revision_floor),
             Output::ToWorker { worker, message } => {
                 let frame = WorkerFrame::ToWorker(message);
                 self.send_to_worker(worker, &frame);
@@ -1037,6 +1040,7 @@ impl Daemon {
                         token: String::new(),
                         pid: u32::try_from(pid).ok(),
                         create: None,
+                        revision_floor: 0,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1071,7 +1075,13 @@ impl Daemon {
         }
     }
 
-    fn spawn_worker(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
+    fn spawn_worker(
+        &mut self,
+        worker: WorkerId,
+        session_id: String,
+        create: Option<CreateSpec>,
+        revision_floor: u64,
+    ) {
         let token = new_uuid();
         let exe = match std::env::current_exe() {
             Ok(exe) => exe,
@@ -1101,6 +1111,7 @@ impl Daemon {
                         token,
                         pid,
                         create,
+                        revision_floor,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1139,6 +1150,7 @@ impl Daemon {
         let w = self.workers.get_mut(&worker).expect("found");
         let start = WorkerFrame::Start {
             create: w.create.take(),
+            revision_floor: w.revision_floor,
         };
         let queued = std::mem::take(&mut w.queued);
         self.send_to_worker(worker, &start);

@@ -140,6 +140,26 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// True when the write failed for want of room (a full disk or quota):
+    /// the store is intact and works again once there is space.
+    pub fn is_out_of_space(&self) -> bool {
+        let errno_full = |e: &io::Error| {
+            matches!(
+                e.raw_os_error(),
+                Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()
+                    || code == rustix::io::Errno::DQUOT.raw_os_error()
+            )
+        };
+        match self {
+            Self::Io { source, .. } => errno_full(source),
+            Self::Sqlite { source, .. } => matches!(
+                source,
+                rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::DiskFull
+            ),
+            _ => false,
+        }
+    }
+
     /// The protocol error code a request failing with this error gets:
     /// `invalid_request`, `not_found`, `session_locked` or `internal_error`.
     pub fn protocol_code(&self) -> ErrorCode {
@@ -523,6 +543,24 @@ impl SessionStore {
     ///
     /// An item or steer message that its wire schema forbids fails the whole
     /// batch with [`StoreError::Invalid`], since it could not be read back.
+    /// The session as it is stored now (after a failed write, say).
+    pub fn reload(&self) -> Result<StoredSession, StoreError> {
+        let (state, transcript) = db::load(&self.conn, &self.dir, &self.id)?;
+        Ok(StoredSession {
+            id: self.id.clone(),
+            name: self.meta.name.clone(),
+            cwd: self.meta.cwd.clone(),
+            created_at: self.meta.created_at,
+            updated_at: state.updated_at,
+            model: state.model,
+            thinking_level: state.thinking_level,
+            revision: state.revision,
+            transcript,
+            queued_steer: state.queued_steer,
+            summary: state.summary,
+        })
+    }
+
     pub fn apply(&mut self, batch: &[Persist]) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());

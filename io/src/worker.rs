@@ -18,7 +18,8 @@ use kernel::protocol::worker::{
 };
 use kernel::protocol::{ErrorCode, ProtocolError};
 use kernel::runtime::{
-    ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession,
+    ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StorageFault,
+    StoredSession,
 };
 use kernel::time::Instant;
 use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
@@ -140,8 +141,11 @@ pub async fn run_worker() -> Result<(), String> {
         resume: None,
     };
     ch.send(&hello).await;
-    let create = match ch.recv().await {
-        Some(WorkerFrame::Start { create }) => create,
+    let (create, revision_floor) = match ch.recv().await {
+        Some(WorkerFrame::Start {
+            create,
+            revision_floor,
+        }) => (create, revision_floor),
         Some(other) => return Err(format!("expected start from the server, got {other:?}")),
         None => return Err("the server closed the channel before start".into()),
     };
@@ -181,7 +185,11 @@ pub async fn run_worker() -> Result<(), String> {
         }
         None => SessionStore::open(&session_dir, &session_id)
             .map_err(store_error)
-            .map(|(store, stored)| (store, Runtime::open(stored, models.clone(), now))),
+            .map(|(store, mut stored)| {
+                // Clients saw this far, even if the store is behind (a full store).
+                stored.revision = stored.revision.max(revision_floor);
+                (store, Runtime::open(stored, models.clone(), now))
+            }),
     };
     let (mut store, (mut runtime, outputs)) = match opened {
         Ok(v) => v,
@@ -351,9 +359,24 @@ impl Worker {
                     if let Err(e) = store.apply(&batch) {
                         tracing::error!(error = %e, "storage write failed");
                         let message = format!("storage write failed: {e}");
-                        queue = runtime
-                            .step(wall_now(), RuntimeInput::StorageFailed { message })
-                            .into();
+                        let (fault, stored) = if e.is_out_of_space() {
+                            match store.reload() {
+                                Ok(stored) => (StorageFault::Full, Some(Box::new(stored))),
+                                Err(e) => {
+                                    tracing::error!(error = %e, "cannot read the session back");
+                                    (StorageFault::Fatal, None)
+                                }
+                            }
+                        } else {
+                            (StorageFault::Fatal, None)
+                        };
+                        let failed = RuntimeInput::StorageFailed {
+                            message,
+                            fault,
+                            dropped: std::mem::take(&mut queue).into(),
+                            stored,
+                        };
+                        queue = runtime.step(wall_now(), failed).into();
                     }
                     batch.clear();
                 }

@@ -183,7 +183,10 @@ async fn openai_text_stream_with_usage_cost_and_request_shape() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(tools, ["read", "write", "edit", "bash", "grep", "find", "ls"]);
+    assert_eq!(
+        tools,
+        ["read", "write", "edit", "bash", "grep", "find", "ls"]
+    );
     assert!(body.get("reasoning_effort").is_none());
 }
 

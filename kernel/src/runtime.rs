@@ -240,11 +240,37 @@ pub enum RuntimeInput {
     Tick,
     /// The server disposes the session: finish and exit.
     Dispose,
-    /// A [`Persist`] failed. The runtime reports a fatal error and exits.
+    /// A [`Persist`] failed; the driver dropped the rest of that step's
+    /// outputs. See [`StorageFault`] for what the runtime does.
     StorageFailed {
         /// What failed.
         message: String,
+        /// What kind of failure the host saw.
+        fault: StorageFault,
+        /// The outputs of the step that were not carried out (from the
+        /// failed write on): operations answered there are answered again.
+        dropped: Vec<RuntimeOutput>,
+        /// With [`StorageFault::Full`]: the session as the store holds it now.
+        stored: Option<Box<StoredSession>>,
     },
+}
+
+/// How a storage write failed, as the host classifies it.
+///
+/// The rule: running out of room (a full disk or quota) is reported and
+/// survived, since it is the user's to fix and the store is intact; any
+/// other failure (an I/O error, corruption, a vanished file) is fatal, since
+/// what the store holds can no longer be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFault {
+    /// No space or quota left. The runtime goes back to the stored state
+    /// (given in `stored`): the running turn stops, its reply is marked with
+    /// the error, the operations the failure left unanswered get the error,
+    /// every client sees the state, and the repairs are written with the
+    /// next change that can be written.
+    Full,
+    /// Anything else: a fatal error is reported and the runtime exits.
+    Fatal,
 }
 
 /// Outputs of a [`Runtime`], carried out in order.
@@ -368,6 +394,12 @@ pub struct Runtime {
     /// Streamed text shown to clients and not yet stored: since when, and
     /// how many bytes (see [`Policy::checkpoint`]).
     unsaved: Option<(Instant, usize)>,
+    /// Items the store holds as running that a full store kept from being
+    /// ended, with their transcript positions: written back, ended, by the
+    /// next operation.
+    repairs: Vec<(usize, TranscriptItem)>,
+    /// The stored revision is behind the one clients saw (a full store).
+    behind: bool,
 }
 
 /// Message recorded on an item a turn could not finish because its worker stopped.
@@ -430,6 +462,8 @@ impl Runtime {
             now,
             out: Vec::new(),
             unsaved: None,
+            repairs: Vec::new(),
+            behind: false,
         };
         for i in 0..rt.state.transcript.len() {
             if let Some(item) = interrupted(&rt.state.transcript[i]) {
@@ -471,12 +505,22 @@ impl Runtime {
             } => self.on_tool_done(id, content, details, is_error),
             RuntimeInput::Tick => self.on_tick(),
             RuntimeInput::Dispose => self.on_dispose(),
-            RuntimeInput::StorageFailed { message } => {
-                self.finished = true;
-                self.out
-                    .push(RuntimeOutput::Send(FromWorker::Fatal { message }));
-                self.out.push(RuntimeOutput::Exit);
-            }
+            RuntimeInput::StorageFailed {
+                message,
+                fault,
+                dropped,
+                stored,
+            } => match (fault, stored) {
+                (StorageFault::Full, Some(stored)) => {
+                    self.on_storage_full(message, dropped, *stored)
+                }
+                _ => {
+                    self.finished = true;
+                    self.out
+                        .push(RuntimeOutput::Send(FromWorker::Fatal { message }));
+                    self.out.push(RuntimeOutput::Exit);
+                }
+            },
         }
         self.check_invariants();
         std::mem::take(&mut self.out)
@@ -543,6 +587,7 @@ impl Runtime {
     // ---- operations ----------------------------------------------------------
 
     fn on_operation(&mut self, op: OpId, operation: Operation) {
+        self.write_back_repairs();
         let result = match operation {
             Operation::Prompt { text } => return self.on_prompt(op, text),
             Operation::Steer { text } => self.on_steer(text),
@@ -643,10 +688,111 @@ impl Runtime {
         }
     }
 
+    /// Items a full store kept from being ended go back, ended, written
+    /// before anything else of this step is shown (a new revision).
+    fn write_back_repairs(&mut self) {
+        if self.repairs.is_empty() {
+            return;
+        }
+        for (index, item) in std::mem::take(&mut self.repairs) {
+            self.out
+                .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+            let at = index.min(self.state.transcript.len());
+            self.state.transcript.insert(at, item);
+        }
+        self.bump();
+        self.send_snapshot();
+    }
+
+    /// Out of room: back to what the store holds, nothing written (it would
+    /// fail again); see [`StorageFault::Full`].
+    fn on_storage_full(
+        &mut self,
+        message: String,
+        dropped: Vec<RuntimeOutput>,
+        mut stored: StoredSession,
+    ) {
+        let error = ProtocolError::new(
+            ErrorCode::InternalError,
+            format!("{message} (the session keeps what was stored; free some space and retry)"),
+        );
+        // Stop what runs; its late events are ignored once the turn is gone.
+        let mut unanswered: Vec<OpId> = dropped
+            .iter()
+            .filter_map(|o| match o {
+                RuntimeOutput::Send(FromWorker::OpDone { op, .. }) => Some(*op),
+                _ => None,
+            })
+            .collect();
+        if let Some(turn) = self.turn.take() {
+            match turn.stage {
+                Stage::Streaming { call, .. } | Stage::Compacting { call, .. } => {
+                    self.out.push(RuntimeOutput::CancelModel { call });
+                }
+                Stage::Tools { running, .. } => {
+                    self.out.push(RuntimeOutput::CancelTool { id: running });
+                }
+                Stage::Retrying { .. } => {}
+            }
+            if !unanswered.contains(&turn.prompt_op) {
+                unanswered.push(turn.prompt_op);
+            }
+        }
+        self.unsaved = None;
+        // What was shown but not stored is gone. A reply or tool the store
+        // holds as running must end with the error, but that cannot be
+        // written now, and nothing is shown that is not stored: it leaves the
+        // transcript until the next operation writes it back, ended.
+        let mut kept = Vec::with_capacity(stored.transcript.len());
+        for (index, mut item) in std::mem::take(&mut stored.transcript)
+            .into_iter()
+            .enumerate()
+        {
+            let ended = match &mut item {
+                TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming => {
+                    a.status = AssistantStatus::Error;
+                    a.error_message = Some(message.clone());
+                    true
+                }
+                TranscriptItem::Tool(t) if t.status == ToolStatus::Running => {
+                    t.status = ToolStatus::Error;
+                    t.content.push(Content::Text {
+                        text: format!("{message}; the tool call was stopped"),
+                    });
+                    true
+                }
+                _ => false,
+            };
+            if ended {
+                self.repairs.push((index, item));
+            } else {
+                kept.push(item);
+            }
+        }
+        stored.transcript = kept;
+        // Clients saw revisions up to ours: the next must be above them.
+        stored.revision = stored.revision.max(self.state.revision);
+        stored.queued_steer.clear();
+        self.state = stored;
+        self.state.revision += 1;
+        self.behind = true;
+        self.send_snapshot();
+        for op in unanswered {
+            self.done(op, Err(error.clone()));
+        }
+    }
+
     fn on_dispose(&mut self) {
         if self.turn.is_some() {
             // The server already answered the prompt when it disposed the session.
             self.stop_turn(INTERRUPTED, Queued::Commit);
+        } else if !self.repairs.is_empty() || self.behind {
+            // A full store left the state row behind what clients saw: the
+            // next worker must not start below it (revisions never go back).
+            self.write_back_repairs();
+            if self.behind {
+                self.bump();
+            }
         }
         self.finished = true;
         self.out.push(RuntimeOutput::Exit);
@@ -1257,6 +1403,7 @@ impl Runtime {
 
     /// A state change: new revision, persisted with the settings and steer queue.
     fn bump(&mut self) {
+        self.behind = false;
         let s = &mut self.state;
         s.revision += 1;
         s.updated_at = s.updated_at.max(self.now.as_millis());

@@ -40,7 +40,9 @@ use kernel::protocol::{
     ProtocolError, Request, ServerEvent, ServerMessage, SessionMetadata, SessionPhase,
     TranscriptProgress, decode_server_message, encode_client_message,
 };
-use kernel::runtime::{ModelEvent, Persist, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::runtime::{
+    ModelEvent, Persist, Runtime, RuntimeInput, RuntimeOutput, StorageFault, StoredSession,
+};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::wire::CborLimits;
@@ -256,6 +258,8 @@ pub enum WorkerStage {
 struct FakeWorker {
     session_id: String,
     create: Option<CreateSpec>,
+    /// From the spawn: the revision the runtime starts above.
+    revision_floor: u64,
     stage: WorkerStage,
     runtime: Option<Runtime>,
     stream: Option<(u64, FauxStream)>,
@@ -706,7 +710,8 @@ impl World {
                 worker,
                 session_id,
                 create,
-            } => self.on_spawn(worker, session_id, create),
+                revision_floor,
+            } => self.on_spawn(worker, session_id, create, revision_floor),
             Output::ToWorker { worker, message } => {
                 trace!(self, "{worker} ← {}", summary::to_worker(&message));
                 if self.options.holds.to_worker {
@@ -830,7 +835,13 @@ impl World {
 
     // ---- workers -----------------------------------------------------------
 
-    fn on_spawn(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
+    fn on_spawn(
+        &mut self,
+        worker: WorkerId,
+        session_id: String,
+        create: Option<CreateSpec>,
+        revision_floor: u64,
+    ) {
         let short = self.names_session(&session_id);
         let kind = if create.is_some() { "create" } else { "open" };
         if self.fail_spawns {
@@ -844,6 +855,7 @@ impl World {
         let fake = FakeWorker {
             session_id,
             create,
+            revision_floor,
             stage: WorkerStage::Booting,
             runtime: None,
             stream: None,
@@ -974,7 +986,7 @@ impl World {
                 Runtime::create(stored, models, now)
             }
             None => {
-                let stored = self
+                let mut stored = self
                     .store
                     .sessions
                     .get(session_id)
@@ -983,6 +995,7 @@ impl World {
                         let message = format!("Session not found: {session_id}");
                         ProtocolError::new(ErrorCode::NotFound, message)
                     })?;
+                stored.revision = stored.revision.max(self.workers[&worker].revision_floor);
                 Runtime::open(stored, models, now)
             }
         };
@@ -1085,13 +1098,27 @@ impl World {
     }
 
     fn apply_runtime(&mut self, worker: WorkerId, outputs: Vec<RuntimeOutput>) {
-        for output in outputs {
+        let mut outputs = std::collections::VecDeque::from(outputs);
+        while let Some(output) = outputs.pop_front() {
             match output {
                 RuntimeOutput::Persist(p) => {
-                    let id = &self.workers[&worker].session_id;
-                    if let Err(message) = self.store.apply(id, &p) {
+                    let id = self.workers[&worker].session_id.clone();
+                    if let Err(message) = self.store.apply(&id, &p) {
+                        // The fake store's failure is a full disk: it survives.
                         trace!(self, "{worker} storage write failed: {message}");
-                        return self.runtime_step(worker, RuntimeInput::StorageFailed { message });
+                        let stored = self.store.sessions.get(&id).cloned().map(Box::new);
+                        let fault = if stored.is_some() {
+                            StorageFault::Full
+                        } else {
+                            StorageFault::Fatal
+                        };
+                        let failed = RuntimeInput::StorageFailed {
+                            message,
+                            fault,
+                            dropped: outputs.into(),
+                            stored,
+                        };
+                        return self.runtime_step(worker, failed);
                     }
                 }
                 RuntimeOutput::Send(message) => {

@@ -257,24 +257,16 @@ fn remove_session() {
     snapshot("edge_remove_session", &w);
 }
 
-/// A storage write failure is fatal for the runtime: attached connections
-/// are closed and the session can be opened again once storage works.
+/// Issue #15, item 2: a full store is reported and survived. The prompt
+/// that could not be written is answered with the cause; the connection,
+/// the other attached client and the worker stay; both clients see the
+/// session as stored; once there is room again, the session works without a
+/// restart.
 #[test]
-fn storage_failure_is_a_runtime_error() {
+fn a_full_store_is_reported_and_survived() {
     let mut w = World::new(Options::default());
     let a = w.connect_ready();
     let s = create(&mut w, a);
-    w.store.fail_writes = true;
-    w.request(
-        a,
-        Command::Prompt {
-            session_id: s.clone(),
-            text: "doomed".into(),
-        },
-    );
-    assert!(w.client(a).closed);
-    assert_eq!(w.worker_count(), 0);
-    w.store.fail_writes = false;
     let b = w.connect_ready();
     let r = w.request(
         b,
@@ -282,9 +274,48 @@ fn storage_failure_is_a_runtime_error() {
             session_id: s.clone(),
         },
     );
-    assert!(matches!(
-        w.response(b, &r).map(|r| &r.outcome),
-        Some(Ok(CommandResult::Attach { .. }))
-    ));
-    snapshot("edge_storage_failure_is_a_runtime_error", &w);
+    assert!(matches!(w.response(b, &r).map(|r| &r.outcome), Some(Ok(_))));
+    w.store.fail_writes = true;
+    let p = w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "doomed".into(),
+        },
+    );
+    w.settle(Duration::from_secs(5));
+    match w.response(a, &p).map(|r| &r.outcome) {
+        Some(Err(e)) => {
+            assert_eq!(e.code, ErrorCode::InternalError);
+            assert!(
+                e.message.contains("storage write failure")
+                    && e.message.contains("free some space"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("the prompt gets the cause: {other:?}"),
+    }
+    assert!(
+        !w.client(a).closed && !w.client(b).closed,
+        "nobody is cut off"
+    );
+    assert_eq!(w.worker_count(), 1, "the worker survives");
+    w.store.fail_writes = false;
+    let p = w.request(
+        a,
+        Command::Prompt {
+            session_id: s.clone(),
+            text: "again".into(),
+        },
+    );
+    w.settle(Duration::from_secs(5));
+    assert!(
+        matches!(
+            w.response(a, &p).map(|r| &r.outcome),
+            Some(Ok(CommandResult::Prompt { .. }))
+        ),
+        "works again once there is room"
+    );
+    snapshot("edge_a_full_store_is_reported_and_survived", &w);
 }

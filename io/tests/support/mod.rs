@@ -324,6 +324,7 @@ impl Loopback {
                 worker,
                 session_id,
                 create,
+                ..
             } => self.spawn_worker(worker, session_id, create),
             Output::ToWorker { worker, message } => {
                 let input = match message {

@@ -66,6 +66,10 @@ pub enum WorkerFrame {
     Start {
         /// Set to create a new session.
         create: Option<CreateSpec>,
+        /// The highest session revision this server has shown for it: the
+        /// worker starts above it, even if its store is behind (a full store
+        /// kept the last revision from being written).
+        revision_floor: u64,
     },
     /// Server → worker.
     ToWorker(ToWorker),
@@ -191,9 +195,16 @@ impl Schema for WorkerFrame {
                     Value::Array(sessions.iter().map(|s| text(s)).collect()),
                 )
                 .build(),
-            Self::Start { create } => MapBuilder::with_capacity(2)
+            Self::Start {
+                create,
+                revision_floor,
+            } => MapBuilder::with_capacity(3)
                 .put("type", text("start"))
                 .put_opt("create", create.as_ref().map(create_to_value))
+                .put_opt(
+                    "revisionFloor",
+                    (*revision_floor > 0).then_some(Value::Int(*revision_floor as i64)),
+                )
                 .build(),
             Self::ToWorker(ToWorker::Operation { op, operation }) => MapBuilder::with_capacity(3)
                 .put("type", text("operation"))
@@ -254,9 +265,10 @@ impl Schema for WorkerFrame {
                 }
             }
             "start" => {
-                let f = Fields::new(value, path, &["type", "create"])?;
+                let f = Fields::new(value, path, &["type", "create", "revisionFloor"])?;
                 Self::Start {
                     create: f.optional("create", create_from_value)?,
+                    revision_floor: f.optional("revisionFloor", read_uint)?.unwrap_or(0),
                 }
             }
             "operation" => {
@@ -442,8 +454,16 @@ mod tests {
             WorkerFrame::Released {
                 sessions: vec!["s1".into(), "s2".into()],
             },
-            WorkerFrame::Start { create: None },
             WorkerFrame::Start {
+                create: None,
+                revision_floor: 0,
+            },
+            WorkerFrame::Start {
+                create: None,
+                revision_floor: 41,
+            },
+            WorkerFrame::Start {
+                revision_floor: 0,
                 create: Some(CreateSpec {
                     cwd: Some("/w".into()),
                     name: Some("n".into()),

@@ -164,6 +164,8 @@ pub enum Output {
         worker: WorkerId,
         session_id: String,
         create: Option<CreateSpec>,
+        /// Pass on in the worker's start: the highest revision shown so far.
+        revision_floor: u64,
     },
     /// Deliver a message to a worker.
     ToWorker { worker: WorkerId, message: ToWorker },
@@ -203,6 +205,9 @@ pub struct Server {
     expected: BTreeMap<String, Instant>,
     /// Attaches waiting for an expected adoption.
     adoption_waiters: BTreeMap<String, Vec<sessions::Waiter>>,
+    /// The highest revision any worker reported for each session, kept
+    /// across workers: the next worker starts above it.
+    shown_revisions: BTreeMap<String, u64>,
     revision: u64,
     next_worker: u64,
     next_op: u64,
@@ -239,6 +244,7 @@ impl Server {
             removals: BTreeMap::new(),
             expected: BTreeMap::new(),
             adoption_waiters: BTreeMap::new(),
+            shown_revisions: BTreeMap::new(),
             revision: 0,
             next_worker: 1,
             next_op: 1,

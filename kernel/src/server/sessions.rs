@@ -417,10 +417,12 @@ impl Server {
         live.waiters = waiters;
         self.sessions.insert(session_id.clone(), live);
         self.workers.insert(worker_id, session_id.clone());
+        let revision_floor = self.shown_revisions.get(&session_id).copied().unwrap_or(0);
         self.out.push(Output::SpawnWorker {
             worker: worker_id,
             session_id,
             create,
+            revision_floor,
         });
     }
 
@@ -549,6 +551,7 @@ impl Server {
         let outcome = match &result {
             Ok(()) => {
                 self.catalog.remove(&session_id);
+                self.shown_revisions.remove(&session_id);
                 Ok(CommandResult::Remove {
                     session_id: session_id.clone(),
                 })
@@ -659,6 +662,20 @@ impl Server {
         let Some(session_id) = self.session_of(worker) else {
             return;
         };
+        let revision = match &message {
+            FromWorker::Ready { snapshot } | FromWorker::Snapshot { snapshot } => {
+                Some(snapshot.revision)
+            }
+            FromWorker::OpDone {
+                outcome: Ok(snapshot),
+                ..
+            } => Some(snapshot.revision),
+            _ => None,
+        };
+        if let Some(revision) = revision {
+            let shown = self.shown_revisions.entry(session_id.clone()).or_default();
+            *shown = (*shown).max(revision);
+        }
         match message {
             FromWorker::Ready { snapshot } => self.on_worker_ready(&session_id, snapshot),
             FromWorker::Failed { error } => self.fail_session(&session_id, error),
