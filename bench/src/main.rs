@@ -7,7 +7,8 @@
 //! `which` is one of `rtt` (1), `fanout` (2), `coldstart` (3), `commit` (4),
 //! `scale` (5), `node` (6), `kernel` (7), `encode` (the cost of the encoder's
 //! schema check), `tui` (the terminal UI's delta → screen and keystroke →
-//! echo latency in a pty), or `all`. Each pair is measured in the same run,
+//! echo latency in a pty), `acp` (the ACP adapter against pi v1, and a
+//! 500-item `session/load`), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -19,6 +20,7 @@
 //!
 //! Nothing here asserts a time: the targets are reported as met or missed.
 
+mod acp;
 mod coldstart;
 mod commit;
 mod echo;
@@ -47,6 +49,7 @@ const ALL: &[&str] = &[
     "kernel",
     "encode",
     "tui",
+    "acp",
 ];
 
 fn main() -> ExitCode {
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
             "kernel" => kernel_bench::run(&env, &mut report),
             "encode" => encode::run(&env, &mut report),
             "tui" => tui::run(&env, &mut report),
+            "acp" => acp::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {
