@@ -76,12 +76,14 @@ impl Adapter {
         mut stop: impl FnMut(&Value) -> bool,
     ) -> Result<(Value, Instant, usize), String> {
         let mut bytes = 0;
+        let mut last = String::new();
         loop {
             let (at, line) = self
                 .lines
-                .recv_timeout(Duration::from_secs(30))
-                .map_err(|_| format!("the adapter went quiet after {bytes} bytes"))?;
+                .recv_timeout(Duration::from_secs(10))
+                .map_err(|_| format!("the adapter went quiet after {bytes} bytes; last: {last}"))?;
             bytes += line.len() + 1;
+            last.clone_from(&line);
             let value: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
             if stop(&value) {
                 return Ok((value, at, bytes));
@@ -91,7 +93,9 @@ impl Adapter {
 
     fn call(&mut self, method: &str, params: Value) -> Result<(Value, Duration, usize), String> {
         let (id, sent) = self.send(method, params)?;
-        let (reply, at, bytes) = self.until(|v| v["id"] == json!(id))?;
+        let (reply, at, bytes) = self
+            .until(|v| v["id"] == json!(id))
+            .map_err(|e| format!("{method}: {e}"))?;
         if reply.get("error").is_some() {
             return Err(format!("{method}: {reply}"));
         }

@@ -109,12 +109,13 @@ async fn read_line<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     line: &mut Vec<u8>,
 ) -> io::Result<Option<Result<String, usize>>> {
-    line.clear();
-    let read = (&mut *reader)
-        .take(MAX_LINE as u64 + 1)
-        .read_until(b'\n', line)
-        .await?;
-    if read == 0 {
+    // Cancel-safe: this future loses the select whenever an event comes
+    // first, and what it read of a line stays in `line` for the next call
+    // (cleared only once a whole line is taken), so a line that arrives in
+    // pieces is never cut in two.
+    let room = (MAX_LINE as u64 + 1).saturating_sub(line.len() as u64);
+    let read = (&mut *reader).take(room).read_until(b'\n', line).await?;
+    if read == 0 && line.is_empty() {
         return Ok(None);
     }
     if line.last() != Some(&b'\n') && line.len() > MAX_LINE {
@@ -131,10 +132,49 @@ async fn read_line<R: AsyncRead + Unpin>(
                 break;
             }
         }
+        line.clear();
         return Ok(Some(Err(skipped)));
     }
-    match std::str::from_utf8(line) {
-        Ok(text) => Ok(Some(Ok(text.trim_end_matches(['\n', '\r']).to_owned()))),
-        Err(_) => Ok(Some(Err(line.len()))),
+    // A whole line, or the unterminated last one at the end of input.
+    let text = match std::str::from_utf8(line) {
+        Ok(text) => Ok(text.trim_end_matches(['\n', '\r']).to_owned()),
+        Err(_) => Err(line.len()),
+    };
+    line.clear();
+    Ok(Some(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    /// A line that arrives in two pieces, with the read cancelled in
+    /// between (another select branch won), comes out whole.
+    #[tokio::test]
+    async fn a_line_read_in_pieces_survives_a_cancelled_read() {
+        let (mut tx, rx) = tokio::io::duplex(64);
+        let mut reader = BufReader::new(rx);
+        let mut line = Vec::new();
+        tx.write_all(b"{\"jsonrpc\":").await.unwrap();
+        let cut =
+            tokio::time::timeout(Duration::from_millis(50), read_line(&mut reader, &mut line));
+        assert!(
+            cut.await.is_err(),
+            "nothing whole yet: the read is cancelled"
+        );
+        tx.write_all(b"\"2.0\"}\nnext\n").await.unwrap();
+        let first = read_line(&mut reader, &mut line).await.unwrap();
+        assert_eq!(first, Some(Ok("{\"jsonrpc\":\"2.0\"}".to_string())));
+        let second = read_line(&mut reader, &mut line).await.unwrap();
+        assert_eq!(second, Some(Ok("next".to_string())));
+        tx.write_all(b"tail").await.unwrap();
+        drop(tx);
+        assert_eq!(
+            read_line(&mut reader, &mut line).await.unwrap(),
+            Some(Ok("tail".into()))
+        );
+        assert_eq!(read_line(&mut reader, &mut line).await.unwrap(), None);
     }
 }
