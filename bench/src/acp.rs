@@ -137,14 +137,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let sessions = env.fresh_dir("acp-sessions");
     let big = big_session(&sessions, 500)?;
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let client = runtime
-        .block_on(pi_io::client::Client::connect(&server.socket, None))
-        .map_err(|e| format!("v1 client: {e}"))?;
+    let (runtime, client) = server.client("v1 client")?;
     let mut adapter = Adapter::spawn(env, &server)?;
     adapter.call(
         "initialize",

@@ -79,6 +79,23 @@ impl Server {
         })
     }
 
+    /// A pi v1 client of this server (the library every front end uses),
+    /// on a one-thread runtime of its own; `who` names it in errors.
+    pub(crate) fn client(
+        &self,
+        who: &str,
+    ) -> Result<(tokio::runtime::Runtime, pi_io::client::Client), String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let client = runtime
+            .block_on(pi_io::client::Client::connect(&self.socket, None))
+            .map_err(|e| format!("{who}: {e}"))?;
+        Ok((runtime, client))
+    }
+
     /// Waits until the client socket exists.
     pub(crate) fn wait_bound(&mut self, timeout: Duration) -> Result<(), String> {
         while !self.socket.exists() {

@@ -42,14 +42,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let sessions = env.fresh_dir("tui-sessions");
     let id = create_sessions(&sessions, 1, 1)?.remove(0);
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "10".into())])?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let client = runtime
-        .block_on(pi_io::client::Client::connect(&server.socket, None))
-        .map_err(|e| format!("observer: {e}"))?;
+    let (runtime, client) = server.client("observer")?;
     runtime
         .block_on(client.attach(&id))
         .map_err(|e| format!("observer attach: {e}"))?;

@@ -452,16 +452,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         stepping: false,
         done: false,
     };
-    if !released.is_empty() {
-        tracing::info!(
-            count = released.len(),
-            "expecting the released workers to announce themselves"
-        );
-        d.step(Input::AdoptionsExpected {
-            sessions: released,
-            wait: adoption_wait(),
-        });
-    }
+    d.expect_adoptions(released, "the released workers");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -744,21 +735,28 @@ impl Daemon {
         }
     }
 
+    /// The workers of `sessions` (`whose`, for the log) will announce
+    /// themselves: attaches to them wait for that.
+    fn expect_adoptions(&mut self, sessions: Vec<String>, whose: &str) {
+        if sessions.is_empty() {
+            return;
+        }
+        tracing::info!(
+            count = sessions.len(),
+            "expecting {whose} to announce themselves"
+        );
+        self.step(Input::AdoptionsExpected {
+            sessions,
+            wait: adoption_wait(),
+        });
+    }
+
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Accepted(stream) => self.on_accepted(stream),
             Event::CatalogLoaded(sessions, orphans) => {
                 tracing::info!(count = sessions.len(), "session catalog loaded");
-                if !orphans.is_empty() {
-                    tracing::info!(
-                        count = orphans.len(),
-                        "live workers of a crashed server hold sessions; expecting them to announce themselves"
-                    );
-                    self.step(Input::AdoptionsExpected {
-                        sessions: orphans,
-                        wait: adoption_wait(),
-                    });
-                }
+                self.expect_adoptions(orphans, "live workers of a crashed server");
                 self.step(Input::CatalogLoaded { sessions });
             }
             Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),

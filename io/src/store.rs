@@ -501,19 +501,7 @@ impl SessionStore {
             meta.thinking_level = state.thinking_level;
             meta::write(&dir, id, &meta)?;
         }
-        let session = StoredSession {
-            id: id.to_owned(),
-            name: meta.name.clone(),
-            cwd: meta.cwd.clone(),
-            created_at: meta.created_at,
-            updated_at: state.updated_at,
-            model: state.model,
-            thinking_level: state.thinking_level,
-            revision: state.revision,
-            transcript,
-            queued_steer: state.queued_steer,
-            summary: state.summary,
-        };
+        let session = stored_of(id, &meta, state, transcript);
         let store = Self {
             conn,
             lock,
@@ -546,19 +534,7 @@ impl SessionStore {
     /// The session as it is stored now (after a failed write, say).
     pub fn reload(&self) -> Result<StoredSession, StoreError> {
         let (state, transcript) = db::load(&self.conn, &self.dir, &self.id)?;
-        Ok(StoredSession {
-            id: self.id.clone(),
-            name: self.meta.name.clone(),
-            cwd: self.meta.cwd.clone(),
-            created_at: self.meta.created_at,
-            updated_at: state.updated_at,
-            model: state.model,
-            thinking_level: state.thinking_level,
-            revision: state.revision,
-            transcript,
-            queued_steer: state.queued_steer,
-            summary: state.summary,
-        })
+        Ok(stored_of(&self.id, &self.meta, state, transcript))
     }
 
     pub fn apply(&mut self, batch: &[Persist]) -> Result<(), StoreError> {
@@ -626,6 +602,28 @@ fn not_found(id: &str, dir: &Path) -> StoreError {
         "Session {id} not found ({} does not exist)",
         dir.display()
     ))
+}
+
+/// A stored session from its `meta.json` and its database's state row and items.
+fn stored_of(
+    id: &str,
+    meta: &Meta,
+    state: db::StateRow,
+    transcript: Vec<kernel::protocol::TranscriptItem>,
+) -> StoredSession {
+    StoredSession {
+        id: id.to_owned(),
+        name: meta.name.clone(),
+        cwd: meta.cwd.clone(),
+        created_at: meta.created_at,
+        updated_at: state.updated_at,
+        model: state.model,
+        thinking_level: state.thinking_level,
+        revision: state.revision,
+        transcript,
+        queued_steer: state.queued_steer,
+        summary: state.summary,
+    }
 }
 
 /// Who holds a session's lock, as its lock file says.

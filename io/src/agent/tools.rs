@@ -686,6 +686,14 @@ impl Spill {
     }
 }
 
+/// Output read from the command: its tail for the result, all of it to the spill file.
+async fn keep(tail: &mut Tail, spill: &mut Option<Spill>, bytes: &[u8]) {
+    tail.push(bytes);
+    if let Some(spill) = spill {
+        spill.write(bytes).await;
+    }
+}
+
 async fn bash(
     args: &Args<'_>,
     cwd: &Path,
@@ -760,12 +768,7 @@ async fn bash(
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
             n = pipe.read(&mut chunk), if open => match n {
                 Ok(0) | Err(_) => open = false,
-                Ok(n) => {
-                    tail.push(&chunk[..n]);
-                    if let Some(spill) = &mut spill {
-                        spill.write(&chunk[..n]).await;
-                    }
-                }
+                Ok(n) => keep(&mut tail, &mut spill, &chunk[..n]).await,
             },
             s = child.wait(), if status.is_none() => match s {
                 Ok(s) => {
@@ -774,12 +777,7 @@ async fn bash(
                     let grace = tokio::time::Instant::now() + Duration::from_millis(200);
                     while open {
                         match tokio::time::timeout_at(grace, pipe.read(&mut chunk)).await {
-                            Ok(Ok(n)) if n > 0 => {
-                                tail.push(&chunk[..n]);
-                                if let Some(spill) = &mut spill {
-                                    spill.write(&chunk[..n]).await;
-                                }
-                            }
+                            Ok(Ok(n)) if n > 0 => keep(&mut tail, &mut spill, &chunk[..n]).await,
                             _ => open = false,
                         }
                     }

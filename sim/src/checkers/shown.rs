@@ -10,7 +10,6 @@
 
 use super::{Check, Violation};
 use crate::world::{Fact, World};
-use kernel::client::follow::text_of;
 use kernel::ids::ConnId;
 use kernel::limits::Checkpoint;
 use kernel::protocol::{Content, ServerEvent, ServerMessage, TranscriptItem, TranscriptProgress};
@@ -49,8 +48,8 @@ fn stored(world: &World, session_id: &str, item_id: &str, index: u64) -> Option<
     let bytes = match a.content.get(index as usize) {
         Some(Content::Text { text }) => text.len(),
         Some(Content::Thinking { thinking, .. }) => thinking.len(),
-        Some(_) => text_of(&a.content[index as usize..=index as usize]).len(),
-        None => 0,
+        // A tool call's arguments are not shown as streamed text.
+        Some(_) | None => 0,
     };
     Some((bytes, item.is_terminal()))
 }

@@ -50,6 +50,14 @@ fn walker(root: &Path) -> WalkBuilder {
     builder
 }
 
+/// `glob` (gitignore syntax) as a matcher rooted at `root`.
+fn globs(tool: &str, root: &Path, glob: &str) -> Result<ignore::overrides::Override, String> {
+    let invalid = |e: ignore::Error| format!("{tool}: invalid glob {glob:?}: {e}");
+    let mut builder = OverrideBuilder::new(root);
+    builder.add(glob).map_err(invalid)?;
+    builder.build().map_err(invalid)
+}
+
 /// Runs `work` on the blocking pool; `cancel` makes it stop early.
 async fn blocking<T: Send + 'static>(
     cancel: tokio_util::sync::CancellationToken,
@@ -153,15 +161,7 @@ pub(super) async fn grep(
     blocking(cancel, move |stop| {
         let mut walk = walker(&root);
         if let Some(glob) = &glob {
-            let mut overrides = OverrideBuilder::new(&root);
-            overrides
-                .add(glob)
-                .map_err(|e| format!("grep: invalid glob {glob:?}: {e}"))?;
-            walk.overrides(
-                overrides
-                    .build()
-                    .map_err(|e| format!("grep: invalid glob {glob:?}: {e}"))?,
-            );
+            walk.overrides(globs("grep", &root, glob)?);
         }
         let mut searcher = SearcherBuilder::new()
             .binary_detection(BinaryDetection::quit(0))
@@ -234,13 +234,7 @@ pub(super) async fn find(
     if !root.is_dir() {
         return Err(format!("find: {path} is not a directory"));
     }
-    let mut globs = OverrideBuilder::new(&root);
-    globs
-        .add(&pattern)
-        .map_err(|e| format!("find: invalid glob {pattern:?}: {e}"))?;
-    let globs = globs
-        .build()
-        .map_err(|e| format!("find: invalid glob {pattern:?}: {e}"))?;
+    let globs = globs("find", &root, &pattern)?;
     blocking(cancel, move |stop| {
         let mut found: Vec<String> = Vec::new();
         let mut cut = false;
