@@ -193,3 +193,37 @@ async fn server_sigkill_mid_turn_keeps_the_turn() {
     assert!(text_of(assistants(&snapshot)[0]).contains("word0099"));
     c.close().await;
 }
+
+/// A server whose program file is replaced while it runs (an upgrade, a
+/// rebuild) still starts workers of its own build for new sessions.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_whose_program_was_replaced_still_starts_workers() {
+    let root = TestRoot::new("replaced-program");
+    let program = root.path.join("pi-server-copy");
+    std::fs::copy(bin(), &program).unwrap();
+    let mut server = TestServer::start_with(
+        "replaced-program-server",
+        Options {
+            program: Some(program.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    // Replaced by a file that is no program at all.
+    std::fs::remove_file(&program).unwrap();
+    std::fs::write(&program, "#!/bin/false\n").unwrap();
+
+    let c = server.connect().await;
+    let id = c.create(params("after the upgrade")).await.unwrap().id;
+    let done = c.prompt(&id, "still here?").await.unwrap();
+    assert!(
+        matches!(
+            last_assistant_status(&done),
+            Some(AssistantStatus::Complete(_))
+        ),
+        "{}",
+        server.log()
+    );
+    c.close().await;
+    server.terminate().await;
+}

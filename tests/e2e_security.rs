@@ -344,6 +344,35 @@ async fn remote_clients_over_tcp_need_the_token() {
         .list()
         .await
         .expect("the remote client is still served");
+
+    // The CLI reaches it too, with `--connect tcp://…` and the token file.
+    let token_file = server.token_file.clone().unwrap();
+    let token_file = token_file.to_str().unwrap();
+    let connect = format!("tcp://{address}");
+    let remote_cli = |args: &[&str]| {
+        let mut command = std::process::Command::new(bin());
+        command.arg("--connect").arg(&connect).args(args);
+        server.root.isolate(&mut command);
+        run(command)
+    };
+    let out = remote_cli(&[
+        "--token-file",
+        token_file,
+        "prompt",
+        &id,
+        "and from the cli",
+    ])
+    .await
+    .success();
+    assert!(!out.stdout.trim().is_empty(), "{out:?}");
+    let out = remote_cli(&["--token-file", token_file, "list", "-q"])
+        .await
+        .success();
+    assert_eq!(out.stdout.trim(), id);
+    let out = remote_cli(&["list"]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.contains("needs --token-file"), "{out:?}");
+
     remote.close().await;
     local.close().await;
 }

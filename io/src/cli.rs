@@ -20,7 +20,7 @@ use self::activate::{
     connect_error, log_tail, no_server,
 };
 use self::discover::{Found, close_all, servers, session_server};
-use crate::client::{Client, Status};
+use crate::client::{Address, Client, Status};
 use crate::config;
 use clap::{Args, Parser, Subcommand};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
@@ -86,13 +86,24 @@ struct GlobalArgs {
     #[arg(long, global = true, value_name = "DIR")]
     session_dir: Option<PathBuf>,
 
-    /// Use the server at this socket alone; never start one (client commands only)
-    #[arg(long, global = true, value_name = "unix:///PATH", value_parser = parse_connect)]
-    connect: Option<PathBuf>,
+    /// Use the server at this address alone and never start one: its socket, or
+    /// the `serve --listen` address, which needs --token-file
+    #[arg(long, global = true, value_name = "unix:///PATH|tcp://HOST:PORT", value_parser = parse_connect)]
+    connect: Option<Address>,
 
     /// File holding a shared secret: clients send it in hello, `serve` requires it
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
+}
+
+impl GlobalArgs {
+    fn any(&self) -> bool {
+        self.server_dir.is_some()
+            || self.server_id.is_some()
+            || self.session_dir.is_some()
+            || self.connect.is_some()
+            || self.token_file.is_some()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,9 +302,54 @@ impl From<String> for Failure {
     }
 }
 
+/// The command line as parsed and documented. Global options show in the
+/// help of the commands they mean something to: `--connect` is a client
+/// option, so `serve`'s help leaves it out, and the tour (`demo`, which
+/// makes its own throwaway server) and `completions` use none of them.
+fn clap_command() -> clap::Command {
+    let command = <Cli as clap::CommandFactory>::command();
+    let globals: Vec<clap::Arg> = command
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    // A subcommand that already has an argument of a global's id does not
+    // get the global propagated: give it a hidden copy instead.
+    let hide = |command: clap::Command, sub: &str, ids: &[&str]| {
+        command.mut_subcommand(sub, |mut sub| {
+            for arg in globals
+                .iter()
+                .filter(|a| ids.contains(&a.get_id().as_str()))
+            {
+                sub = sub.arg(arg.clone().hide(true));
+            }
+            sub
+        })
+    };
+    let all = [
+        "server_dir",
+        "server_id",
+        "session_dir",
+        "connect",
+        "token_file",
+    ];
+    let command = hide(command, "serve", &["connect"]);
+    let command = hide(command, "demo", &all);
+    hide(command, "completions", &all)
+}
+
+fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = clap_command().try_get_matches_from(args)?;
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+}
+
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     init_tracing(&cli.command);
     // The server and the worker are each one loop task (blocking work goes to
     // `spawn_blocking`): a current-thread runtime saves a thread hop per
@@ -352,6 +408,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         )
         .into());
     }
+    if matches!(command, Commands::Demo) && global.any() {
+        return Err(Failure::from(
+            "`demo` runs its own throwaway server and takes no server options".to_owned(),
+        ));
+    }
     let target = || client_target(&global, default_model.clone());
     let result = match command {
         Commands::Serve(args) => run_serve(global, args).await,
@@ -359,8 +420,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Commands::Demo => demo::run_demo().await,
         Commands::List { json, quiet } => run_list(&target()?, json, quiet).await,
         Commands::Completions { shell } => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut command, "pi-server", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut clap_command(),
+                "pi-server",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Commands::Create(args) => run_create(&target()?, args).await,
@@ -382,7 +447,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 // ---------------------------------------------------------------------------
 // Argument parsing
 
-/// Parses `unix:///absolute/path.sock` (percent-escapes allowed) into a path.
 /// The prompt's words joined, or standard input for a lone `-`.
 fn prompt_text(words: &[String]) -> Result<String, String> {
     if words != ["-"] {
@@ -398,9 +462,14 @@ fn prompt_text(words: &[String]) -> Result<String, String> {
     Ok(text)
 }
 
-fn parse_connect(address: &str) -> Result<PathBuf, String> {
+/// Parses `--connect`: `unix:///absolute/path.sock` (percent-escapes
+/// allowed) or `tcp://HOST:PORT`.
+fn parse_connect(address: &str) -> Result<Address, String> {
+    if address.starts_with("tcp://") {
+        return parse_listen(address).map(Address::Tcp);
+    }
     let Some(rest) = address.strip_prefix("unix://") else {
-        return Err("expected unix:///absolute/path.sock (only Unix sockets are supported)".into());
+        return Err("expected unix:///absolute/path.sock or tcp://HOST:PORT".into());
     };
     if !rest.starts_with('/') {
         return Err("the socket path must be absolute, as in unix:///run/pi/server.sock".into());
@@ -409,7 +478,7 @@ fn parse_connect(address: &str) -> Result<PathBuf, String> {
     if bytes.len() < 2 {
         return Err("the socket path is missing, as in unix:///run/pi/server.sock".into());
     }
-    Ok(PathBuf::from(OsString::from_vec(bytes)))
+    Ok(Address::Unix(PathBuf::from(OsString::from_vec(bytes))))
 }
 
 fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
@@ -1051,13 +1120,12 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("pi-server").chain(args.iter().copied()))
+        parse_from(std::iter::once("pi-server").chain(args.iter().copied()))
     }
 
     #[test]
     fn clap_definition_is_consistent() {
-        use clap::CommandFactory;
-        Cli::command().debug_assert();
+        clap_command().debug_assert();
     }
 
     #[test]
@@ -1122,28 +1190,65 @@ mod tests {
         assert!(parse(&["--model", "faux", "list"]).is_err());
     }
 
+    /// The long help of `pi-server <sub>`.
+    fn help_of(sub: &str) -> String {
+        let error = parse(&[sub, "--help"]).expect_err("help is an early exit");
+        assert_eq!(error.kind(), clap::error::ErrorKind::DisplayHelp);
+        error.to_string()
+    }
+
     #[test]
-    fn connect_url_is_an_absolute_unix_path() {
+    fn each_command_documents_only_the_options_it_takes() {
+        let serve = help_of("serve");
+        assert!(!serve.contains("--connect <"), "{serve}");
+        assert!(serve.contains("--listen <") && serve.contains("--token-file <"));
+        for client in [
+            "list", "create", "prompt", "attach", "log", "rm", "models", "acp",
+        ] {
+            let help = help_of(client);
+            assert!(help.contains("--connect <"), "{client}: {help}");
+            assert!(!help.contains("--listen <"), "{client}: {help}");
+            assert!(!help.contains("--idle-exit-ms <"), "{client}: {help}");
+        }
+        for standalone in ["demo", "completions"] {
+            let help = help_of(standalone);
+            assert!(!help.contains("--server-dir <"), "{standalone}: {help}");
+            assert!(!help.contains("--connect <"), "{standalone}: {help}");
+        }
+        // Hidden is still accepted where it means something, and refused
+        // where it does not.
+        assert!(parse(&["serve", "--server-dir", "/tmp/x"]).is_ok());
+    }
+
+    #[test]
+    fn connect_url_is_an_absolute_unix_path_or_a_tcp_address() {
+        let unix = |path: &str| Address::Unix(PathBuf::from(path));
         assert_eq!(
             parse_connect("unix:///tmp/a.sock").unwrap(),
-            PathBuf::from("/tmp/a.sock")
+            unix("/tmp/a.sock")
         );
         assert_eq!(
             parse_connect("unix:///tmp/a%20b.sock").unwrap(),
-            PathBuf::from("/tmp/a b.sock")
+            unix("/tmp/a b.sock")
+        );
+        assert_eq!(
+            parse_connect("tcp://127.0.0.1:7447").unwrap(),
+            Address::Tcp("127.0.0.1:7447".into())
         );
         for bad in [
             "/tmp/a.sock",
             "unix://tmp/a.sock",
             "unix://",
             "unix:///",
-            "tcp://x:1",
+            "tcp://x",
+            "tcp://:1",
+            "tcp://x:port",
             "unix:///a%zz",
         ] {
             assert!(parse_connect(bad).is_err(), "{bad:?}");
         }
         let cli = parse(&["list", "--connect", "unix:///run/pi.sock"]).unwrap();
-        assert_eq!(cli.global.connect, Some(PathBuf::from("/run/pi.sock")));
+        assert_eq!(cli.global.connect, Some(unix("/run/pi.sock")));
         assert!(parse(&["--connect", "http://x", "list"]).is_err());
     }
 

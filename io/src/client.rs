@@ -9,7 +9,7 @@
 //! ([`kernel::client::ClientOutput::Connect`]) and wakes it at its deadline.
 //! API calls step the machine under one lock and wait for their completion.
 //!
-//! [`Client::connect`] connects to a Unix socket; when the connection is
+//! [`Client::connect`] connects to a Unix socket or a TCP address; when the connection is
 //! lost after its handshake (the server was replaced, crashed or restarted)
 //! the machine reconnects, re-attaches the sessions it was attached to and
 //! settles what was in flight (see the machine's documentation).
@@ -302,18 +302,63 @@ impl Inner {
     }
 }
 
+/// Where a server listens: its Unix socket, or a TCP address (`serve
+/// --listen`), which needs the server's token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    /// `HOST:PORT`.
+    Tcp(String),
+}
+
+impl fmt::Display for Address {
+    /// As the command line writes it: `unix:///path` or `tcp://host:port`
+    /// (a socket path is shown as is, not percent-escaped).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(path) => write!(f, "{}", path.display()),
+            Self::Tcp(addr) => write!(f, "tcp://{addr}"),
+        }
+    }
+}
+
+impl From<&Path> for Address {
+    fn from(path: &Path) -> Self {
+        Self::Unix(path.to_owned())
+    }
+}
+
+impl From<&PathBuf> for Address {
+    fn from(path: &PathBuf) -> Self {
+        Self::Unix(path.clone())
+    }
+}
+
+impl From<&Address> for Address {
+    fn from(address: &Address) -> Self {
+        address.clone()
+    }
+}
+
 /// Where to open a new transport.
 #[derive(Debug, Clone)]
 enum Connector {
-    Unix(PathBuf),
+    At(Address),
     None,
 }
 
 impl Connector {
     async fn connect(&self) -> std::io::Result<(ReadHalf, WriteHalf)> {
         match self {
-            Self::Unix(path) => {
+            Self::At(Address::Unix(path)) => {
                 let (read, write) = UnixStream::connect(path).await?.into_split();
+                Ok((Box::new(read), Box::new(write)))
+            }
+            Self::At(Address::Tcp(addr)) => {
+                let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
+                // Deltas are small frames that must not wait for an ACK.
+                stream.set_nodelay(true)?;
+                let (read, write) = stream.into_split();
                 Ok((Box::new(read), Box::new(write)))
             }
             Self::None => Err(std::io::Error::new(
@@ -325,19 +370,23 @@ impl Connector {
 }
 
 impl Client {
-    /// Connects to the server listening at `path` with default options,
-    /// sending `token` in the hello if given.
-    pub async fn connect(path: &Path, token: Option<&str>) -> Result<Self, ClientError> {
-        Self::connect_with(path, token, ClientOptions::default()).await
+    /// Connects to the server listening at `address` (a socket path or an
+    /// [`Address`]) with default options, sending `token` in the hello if
+    /// given.
+    pub async fn connect(
+        address: impl Into<Address>,
+        token: Option<&str>,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with(address, token, ClientOptions::default()).await
     }
 
     /// [`Client::connect`] with explicit options.
     pub async fn connect_with(
-        path: &Path,
+        address: impl Into<Address>,
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let connector = Connector::Unix(path.to_owned());
+        let connector = Connector::At(address.into());
         let transport = connector.connect().await.map_err(ClientError::Io)?;
         Self::start(transport, connector, token, options).await
     }
@@ -375,7 +424,7 @@ impl Client {
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let reconnect = matches!(connector, Connector::Unix(_));
+        let reconnect = matches!(connector, Connector::At(_));
         let config = options.config(token, reconnect);
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();

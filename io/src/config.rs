@@ -90,6 +90,19 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The program a server starts its workers from: this very build, even
+/// after its file was replaced or removed (an upgrade while it runs), since
+/// a worker must speak the server's worker protocol. On Linux that is
+/// `/proc/self/exe`, which names the running image, not the path;
+/// elsewhere the path it was started from.
+pub fn this_program() -> std::io::Result<PathBuf> {
+    let image = Path::new("/proc/self/exe");
+    if image.exists() {
+        return Ok(image.to_owned());
+    }
+    std::env::current_exe()
+}
+
 /// 64 bits from the operating system's entropy source.
 pub fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];

@@ -1081,7 +1081,7 @@ impl Daemon {
         revision_floor: u64,
     ) {
         let token = new_uuid();
-        let exe = match std::env::current_exe() {
+        let exe = match crate::config::this_program() {
             Ok(exe) => exe,
             Err(e) => {
                 return self.step(Input::WorkerSpawnFailed {
@@ -1091,6 +1091,9 @@ impl Daemon {
             }
         };
         let mut cmd = tokio::process::Command::new(exe);
+        if let Ok(path) = std::env::current_exe() {
+            cmd.arg0(path); // what `ps` shows, rather than /proc/self/exe
+        }
         cmd.arg("worker")
             .env("PI_WORKER_SOCKET", &self.worker_path)
             .env("PI_WORKER_TOKEN", &token)

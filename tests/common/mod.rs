@@ -462,6 +462,8 @@ pub(crate) struct Options {
     pub(crate) env: Vec<(String, String)>,
     /// Extra arguments of `serve`.
     pub(crate) serve_args: Vec<String>,
+    /// The program `serve` runs from, when not the build under test.
+    pub(crate) program: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -472,6 +474,7 @@ impl Default for Options {
             idle_exit_ms: None,
             env: Vec::new(),
             serve_args: Vec::new(),
+            program: None,
         }
     }
 }
@@ -528,7 +531,8 @@ impl TestServer {
 
     /// The `serve` command line (without spawning it).
     pub(crate) fn serve_command(&self) -> Command {
-        let mut command = Command::new(bin());
+        let program = self.options.program.as_deref();
+        let mut command = Command::new(program.unwrap_or(Path::new(bin())));
         command
             .arg("serve")
             .arg("--server-dir")

@@ -31,7 +31,7 @@
 //! busy (default 1000 ms, `$PI_SERVER_IDLE_EXIT_MS` overrides).
 
 use super::{GlobalArgs, absolute};
-use crate::client::{Client, ClientError};
+use crate::client::{Address, Client, ClientError};
 use crate::config;
 use kernel::protocol::{ErrorCode, ModelRef};
 use std::fs;
@@ -61,7 +61,7 @@ pub(super) const MODEL_ONLY_AT_ACTIVATION: &str =
 /// Where a client command connects, and how to start a server there.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
-    pub(super) socket: PathBuf,
+    pub(super) address: Address,
     pub(super) token: Option<String>,
     /// `None` with `--connect`: an explicit socket is never started.
     pub(super) launch: Option<Launch>,
@@ -87,7 +87,7 @@ impl Target {
     pub(super) fn for_server(&self, server_id: &str) -> Option<Self> {
         let launch = self.launch.as_ref()?;
         Some(Self {
-            socket: config::socket_path(&launch.server_dir, server_id),
+            address: Address::Unix(config::socket_path(&launch.server_dir, server_id)),
             token: self.token.clone(),
             launch: Some(Launch {
                 server_id: server_id.to_owned(),
@@ -109,13 +109,19 @@ pub(super) fn client_target(
         .as_deref()
         .map(config::read_token_file)
         .transpose()?;
-    if let Some(socket) = &global.connect {
+    if let Some(address) = &global.connect {
         if model.is_some() {
             // --connect never starts a server, so no default can be chosen.
             return Err(MODEL_ONLY_AT_ACTIVATION.into());
         }
+        if matches!(address, Address::Tcp(_)) && token.is_none() {
+            return Err(format!(
+                "--connect {address} needs --token-file: a server accepts TCP clients \
+                 only with its token"
+            ));
+        }
         return Ok(Target {
-            socket: socket.clone(),
+            address: address.clone(),
             token,
             launch: None,
             explicit: true,
@@ -130,7 +136,7 @@ pub(super) fn client_target(
     let session_dir = absolute(&config::session_dir(global.session_dir.clone()))?;
     let token_file = global.token_file.as_deref().map(absolute).transpose()?;
     Ok(Target {
-        socket: config::socket_path(&server_dir, &server_id),
+        address: Address::Unix(config::socket_path(&server_dir, &server_id)),
         token,
         launch: Some(Launch {
             server_dir,
@@ -182,8 +188,8 @@ pub(super) fn version_refusal(error: &ClientError) -> Option<&str> {
     }
 }
 
-pub(super) fn connect_error(socket: &Path, error: ClientError) -> String {
-    let at = socket.display();
+pub(super) fn connect_error(at: impl Into<Address>, error: ClientError) -> String {
+    let at = at.into();
     match error {
         ClientError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
             format!("no server at {at} (no such socket); start one with `pi-server serve`")
@@ -209,13 +215,13 @@ pub(super) fn connect_error(socket: &Path, error: ClientError) -> String {
 /// Connects to the target's server, starting one first if none answers, or
 /// replacing one that speaks another protocol version.
 pub(super) async fn connect(target: &Target) -> Result<Client, String> {
-    match Client::connect(&target.socket, target.token.as_deref()).await {
+    match Client::connect(&target.address, target.token.as_deref()).await {
         Ok(client) => already_running(target, client).await,
         Err(e) => match &target.launch {
             Some(launch) if no_server(&e) || version_refusal(&e).is_some() => {
                 activate(target, launch).await
             }
-            _ => Err(connect_error(&target.socket, e)),
+            _ => Err(connect_error(&target.address, e)),
         },
     }
 }
@@ -238,12 +244,12 @@ pub(super) async fn activate(target: &Target, launch: &Launch) -> Result<Client,
         .await
         .map_err(|e| format!("cannot take the launcher lock: {e}"))??;
     // Whoever held the lock before us may have started or replaced the server.
-    let outcome = match Client::connect(&target.socket, target.token.as_deref()).await {
+    let outcome = match Client::connect(&target.address, target.token.as_deref()).await {
         Ok(client) => already_running(target, client).await,
         Err(e) if no_server(&e) => start_server(target, launch, None).await,
         Err(e) => match version_refusal(&e) {
             Some(message) => start_server(target, launch, Some(message)).await,
-            None => Err(connect_error(&target.socket, e)),
+            None => Err(connect_error(&target.address, e)),
         },
     };
     drop(lock);
@@ -271,7 +277,7 @@ async fn start_server(
     launch: &Launch,
     replacing: Option<&str>,
 ) -> Result<Client, String> {
-    let at = target.socket.display();
+    let at = &target.address;
     if let Some(message) = replacing {
         eprintln!(
             "pi-server: the server at {at} speaks another protocol version ({message}); \
@@ -374,12 +380,12 @@ async fn wait_for_server(
     let deadline = Instant::now() + timeout;
     loop {
         tokio::time::sleep(START_POLL_INTERVAL).await;
-        match Client::connect(&target.socket, target.token.as_deref()).await {
+        match Client::connect(&target.address, target.token.as_deref()).await {
             Ok(client) => return Ok(client),
             Err(e) if no_server(&e) => {}
             // The old server still answers, or drops what it had not accepted yet.
             Err(e) if replacing && (version_refusal(&e).is_some() || cut_off(&e)) => {}
-            Err(e) => return Err(connect_error(&target.socket, e)),
+            Err(e) => return Err(connect_error(&target.address, e)),
         }
         if let Some(process) = child.as_mut()
             && let Ok(Some(status)) = process.try_wait()
@@ -399,7 +405,7 @@ async fn wait_for_server(
         if Instant::now() >= deadline {
             return Err(format!(
                 "the server did not answer at {} within {} s; see {}",
-                target.socket.display(),
+                target.address,
                 timeout.as_secs(),
                 log_path.display()
             ));

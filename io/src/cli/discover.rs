@@ -13,7 +13,7 @@
 use super::activate::{
     MODEL_ONLY_AT_ACTIVATION, Target, activate, connect, connect_error, no_server, version_refusal,
 };
-use crate::client::{Client, ClientError, ClientOptions};
+use crate::client::{Client, ClientOptions};
 use kernel::protocol::SessionMetadata;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -40,8 +40,8 @@ enum Probe {
     Ready(Client),
     /// A `hello_error` with code `version`: another build.
     OtherVersion,
-    /// Stale, unresponsive or refusing: left out.
-    Skipped,
+    /// Stale (no reason), unresponsive or refusing: left out.
+    Skipped(Option<String>),
 }
 
 /// The `(server id, socket)` of every candidate client socket in `dir`, by id.
@@ -78,30 +78,15 @@ async fn probe(server_id: &str, socket: &Path, token: Option<&str>) -> Probe {
             Some(_) => Probe::OtherVersion,
             None if no_server(&e) => {
                 tracing::debug!(server = server_id, "skipping a stale socket");
-                Probe::Skipped
+                Probe::Skipped(None)
             }
-            None => {
-                skip_warning(server_id, socket, e);
-                Probe::Skipped
-            }
+            None => Probe::Skipped(Some(connect_error(socket, e))),
         },
-        Err(_) => {
-            tracing::warn!(
-                server = server_id,
-                "skipping a server that did not answer within {} s",
-                PROBE_TIMEOUT.as_secs()
-            );
-            Probe::Skipped
-        }
+        Err(_) => Probe::Skipped(Some(format!(
+            "the server did not answer within {} s",
+            PROBE_TIMEOUT.as_secs()
+        ))),
     }
-}
-
-fn skip_warning(server_id: &str, socket: &Path, error: ClientError) {
-    tracing::warn!(
-        server = server_id,
-        "skipping: {}",
-        connect_error(socket, error)
-    );
 }
 
 /// Tries every endpoint of `dir`, a few at a time; results by server id.
@@ -151,13 +136,25 @@ pub(super) async fn servers(target: &Target) -> Result<Vec<Found>, String> {
     };
     let mut found = Vec::new();
     let mut other_versions = Vec::new();
+    let mut skipped = Vec::new();
     for (server_id, outcome) in probe_all(&launch.server_dir, target.token.as_deref()).await {
         match outcome {
             Probe::Ready(client) => found.push(Found { server_id, client }),
             Probe::OtherVersion => other_versions.push(server_id),
-            Probe::Skipped => {}
+            Probe::Skipped(Some(reason)) => skipped.push((server_id, reason)),
+            Probe::Skipped(None) => {}
         }
     }
+    // Each skipped server is said once: the default server's reason is the
+    // command's own error when no other server answered.
+    let warn_skipped = |found: &[Found]| {
+        for (server_id, reason) in &skipped {
+            if found.is_empty() && *server_id == launch.server_id {
+                continue;
+            }
+            tracing::warn!(server = server_id, "skipping: {reason}");
+        }
+    };
     if target.model.is_some() && !found.is_empty() {
         close_all(found).await;
         return Err(MODEL_ONLY_AT_ACTIVATION.into());
@@ -173,6 +170,7 @@ pub(super) async fn servers(target: &Target) -> Result<Vec<Found>, String> {
             }
         }
     }
+    warn_skipped(&found);
     if found.is_empty() {
         let client = connect(target).await?;
         found.push(Found {
