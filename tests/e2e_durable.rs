@@ -1172,3 +1172,55 @@ fn a_full_disk_is_an_error_the_session_survives() {
         "nothing is left running in the store: {stored:?}"
     );
 }
+
+/// Issue #15, item 5: two servers sharing one session directory see each
+/// other's sessions appear, change and go within a second, and an attach
+/// through one to a session live on the other names the holder.
+#[test]
+fn sibling_servers_share_one_catalog() {
+    let env = Env::new("siblings");
+    let (a, b) = (uuid(), uuid());
+    let shared = env.root.join("shared-sessions");
+    let shared = shared.to_str().unwrap();
+    let _sa = env.serve(&a, &["--session-dir", shared]);
+    let _sb = env.serve(&b, &["--session-dir", shared]);
+    let listed_by = |server: &str| {
+        let out = env.run(&["--server-id", server, "list", "-q"]);
+        out.ok()
+            .stdout
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let created = env.run(&["--server-id", &a, "create", "--name", "made-on-a"]);
+    let id = created.ok().stdout.trim().to_owned();
+    let started = Instant::now();
+    wait_until("b to list a's new session", Duration::from_secs(5), || {
+        listed_by(&b).contains(&id)
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "within about a second: {:?}",
+        started.elapsed()
+    );
+
+    // Live on A: B names A rather than answering a bare session_locked.
+    let mut on_a = env.connect(&a);
+    on_a.request(Command::Attach {
+        session_id: id.clone(),
+    })
+    .expect("attach through a");
+    let out = env.run(&["--server-id", &b, "prompt", &id, "hi"]);
+    out.failed();
+    assert!(out.stderr.contains(&a), "names server a: {}", out.stderr);
+    drop(on_a);
+
+    // Removed through A (once its worker is gone): gone from B too.
+    let out = env.run(&["--server-id", &a, "rm", &id]);
+    out.ok();
+    wait_until(
+        "b to forget the removed session",
+        Duration::from_secs(5),
+        || !listed_by(&b).contains(&id),
+    );
+}

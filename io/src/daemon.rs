@@ -29,6 +29,8 @@ use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::CreateSpec;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -219,6 +221,12 @@ enum Event {
         session_id: String,
         result: Result<(), String>,
     },
+    /// The session directory changed (see `store::watch`).
+    CatalogChanged,
+    CatalogScanned {
+        scan: u64,
+        sessions: Vec<kernel::protocol::SessionMetadata>,
+    },
 }
 
 enum WriterMsg {
@@ -316,6 +324,11 @@ struct Daemon {
     deferring: bool,
     stepping: bool,
     done: bool,
+    /// Watches the session directory while it lives (`None`: polled).
+    _catalog_watch: Option<store::watch::Watcher>,
+    /// A `CatalogChanged` is queued and not handled yet: the watcher sends
+    /// no other, so a burst of changes is one event in the queue.
+    catalog_change_queued: Arc<AtomicBool>,
 }
 
 /// Asks the server running at `worker_path` to hand over to us, and waits
@@ -411,6 +424,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         }
     };
     let worker_accept = Some(tokio::spawn(accept_workers(workers, tx.clone())));
+    // Watch before the first scan, so no change falls between the two.
+    let catalog_change_queued = Arc::new(AtomicBool::new(false));
+    let catalog_watch = {
+        let queued = Arc::clone(&catalog_change_queued);
+        let tx = tx.clone();
+        store::watch::watch(&opts.session_dir, move || {
+            if !queued.swap(true, Ordering::AcqRel) {
+                let _ = tx.blocking_send(Event::CatalogChanged);
+            }
+        })
+    };
     let session_dir = opts.session_dir.clone();
     let catalog_tx = tx.clone();
     let our_workers = worker_path.clone();
@@ -451,7 +475,19 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         deferring: false,
         stepping: false,
         done: false,
+        _catalog_watch: None,
+        catalog_change_queued,
     };
+    match catalog_watch {
+        Ok(watch) => d._catalog_watch = Some(watch),
+        Err(e) => {
+            tracing::warn!(
+                "{e}; polling it instead, every {} ms",
+                d.server.config().limits.catalog_poll.as_millis()
+            );
+            d.step(Input::CatalogUnwatched);
+        }
+    }
     d.expect_adoptions(released, "the released workers");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
@@ -835,6 +871,13 @@ impl Daemon {
                     self.report_exit(worker);
                 }
             }
+            Event::CatalogChanged => {
+                self.catalog_change_queued.store(false, Ordering::Release);
+                self.step(Input::CatalogChanged);
+            }
+            Event::CatalogScanned { scan, sessions } => {
+                self.step(Input::CatalogScanned { scan, sessions });
+            }
             Event::SessionRemoved { session_id, result } => {
                 self.step(Input::SessionRemoved { session_id, result })
             }
@@ -999,6 +1042,14 @@ impl Daemon {
                     let result =
                         store::remove_session(&dir, &session_id).map_err(|e| e.to_string());
                     let _ = tx.blocking_send(Event::SessionRemoved { session_id, result });
+                });
+            }
+            Output::ScanCatalog { scan } => {
+                let dir = self.opts.session_dir.clone();
+                let tx = self.events.clone();
+                tokio::task::spawn_blocking(move || {
+                    let sessions = store::scan_catalog(&dir);
+                    let _ = tx.blocking_send(Event::CatalogScanned { scan, sessions });
                 });
             }
             Output::StopAccepting => {

@@ -83,6 +83,7 @@ mod db;
 mod meta;
 #[cfg(test)]
 mod tests;
+pub mod watch;
 
 use kernel::protocol::codec::Schema;
 use kernel::protocol::{ErrorCode, SessionMetadata};

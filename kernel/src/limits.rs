@@ -33,6 +33,12 @@ pub struct Limits {
     pub worker_start_timeout: Duration,
     /// From asking a worker to dispose until it exits; then it is killed.
     pub worker_dispose_timeout: Duration,
+    /// From a change of the session directory (a sibling server created,
+    /// renamed or removed a session) until it is scanned; later changes
+    /// within it share the scan.
+    pub catalog_settle: Duration,
+    /// How often an unwatched session directory is scanned.
+    pub catalog_poll: Duration,
 }
 
 impl Default for Limits {
@@ -53,6 +59,8 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(5),
             worker_start_timeout: Duration::from_secs(15),
             worker_dispose_timeout: Duration::from_secs(10),
+            catalog_settle: Duration::from_millis(100),
+            catalog_poll: Duration::from_secs(1),
         }
     }
 }
@@ -128,6 +136,9 @@ impl Limits {
         }
         if self.max_connections == 0 || self.max_live_sessions == 0 {
             return Err("max_connections and max_live_sessions must be at least 1".into());
+        }
+        if self.catalog_poll.is_zero() {
+            return Err("catalog_poll must be positive".into());
         }
         if self.cbor.max_depth > 512 {
             return Err("cbor.max_depth must be at most 512".into());

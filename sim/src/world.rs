@@ -47,7 +47,7 @@ use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::wire::CborLimits;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, FRAME_HEADER_LEN, encode_frame};
-use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker};
+use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker, WorkerState};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
@@ -379,6 +379,16 @@ pub enum Fact {
     StoreRemoved { session_id: String },
     /// The server process was replaced; every connection and worker is gone.
     ServerRestarted,
+    /// The kernel told `conn` the session list `listed` (a `list` response or
+    /// a server snapshot) while the store held `stored`, of which `settling`
+    /// the kernel cannot know yet (a worker creating it has not reported
+    /// ready; a sibling server wrote it and no scan has run since).
+    Listed {
+        conn: ConnId,
+        listed: Vec<String>,
+        stored: Vec<String>,
+        settling: Vec<String>,
+    },
 }
 
 /// A pending hop, as offered to drivers by [`World::deliveries`].
@@ -443,6 +453,10 @@ pub struct World {
     generation: u64,
     catalog_pending: Option<u64>,
     removals: BTreeMap<String, u64>,
+    /// Stored sessions the kernel may not know of yet: created by a worker
+    /// whose ready it has not taken, or changed by a sibling server, since
+    /// the last catalog load or scan.
+    unscanned: BTreeSet<String>,
     unwritten: BTreeMap<ConnId, usize>,
     /// Connections whose delivered bytes completed several frames at once.
     multi_frame: BTreeSet<ConnId>,
@@ -486,6 +500,7 @@ impl World {
             generation: 0,
             catalog_pending: None,
             removals: BTreeMap::new(),
+            unscanned: BTreeSet::new(),
             unwritten: BTreeMap::new(),
             multi_frame: BTreeSet::new(),
             facts: Vec::new(),
@@ -523,6 +538,7 @@ impl World {
     /// Feeds the store's catalog to the server.
     pub fn load_catalog(&mut self) {
         self.catalog_pending = None;
+        self.unscanned.clear();
         let sessions = self.store.catalog();
         trace!(self, "server catalog loaded ({} sessions)", sessions.len());
         self.push(Input::CatalogLoaded { sessions });
@@ -593,6 +609,14 @@ impl World {
             };
             let outputs = self.server.step(self.now, input);
             self.kernel_steps += 1;
+            if self.options.record_facts && !self.unscanned.is_empty() {
+                // A session whose worker the kernel took as ready is listed.
+                for (id, _, state) in self.server.live_sessions() {
+                    if matches!(state, WorkerState::Idle | WorkerState::Busy) {
+                        self.unscanned.remove(&id);
+                    }
+                }
+            }
             let decoded = self.run_decode(&outputs);
             if self.options.record_facts {
                 self.run_record(&outputs, &decoded, ambiguous);
@@ -689,6 +713,18 @@ impl World {
                         .is_some_and(|s| s != kernel::server::Stage::Closing);
                     let message = message.clone();
                     let conn = *conn;
+                    if self.options.record_facts
+                        && let Some(listed) = listed_ids(&message)
+                    {
+                        let stored: Vec<String> = self.store.sessions.keys().cloned().collect();
+                        let settling = self.unscanned.iter().cloned().collect();
+                        self.fact(Fact::Listed {
+                            conn,
+                            listed,
+                            stored,
+                            settling,
+                        });
+                    }
                     self.fact(Fact::Emitted {
                         conn,
                         message,
@@ -741,6 +777,25 @@ impl World {
                 } else {
                     self.finish_removal(session_id);
                 }
+            }
+            Output::ScanCatalog { scan } => {
+                // A scan reads the directory at once: what a sibling wrote is now known.
+                let sessions = self.store.catalog();
+                trace!(
+                    self,
+                    "server scans the catalog ({} sessions)",
+                    sessions.len()
+                );
+                // The scan covers what is not live: the kernel keeps its own
+                // view of a live session.
+                let live: BTreeSet<String> = self
+                    .server
+                    .live_sessions()
+                    .into_iter()
+                    .map(|(id, _, _)| id)
+                    .collect();
+                self.unscanned.retain(|id| live.contains(id));
+                self.push(Input::CatalogScanned { scan, sessions });
             }
             Output::StopAccepting => {
                 trace!(self, "server stops accepting");
@@ -983,6 +1038,7 @@ impl World {
                     "{session_id}: created twice"
                 );
                 self.store.insert(stored.clone());
+                self.unscanned.insert(session_id.to_string());
                 Runtime::create(stored, models, now)
             }
             None => {
@@ -1963,6 +2019,20 @@ fn decode_frame(frame: &[u8]) -> ServerMessage {
 }
 
 /// The session a server message is about, if any.
+/// The session ids of a session list the server sent: a `list` response
+/// or a server snapshot.
+fn listed_ids(message: &ServerMessage) -> Option<Vec<String>> {
+    let sessions = match message {
+        ServerMessage::Response(r) => match &r.outcome {
+            Ok(CommandResult::List { sessions }) => sessions,
+            _ => return None,
+        },
+        ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot }) => &snapshot.sessions,
+        _ => return None,
+    };
+    Some(sessions.iter().map(|m| m.id.clone()).collect())
+}
+
 pub fn session_of(message: &ServerMessage) -> Option<&str> {
     match message {
         ServerMessage::Response(r) => match &r.outcome {
@@ -2119,6 +2189,33 @@ impl World {
             });
             self.run();
         }
+    }
+
+    /// [`World::start_server`], but the catalog finishes loading only after
+    /// the orphans announced themselves (a large directory scans slowly).
+    pub fn start_server_catalog_late(&mut self) {
+        self.generation += 1;
+        self.shut_down = false;
+        self.server_down = false;
+        self.inbox.clear();
+        trace!(
+            self,
+            "server generation {} starts (catalog late)", self.generation
+        );
+        self.server = Server::new(Self::config(&self.options, self.generation));
+        self.expect_orphans();
+        self.announce_orphans();
+        self.load_catalog();
+    }
+
+    /// A sibling server sharing the session directory changes the store
+    /// (creates, renames or removes sessions); this server's watcher sees it.
+    pub fn sibling_changes(&mut self, change: impl FnOnce(&mut Store) -> Vec<String>) {
+        let changed = change(&mut self.store);
+        trace!(self, "a sibling server changes {} sessions", changed.len());
+        self.unscanned.extend(changed);
+        self.push(Input::CatalogChanged);
+        self.run();
     }
 
     /// Pids of the orphans, with their sessions.

@@ -236,3 +236,20 @@ fn store_flags_a_changed_or_lost_committed_item() {
         "a session vanished without a removal"
     );
 }
+
+#[test]
+fn listed_flags_a_stored_session_missing_from_a_list() {
+    let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let fact = |listed: &[&str], settling: &[&str]| Fact::Listed {
+        conn: C1,
+        listed: ids(listed),
+        stored: ids(&["a", "b"]),
+        settling: ids(settling),
+    };
+    let check = sim::checkers::listed::observe;
+    assert!(check(&fact(&["a", "b"], &[])).is_ok());
+    assert!(check(&fact(&["a"], &["b"])).is_ok(), "b is being created");
+    let violation = check(&fact(&["a"], &[])).unwrap_err();
+    assert_eq!(violation.checker, "listed");
+    assert!(violation.message.contains("\"b\""), "{violation}");
+}

@@ -311,3 +311,88 @@ fn d10_a_crash_mid_reply_keeps_the_checkpointed_text() {
     );
     snapshot("d10_a_crash_mid_reply_keeps_the_checkpointed_text", &w);
 }
+
+fn listed(world: &mut World, conn: ConnId) -> Vec<String> {
+    let r = world.request(conn, Command::List);
+    match ok(world, conn, &r) {
+        CommandResult::List { sessions } => sessions.into_iter().map(|m| m.id).collect(),
+        other => panic!("not a list: {other:?}"),
+    }
+}
+
+/// Issue #15, item 6, pinned: after a crash, an orphan announced itself
+/// before the new server's catalog had loaded, so the server took the
+/// stored session for one outside its catalog ("foreign") and forgot it
+/// when the adopted worker retired: the session vanished from `list`,
+/// `prompt` and `attach` until a restart. The catalog load now tells the
+/// server which adopted sessions are stored.
+#[test]
+fn d11_a_session_adopted_before_the_catalog_loaded_stays_listed() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, "before the crash"));
+    w.settle(Duration::from_secs(10));
+    w.crash_server_keep_workers();
+    w.start_server_catalog_late();
+    assert!(w.orphans().is_empty(), "adopted");
+    // Nobody re-attaches: the adopted worker retires after its grace.
+    w.settle(Duration::from_secs(120));
+    assert_eq!(w.worker_count(), 0, "the adopted worker retired");
+    let b = w.connect_ready();
+    assert_eq!(listed(&mut w, b), std::slice::from_ref(&s), "still listed");
+    let r = attach(&mut w, b, &s);
+    ok(&w, b, &r);
+    snapshot(
+        "d11_a_session_adopted_before_the_catalog_loaded_stays_listed",
+        &w,
+    );
+}
+
+/// Issue #15, item 5: sessions a sibling server sharing the session
+/// directory creates, renames or removes reach this server's list once the
+/// change has settled (`Limits::catalog_settle`), and its clients get a
+/// server snapshot.
+#[test]
+fn d12_the_catalog_follows_a_sibling_server() {
+    let mut w = World::new(Options::default());
+    let a = w.connect_ready();
+    let mine = create(&mut w, a);
+    let gone = create(&mut w, a);
+    let r = w.request(
+        a,
+        Command::Detach {
+            session_id: gone.clone(),
+        },
+    );
+    ok(&w, a, &r);
+    w.settle(Duration::from_secs(5));
+    let template = w.store.sessions[&mine].clone();
+    let theirs = "0e9f1c52-7d2a-4b8e-9f3a-5c6d7e8f9a0b".to_string();
+    w.sibling_changes(|store| {
+        let mut created = template.clone();
+        created.id = theirs.clone();
+        created.name = Some("from the sibling".into());
+        store.sessions.insert(theirs.clone(), created);
+        store.sessions.remove(&gone);
+        store.touch(&theirs);
+        store.touch(&gone);
+        vec![theirs.clone(), gone.clone()]
+    });
+    let before = listed(&mut w, a);
+    assert!(
+        before.contains(&gone) && !before.contains(&theirs),
+        "not scanned yet"
+    );
+    w.advance(Duration::from_millis(150));
+    let mut expected = vec![mine.clone(), theirs.clone()];
+    expected.sort();
+    assert_eq!(
+        listed(&mut w, a),
+        expected,
+        "the scan brought the sibling's changes"
+    );
+    let r = attach(&mut w, a, &theirs);
+    ok(&w, a, &r);
+    snapshot("d12_the_catalog_follows_a_sibling_server", &w);
+}

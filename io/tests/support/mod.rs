@@ -351,8 +351,12 @@ impl Loopback {
             Output::ShutdownComplete => self.done = true,
             other @ (Output::AdoptWorker { .. }
             | Output::RejectWorker { .. }
-            | Output::ReleaseWorker { .. }) => {
-                unreachable!("no worker is ever announced nor a hand-off requested: {other:?}")
+            | Output::ReleaseWorker { .. }
+            | Output::ScanCatalog { .. }) => {
+                unreachable!(
+                    "no worker is ever announced, no hand-off requested and the catalog \
+                     never changes: {other:?}"
+                )
             }
         }
     }

@@ -104,6 +104,16 @@ pub enum Input {
     Tick,
     /// The stored session catalog finished loading. Until then hellos wait.
     CatalogLoaded { sessions: Vec<SessionMetadata> },
+    /// Something in the session directory changed (a sibling server sharing
+    /// it created, renamed or removed a session): scan it once changes settle.
+    CatalogChanged,
+    /// The session directory cannot be watched; poll it instead.
+    CatalogUnwatched,
+    /// The scan asked for by [`Output::ScanCatalog`]: every stored session.
+    CatalogScanned {
+        scan: u64,
+        sessions: Vec<SessionMetadata>,
+    },
     /// A client connected. `conn` is fresh for this server's lifetime.
     Accepted { conn: ConnId },
     /// Bytes arrived from a client, in stream order.
@@ -173,6 +183,9 @@ pub enum Output {
     KillWorker { worker: WorkerId },
     /// Delete the stored session; report [`Input::SessionRemoved`].
     RemoveSession { session_id: String },
+    /// Read the stored sessions as a catalog load does; report
+    /// [`Input::CatalogScanned`] with this `scan`.
+    ScanCatalog { scan: u64 },
     /// Stop accepting connections.
     StopAccepting,
     /// Every connection is closed and every worker exited (or, after a
@@ -277,6 +290,15 @@ impl Server {
         match input {
             Input::Tick => self.on_tick(),
             Input::CatalogLoaded { sessions } => self.on_catalog_loaded(sessions),
+            Input::CatalogChanged => {
+                let settle = self.config.limits.catalog_settle;
+                self.catalog.changed(self.now, settle);
+            }
+            Input::CatalogUnwatched => {
+                let poll = self.config.limits.catalog_poll;
+                self.catalog.unwatched(self.now, poll);
+            }
+            Input::CatalogScanned { scan, sessions } => self.on_catalog_scanned(scan, sessions),
             Input::Accepted { conn } => self.on_accepted(conn),
             Input::Received { conn, bytes } => self.on_received(conn, &bytes),
             Input::Written { conn, bytes } => self.on_written(conn, bytes),
@@ -318,6 +340,7 @@ impl Server {
             .chain(holds)
             .chain(self.expected.values().copied())
             .chain(self.idle_deadline())
+            .chain(self.catalog.scan_deadline())
             .min()
     }
 
@@ -521,6 +544,7 @@ impl Server {
     }
 
     fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>) {
+        self.stored_on_disk(&sessions);
         self.catalog.load(sessions);
         let waiting: Vec<ConnId> = self
             .conns
@@ -530,6 +554,17 @@ impl Server {
             .collect();
         for id in waiting {
             self.complete_handshake(id);
+        }
+    }
+
+    fn on_catalog_scanned(&mut self, scan: u64, sessions: Vec<SessionMetadata>) {
+        self.stored_on_disk(&sessions);
+        let sessions_live = &self.sessions;
+        let changed = self.catalog.reconcile(self.now, scan, sessions, |id| {
+            sessions_live.contains_key(id)
+        });
+        if changed == Some(true) {
+            self.publish_server_snapshot();
         }
     }
 
@@ -573,6 +608,11 @@ impl Server {
         self.on_worker_deadlines();
         self.on_hold_deadlines();
         self.on_expected_deadlines();
+        if !self.shutting_down
+            && let Some(scan) = self.catalog.start_scan(now)
+        {
+            self.out.push(Output::ScanCatalog { scan });
+        }
         if self.idle_deadline().is_some_and(|d| d <= now) {
             self.on_shutdown();
         }
@@ -911,8 +951,13 @@ impl Server {
                 session: Some(session_id.clone()),
             },
             // These steps walk every connection or session anyway.
+            Input::CatalogChanged | Input::CatalogUnwatched => Scope::Touched {
+                conn: None,
+                session: None,
+            },
             Input::Tick
             | Input::CatalogLoaded { .. }
+            | Input::CatalogScanned { .. }
             | Input::Shutdown
             | Input::HandoffRequested
             | Input::AdoptionsExpected { .. } => Scope::All,

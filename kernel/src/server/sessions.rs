@@ -544,6 +544,17 @@ impl Server {
         }
     }
 
+    /// The directory holds these sessions: an adopted session among them is
+    /// stored, not foreign, and stays listed when its worker exits (an
+    /// orphan may announce itself before the catalog has loaded).
+    pub(super) fn stored_on_disk(&mut self, stored: &[crate::protocol::SessionMetadata]) {
+        for meta in stored {
+            if let Some(live) = self.sessions.get_mut(&meta.id) {
+                live.foreign = false;
+            }
+        }
+    }
+
     pub(super) fn on_session_removed(&mut self, session_id: String, result: Result<(), String>) {
         let Some(waiters) = self.removals.remove(&session_id) else {
             return;
@@ -1037,6 +1048,12 @@ impl Server {
         }
         let mut live = self.sessions.remove(&session_id).expect("indexed");
         self.workers.remove(&worker);
+        if live.creating {
+            // It may have stored the session before it failed: the directory
+            // says whether it did, and a stored session is listed.
+            let settle = self.config.limits.catalog_settle;
+            self.catalog.changed(self.now, settle);
+        }
         if live.foreign {
             self.catalog.remove(&session_id);
         } else if live.removing.is_empty()

@@ -10,6 +10,7 @@
 //! | [`requests`] | every request gets exactly one response while its connection lives |
 //! | [`snapshots`] | revisions never go back; responses and events reflect the attachment; what is broadcast is committed |
 //! | [`store`] | a committed (terminal) transcript item is never lost or changed |
+//! | [`listed`] | every session list a client is sent names every stored session the kernel can know of |
 //! | [`rules`] | a session command from a connection not attached is `invalid_request` |
 //! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
@@ -19,6 +20,7 @@
 
 pub mod bounds;
 pub mod busy;
+pub mod listed;
 pub mod liveness;
 pub mod processes;
 pub mod requests;
@@ -101,6 +103,7 @@ impl Checkers {
         self.store.observe(fact);
         self.shown.observe(world, fact);
         self.rules.observe(fact)?;
+        listed::observe(fact)?;
         self.busy.observe(fact)
     }
 
