@@ -227,3 +227,29 @@ async fn a_server_whose_program_was_replaced_still_starts_workers() {
     c.close().await;
     server.terminate().await;
 }
+
+/// Found by the kill-loop bench: an orphan announces itself with its
+/// session's whole snapshot, and the server refused announcements over
+/// 64 KiB. A session with a longer transcript was never adopted after a
+/// crash or a hand-over, and every attach then failed `session_locked`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_orphan_with_a_large_transcript_is_adopted() {
+    let options = Options {
+        faux_delay_ms: 0,
+        ..Options::default()
+    };
+    let mut server = TestServer::start_with("large-orphan", options).await;
+    let c = server.connect_once().await;
+    let s = c.create(params("large")).await.unwrap().id;
+    c.prompt(&s, &long_text(12_000)).await.unwrap(); // ~100 KiB each way
+    let worker = server.worker_of(&s).await;
+    server.kill();
+    drop(c);
+    server.spawn();
+    server.wait_ready().await;
+    let c = server.connect().await;
+    let snapshot = c.attach(&s).await.expect("adopted, not locked");
+    assert!(snapshot.transcript.len() >= 2);
+    assert_eq!(server.workers_of(&s), [worker], "the orphan serves it");
+    c.close().await;
+}

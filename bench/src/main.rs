@@ -27,6 +27,7 @@ mod echo;
 mod encode;
 mod fanout;
 mod kernel_bench;
+mod killloop;
 mod node;
 mod raw;
 mod rtt;
@@ -50,6 +51,7 @@ const ALL: &[&str] = &[
     "encode",
     "tui",
     "acp",
+    "killloop",
 ];
 
 fn main() -> ExitCode {
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
             "encode" => encode::run(&env, &mut report),
             "tui" => tui::run(&env, &mut report),
             "acp" => acp::run(&env, &mut report),
+            "killloop" => killloop::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

@@ -47,10 +47,25 @@ impl Server {
         vars: &[(&str, String)],
     ) -> Result<Self, String> {
         let dir = env.fresh_dir("srv");
-        let server_dir = dir.join("s");
-        let server_id = pi_io::config::new_uuid();
-        let log = dir.join("server.log");
-        let stderr = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let identity = (dir.join("s"), pi_io::config::new_uuid());
+        Self::spawn_as(env, &identity, session_dir, vars, &dir.join("server.log"))
+    }
+
+    /// Spawns a server with this `(server dir, server id)`, as a restart or
+    /// a replacement does, logging to `log` (appended).
+    pub(crate) fn spawn_as(
+        env: &Env,
+        (server_dir, server_id): &(PathBuf, String),
+        session_dir: &Path,
+        vars: &[(&str, String)],
+        log: &Path,
+    ) -> Result<Self, String> {
+        let log = log.to_owned();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(&env.server_bin);
         cmd.arg("serve")
             .arg("--server-dir")
@@ -73,7 +88,7 @@ impl Server {
             pid: child.id(),
             child: Some(child),
             perf: None,
-            socket: pi_io::config::socket_path(&server_dir, &server_id),
+            socket: pi_io::config::socket_path(server_dir, server_id),
             log,
             spawned,
         })
@@ -125,6 +140,33 @@ impl Server {
     /// The log text.
     pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until it exits by itself (after handing over to a successor).
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Result<(), String> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(format!(
+            "pi-server {} did not exit within {timeout:?}",
+            self.pid
+        ))
+    }
+
+    /// SIGKILL, and reap it.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGTERM, then SIGKILL if it is still running after `grace`.

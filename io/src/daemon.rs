@@ -658,6 +658,8 @@ async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
 }
 
 /// Reads exactly one frame from a fresh worker channel.
+/// Bounded by [`Limits::max_frame_len`]: an orphan's announcement carries
+/// its session's whole snapshot, which clients get in one frame too.
 async fn read_worker_hello(mut stream: UnixStream) -> Result<(UnixStream, WorkerFrame), String> {
     let mut header = [0u8; 4];
     stream
@@ -665,8 +667,9 @@ async fn read_worker_hello(mut stream: UnixStream) -> Result<(UnixStream, Worker
         .await
         .map_err(|e| e.to_string())?;
     let len = u32::from_be_bytes(header) as usize;
-    if len > 64 * 1024 {
-        return Err(format!("hello frame of {len} bytes"));
+    let max = Limits::default().max_frame_len as usize;
+    if len > max {
+        return Err(format!("hello frame of {len} bytes (at most {max})"));
     }
     let mut payload = vec![0u8; len];
     stream
