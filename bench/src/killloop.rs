@@ -107,8 +107,8 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 format!(
                     "{} refused; {} / {}",
                     tally.refused,
-                    fmt_us(percentile(&s, 0.5)),
-                    fmt_us(percentile(&s, 0.99))
+                    fmt_us(percentile(&s, 50.0)),
+                    fmt_us(percentile(&s, 99.0))
                 ),
             );
             report.push(
@@ -125,7 +125,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 format!("{name}: streamed chars shown and not kept, p50 / max"),
                 format!(
                     "{:.0} / {:.0}",
-                    percentile(&s, 0.5),
+                    percentile(&s, 50.0),
                     s.last().copied().unwrap_or(0.0)
                 ),
                 "≤ 4096 (checkpoint)",

@@ -21,6 +21,7 @@
 //! Nothing here asserts a time: the targets are reported as met or missed.
 
 mod acp;
+mod checkpoint;
 mod coldstart;
 mod commit;
 mod echo;
@@ -52,6 +53,7 @@ const ALL: &[&str] = &[
     "tui",
     "acp",
     "killloop",
+    "checkpoint",
 ];
 
 fn main() -> ExitCode {
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
             "tui" => tui::run(&env, &mut report),
             "acp" => acp::run(&env, &mut report),
             "killloop" => killloop::run(&env, &mut report),
+            "checkpoint" => checkpoint::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

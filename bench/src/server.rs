@@ -69,11 +69,11 @@ impl Server {
         let mut cmd = Command::new(&env.server_bin);
         cmd.arg("serve")
             .arg("--server-dir")
-            .arg(&server_dir)
+            .arg(server_dir)
             .arg("--session-dir")
             .arg(session_dir)
             .arg("--server-id")
-            .arg(&server_id)
+            .arg(server_id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);

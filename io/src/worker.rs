@@ -56,6 +56,22 @@ pub fn faux_delay() -> Duration {
     Duration::from_millis(ms)
 }
 
+/// The checkpoint bound of a streaming reply: the default, or
+/// `$PI_WORKER_CHECKPOINT_MS` (and then no byte bound), which the bench uses
+/// to measure what checkpoints cost.
+fn checkpoint() -> kernel::limits::Checkpoint {
+    match std::env::var("PI_WORKER_CHECKPOINT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(ms) => kernel::limits::Checkpoint {
+            interval: Duration::from_millis(ms),
+            bytes: usize::MAX,
+        },
+        None => kernel::limits::Checkpoint::default(),
+    }
+}
+
 struct Channel {
     read: OwnedReadHalf,
     write: Option<OwnedWriteHalf>,
@@ -200,6 +216,10 @@ pub async fn run_worker() -> Result<(), String> {
             return Ok(());
         }
     };
+    runtime = runtime.with_policy(kernel::runtime::Policy {
+        checkpoint: checkpoint(),
+        ..kernel::runtime::Policy::default()
+    });
     store.record_server(&socket);
     tracing::info!(session = %session_id, "session open");
     let (events_tx, mut events) = mpsc::channel::<RuntimeInput>(1024);
