@@ -67,6 +67,25 @@ pub struct Config {
     pub adoption_grace: std::time::Duration,
 }
 
+/// `assert!` as a value: returns the message as `Err` when `cond` fails.
+macro_rules! ensure {
+    ($cond:expr, $($message:tt)+) => {
+        if !$cond {
+            return Err(format!($($message)+));
+        }
+    };
+}
+
+/// `assert_eq!` as a value.
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr, $($message:tt)+) => {{
+        let (left, right) = (&$left, &$right);
+        if left != right {
+            return Err(format!("{}: {left:?} != {right:?}", format!($($message)+)));
+        }
+    }};
+}
+
 /// Why the kernel closes a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
@@ -982,9 +1001,16 @@ impl Server {
     /// steps and after inputs that concern everything, with a check of only
     /// what each step touched in between.
     pub fn check_invariants(&self) {
+        if let Err(broken) = self.invariants() {
+            panic!("{broken}");
+        }
+    }
+
+    /// [`Server::check_invariants`], as a value: the first broken one.
+    fn invariants(&self) -> Result<(), String> {
         let limits = &self.config.limits;
         for conn in self.conns.values() {
-            self.check_connection(conn);
+            self.check_connection(conn)?;
         }
         // Refused and failed connections stay (Closing) until the driver
         // reports them gone, so only the open ones are bounded.
@@ -993,16 +1019,17 @@ impl Server {
             .values()
             .filter(|c| c.stage != Stage::Closing)
             .count();
-        assert!(open <= limits.max_connections, "connection bound");
-        self.check_counts();
+        ensure!(open <= limits.max_connections, "connection bound");
+        self.check_counts()?;
         // With as many workers as sessions, each session's worker mapping
         // back to it makes the worker index exact.
         for live in self.sessions.values() {
-            self.check_session(live);
+            self.check_session(live)?;
         }
         for session in self.adoption_waiters.keys() {
-            self.check_adoption(session);
+            self.check_adoption(session)?;
         }
+        Ok(())
     }
 
     /// Asserts the invariants of what one step touched: the connection (with
@@ -1010,9 +1037,20 @@ impl Server {
     /// it is attached to), the session, and the global counts. Its cost does
     /// not depend on how many connections the server has.
     fn check_touched(&self, conn: Option<ConnId>, session: Option<&str>) {
-        self.check_counts();
+        if let Err(broken) = self.touched_invariants(conn, session) {
+            panic!("{broken}");
+        }
+    }
+
+    /// [`Server::check_touched`], as a value: the first broken invariant.
+    fn touched_invariants(
+        &self,
+        conn: Option<ConnId>,
+        session: Option<&str>,
+    ) -> Result<(), String> {
+        self.check_counts()?;
         if let Some(c) = conn.and_then(|id| self.conns.get(&id)) {
-            self.check_connection(c);
+            self.check_connection(c)?;
             for id in &c.attached {
                 if let Some(live) = self.sessions.get(id) {
                     live.check_invariants();
@@ -1021,51 +1059,53 @@ impl Server {
         }
         if let Some(id) = session {
             if let Some(live) = self.sessions.get(id) {
-                self.check_session(live);
+                self.check_session(live)?;
             }
-            self.check_adoption(id);
+            self.check_adoption(id)?;
         }
+        Ok(())
     }
 
     /// Global bounds that cost O(1) to check.
-    fn check_counts(&self) {
-        assert!(
+    fn check_counts(&self) -> Result<(), String> {
+        ensure!(
             self.sessions.len() <= self.config.limits.max_live_sessions,
             "live session bound"
         );
-        assert_eq!(
+        ensure_eq!(
             self.workers.len(),
             self.sessions.len(),
             "one worker per live session"
         );
+        Ok(())
     }
 
     /// One connection: its bounds, its stage, and that every session it is
     /// attached to is live and attached to it.
-    fn check_connection(&self, conn: &Connection) {
+    fn check_connection(&self, conn: &Connection) -> Result<(), String> {
         let limits = &self.config.limits;
-        assert!(
+        ensure!(
             conn.queued_bytes <= limits.max_output_bytes_per_connection,
             "{}: output bound",
             conn.id
         );
-        assert!(
+        ensure!(
             conn.in_flight <= limits.max_requests_in_flight_per_connection,
             "{}: in flight",
             conn.id
         );
-        assert!(
+        ensure!(
             conn.attached.len() <= limits.max_attachments_per_connection,
             "{}: attachments",
             conn.id
         );
-        assert!(
+        ensure!(
             conn.deferred.len() <= limits.max_deferred_requests,
             "{}: deferred",
             conn.id
         );
         if conn.stage != Stage::Ready {
-            assert!(
+            ensure!(
                 conn.attached.is_empty(),
                 "{}: attached while {:?}",
                 conn.id,
@@ -1073,14 +1113,14 @@ impl Server {
             );
         }
         if matches!(conn.stage, Stage::Ready | Stage::Closing) {
-            assert!(
+            ensure!(
                 conn.handshake_deadline.is_none(),
                 "{}: deadline after handshake",
                 conn.id
             );
         }
         if self.shutting_down {
-            assert!(
+            ensure!(
                 conn.stage == Stage::Closing,
                 "{}: open connection during shutdown",
                 conn.id
@@ -1088,47 +1128,53 @@ impl Server {
         }
         for session in &conn.attached {
             let live = self.sessions.get(session);
-            assert!(
+            ensure!(
                 live.is_some_and(|s| s.attached.contains(&conn.id)),
                 "{}: dangling {session}",
                 conn.id
             );
         }
+        Ok(())
     }
 
     /// One live session: its own state, its entry in the worker index, and
     /// that every connection attached to it exists and is attached back.
-    fn check_session(&self, live: &Live) {
+    fn check_session(&self, live: &Live) -> Result<(), String> {
         live.check_invariants();
-        assert_eq!(
+        ensure_eq!(
             self.workers.get(&live.worker.id()),
             Some(&live.id),
             "{}: worker index",
             live.id
         );
         for conn in &live.attached {
-            let c = self.conns.get(conn).expect("attached connection exists");
-            assert!(
+            let c = self
+                .conns
+                .get(conn)
+                .ok_or_else(|| format!("{}: attached {conn} does not exist", live.id))?;
+            ensure!(
                 c.attached.contains(&live.id),
                 "{}: {conn} missing back-reference",
                 live.id
             );
         }
+        Ok(())
     }
 
     /// Attaches waiting for an adoption of `session` wait for an expected,
     /// not yet live, session.
-    fn check_adoption(&self, session: &str) {
+    fn check_adoption(&self, session: &str) -> Result<(), String> {
         if self.adoption_waiters.contains_key(session) {
-            assert!(
+            ensure!(
                 self.expected.contains_key(session),
                 "{session}: waiting for an adoption nobody expects"
             );
-            assert!(
+            ensure!(
                 !self.sessions.contains_key(session),
                 "{session}: live and still waiting for adoption"
             );
         }
+        Ok(())
     }
 }
 

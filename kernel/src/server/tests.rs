@@ -293,7 +293,6 @@ fn targeted_checks_hold_along_a_session_lifecycle() {
 
 /// The targeted check sees a broken attachment of the connection a step touched.
 #[test]
-#[should_panic(expected = "dangling")]
 fn targeted_check_catches_a_dangling_attachment() {
     let mut h = Harness::new();
     h.step(Input::CatalogLoaded {
@@ -301,14 +300,16 @@ fn targeted_check_catches_a_dangling_attachment() {
     });
     h.connect(ConnId(1));
     h.create(ConnId(1));
+    assert_eq!(h.server.touched_invariants(Some(ConnId(1)), None), Ok(()));
     let conn = h.server.conns.get_mut(&ConnId(1)).expect("connected");
     conn.attached.insert("no-such-session".into());
-    h.server.check_touched(Some(ConnId(1)), None);
+    let broken = h.server.touched_invariants(Some(ConnId(1)), None);
+    assert_eq!(broken, Err("c1: dangling no-such-session".to_string()));
+    assert_eq!(h.server.invariants(), broken, "the full sweep sees it too");
 }
 
 /// The targeted check sees a broken worker index of the session a step touched.
 #[test]
-#[should_panic(expected = "worker index")]
 fn targeted_check_catches_a_broken_worker_index() {
     let mut h = Harness::new();
     h.step(Input::CatalogLoaded {
@@ -318,7 +319,14 @@ fn targeted_check_catches_a_broken_worker_index() {
     let (worker, session) = h.create(ConnId(1));
     h.server.workers.remove(&worker);
     h.server.workers.insert(WorkerId(999), session.clone());
-    h.server.check_touched(None, Some(&session));
+    let broken = h
+        .server
+        .touched_invariants(None, Some(&session))
+        .unwrap_err();
+    assert!(
+        broken.starts_with(&format!("{session}: worker index")),
+        "{broken}"
+    );
 }
 
 fn stored(i: u64) -> SessionMetadata {
