@@ -381,10 +381,14 @@ async fn create_list_rm_and_models() {
         .find(|l| l.contains(&id))
         .expect("a row for the session");
     assert!(row.contains("keeper") && row.contains("/tmp"), "{row}");
+    assert!(header.contains("MODEL"), "{table:?}");
+    assert!(row.contains("faux/faux-reasoner (low)"), "{row}");
     let json = server.run_cli(&["list", "--json"]).await.success();
     let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(list[0]["id"], id.as_str());
     assert_eq!(list[0]["cwd"], "/tmp");
+    assert_eq!(list[0]["model"], "faux/faux-reasoner");
+    assert_eq!(list[0]["thinkingLevel"], "low");
 
     let models = server.run_cli(&["models"]).await.success();
     assert!(models.stdout.contains("faux/faux-1"), "{models:?}");

@@ -120,10 +120,11 @@ enum Commands {
     Worker,
 
     /// List the sessions of every server running in the server dir: server id,
-    /// session id, creation and last activity time (UTC), working directory,
-    /// name.
+    /// session id, creation and last activity time (UTC), model, working
+    /// directory, name.
     ///
-    /// Newest activity first. When no server runs, the default one is
+    /// Newest activity first. The model (and thinking level) is read from the
+    /// session directory where this client can read it, else `-`. When no server runs, the default one is
     /// started. With --server-id or --connect, that server only.
     List {
         /// Print JSON instead of a table.
@@ -613,6 +614,10 @@ async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String
             .map(|(server_id, s)| {
                 let mut value = session_json(s);
                 value["serverId"] = server_id.clone().into();
+                if let Some((model, level)) = stored_model(target, &s.id) {
+                    value["model"] = format!("{}/{}", model.provider, model.id).into();
+                    value["thinkingLevel"] = level.as_str().into();
+                }
                 value
             })
             .collect();
@@ -628,21 +633,35 @@ async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String
         "SESSION".into(),
         "CREATED (UTC)".into(),
         "LAST ACTIVITY (UTC)".into(),
+        "MODEL".into(),
         "CWD".into(),
         "NAME".into(),
     ]];
     for (server_id, s) in &pairs {
+        let model = stored_model(target, &s.id).map_or_else(
+            || "-".to_owned(),
+            |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
+        );
         rows.push(vec![
             server_id.clone(),
             s.id.clone(),
             format_utc(s.created_at),
             format_utc(last(s)),
+            model,
             s.cwd.clone().unwrap_or_default(),
             s.session_name.clone().unwrap_or_default(),
         ]);
     }
     print_table(&rows);
     Ok(())
+}
+
+/// A listed session's model, from its `meta.json` where this client can
+/// read the session directory (`--session-dir`); the protocol's session list
+/// carries durable metadata only, without the model.
+fn stored_model(target: &Target, id: &str) -> Option<(ModelRef, ThinkingLevel)> {
+    let launch = target.launch.as_ref()?;
+    crate::store::stored_model(&launch.session_dir, id)
 }
 
 fn session_json(s: &SessionMetadata) -> serde_json::Value {

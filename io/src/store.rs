@@ -323,6 +323,17 @@ pub fn scan_catalog(session_dir: &Path) -> Vec<SessionMetadata> {
     sessions
 }
 
+/// The model and thinking level a stored session's `meta.json` records, if
+/// it is readable (for `list`; no database is opened and no lock taken).
+pub fn stored_model(
+    session_dir: &Path,
+    id: &str,
+) -> Option<(kernel::protocol::ModelRef, kernel::protocol::ThinkingLevel)> {
+    validate_session_id(id).ok()?;
+    let meta = meta::read(&session_dir.join(id), id).ok()?;
+    Some((meta.model, meta.thinking_level))
+}
+
 /// Deletes a stored session: takes its lock first ([`StoreError::Locked`] if
 /// a worker holds it), then removes the directory recursively.
 ///
