@@ -8,7 +8,19 @@
 use crate::server::{Server, create_sessions};
 use crate::util::{Env, Report, median};
 use kernel::protocol::{DeltaKind, ServerEvent, TranscriptProgress};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+/// One server of the pair, and what its turns measured.
+struct Side {
+    name: &'static str,
+    dir: std::path::PathBuf,
+    id: String,
+    _server: Server,
+    runtime: tokio::runtime::Runtime,
+    client: pi_io::client::Client,
+    cpu_per_delta_us: Vec<f64>,
+    turn_secs: Vec<f64>,
+}
 
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let turns = env.pick(4, 12);
@@ -26,23 +38,31 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         runtime
             .block_on(client.attach(&id))
             .map_err(|e| format!("{name} attach: {e}"))?;
-        sides.push((
+        sides.push(Side {
             name,
             dir,
             id,
-            server,
+            _server: server,
             runtime,
             client,
-            Vec::new(),
-            Vec::new(),
-        ));
+            cpu_per_delta_us: Vec::new(),
+            turn_secs: Vec::new(),
+        });
     }
     let text = (0..words)
         .map(|i| format!("w{i}"))
         .collect::<Vec<_>>()
         .join(" ");
     for _ in 0..turns {
-        for (name, dir, id, _server, runtime, client, cpu_per_delta, secs) in &mut sides {
+        for side in &mut sides {
+            let Side {
+                name,
+                dir,
+                id,
+                runtime,
+                client,
+                ..
+            } = side;
             let pid = pi_io::store::live_holder(dir, id)
                 .ok_or_else(|| format!("{name}: no worker"))?
                 .pid;
@@ -72,11 +92,12 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             if deltas == 0 {
                 return Err(format!("{name}: no deltas streamed"));
             }
-            cpu_per_delta.push((run_after - run_before) as f64 / 1000.0 / deltas as f64);
-            secs.push(elapsed.as_secs_f64());
+            let cpu_us = (run_after - run_before) as f64 / 1000.0;
+            side.cpu_per_delta_us.push(cpu_us / deltas as f64);
+            side.turn_secs.push(elapsed.as_secs_f64());
         }
     }
-    let per_delta = |i: usize| median(&sides[i].6);
+    let per_delta = |i: usize| median(&sides[i].cpu_per_delta_us);
     let (with, without) = (per_delta(0), per_delta(1));
     let share = (with - without) / with * 100.0;
     report.info(
@@ -84,7 +105,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         format!("worker CPU per streamed delta, checkpoints on / off (median of {turns} turns)"),
         format!("{with:.1} µs / {without:.1} µs"),
     );
-    let turn_secs = median(&sides[0].7);
+    let turn_secs = median(&sides[0].turn_secs);
     report.info(
         "checkpoint",
         "checkpoints per turn (about: turn time / 250 ms)",
@@ -97,7 +118,5 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         "< 5 %",
         Some(share < 5.0),
     );
-    drop(sides);
-    std::thread::sleep(Duration::from_millis(10));
     Ok(())
 }

@@ -348,7 +348,9 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
         .write_all(&bytes)
         .await
         .map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
-    match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream)).await {
+    // Before this server's own configuration exists: the default bound.
+    let max_len = Limits::default().max_frame_len as usize;
+    match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream, max_len)).await {
         Ok(Ok((_, WorkerFrame::Released { sessions }))) => Ok(sessions),
         Ok(Ok((_, other))) => Err(format!(
             "the running server answered the hand-off with {other:?}"
@@ -423,17 +425,26 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             Some(tokio::spawn(accept_tcp(listener, tx.clone())))
         }
     };
-    let worker_accept = Some(tokio::spawn(accept_workers(workers, tx.clone())));
+    let max_hello_len = server.config().limits.max_frame_len as usize;
+    let worker_accept = Some(tokio::spawn(accept_workers(
+        workers,
+        tx.clone(),
+        max_hello_len,
+    )));
     // Watch before the first scan, so no change falls between the two.
     let catalog_change_queued = Arc::new(AtomicBool::new(false));
-    let catalog_watch = {
+    let (catalog_watch, unwatched) = {
         let queued = Arc::clone(&catalog_change_queued);
         let tx = tx.clone();
-        store::watch::watch(&opts.session_dir, move || {
+        let watch = store::watch::watch(&opts.session_dir, move || {
             if !queued.swap(true, Ordering::AcqRel) {
                 let _ = tx.blocking_send(Event::CatalogChanged);
             }
-        })
+        });
+        match watch {
+            Ok(watch) => (Some(watch), None),
+            Err(e) => (None, Some(e)),
+        }
     };
     let session_dir = opts.session_dir.clone();
     let catalog_tx = tx.clone();
@@ -475,18 +486,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         deferring: false,
         stepping: false,
         done: false,
-        _catalog_watch: None,
+        _catalog_watch: catalog_watch,
         catalog_change_queued,
     };
-    match catalog_watch {
-        Ok(watch) => d._catalog_watch = Some(watch),
-        Err(e) => {
-            tracing::warn!(
-                "{e}; polling it instead, every {} ms",
-                d.server.config().limits.catalog_poll.as_millis()
-            );
-            d.step(Input::CatalogUnwatched);
-        }
+    if let Some(e) = unwatched {
+        tracing::warn!(
+            "{e}; polling it instead, every {} ms",
+            d.server.config().limits.catalog_poll.as_millis()
+        );
+        d.step(Input::CatalogUnwatched);
     }
     d.expect_adoptions(released, "the released workers");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -616,15 +624,19 @@ async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
     }
 }
 
-async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
+/// `max_hello_len` bounds a worker's first frame ([`read_worker_hello`]).
+async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>, max_hello_len: usize) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let tx = tx.clone();
         tokio::spawn(async move {
-            let hello =
-                tokio::time::timeout(Duration::from_secs(5), read_worker_hello(stream)).await;
+            let hello = tokio::time::timeout(
+                Duration::from_secs(5),
+                read_worker_hello(stream, max_hello_len),
+            )
+            .await;
             match hello {
                 Ok(Ok((
                     stream,
@@ -657,19 +669,22 @@ async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>) {
     }
 }
 
-/// Reads exactly one frame from a fresh worker channel.
-/// Bounded by [`Limits::max_frame_len`]: an orphan's announcement carries
-/// its session's whole snapshot, which clients get in one frame too.
-async fn read_worker_hello(mut stream: UnixStream) -> Result<(UnixStream, WorkerFrame), String> {
+/// Reads exactly one frame, of at most `max_len` bytes, from a fresh worker
+/// channel. The bound is [`Limits::max_frame_len`]: an orphan's
+/// announcement carries its session's whole snapshot, which clients get in
+/// one frame too.
+async fn read_worker_hello(
+    mut stream: UnixStream,
+    max_len: usize,
+) -> Result<(UnixStream, WorkerFrame), String> {
     let mut header = [0u8; 4];
     stream
         .read_exact(&mut header)
         .await
         .map_err(|e| e.to_string())?;
     let len = u32::from_be_bytes(header) as usize;
-    let max = Limits::default().max_frame_len as usize;
-    if len > max {
-        return Err(format!("hello frame of {len} bytes (at most {max})"));
+    if len > max_len {
+        return Err(format!("hello frame of {len} bytes (at most {max_len})"));
     }
     let mut payload = vec![0u8; len];
     stream

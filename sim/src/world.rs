@@ -713,9 +713,7 @@ impl World {
                         .is_some_and(|s| s != kernel::server::Stage::Closing);
                     let message = message.clone();
                     let conn = *conn;
-                    if self.options.record_facts
-                        && let Some(listed) = listed_ids(&message)
-                    {
+                    if let Some(listed) = listed_ids(&message) {
                         let stored: Vec<String> = self.store.sessions.keys().cloned().collect();
                         let settling = self.unscanned.iter().cloned().collect();
                         self.fact(Fact::Listed {
@@ -2018,7 +2016,6 @@ fn decode_frame(frame: &[u8]) -> ServerMessage {
     decode_server_message(payload, &CborLimits::default()).expect("the server sends valid messages")
 }
 
-/// The session a server message is about, if any.
 /// The session ids of a session list the server sent: a `list` response
 /// or a server snapshot.
 fn listed_ids(message: &ServerMessage) -> Option<Vec<String>> {
@@ -2033,6 +2030,7 @@ fn listed_ids(message: &ServerMessage) -> Option<Vec<String>> {
     Some(sessions.iter().map(|m| m.id.clone()).collect())
 }
 
+/// The session a server message is about, if any.
 pub fn session_of(message: &ServerMessage) -> Option<&str> {
     match message {
         ServerMessage::Response(r) => match &r.outcome {
@@ -2194,15 +2192,7 @@ impl World {
     /// [`World::start_server`], but the catalog finishes loading only after
     /// the orphans announced themselves (a large directory scans slowly).
     pub fn start_server_catalog_late(&mut self) {
-        self.generation += 1;
-        self.shut_down = false;
-        self.server_down = false;
-        self.inbox.clear();
-        trace!(
-            self,
-            "server generation {} starts (catalog late)", self.generation
-        );
-        self.server = Server::new(Self::config(&self.options, self.generation));
+        self.new_generation(" (catalog late)");
         self.expect_orphans();
         self.announce_orphans();
         self.load_catalog();
@@ -2227,13 +2217,19 @@ impl World {
     }
 
     fn next_server(&mut self) {
+        self.new_generation("");
+        self.load_catalog();
+    }
+
+    /// A new server process, its catalog not loaded yet; `note` goes into
+    /// the trace line.
+    fn new_generation(&mut self, note: &str) {
         self.generation += 1;
         self.shut_down = false;
         self.server_down = false;
         self.inbox.clear();
-        trace!(self, "server generation {} starts", self.generation);
+        trace!(self, "server generation {} starts{note}", self.generation);
         self.server = Server::new(Self::config(&self.options, self.generation));
-        self.load_catalog();
     }
 
     /// The worker loses its server: it keeps its runtime (and model stream)
