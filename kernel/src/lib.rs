@@ -3,8 +3,8 @@
 //! Everything that decides anything lives here, as plain values driven by
 //! inputs: the pi protocol v1 codec ([`wire`], [`protocol`]), the server's
 //! connection and session machines ([`server`]), the worker-side session
-//! runtime ([`runtime`]) and the client-connection machine with its leases
-//! ([`client`]).
+//! runtime ([`runtime`]) and the worker process around it ([`host`]), and
+//! the client-connection machine with its leases ([`client`]).
 //!
 //! Calling protocol, shared by every machine: the driver owns the machine by
 //! `&mut`, feeds it one input at a time together with `now`
@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod faux;
+pub mod host;
 pub mod ids;
 pub mod limits;
 pub mod link;

@@ -39,6 +39,10 @@ pub struct Limits {
     pub catalog_settle: Duration,
     /// How often an unwatched session directory is scanned.
     pub catalog_poll: Duration,
+    /// How long a starting server waits for the orphans it expects (found
+    /// holding their session locks, or released by its predecessor) to
+    /// announce themselves before it opens their sessions anew.
+    pub adoption_wait: Duration,
 }
 
 impl Default for Limits {
@@ -61,6 +65,28 @@ impl Default for Limits {
             worker_dispose_timeout: Duration::from_secs(10),
             catalog_settle: Duration::from_millis(100),
             catalog_poll: Duration::from_secs(1),
+            adoption_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Bounds of a worker process ([`crate::host::WorkerHost`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerLimits {
+    /// An orphan no server adopted this long retires once idle.
+    pub orphan_grace: Duration,
+    /// An orphan announces itself this often.
+    pub announce_retry: Duration,
+    /// Connecting to announce, and then the server's answer, each take at most this long.
+    pub announce_timeout: Duration,
+}
+
+impl Default for WorkerLimits {
+    fn default() -> Self {
+        Self {
+            orphan_grace: Duration::from_secs(30),
+            announce_retry: Duration::from_millis(200),
+            announce_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -1,0 +1,676 @@
+//! The worker host: every decision of a worker process, around its
+//! [`Runtime`] and its [`Link`].
+//!
+//! A worker process says hello to its server, is told to open or create its
+//! session, opens its store, and then runs the runtime: operations and model
+//! events go in, storage writes, model calls and frames come out. When its
+//! server goes away it becomes an orphan that announces itself to the next
+//! one, and retires if none adopts it. This machine decides all of that; the
+//! driver (`io`'s worker process, or the simulator's fake worker) opens
+//! files, talks to sockets and runs model calls, and reports back.
+//!
+//! ```text
+//!   new ─(Send hello)─► AwaitingStart ──start──► Opening ──store opened──► Running ──exit──► Done
+//!                            │                     │ store failed             │  ▲
+//!                            │ lost / bad frame    ▼                     lost │  │ adopted
+//!                            └──────────────────► Done               Orphaned ─┘ (announcing)
+//! ```
+//!
+//! Rules it owns:
+//! - **Create policy.** A new session takes the requested model, else the
+//!   user's default model if the catalog has it, else the built-in default;
+//!   the requested cwd, else the process's, else `/`.
+//! - **Store errors** map to protocol codes ([`StoreFailure::code`]).
+//! - **Durability order.** Consecutive [`Persist`] outputs of the runtime
+//!   become one [`HostOutput::Commit`]; nothing the runtime said after them
+//!   is released until the driver reports [`HostInput::Committed`]. So an
+//!   item is durable before any frame that mentions it leaves the process.
+//!   The user's default model is saved only once its batch committed.
+//! - **Storage faults.** A write that failed for want of room
+//!   ([`StoreFailureKind::Full`]) is survived: the store is read back
+//!   ([`HostOutput::ReloadStore`]) and the runtime goes back to it. Any other
+//!   failure, or a failed read-back, is fatal.
+//! - **Orphans.** A lost server makes the worker announce itself every
+//!   [`WorkerLimits::announce_retry`], one attempt at a time, and retire once
+//!   idle after [`WorkerLimits::orphan_grace`].
+//!
+//! Calling protocol, as every kernel machine: [`WorkerHost::step`] with `now`
+//! and one input, outputs carried out in order, and a [`HostInput::Tick`] at
+//! [`WorkerHost::next_deadline`].
+
+use crate::faux;
+use crate::limits::WorkerLimits;
+use crate::link::{Link, LinkAction};
+use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
+use crate::protocol::{ErrorCode, JsonValue, ModelMetadata, ModelRef, ProtocolError, SessionPhase};
+use crate::runtime::{
+    ModelEvent, ModelRequest, Persist, Policy, Runtime, RuntimeInput, RuntimeOutput, StorageFault,
+    StoredSession,
+};
+use crate::time::Instant;
+use crate::worker::{CreateSpec, FromWorker, ToWorker};
+use std::collections::VecDeque;
+
+/// What the worker knows when it starts: who it is, and the facts of its
+/// machine that the create policy needs.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The session this worker hosts.
+    pub session_id: String,
+    /// The secret it was spawned with.
+    pub token: String,
+    /// Its process id.
+    pub pid: u64,
+    /// The model catalog.
+    pub models: Vec<ModelMetadata>,
+    /// The user's default model (settings), if one is set.
+    pub default_model: Option<ModelRef>,
+    /// The process's working directory, if it has one.
+    pub cwd: Option<String>,
+    /// The runtime's retry, compaction and checkpoint policy.
+    pub policy: Policy,
+    /// Orphan and announcement bounds.
+    pub limits: WorkerLimits,
+}
+
+/// How a store operation failed, as the driver classifies it: a fact about
+/// the failure, not a decision about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFailureKind {
+    /// The session id is not a valid one.
+    InvalidId,
+    /// No such session.
+    NotFound,
+    /// Creating a session that is already there.
+    Exists,
+    /// Another worker holds the session.
+    Locked,
+    /// No space or quota left; the store is intact.
+    Full,
+    /// Anything else: I/O errors, corruption, unstorable data.
+    Broken,
+}
+
+/// A failed store operation: its kind and a message naming the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreFailure {
+    /// What kind of failure.
+    pub kind: StoreFailureKind,
+    /// What failed, for people.
+    pub message: String,
+}
+
+impl StoreFailure {
+    /// A failure of `kind`.
+    pub fn new(kind: StoreFailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The protocol code a request failing with this gets.
+    pub fn code(&self) -> ErrorCode {
+        match self.kind {
+            StoreFailureKind::InvalidId | StoreFailureKind::Exists => ErrorCode::InvalidRequest,
+            StoreFailureKind::NotFound => ErrorCode::NotFound,
+            StoreFailureKind::Locked => ErrorCode::SessionLocked,
+            StoreFailureKind::Full | StoreFailureKind::Broken => ErrorCode::InternalError,
+        }
+    }
+
+    fn to_protocol(&self) -> ProtocolError {
+        ProtocolError::new(self.code(), self.message.clone())
+    }
+}
+
+/// Inputs of a [`WorkerHost`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostInput {
+    /// A frame from the server on the current channel.
+    Frame(WorkerFrame),
+    /// The current channel to the server closed (or could not be written).
+    ChannelLost,
+    /// The answer to [`HostOutput::OpenStore`] or [`HostOutput::CreateStore`]:
+    /// the session as stored.
+    StoreOpened(Result<StoredSession, StoreFailure>),
+    /// The answer to [`HostOutput::Commit`].
+    Committed(Result<(), StoreFailure>),
+    /// The answer to [`HostOutput::ReloadStore`].
+    Reloaded(Result<StoredSession, StoreFailure>),
+    /// The answer to [`HostOutput::Announce`]: the server's first frame on
+    /// the new channel, or `None` if there was no server or no answer in time.
+    Announced(Option<WorkerFrame>),
+    /// The server's worker socket (re)appeared: an orphan announces itself
+    /// now instead of at its next retry.
+    ServerAppeared,
+    /// An event of model call `call`.
+    Model {
+        /// The call (see [`HostOutput::StartModel`]).
+        call: u64,
+        /// The event.
+        event: ModelEvent,
+    },
+    /// A tool run finished.
+    ToolDone {
+        /// The tool item's id.
+        id: String,
+        /// Its output.
+        content: Vec<crate::protocol::Content>,
+        /// Tool-specific details.
+        details: Option<JsonValue>,
+        /// Whether it failed.
+        is_error: bool,
+    },
+    /// Time passed (see [`WorkerHost::next_deadline`]).
+    Tick,
+}
+
+/// Outputs of a [`WorkerHost`], carried out in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostOutput {
+    /// Write a frame on the current channel.
+    Send(WorkerFrame),
+    /// Open the session's store; answer [`HostInput::StoreOpened`].
+    OpenStore,
+    /// Create the session's store holding this; answer [`HostInput::StoreOpened`].
+    CreateStore(StoredSession),
+    /// Note in the store which server this worker serves (for a server
+    /// started after a crash to find it).
+    RecordServer,
+    /// Make these durable in one transaction; answer [`HostInput::Committed`].
+    Commit(Vec<Persist>),
+    /// Read the session back from the store; answer [`HostInput::Reloaded`].
+    ReloadStore,
+    /// Record the user's default model (settings).
+    SaveDefaultModel(ModelRef),
+    /// Start model call `call`.
+    StartModel {
+        /// Id of the call.
+        call: u64,
+        /// What to ask.
+        request: ModelRequest,
+    },
+    /// Stop model call `call`.
+    CancelModel {
+        /// The call.
+        call: u64,
+    },
+    /// Run a tool; answer [`HostInput::ToolDone`].
+    RunTool {
+        /// The tool item's id.
+        id: String,
+        /// Which tool.
+        tool_name: String,
+        /// Its arguments.
+        input: JsonValue,
+        /// Working directory.
+        cwd: String,
+    },
+    /// Stop a running tool.
+    CancelTool {
+        /// The tool item's id.
+        id: String,
+    },
+    /// Connect a new channel to the server's worker socket, send this hello
+    /// on it, and wait for the first frame, each within
+    /// [`WorkerLimits::announce_timeout`]; answer [`HostInput::Announced`].
+    /// Keep the channel until told what to do with it.
+    Announce(WorkerFrame),
+    /// The announcement was answered with adoption: the new channel becomes
+    /// the current one.
+    SwitchChannel,
+    /// The announcement failed: drop the new channel.
+    DropAnnouncement,
+    /// Stop the process: close the store (if open) and exit, with this error
+    /// when the worker could not do its job.
+    Exit(Result<(), String>),
+}
+
+/// Where the host stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostStage {
+    /// Hello sent; waiting for the server's start.
+    AwaitingStart,
+    /// The store was asked to open or create the session.
+    Opening,
+    /// The runtime runs.
+    Running,
+    /// Exit was output.
+    Done,
+}
+
+/// A commit in flight, and what waits behind it.
+#[derive(Debug)]
+enum Writing {
+    /// Nothing in flight.
+    Idle,
+    /// A batch is being committed; its default models are saved after it.
+    Batch { defaults: Vec<ModelRef> },
+    /// A batch failed for want of room; the store is being read back.
+    Reloading { message: String },
+}
+
+/// The worker-host machine. See the module documentation.
+#[derive(Debug)]
+pub struct WorkerHost {
+    config: HostConfig,
+    stage: HostStage,
+    /// From the start: the revision the runtime starts above.
+    revision_floor: u64,
+    /// Set while creating: the session the store is asked to hold.
+    creating: Option<StoredSession>,
+    runtime: Option<Runtime>,
+    link: Link,
+    /// An announcement is out; no second one starts.
+    announcing: bool,
+    writing: Writing,
+    /// Runtime outputs waiting for the commit in flight.
+    held: VecDeque<RuntimeOutput>,
+    /// Inputs that arrived while a commit was in flight.
+    deferred: VecDeque<HostInput>,
+    now: Instant,
+    out: Vec<HostOutput>,
+}
+
+impl WorkerHost {
+    /// A new worker host; its first output is its hello.
+    pub fn new(config: HostConfig, now: Instant) -> (Self, Vec<HostOutput>) {
+        let link = Link::new(config.limits.orphan_grace, config.limits.announce_retry);
+        let mut host = Self {
+            config,
+            stage: HostStage::AwaitingStart,
+            revision_floor: 0,
+            creating: None,
+            runtime: None,
+            link,
+            announcing: false,
+            writing: Writing::Idle,
+            held: VecDeque::new(),
+            deferred: VecDeque::new(),
+            now,
+            out: Vec::new(),
+        };
+        let hello = host.hello(None);
+        host.out.push(HostOutput::Send(hello));
+        let out = std::mem::take(&mut host.out);
+        (host, out)
+    }
+
+    /// Where the host stands.
+    pub fn stage(&self) -> HostStage {
+        self.stage
+    }
+
+    /// The runtime, once the session is open.
+    pub fn runtime(&self) -> Option<&Runtime> {
+        self.runtime.as_ref()
+    }
+
+    /// True while no server holds this worker.
+    pub fn is_orphaned(&self) -> bool {
+        self.link.is_orphaned()
+    }
+
+    /// When to feed [`HostInput::Tick`].
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.stage != HostStage::Running {
+            return None;
+        }
+        let runtime = self.runtime.as_ref().and_then(Runtime::next_deadline);
+        [runtime, self.link.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Feeds one input at `now`.
+    pub fn step(&mut self, now: Instant, input: HostInput) -> Vec<HostOutput> {
+        self.now = self.now.max(now);
+        if self.stage == HostStage::Done {
+            return Vec::new();
+        }
+        if self.waiting_for_store() && !is_store_answer(&input) {
+            self.deferred.push_back(input);
+            return Vec::new();
+        }
+        self.on_input(input);
+        while !self.waiting_for_store() && self.stage != HostStage::Done {
+            let Some(input) = self.deferred.pop_front() else {
+                break;
+            };
+            self.on_input(input);
+        }
+        if self.stage == HostStage::Running && !self.waiting_for_store() {
+            self.tick_link();
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn waiting_for_store(&self) -> bool {
+        !matches!(self.writing, Writing::Idle)
+    }
+
+    fn on_input(&mut self, input: HostInput) {
+        match (self.stage, input) {
+            (
+                HostStage::AwaitingStart,
+                HostInput::Frame(WorkerFrame::Start {
+                    create,
+                    revision_floor,
+                }),
+            ) => self.on_start(create, revision_floor),
+            (HostStage::AwaitingStart, HostInput::Frame(other)) => self.exit(Err(format!(
+                "expected start from the server, got {other:?}"
+            ))),
+            (HostStage::AwaitingStart, HostInput::ChannelLost) => {
+                self.exit(Err("the server closed the channel before start".into()))
+            }
+            (HostStage::Opening, HostInput::StoreOpened(result)) => self.on_opened(result),
+            (HostStage::Running, HostInput::Committed(result)) => self.on_committed(result),
+            (HostStage::Running, HostInput::Reloaded(result)) => self.on_reloaded(result),
+            (HostStage::Running, HostInput::Frame(frame)) => self.on_frame(frame),
+            (HostStage::Running, HostInput::ChannelLost)
+                if self.link.on_lost(self.now) == Some(LinkAction::Announce) =>
+            {
+                self.announce()
+            }
+            (HostStage::Running, HostInput::ServerAppeared) if self.link.is_orphaned() => {
+                self.announce()
+            }
+            (HostStage::Running, HostInput::Announced(answer)) => self.on_announced(answer),
+            (HostStage::Running, HostInput::Model { call, event }) => {
+                self.run(RuntimeInput::Model { call, event })
+            }
+            (
+                HostStage::Running,
+                HostInput::ToolDone {
+                    id,
+                    content,
+                    details,
+                    is_error,
+                },
+            ) => self.run(RuntimeInput::ToolDone {
+                id,
+                content,
+                details,
+                is_error,
+            }),
+            (HostStage::Running, HostInput::Tick) => self.run(RuntimeInput::Tick),
+            // Anything else is stale (an answer after the host moved on) or
+            // early (time before there is a runtime): nothing to do.
+            _ => {}
+        }
+    }
+
+    fn hello(&self, resume: Option<Box<crate::protocol::SessionSnapshot>>) -> WorkerFrame {
+        WorkerFrame::Hello {
+            version: WORKER_PROTOCOL_VERSION,
+            token: self.config.token.clone(),
+            session_id: self.config.session_id.clone(),
+            pid: self.config.pid,
+            resume,
+        }
+    }
+
+    fn exit(&mut self, result: Result<(), String>) {
+        self.stage = HostStage::Done;
+        self.out.push(HostOutput::Exit(result));
+    }
+
+    /// The session cannot be opened: say why, and exit.
+    fn fail(&mut self, error: ProtocolError) {
+        self.out.push(HostOutput::Send(WorkerFrame::FromWorker(
+            FromWorker::Failed { error },
+        )));
+        self.exit(Ok(()));
+    }
+
+    fn on_start(&mut self, create: Option<CreateSpec>, revision_floor: u64) {
+        self.revision_floor = revision_floor;
+        let Some(spec) = create else {
+            self.stage = HostStage::Opening;
+            self.out.push(HostOutput::OpenStore);
+            return;
+        };
+        let default = self
+            .config
+            .default_model
+            .clone()
+            .filter(|m| {
+                self.config
+                    .models
+                    .iter()
+                    .any(|x| x.provider == m.provider && x.id == m.id)
+            })
+            .unwrap_or_else(faux::default_model);
+        match Runtime::resolve_create(&spec, &default, &self.config.models) {
+            Err(error) => self.fail(error),
+            Ok((model, thinking_level)) => {
+                let cwd = spec
+                    .cwd
+                    .or_else(|| self.config.cwd.clone())
+                    .unwrap_or_else(|| "/".to_string());
+                let stored = StoredSession {
+                    id: self.config.session_id.clone(),
+                    name: spec.name,
+                    cwd,
+                    created_at: self.now.as_millis(),
+                    updated_at: self.now.as_millis(),
+                    model,
+                    thinking_level,
+                    revision: 0,
+                    transcript: Vec::new(),
+                    queued_steer: Vec::new(),
+                    summary: None,
+                };
+                self.stage = HostStage::Opening;
+                self.creating = Some(stored.clone());
+                self.out.push(HostOutput::CreateStore(stored));
+            }
+        }
+    }
+
+    fn on_opened(&mut self, result: Result<StoredSession, StoreFailure>) {
+        let mut stored = match result {
+            Ok(stored) => stored,
+            Err(failure) => return self.fail(failure.to_protocol()),
+        };
+        let models = self.config.models.clone();
+        let (runtime, outputs) = match self.creating.take() {
+            Some(_) => Runtime::create(stored, models, self.now),
+            None => {
+                // Clients saw this far, even if the store is behind (a full store).
+                stored.revision = stored.revision.max(self.revision_floor);
+                Runtime::open(stored, models, self.now)
+            }
+        };
+        self.runtime = Some(runtime.with_policy(self.config.policy.clone()));
+        self.stage = HostStage::Running;
+        self.out.push(HostOutput::RecordServer);
+        self.release(outputs.into());
+    }
+
+    fn on_frame(&mut self, frame: WorkerFrame) {
+        let input = match frame {
+            WorkerFrame::ToWorker(ToWorker::Operation { op, operation }) => {
+                RuntimeInput::Operation { op, operation }
+            }
+            WorkerFrame::ToWorker(ToWorker::Dispose) => RuntimeInput::Dispose,
+            // Frames a server never sends a running worker: ignored.
+            _ => return,
+        };
+        if !self.link.is_orphaned() {
+            self.run(input);
+        }
+    }
+
+    fn announce(&mut self) {
+        if self.announcing {
+            return;
+        }
+        let Some(runtime) = &self.runtime else { return };
+        self.announcing = true;
+        let hello = self.hello(Some(Box::new(runtime.snapshot())));
+        self.out.push(HostOutput::Announce(hello));
+    }
+
+    fn on_announced(&mut self, answer: Option<WorkerFrame>) {
+        if !self.announcing {
+            return;
+        }
+        self.announcing = false;
+        if matches!(answer, Some(WorkerFrame::Adopted)) && self.link.is_orphaned() {
+            self.link.on_adopted();
+            self.out.push(HostOutput::SwitchChannel);
+        } else {
+            self.out.push(HostOutput::DropAnnouncement);
+        }
+    }
+
+    /// Orphan bookkeeping after every input: announce again, or retire.
+    fn tick_link(&mut self) {
+        let idle = self
+            .runtime
+            .as_ref()
+            .is_some_and(|r| r.phase() == SessionPhase::Idle);
+        match self.link.on_tick(self.now, idle) {
+            Some(LinkAction::Announce) => self.announce(),
+            Some(LinkAction::Retire) => self.run(RuntimeInput::Dispose),
+            None => {}
+        }
+    }
+
+    fn run(&mut self, input: RuntimeInput) {
+        let Some(runtime) = self.runtime.as_mut() else {
+            return;
+        };
+        let outputs = runtime.step(self.now, input);
+        self.release(outputs.into());
+    }
+
+    /// Carries runtime outputs over to host outputs, up to and including the
+    /// next batch of writes; the rest waits for that batch to commit.
+    fn release(&mut self, mut outputs: VecDeque<RuntimeOutput>) {
+        while let Some(output) = outputs.pop_front() {
+            let out = match output {
+                RuntimeOutput::Persist(first) => {
+                    let mut batch = vec![first];
+                    while let Some(RuntimeOutput::Persist(_)) = outputs.front() {
+                        let Some(RuntimeOutput::Persist(p)) = outputs.pop_front() else {
+                            unreachable!("checked above");
+                        };
+                        batch.push(p);
+                    }
+                    let defaults = batch
+                        .iter()
+                        .filter_map(|p| match p {
+                            Persist::DefaultModel(m) => Some(m.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    batch.retain(|p| !matches!(p, Persist::DefaultModel(_)));
+                    if batch.is_empty() {
+                        self.save_defaults(defaults);
+                        continue;
+                    }
+                    self.writing = Writing::Batch { defaults };
+                    self.held = outputs;
+                    self.out.push(HostOutput::Commit(batch));
+                    return;
+                }
+                RuntimeOutput::Send(message) => HostOutput::Send(WorkerFrame::FromWorker(message)),
+                RuntimeOutput::StartModel { call, request } => {
+                    HostOutput::StartModel { call, request }
+                }
+                RuntimeOutput::CancelModel { call } => HostOutput::CancelModel { call },
+                RuntimeOutput::RunTool {
+                    id,
+                    tool_name,
+                    input,
+                    cwd,
+                } => HostOutput::RunTool {
+                    id,
+                    tool_name,
+                    input,
+                    cwd,
+                },
+                RuntimeOutput::CancelTool { id } => HostOutput::CancelTool { id },
+                RuntimeOutput::Exit => return self.exit(Ok(())),
+            };
+            if let HostOutput::Send(_) = out
+                && self.link.is_orphaned()
+            {
+                continue; // no server to hear it; the announcement carries the state
+            }
+            self.out.push(out);
+        }
+    }
+
+    fn save_defaults(&mut self, defaults: Vec<ModelRef>) {
+        self.out
+            .extend(defaults.into_iter().map(HostOutput::SaveDefaultModel));
+    }
+
+    fn on_committed(&mut self, result: Result<(), StoreFailure>) {
+        let Writing::Batch { defaults } = std::mem::replace(&mut self.writing, Writing::Idle)
+        else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                self.save_defaults(defaults);
+                let held = std::mem::take(&mut self.held);
+                self.release(held);
+            }
+            Err(failure) => {
+                let message = format!("storage write failed: {}", failure.message);
+                if failure.kind == StoreFailureKind::Full {
+                    self.writing = Writing::Reloading { message };
+                    self.out.push(HostOutput::ReloadStore);
+                } else {
+                    self.storage_failed(message, StorageFault::Fatal, None);
+                }
+            }
+        }
+    }
+
+    fn on_reloaded(&mut self, result: Result<StoredSession, StoreFailure>) {
+        let Writing::Reloading { message } = std::mem::replace(&mut self.writing, Writing::Idle)
+        else {
+            return;
+        };
+        match result {
+            Ok(stored) => self.storage_failed(message, StorageFault::Full, Some(Box::new(stored))),
+            Err(failure) => {
+                let message = format!(
+                    "{message}; cannot read the session back: {}",
+                    failure.message
+                );
+                self.storage_failed(message, StorageFault::Fatal, None);
+            }
+        }
+    }
+
+    fn storage_failed(
+        &mut self,
+        message: String,
+        fault: StorageFault,
+        stored: Option<Box<StoredSession>>,
+    ) {
+        let dropped = std::mem::take(&mut self.held).into();
+        self.run(RuntimeInput::StorageFailed {
+            message,
+            fault,
+            dropped,
+            stored,
+        });
+    }
+}
+
+fn is_store_answer(input: &HostInput) -> bool {
+    matches!(input, HostInput::Committed(_) | HostInput::Reloaded(_))
+}
+
+#[cfg(test)]
+mod tests;
