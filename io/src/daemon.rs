@@ -403,7 +403,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         models: crate::agent::ModelRegistry::load(&config::agent_dir())
             .models()
             .to_vec(),
-        limits: Limits::default(),
+        limits: Limits {
+            adoption_wait: env_duration_ms(
+                "PI_SERVER_ADOPTION_WAIT_MS",
+                Limits::default().adoption_wait,
+            ),
+            ..Limits::default()
+        },
         idle_exit: opts.idle_exit,
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
     });
@@ -799,10 +805,7 @@ impl Daemon {
             count = sessions.len(),
             "expecting {whose} to announce themselves"
         );
-        self.step(Input::AdoptionsExpected {
-            sessions,
-            wait: adoption_wait(),
-        });
+        self.step(Input::AdoptionsExpected { sessions });
     }
 
     fn on_event(&mut self, event: Event) {
@@ -1320,10 +1323,6 @@ impl Daemon {
 }
 
 /// How long attaches wait for an expected worker to announce itself.
-fn adoption_wait() -> Duration {
-    env_duration_ms("PI_SERVER_ADOPTION_WAIT_MS", Duration::from_secs(10))
-}
-
 /// A duration from an environment variable in milliseconds, or the default.
 pub(crate) fn env_duration_ms(name: &str, default: Duration) -> Duration {
     std::env::var(name)

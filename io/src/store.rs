@@ -85,8 +85,9 @@ mod meta;
 mod tests;
 pub mod watch;
 
+use kernel::host::{StoreFailure, StoreFailureKind};
+use kernel::protocol::SessionMetadata;
 use kernel::protocol::codec::Schema;
-use kernel::protocol::{ErrorCode, SessionMetadata};
 use kernel::runtime::{Persist, StoredSession};
 use meta::Meta;
 use rusqlite::Connection;
@@ -161,17 +162,20 @@ impl StoreError {
         }
     }
 
-    /// The protocol error code a request failing with this error gets:
-    /// `invalid_request`, `not_found`, `session_locked` or `internal_error`.
-    pub fn protocol_code(&self) -> ErrorCode {
-        match self {
-            Self::InvalidId(_) | Self::Exists(_) => ErrorCode::InvalidRequest,
-            Self::NotFound(_) => ErrorCode::NotFound,
-            Self::Locked(_) => ErrorCode::SessionLocked,
+    /// What kind of failure this is, for the kernel to decide on
+    /// ([`StoreFailure::code`]: the protocol code a request failing with it gets).
+    pub fn failure(&self) -> StoreFailure {
+        let kind = match self {
+            Self::InvalidId(_) => StoreFailureKind::InvalidId,
+            Self::Exists(_) => StoreFailureKind::Exists,
+            Self::NotFound(_) => StoreFailureKind::NotFound,
+            Self::Locked(_) => StoreFailureKind::Locked,
+            _ if self.is_out_of_space() => StoreFailureKind::Full,
             Self::Corrupt(_) | Self::Invalid(_) | Self::Io { .. } | Self::Sqlite { .. } => {
-                ErrorCode::InternalError
+                StoreFailureKind::Broken
             }
-        }
+        };
+        StoreFailure::new(kind, self.to_string())
     }
 
     fn io(context: impl Into<String>, source: io::Error) -> Self {

@@ -1,30 +1,23 @@
 //! `pi-server worker` (internal): the process hosting one live session.
 //!
-//! It connects to its server's worker socket, proves itself with the token it
-//! was spawned with, opens (or creates) the session's storage, and then runs
-//! the kernel [`Runtime`]: operations from the server and model events go in,
-//! storage writes, model calls and frames to the server come out. Storage
-//! writes of one step are committed in one transaction before any later
-//! output of that step is carried out, so an item is durable before its
-//! `item_finished` leaves the process.
+//! A thin host of the kernel's [`WorkerHost`], which decides everything: the
+//! hello with the token it was spawned with, opening or creating the
+//! session, the order of commits, storage faults, and orphan announcements.
+//! This file carries its outputs out (the socket, the SQLite store, model
+//! calls and tools) and feeds back what happened. A store operation's answer
+//! goes back to the host before anything else is carried out, so an item is
+//! durable before any frame that mentions it leaves the process.
 
 use crate::agent::{self, CancellationToken, ModelRegistry};
 use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
-use kernel::link::{Link, LinkAction};
-use kernel::protocol::SessionPhase;
-use kernel::protocol::worker::{
-    WORKER_PROTOCOL_VERSION, WorkerFrame, decode_worker_frame, frame_worker_message,
-};
-use kernel::protocol::{ErrorCode, ProtocolError};
-use kernel::runtime::{
-    ModelEvent, ModelRequest, Persist, Runtime, RuntimeInput, RuntimeOutput, StorageFault,
-    StoredSession,
-};
+use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, WorkerHost};
+use kernel::limits::WorkerLimits;
+use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
+use kernel::runtime::{ModelEvent, ModelRequest};
 use kernel::time::Instant;
 use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use kernel::wire::{CborLimits, FrameDecoder};
-use kernel::worker::{FromWorker, ToWorker};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -138,7 +131,7 @@ impl Channel {
     }
 }
 
-/// Runs the worker until its runtime exits.
+/// Runs the worker until its host says to exit.
 pub async fn run_worker() -> Result<(), String> {
     // Session files (the directory, meta.json, the lock, the database and
     // its log) are the user's alone: 0700 directories, 0600 files.
@@ -148,103 +141,55 @@ pub async fn run_worker() -> Result<(), String> {
     let session_id = env("PI_WORKER_SESSION_ID")?;
     let session_dir = PathBuf::from(env("PI_WORKER_SESSION_DIR")?);
     let agent_dir = crate::config::agent_dir();
-    let mut ch = Channel::connect(&socket).await?;
-    let hello = WorkerFrame::Hello {
-        version: WORKER_PROTOCOL_VERSION,
-        token: token.clone(),
-        session_id: session_id.clone(),
-        pid: u64::from(std::process::id()),
-        resume: None,
-    };
-    ch.send(&hello).await;
-    let (create, revision_floor) = match ch.recv().await {
-        Some(WorkerFrame::Start {
-            create,
-            revision_floor,
-        }) => (create, revision_floor),
-        Some(other) => return Err(format!("expected start from the server, got {other:?}")),
-        None => return Err("the server closed the channel before start".into()),
-    };
+    let channel = Channel::connect(&socket).await?;
     let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
-    let models = registry.models().to_vec();
-    let now = wall_now();
-    let opened = match create {
-        Some(spec) => {
-            let default = crate::settings::default_model(&agent_dir)
-                .filter(|m| {
-                    models
-                        .iter()
-                        .any(|x| x.provider == m.provider && x.id == m.id)
-                })
-                .unwrap_or_else(faux::default_model);
-            Runtime::resolve_create(&spec, &default, &models).and_then(|(model, thinking_level)| {
-                let cwd = spec.cwd.clone().unwrap_or_else(|| {
-                    std::env::current_dir()
-                        .map_or_else(|_| "/".to_string(), |d| d.display().to_string())
-                });
-                let stored = StoredSession {
-                    id: session_id.clone(),
-                    name: spec.name.clone(),
-                    cwd,
-                    created_at: now.as_millis(),
-                    updated_at: now.as_millis(),
-                    model,
-                    thinking_level,
-                    revision: 0,
-                    transcript: Vec::new(),
-                    queued_steer: Vec::new(),
-                    summary: None,
-                };
-                let store = SessionStore::create(&session_dir, &stored).map_err(store_error)?;
-                Ok((store, Runtime::create(stored, models.clone(), now)))
-            })
-        }
-        None => SessionStore::open(&session_dir, &session_id)
-            .map_err(store_error)
-            .map(|(store, mut stored)| {
-                // Clients saw this far, even if the store is behind (a full store).
-                stored.revision = stored.revision.max(revision_floor);
-                (store, Runtime::open(stored, models.clone(), now))
-            }),
+    let limits = WorkerLimits {
+        orphan_grace: crate::daemon::env_duration_ms(
+            "PI_WORKER_ORPHAN_GRACE_MS",
+            WorkerLimits::default().orphan_grace,
+        ),
+        ..WorkerLimits::default()
     };
-    let (mut store, (mut runtime, outputs)) = match opened {
-        Ok(v) => v,
-        Err(error) => {
-            tracing::warn!(session = %session_id, error = %error.message, "cannot open session");
-            ch.send(&WorkerFrame::FromWorker(FromWorker::Failed { error }))
-                .await;
-            return Ok(());
-        }
+    let config = HostConfig {
+        session_id: session_id.clone(),
+        token,
+        pid: u64::from(std::process::id()),
+        models: registry.models().to_vec(),
+        default_model: crate::settings::default_model(&agent_dir),
+        cwd: std::env::current_dir()
+            .ok()
+            .map(|d| d.display().to_string()),
+        policy: kernel::runtime::Policy {
+            checkpoint: checkpoint(),
+            ..kernel::runtime::Policy::default()
+        },
+        limits: limits.clone(),
     };
-    runtime = runtime.with_policy(kernel::runtime::Policy {
-        checkpoint: checkpoint(),
-        ..kernel::runtime::Policy::default()
-    });
-    store.record_server(&socket);
-    tracing::info!(session = %session_id, "session open");
-    let (events_tx, mut events) = mpsc::channel::<RuntimeInput>(1024);
+    let (mut host, outputs) = WorkerHost::new(config, wall_now());
+    let (events_tx, mut events) = mpsc::channel::<HostInput>(1024);
     let mut w = Worker {
         registry,
-        cwd: runtime.state().cwd.clone(),
+        socket,
+        session_dir: session_dir.clone(),
+        session_id: session_id.clone(),
+        store: None,
+        channel: Some(channel),
+        announcement: None,
+        announce_task: None,
+        announce_timeout: limits.announce_timeout,
+        cwd: String::new(),
         events: events_tx,
         model_task: None,
         tool_task: None,
         agent_dir,
         outputs: session_dir.join(&session_id),
         delay: faux_delay(),
-        exit: false,
+        exit: None,
     };
-    let grace =
-        crate::daemon::env_duration_ms("PI_WORKER_ORPHAN_GRACE_MS", Duration::from_secs(30));
-    let mut link = Link::new(grace, Duration::from_millis(200));
-    w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
-    while !w.exit {
-        let deadline = [runtime.next_deadline(), link.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
+    w.apply(&mut host, outputs).await;
+    while w.exit.is_none() {
         let sleep = async {
-            match deadline {
+            match host.next_deadline() {
                 Some(at) => {
                     let wait = at.as_millis().saturating_sub(wall_now().as_millis());
                     tokio::time::sleep(Duration::from_millis(wait)).await
@@ -252,161 +197,158 @@ pub async fn run_worker() -> Result<(), String> {
                 None => std::future::pending().await,
             }
         };
-        let orphaned = link.is_orphaned();
+        let announced = async {
+            match w.announce_task.as_mut() {
+                Some(task) => task.await.unwrap_or((None, None)),
+                None => std::future::pending().await,
+            }
+        };
         let input = tokio::select! {
-            frame = ch.recv(), if !orphaned => match frame {
-                Some(WorkerFrame::ToWorker(ToWorker::Operation { op, operation })) => RuntimeInput::Operation { op, operation },
-                Some(WorkerFrame::ToWorker(ToWorker::Dispose)) => RuntimeInput::Dispose,
-                Some(other) => {
-                    tracing::warn!(?other, "unexpected frame from the server");
-                    continue;
-                }
+            frame = recv(&mut w.channel) => match frame {
+                Some(frame) => HostInput::Frame(frame),
                 None => {
-                    // The server is gone (replaced, crashed or stopped without disposing us):
-                    // an orphan keeps its turn running and announces itself to the next server.
-                    ch.write = None;
-                    tracing::warn!(grace_ms = grace.as_millis() as u64, "server gone; waiting to be adopted");
-                    if link.on_lost(wall_now()) == Some(LinkAction::Announce) {
-                        announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await;
-                    }
-                    continue;
+                    w.channel = None;
+                    HostInput::ChannelLost
                 }
             },
+            (channel, answer) = announced => {
+                w.announce_task = None;
+                w.announcement = channel;
+                HostInput::Announced(answer)
+            }
             Some(input) = events.recv() => input,
-            () = sleep => RuntimeInput::Tick,
+            () = sleep => HostInput::Tick,
         };
-        let outputs = runtime.step(wall_now(), input);
-        w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
-        match link.on_tick(wall_now(), runtime.phase() == SessionPhase::Idle) {
-            Some(LinkAction::Announce) => {
-                announce(&mut ch, &mut link, &socket, &token, &session_id, &runtime).await
-            }
-            Some(LinkAction::Retire) if !w.exit => {
-                tracing::info!("no server adopted this orphan within its grace; retiring");
-                let outputs = runtime.step(wall_now(), RuntimeInput::Dispose);
-                w.apply(&mut ch, &mut store, &mut runtime, outputs).await;
-            }
-            _ => {}
-        }
+        let outputs = host.step(wall_now(), input);
+        w.apply(&mut host, outputs).await;
     }
     w.stop_tasks();
-    store.close().map_err(|e| e.to_string())?;
-    tracing::info!(session = %session_id, "session closed");
-    Ok(())
+    if let Some(store) = w.store.take() {
+        store.close().map_err(|e| e.to_string())?;
+        tracing::info!(session = %session_id, "session closed");
+    }
+    w.exit.unwrap_or(Ok(()))
 }
 
-fn store_error(e: StoreError) -> ProtocolError {
-    let code = match &e {
-        StoreError::Locked(_) => ErrorCode::SessionLocked,
-        StoreError::NotFound(_) => ErrorCode::NotFound,
-        StoreError::InvalidId(_) | StoreError::Exists(_) => ErrorCode::InvalidRequest,
-        _ => ErrorCode::InternalError,
-    };
-    ProtocolError::new(code, e.to_string())
+/// The next frame on the channel, if there is one; pending without one.
+async fn recv(channel: &mut Option<Channel>) -> Option<WorkerFrame> {
+    match channel {
+        Some(ch) => ch.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
-/// One attempt of an orphan to be adopted by the server now at `socket`.
+/// One announcement: connect, say hello, and read the first answer, each
+/// within `timeout`.
 async fn announce(
-    ch: &mut Channel,
-    link: &mut Link,
-    socket: &Path,
-    token: &str,
-    session_id: &str,
-    runtime: &Runtime,
-) {
-    let Ok(Ok(mut fresh)) =
-        tokio::time::timeout(Duration::from_secs(1), Channel::connect(socket)).await
-    else {
-        return; // nobody there yet
-    };
-    let hello = WorkerFrame::Hello {
-        version: WORKER_PROTOCOL_VERSION,
-        token: token.to_string(),
-        session_id: session_id.to_string(),
-        pid: u64::from(std::process::id()),
-        resume: Some(Box::new(runtime.snapshot())),
+    socket: PathBuf,
+    hello: WorkerFrame,
+    timeout: Duration,
+) -> (Option<Channel>, Option<WorkerFrame>) {
+    let Ok(Ok(mut fresh)) = tokio::time::timeout(timeout, Channel::connect(&socket)).await else {
+        return (None, None); // nobody there yet
     };
     fresh.send(&hello).await;
-    match tokio::time::timeout(Duration::from_secs(5), fresh.recv()).await {
-        Ok(Some(WorkerFrame::Adopted)) => {
-            tracing::info!("adopted by the new server");
-            link.on_adopted();
-            *ch = fresh;
-        }
-        Ok(Some(WorkerFrame::Rejected { reason })) => {
-            tracing::warn!(%reason, "the server refused to adopt this worker")
-        }
-        other => tracing::warn!(?other, "no adoption answer"),
-    }
+    let answer = tokio::time::timeout(timeout, fresh.recv())
+        .await
+        .ok()
+        .flatten();
+    (Some(fresh), answer)
 }
 
 struct Worker {
     /// Models and how to reach them.
     registry: std::sync::Arc<ModelRegistry>,
+    /// The server's worker socket.
+    socket: PathBuf,
+    session_dir: PathBuf,
+    session_id: String,
+    store: Option<SessionStore>,
+    /// The channel to the server holding this worker.
+    channel: Option<Channel>,
+    /// The channel of an answered announcement, until the host says what to do with it.
+    announcement: Option<Channel>,
+    announce_task: Option<JoinHandle<(Option<Channel>, Option<WorkerFrame>)>>,
+    announce_timeout: Duration,
     /// The session's working directory (the system prompt names it).
     cwd: String,
     /// Model events and tool results come back through here.
-    events: mpsc::Sender<RuntimeInput>,
+    events: mpsc::Sender<HostInput>,
     model_task: Option<(u64, JoinHandle<()>, CancellationToken)>,
     tool_task: Option<(String, JoinHandle<()>, CancellationToken)>,
     agent_dir: PathBuf,
     /// The session's directory: whole outputs of cut `bash` commands go there.
     outputs: PathBuf,
     delay: Duration,
-    exit: bool,
+    exit: Option<Result<(), String>>,
 }
 
 impl Worker {
-    /// Carries out runtime outputs in order; consecutive writes commit together.
-    async fn apply(
-        &mut self,
-        ch: &mut Channel,
-        store: &mut SessionStore,
-        runtime: &mut Runtime,
-        outputs: Vec<RuntimeOutput>,
-    ) {
-        let mut queue: VecDeque<RuntimeOutput> = outputs.into();
-        let mut batch: Vec<Persist> = Vec::new();
+    /// Carries out the host's outputs in order; a store operation's answer
+    /// goes straight back to the host, and what it says next is carried out too.
+    async fn apply(&mut self, host: &mut WorkerHost, outputs: Vec<HostOutput>) {
+        let mut queue: VecDeque<HostOutput> = outputs.into();
         while let Some(output) = queue.pop_front() {
-            if let RuntimeOutput::Persist(p) = output {
-                if let Persist::DefaultModel(model) = &p
-                    && let Err(e) = crate::settings::set_default_model(&self.agent_dir, model)
-                {
-                    tracing::warn!(error = %e, "cannot record the default model");
-                }
-                batch.push(p);
-                if !matches!(queue.front(), Some(RuntimeOutput::Persist(_))) {
-                    if let Err(e) = store.apply(&batch) {
-                        tracing::error!(error = %e, "storage write failed");
-                        let message = format!("storage write failed: {e}");
-                        let (fault, stored) = if e.is_out_of_space() {
-                            match store.reload() {
-                                Ok(stored) => (StorageFault::Full, Some(Box::new(stored))),
-                                Err(e) => {
-                                    tracing::error!(error = %e, "cannot read the session back");
-                                    (StorageFault::Fatal, None)
-                                }
-                            }
-                        } else {
-                            (StorageFault::Fatal, None)
-                        };
-                        let failed = RuntimeInput::StorageFailed {
-                            message,
-                            fault,
-                            dropped: std::mem::take(&mut queue).into(),
-                            stored,
-                        };
-                        queue = runtime.step(wall_now(), failed).into();
+            let answer = match output {
+                HostOutput::Send(frame) => {
+                    if let Some(ch) = &mut self.channel {
+                        ch.send(&frame).await;
                     }
-                    batch.clear();
+                    None
                 }
-                continue;
-            }
-            match output {
-                RuntimeOutput::Persist(_) => unreachable!("handled above"),
-                RuntimeOutput::Send(message) => ch.send(&WorkerFrame::FromWorker(message)).await,
-                RuntimeOutput::StartModel { call, request } => self.start_model(call, request),
-                RuntimeOutput::CancelModel { call } => {
+                HostOutput::OpenStore => {
+                    let opened = SessionStore::open(&self.session_dir, &self.session_id);
+                    Some(HostInput::StoreOpened(
+                        opened
+                            .map(|(store, stored)| {
+                                self.opened(store, &stored.cwd);
+                                stored
+                            })
+                            .map_err(|e| self.store_failed("cannot open the session", &e)),
+                    ))
+                }
+                HostOutput::CreateStore(stored) => {
+                    let created = SessionStore::create(&self.session_dir, &stored);
+                    Some(HostInput::StoreOpened(
+                        created
+                            .map(|store| {
+                                self.opened(store, &stored.cwd);
+                                stored
+                            })
+                            .map_err(|e| self.store_failed("cannot create the session", &e)),
+                    ))
+                }
+                HostOutput::RecordServer => {
+                    if let Some(store) = &mut self.store {
+                        store.record_server(&self.socket);
+                    }
+                    None
+                }
+                HostOutput::Commit(batch) => {
+                    let store = self.store.as_mut().expect("a commit follows the open");
+                    let result = store.apply(&batch);
+                    Some(HostInput::Committed(
+                        result.map_err(|e| self.store_failed("storage write failed", &e)),
+                    ))
+                }
+                HostOutput::ReloadStore => {
+                    let store = self.store.as_ref().expect("a reload follows the open");
+                    let result = store.reload();
+                    Some(HostInput::Reloaded(result.map_err(|e| {
+                        self.store_failed("cannot read the session back", &e)
+                    })))
+                }
+                HostOutput::SaveDefaultModel(model) => {
+                    if let Err(e) = crate::settings::set_default_model(&self.agent_dir, &model) {
+                        tracing::warn!(error = %e, "cannot record the default model");
+                    }
+                    None
+                }
+                HostOutput::StartModel { call, request } => {
+                    self.start_model(call, request);
+                    None
+                }
+                HostOutput::CancelModel { call } => {
                     if let Some((c, task, cancel)) = self.model_task.take() {
                         if c == call {
                             cancel.cancel(); // drops the HTTP stream
@@ -415,14 +357,18 @@ impl Worker {
                             self.model_task = Some((c, task, cancel));
                         }
                     }
+                    None
                 }
-                RuntimeOutput::RunTool {
+                HostOutput::RunTool {
                     id,
                     tool_name,
                     input,
                     cwd,
-                } => self.run_tool(id, tool_name, input, cwd),
-                RuntimeOutput::CancelTool { id } => {
+                } => {
+                    self.run_tool(id, tool_name, input, cwd);
+                    None
+                }
+                HostOutput::CancelTool { id } => {
                     if let Some((i, task, cancel)) = self.tool_task.take() {
                         if i == id {
                             cancel.cancel(); // a cancelled bash has its process group killed
@@ -431,13 +377,46 @@ impl Worker {
                             self.tool_task = Some((i, task, cancel));
                         }
                     }
+                    None
                 }
-                RuntimeOutput::Exit => {
-                    self.exit = true;
+                HostOutput::Announce(hello) => {
+                    tracing::info!("server gone; announcing this worker for adoption");
+                    let task = announce(self.socket.clone(), hello, self.announce_timeout);
+                    self.announce_task = Some(tokio::spawn(task));
+                    None
+                }
+                HostOutput::SwitchChannel => {
+                    tracing::info!("adopted by the new server");
+                    self.channel = self.announcement.take();
+                    None
+                }
+                HostOutput::DropAnnouncement => {
+                    self.announcement = None;
+                    None
+                }
+                HostOutput::Exit(result) => {
+                    if let Err(e) = &result {
+                        tracing::error!(error = %e, "worker stops");
+                    }
+                    self.exit = Some(result);
                     return;
                 }
+            };
+            if let Some(input) = answer {
+                queue.extend(host.step(wall_now(), input));
             }
         }
+    }
+
+    fn opened(&mut self, store: SessionStore, cwd: &str) {
+        tracing::info!(session = %self.session_id, "session open");
+        self.store = Some(store);
+        self.cwd = cwd.to_string();
+    }
+
+    fn store_failed(&self, what: &str, e: &StoreError) -> StoreFailure {
+        tracing::warn!(session = %self.session_id, error = %e, "{what}");
+        e.failure()
     }
 
     fn start_model(&mut self, call: u64, request: ModelRequest) {
@@ -464,11 +443,7 @@ impl Worker {
                         let wait = at.as_millis().saturating_sub(wall_now().as_millis());
                         tokio::time::sleep(Duration::from_millis(wait)).await;
                         for event in stream.poll(wall_now()) {
-                            if events
-                                .send(RuntimeInput::Model { call, event })
-                                .await
-                                .is_err()
-                            {
+                            if events.send(HostInput::Model { call, event }).await.is_err() {
                                 return;
                             }
                         }
@@ -480,7 +455,7 @@ impl Worker {
                         retryable: false,
                         retry_after_ms: None,
                     };
-                    let _ = events.send(RuntimeInput::Model { call, event }).await;
+                    let _ = events.send(HostInput::Model { call, event }).await;
                 }
                 Some(Ok(provider)) => {
                     let (tx, mut rx) = mpsc::channel(256);
@@ -489,11 +464,7 @@ impl Worker {
                             async move { agent::stream(&provider, &request, tx, token).await },
                         );
                     while let Some(event) = rx.recv().await {
-                        if events
-                            .send(RuntimeInput::Model { call, event })
-                            .await
-                            .is_err()
-                        {
+                        if events.send(HostInput::Model { call, event }).await.is_err() {
                             break;
                         }
                     }
@@ -517,7 +488,7 @@ impl Worker {
             let cwd = std::path::Path::new(&cwd);
             let done = agent::run_tool_in(&tool_name, &input, cwd, Some(&outputs), token).await;
             let _ = events
-                .send(RuntimeInput::ToolDone {
+                .send(HostInput::ToolDone {
                     id,
                     content: done.content,
                     details: done.details,

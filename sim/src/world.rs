@@ -32,17 +32,16 @@
 
 use crate::summary::{self, Names};
 use kernel::faux::{self, FauxStream};
+use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
 use kernel::ids::{ChannelId, ConnId, OpId, WorkerId};
-use kernel::limits::Limits;
-use kernel::link::{Link, LinkAction};
+use kernel::limits::{Limits, WorkerLimits};
+use kernel::protocol::worker::WorkerFrame;
 use kernel::protocol::{
     ClientHello, ClientMessage, Command, CommandResult, Content, ErrorCode, ModelRef,
     ProtocolError, Request, ServerEvent, ServerMessage, SessionMetadata, SessionPhase,
     TranscriptProgress, decode_server_message, encode_client_message,
 };
-use kernel::runtime::{
-    ModelEvent, Persist, Runtime, RuntimeInput, RuntimeOutput, StorageFault, StoredSession,
-};
+use kernel::runtime::{ModelEvent, Persist, Policy, Runtime, StoredSession};
 use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::wire::CborLimits;
@@ -184,9 +183,6 @@ impl Store {
             .get_mut(id)
             .ok_or("session directory is gone")?;
         session.apply(p);
-        if let Persist::DefaultModel(model) = p {
-            self.default_model = Some(model.clone());
-        }
         self.dirty.insert(id.to_string());
         Ok(())
     }
@@ -261,7 +257,10 @@ struct FakeWorker {
     /// From the spawn: the revision the runtime starts above.
     revision_floor: u64,
     stage: WorkerStage,
-    runtime: Option<Runtime>,
+    /// The kernel's worker host, from the boot on.
+    host: Option<WorkerHost>,
+    /// Set by [`WorkerScript::WrongId`]: the id its ready snapshot names.
+    wrong_id: Option<String>,
     stream: Option<(u64, FauxStream)>,
     /// Fake tool runs in flight: tool item id → (due, tool name).
     tools: BTreeMap<String, (Instant, String)>,
@@ -269,6 +268,13 @@ struct FakeWorker {
     since: u64,
     to_runtime: VecDeque<(u64, ToWorker)>,
     to_server: VecDeque<(u64, FromWorker)>,
+}
+
+impl FakeWorker {
+    /// The runtime, once the session is open.
+    fn runtime(&self) -> Option<&Runtime> {
+        self.host.as_ref()?.runtime()
+    }
 }
 
 /// A message the kernel queued for a client, decoded once.
@@ -370,6 +376,9 @@ pub enum Fact {
         operation: Operation,
         phase_before: SessionPhase,
         immediate: Option<Result<(), ErrorCode>>,
+        /// A storage write failed within that step: the runtime answers what
+        /// the failure left unanswered with `internal_error`.
+        store_failed: bool,
     },
     /// The kernel consumed the completion of operation `op` of `worker`.
     OpDoneConsumed { worker: WorkerId, op: OpId },
@@ -466,12 +475,25 @@ pub struct World {
     shut_down: bool,
     /// Workers no server holds (released by a hand-off, or whose server
     /// died), keyed by an id outside the kernel's range: link and pid.
-    orphans: BTreeMap<WorkerId, (Link, u64)>,
+    orphans: BTreeMap<WorkerId, u64>,
     /// Announcing orphans, by the channel they announced on.
     channels: BTreeMap<ChannelId, WorkerId>,
     next_channel: u64,
     /// The server process is gone ([`World::crash_server_keep_workers`]).
     server_down: bool,
+    /// While facts are recorded: the operation a worker is being given, and
+    /// the outcome it answered within the same step.
+    watched_op: Option<WatchedOp>,
+}
+
+/// An operation being given to a worker while facts are recorded.
+#[derive(Debug)]
+struct WatchedOp {
+    op: OpId,
+    /// The outcome the worker answered within the same step.
+    outcome: Option<Result<(), ErrorCode>>,
+    /// A storage write failed within that step.
+    store_failed: bool,
 }
 
 impl World {
@@ -511,6 +533,7 @@ impl World {
             channels: BTreeMap::new(),
             next_channel: 1,
             server_down: false,
+            watched_op: None,
         };
         world.load_catalog();
         world
@@ -804,9 +827,12 @@ impl World {
             }
             Output::AdoptWorker { channel, worker } => self.on_adopt(channel, worker),
             Output::RejectWorker { channel, reason } => {
-                let orphan = self.channels.remove(&channel);
                 trace!(self, "server rejects {channel} ({reason})");
-                let _ = orphan; // it stays an orphan and retires after its grace
+                if let Some(key) = self.channels.remove(&channel) {
+                    // It stays an orphan: it announces again, and retires after its grace.
+                    let answer = WorkerFrame::Rejected { reason };
+                    self.host_step(key, HostInput::Announced(Some(answer)));
+                }
             }
             Output::ReleaseWorker { worker } => self.orphan(worker),
         }
@@ -910,7 +936,8 @@ impl World {
             create,
             revision_floor,
             stage: WorkerStage::Booting,
-            runtime: None,
+            host: None,
+            wrong_id: None,
             stream: None,
             tools: BTreeMap::new(),
             since,
@@ -942,119 +969,117 @@ impl World {
             return;
         };
         let session_id = w.session_id.clone();
-        let create = w.create.clone();
+        let start = WorkerFrame::Start {
+            create: w.create.clone(),
+            revision_floor: w.revision_floor,
+        };
         let script = self
             .worker_scripts
             .get(&session_id)
             .or_else(|| self.worker_scripts.get(""))
             .cloned()
             .unwrap_or_default();
-        let locked = self
-            .workers
-            .iter()
-            .any(|(w, f)| *w != worker && f.session_id == session_id && f.runtime.is_some());
         self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Running;
-        let message = match script {
+        match script {
             WorkerScript::Hang => {
                 self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Hung;
                 trace!(self, "{worker} hangs while opening");
-                return;
             }
-            WorkerScript::Fail(code, message) => FromWorker::Failed {
-                error: ProtocolError::new(code, message),
-            },
-            _ if locked => FromWorker::Failed {
-                error: ProtocolError::new(
-                    ErrorCode::SessionLocked,
-                    format!("Session is locked by another worker: {session_id}"),
-                ),
-            },
-            script => return self.boot_runtime(worker, &session_id, create, script),
-        };
-        self.worker_says(worker, message, true);
-    }
-
-    fn boot_runtime(
-        &mut self,
-        worker: WorkerId,
-        session_id: &str,
-        create: Option<CreateSpec>,
-        script: WorkerScript,
-    ) {
-        let outputs = match self.open_runtime(worker, session_id, create) {
-            Ok(outputs) => outputs,
-            Err(error) => return self.worker_says(worker, FromWorker::Failed { error }, true),
-        };
-        if let WorkerScript::WrongId(id) = script {
-            let runtime = self.workers[&worker].runtime.as_ref().expect("opened");
-            let mut snapshot = runtime.snapshot();
-            snapshot.id = id;
-            let quiet = outputs
-                .into_iter()
-                .filter(|o| !matches!(o, RuntimeOutput::Send(_)));
-            self.apply_runtime(worker, quiet.collect());
-            return self.worker_says(worker, FromWorker::Ready { snapshot }, false);
-        }
-        self.apply_runtime(worker, outputs);
-    }
-
-    fn open_runtime(
-        &mut self,
-        worker: WorkerId,
-        session_id: &str,
-        create: Option<CreateSpec>,
-    ) -> Result<Vec<RuntimeOutput>, ProtocolError> {
-        let models = self.options.models.clone();
-        let now = self.now;
-        let (runtime, outputs) = match create {
-            Some(spec) => {
-                let default = self
-                    .store
-                    .default_model
-                    .clone()
-                    .unwrap_or_else(faux::default_model);
-                let (model, thinking_level) = Runtime::resolve_create(&spec, &default, &models)?;
-                if self.store.fail_writes {
-                    let message = "Could not create the session directory (simulated)";
-                    return Err(ProtocolError::new(ErrorCode::InternalError, message));
-                }
-                let stored = StoredSession {
-                    id: session_id.to_string(),
-                    name: spec.name,
-                    cwd: spec.cwd.unwrap_or_else(|| "/home/sim".into()),
-                    created_at: now.as_millis(),
-                    updated_at: now.as_millis(),
-                    model,
-                    thinking_level,
-                    revision: 0,
-                    transcript: Vec::new(),
-                    queued_steer: Vec::new(),
-                    summary: None,
+            WorkerScript::Fail(code, message) => {
+                let error = ProtocolError::new(code, message);
+                self.worker_says(worker, FromWorker::Failed { error }, true);
+            }
+            script => {
+                let config = HostConfig {
+                    session_id,
+                    token: String::new(),
+                    pid: worker.0,
+                    models: self.options.models.clone(),
+                    default_model: self.store.default_model.clone(),
+                    cwd: Some("/home/sim".into()),
+                    policy: Policy::default(),
+                    limits: WorkerLimits::default(),
                 };
-                assert!(
-                    !self.store.sessions.contains_key(session_id),
-                    "{session_id}: created twice"
-                );
-                self.store.insert(stored.clone());
-                self.unscanned.insert(session_id.to_string());
-                Runtime::create(stored, models, now)
+                // The simulated server knows the workers it spawned: the
+                // worker's hello (the host's first output) is not modelled.
+                let (host, _hello) = WorkerHost::new(config, self.now);
+                let w = self.workers.get_mut(&worker).expect("booting");
+                w.host = Some(host);
+                if let WorkerScript::WrongId(id) = script {
+                    w.wrong_id = Some(id);
+                }
+                self.host_step(worker, HostInput::Frame(start));
             }
-            None => {
-                let mut stored = self
-                    .store
-                    .sessions
-                    .get(session_id)
-                    .cloned()
-                    .ok_or_else(|| {
-                        let message = format!("Session not found: {session_id}");
-                        ProtocolError::new(ErrorCode::NotFound, message)
-                    })?;
-                stored.revision = stored.revision.max(self.workers[&worker].revision_floor);
-                Runtime::open(stored, models, now)
+        }
+    }
+
+    /// The fake store opens a session for `worker`, or says why not.
+    fn store_open(&mut self, worker: WorkerId) -> Result<StoredSession, StoreFailure> {
+        let session_id = self.workers[&worker].session_id.clone();
+        self.check_unlocked(worker, &session_id)?;
+        self.store
+            .sessions
+            .get(&session_id)
+            .cloned()
+            .ok_or_else(|| {
+                let message = format!("Session not found: {session_id}");
+                StoreFailure::new(StoreFailureKind::NotFound, message)
+            })
+    }
+
+    /// The fake store creates a session for `worker`.
+    fn store_create(
+        &mut self,
+        worker: WorkerId,
+        stored: StoredSession,
+    ) -> Result<StoredSession, StoreFailure> {
+        self.check_unlocked(worker, &stored.id)?;
+        if self.store.fail_writes {
+            let message = "Could not create the session directory (simulated)";
+            return Err(StoreFailure::new(StoreFailureKind::Broken, message));
+        }
+        assert!(
+            !self.store.sessions.contains_key(&stored.id),
+            "{}: created twice",
+            stored.id
+        );
+        self.store.insert(stored.clone());
+        self.unscanned.insert(stored.id.clone());
+        Ok(stored)
+    }
+
+    /// The session lock: another worker with its session open holds it.
+    fn check_unlocked(&self, worker: WorkerId, session_id: &str) -> Result<(), StoreFailure> {
+        let locked = self
+            .workers
+            .iter()
+            .any(|(w, f)| *w != worker && f.session_id == session_id && f.runtime().is_some());
+        if locked {
+            let message = format!("Session is locked by another worker: {session_id}");
+            return Err(StoreFailure::new(StoreFailureKind::Locked, message));
+        }
+        Ok(())
+    }
+
+    /// The fake store commits a batch; its failure is a full disk while the
+    /// session is there (it survives), and fatal once it is gone.
+    fn store_commit(&mut self, worker: WorkerId, batch: &[Persist]) -> Result<(), StoreFailure> {
+        let id = self.workers[&worker].session_id.clone();
+        for p in batch {
+            if let Err(message) = self.store.apply(&id, p) {
+                trace!(self, "{worker} storage write failed: {message}");
+                if let Some(watched) = self.watched_op.as_mut() {
+                    watched.store_failed = true;
+                }
+                let kind = if self.store.sessions.contains_key(&id) {
+                    StoreFailureKind::Full
+                } else {
+                    StoreFailureKind::Broken
+                };
+                return Err(StoreFailure::new(kind, message));
             }
-        };
-        self.workers.get_mut(&worker).expect("spawned").runtime = Some(runtime);
-        Ok(outputs)
+        }
+        Ok(())
     }
 
     fn worker_says(&mut self, worker: WorkerId, message: FromWorker, then_exit: bool) {
@@ -1087,126 +1112,150 @@ impl World {
         }
     }
 
-    /// A message from the server reaches a worker's runtime.
+    /// A message from the server reaches a worker's host.
     fn worker_receive(&mut self, worker: WorkerId, message: ToWorker) {
-        let input = match message {
-            ToWorker::Operation { op, operation } => {
-                return self.worker_operation(worker, op, operation);
-            }
-            ToWorker::Dispose => RuntimeInput::Dispose,
-        };
-        self.runtime_step(worker, input);
+        if let ToWorker::Operation { op, operation } = message {
+            return self.worker_operation(worker, op, operation);
+        }
+        self.host_step(worker, HostInput::Frame(WorkerFrame::ToWorker(message)));
     }
 
     fn worker_operation(&mut self, worker: WorkerId, op: OpId, operation: Operation) {
         let Some(w) = self.workers.get(&worker) else {
             return;
         };
-        let Some(runtime) = w.runtime.as_ref() else {
+        let Some(runtime) = w.runtime() else {
             return;
         };
         let phase_before = runtime.phase();
         let session_id = w.session_id.clone();
-        let now = self.now;
-        let input = RuntimeInput::Operation {
+        let frame = WorkerFrame::ToWorker(ToWorker::Operation {
             op,
             operation: operation.clone(),
-        };
-        let outputs = self
-            .workers
-            .get_mut(&worker)
-            .and_then(|w| w.runtime.as_mut())
-            .expect("checked")
-            .step(now, input);
-        if self.options.record_facts {
-            let immediate = outputs.iter().find_map(|o| match o {
-                RuntimeOutput::Send(FromWorker::OpDone { op: done, outcome }) if *done == op => {
-                    Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code))
-                }
-                _ => None,
-            });
-            let fact = Fact::RuntimeOp {
-                worker,
-                session_id,
-                op,
-                operation,
-                phase_before,
-                immediate,
-            };
-            self.fact(fact);
+        });
+        if !self.options.record_facts {
+            return self.host_step(worker, HostInput::Frame(frame));
         }
-        self.apply_runtime(worker, outputs);
+        self.watched_op = Some(WatchedOp {
+            op,
+            outcome: None,
+            store_failed: false,
+        });
+        self.host_step(worker, HostInput::Frame(frame));
+        let watched = self.watched_op.take().expect("set above");
+        self.fact(Fact::RuntimeOp {
+            worker,
+            session_id,
+            op,
+            operation,
+            phase_before,
+            immediate: watched.outcome,
+            store_failed: watched.store_failed,
+        });
     }
 
-    fn runtime_step(&mut self, worker: WorkerId, input: RuntimeInput) {
+    fn host_step(&mut self, worker: WorkerId, input: HostInput) {
         let now = self.now;
-        let Some(runtime) = self
-            .workers
-            .get_mut(&worker)
-            .and_then(|w| w.runtime.as_mut())
-        else {
+        let Some(host) = self.workers.get_mut(&worker).and_then(|w| w.host.as_mut()) else {
             return;
         };
-        let outputs = runtime.step(now, input);
-        self.apply_runtime(worker, outputs);
+        let outputs = host.step(now, input);
+        self.apply_host(worker, outputs);
     }
 
-    fn apply_runtime(&mut self, worker: WorkerId, outputs: Vec<RuntimeOutput>) {
-        let mut outputs = std::collections::VecDeque::from(outputs);
-        while let Some(output) = outputs.pop_front() {
-            match output {
-                RuntimeOutput::Persist(p) => {
-                    let id = self.workers[&worker].session_id.clone();
-                    if let Err(message) = self.store.apply(&id, &p) {
-                        // The fake store's failure is a full disk: it survives.
-                        trace!(self, "{worker} storage write failed: {message}");
-                        let stored = self.store.sessions.get(&id).cloned().map(Box::new);
-                        let fault = if stored.is_some() {
-                            StorageFault::Full
-                        } else {
-                            StorageFault::Fatal
-                        };
-                        let failed = RuntimeInput::StorageFailed {
-                            message,
-                            fault,
-                            dropped: outputs.into(),
-                            stored,
-                        };
-                        return self.runtime_step(worker, failed);
-                    }
-                }
-                RuntimeOutput::Send(message) => {
-                    let quiet = is_worker_delta(&message) && !self.options.trace_deltas;
-                    if self.options.trace && !quiet {
-                        let line = summary::from_worker(&mut self.names, &message);
-                        trace!(self, "{worker} → {line}");
-                    }
+    /// Carries out a worker host's outputs; the fake store answers at once,
+    /// and what the host says next is carried out too.
+    fn apply_host(&mut self, worker: WorkerId, outputs: Vec<HostOutput>) {
+        let mut queue = VecDeque::from(outputs);
+        while let Some(output) = queue.pop_front() {
+            let answer = match output {
+                HostOutput::Send(WorkerFrame::FromWorker(mut message)) => {
+                    self.worker_sends(worker, &mut message);
                     self.worker_send(worker, message);
+                    None
                 }
-                RuntimeOutput::StartModel { call, request } => {
+                // Hellos: the simulated server knows its workers.
+                HostOutput::Send(_) | HostOutput::RecordServer => None,
+                HostOutput::OpenStore => Some(HostInput::StoreOpened(self.store_open(worker))),
+                HostOutput::CreateStore(stored) => {
+                    Some(HostInput::StoreOpened(self.store_create(worker, stored)))
+                }
+                HostOutput::Commit(batch) => {
+                    Some(HostInput::Committed(self.store_commit(worker, &batch)))
+                }
+                HostOutput::ReloadStore => {
+                    let id = &self.workers[&worker].session_id;
+                    let stored = self.store.sessions.get(id).cloned().ok_or_else(|| {
+                        StoreFailure::new(StoreFailureKind::Broken, "session directory is gone")
+                    });
+                    Some(HostInput::Reloaded(stored))
+                }
+                HostOutput::SaveDefaultModel(model) => {
+                    self.store.default_model = Some(model);
+                    None
+                }
+                HostOutput::StartModel { call, request } => {
                     let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
                     self.workers.get_mut(&worker).expect("live").stream = Some((call, stream));
+                    None
                 }
-                RuntimeOutput::CancelModel { .. } => {
+                HostOutput::CancelModel { .. } => {
                     self.workers.get_mut(&worker).expect("live").stream = None;
+                    None
                 }
-                RuntimeOutput::RunTool { id, tool_name, .. } => {
+                HostOutput::RunTool { id, tool_name, .. } => {
                     let due = self.now + self.options.tool_delay;
                     let w = self.workers.get_mut(&worker).expect("live");
                     w.tools.insert(id, (due, tool_name));
+                    None
                 }
-                RuntimeOutput::CancelTool { id } => {
-                    self.workers
-                        .get_mut(&worker)
-                        .expect("live")
-                        .tools
-                        .remove(&id);
+                HostOutput::CancelTool { id } => {
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.tools.remove(&id);
+                    None
                 }
-                RuntimeOutput::Exit => {
-                    trace!(self, "{worker} exits");
+                HostOutput::Announce(hello) => self.announce(worker, hello),
+                HostOutput::SwitchChannel | HostOutput::DropAnnouncement => None,
+                HostOutput::Exit(_) => {
+                    match self.orphans.get(&worker) {
+                        Some(pid) => trace!(self, "orphan pid {} retires", pid - ORPHAN_BASE),
+                        None => trace!(self, "{worker} exits"),
+                    }
                     return self.exit_worker(worker);
                 }
+            };
+            if let Some(input) = answer {
+                let now = self.now;
+                let Some(host) = self.workers.get_mut(&worker).and_then(|w| w.host.as_mut()) else {
+                    return;
+                };
+                queue.extend(host.step(now, input));
             }
+        }
+    }
+
+    /// What the world notes of a message a worker sends: the trace line, the
+    /// outcome of a watched operation, and a scripted wrong id.
+    fn worker_sends(&mut self, worker: WorkerId, message: &mut FromWorker) {
+        if let FromWorker::Ready { snapshot } = message
+            && let Some(id) = self
+                .workers
+                .get_mut(&worker)
+                .and_then(|w| w.wrong_id.take())
+        {
+            snapshot.id = id;
+        }
+        if let (Some(watched), FromWorker::OpDone { op, outcome }) =
+            (self.watched_op.as_mut(), &*message)
+            && watched.op == *op
+            && watched.outcome.is_none()
+        {
+            watched.outcome = Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code));
+        }
+        let quiet = is_worker_delta(message) && !self.options.trace_deltas;
+        if self.options.trace && !quiet {
+            let line = summary::from_worker(&mut self.names, message);
+            trace!(self, "{worker} → {line}");
         }
     }
 
@@ -1232,7 +1281,7 @@ impl World {
             return;
         };
         w.stage = WorkerStage::Dead;
-        w.runtime = None;
+        w.host = None;
         w.stream = None;
         w.tools.clear();
         w.to_runtime.clear();
@@ -1274,7 +1323,7 @@ impl World {
             retryable,
             retry_after_ms: None,
         };
-        self.runtime_step(worker, RuntimeInput::Model { call, event });
+        self.host_step(worker, HostInput::Model { call, event });
         self.run();
     }
 
@@ -1315,7 +1364,7 @@ impl World {
             .values()
             .filter(|w| w.stage != WorkerStage::Dead)
             .filter_map(|w| {
-                let runtime = w.runtime.as_ref()?;
+                let runtime = w.runtime()?;
                 match runtime.state().transcript.last()? {
                     kernel::protocol::TranscriptItem::Assistant(a)
                         if a.status == kernel::protocol::AssistantStatus::Streaming =>
@@ -1331,7 +1380,7 @@ impl World {
     /// Every fake worker the server has not yet seen exit: id, session, stage,
     /// whether its runtime is open and in a turn.
     pub fn workers(&self) -> Vec<(WorkerId, &str, WorkerStage, Option<SessionPhase>)> {
-        let phase = |w: &FakeWorker| w.runtime.as_ref().map(Runtime::phase);
+        let phase = |w: &FakeWorker| w.runtime().map(Runtime::phase);
         self.workers
             .iter()
             .map(|(id, w)| (*id, w.session_id.as_str(), w.stage, phase(w)))
@@ -1343,16 +1392,8 @@ impl World {
     /// The earliest pending deadline of the server or a model stream.
     pub fn next_event(&self) -> Option<Instant> {
         let workers = self.workers.values().filter_map(worker_deadline);
-        let now = self.now;
-        let links = self.orphans.values().filter_map(|(l, _)| match l.state() {
-            // Past its grace a busy orphan only retries (it retires once idle).
-            kernel::link::LinkState::Orphaned { next_try, .. } => l
-                .next_deadline()
-                .map(|d| if d <= now { next_try } else { d }),
-            _ => None,
-        });
         let server = self.server.next_deadline().filter(|_| !self.server_down);
-        server.into_iter().chain(workers).chain(links).min()
+        server.into_iter().chain(workers).min()
     }
 
     /// Advances virtual time by `d`, delivering every deadline on the way.
@@ -1381,7 +1422,6 @@ impl World {
             self.push(Input::Tick);
             self.run();
         }
-        self.tick_orphans();
         let due: Vec<WorkerId> = self
             .workers
             .iter()
@@ -1403,7 +1443,7 @@ impl World {
         if let Some((call, stream)) = w.stream.as_mut() {
             let call = *call;
             for event in stream.poll(now) {
-                self.runtime_step(worker, RuntimeInput::Model { call, event });
+                self.host_step(worker, HostInput::Model { call, event });
             }
         }
         let done: Vec<(String, String)> = match self.workers.get(&worker) {
@@ -1423,20 +1463,20 @@ impl World {
             let is_error = id.ends_with(['1', '3', '5', '7', '9']);
             let text = format!("fake {tool_name} output for {id}");
             let content = vec![Content::Text { text }];
-            let input = RuntimeInput::ToolDone {
+            let input = HostInput::ToolDone {
                 id,
                 content,
                 details: None,
                 is_error,
             };
-            self.runtime_step(worker, input);
+            self.host_step(worker, input);
         }
         let tick = self
             .workers
             .get(&worker)
-            .and_then(|w| w.runtime.as_ref()?.next_deadline());
+            .and_then(|w| w.host.as_ref()?.next_deadline());
         if tick.is_some_and(|d| d <= now) {
-            self.runtime_step(worker, RuntimeInput::Tick);
+            self.host_step(worker, HostInput::Tick);
         }
     }
 
@@ -1937,8 +1977,13 @@ impl World {
             let to_server = w.to_server.iter().map(|(_, m)| m);
             let _ = write!(
                 out,
-                "|{id} {} {:?} {:?} {:?} {:?}",
-                w.session_id, w.stage, w.runtime, w.stream, w.tools
+                "|{id} {} {:?} {:?} {:?} {:?} {:?}",
+                w.session_id,
+                w.stage,
+                w.runtime(),
+                w.host.as_ref().map(WorkerHost::is_orphaned),
+                w.stream,
+                w.tools
             );
             for m in to_runtime {
                 let _ = write!(out, " {m:?}");
@@ -2063,7 +2108,7 @@ pub fn result_session(result: &CommandResult) -> Option<&kernel::protocol::Sessi
 fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
     let stream = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
     let tools = w.tools.values().map(|(at, _)| *at).min();
-    let tick = w.runtime.as_ref().and_then(Runtime::next_deadline);
+    let tick = w.host.as_ref().and_then(WorkerHost::next_deadline);
     [stream, tools, tick].into_iter().flatten().min()
 }
 
@@ -2097,12 +2142,6 @@ fn is_worker_delta(message: &FromWorker) -> bool {
 
 // ---- the durable server: hand-off, adoption, orphans -------------------------
 
-/// How long an orphan waits for a server before it retires (once idle).
-pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
-/// How often an orphan tries to announce itself.
-pub const ORPHAN_RETRY: Duration = Duration::from_secs(1);
-/// How long a replacement server waits for released workers to announce.
-pub const ADOPTION_WAIT: Duration = Duration::from_secs(5);
 /// Orphans are keyed above every id a kernel allocates.
 const ORPHAN_BASE: u64 = 1 << 40;
 
@@ -2145,7 +2184,7 @@ impl World {
             .filter(|w| !self.orphans.contains_key(w))
             .collect();
         for worker in ids {
-            if self.workers[&worker].runtime.is_some() {
+            if self.workers[&worker].runtime().is_some() {
                 self.orphan(worker);
             } else {
                 trace!(self, "{worker} dies with its server (not open yet)");
@@ -2154,6 +2193,7 @@ impl World {
         }
         self.server_down = true;
         self.shut_down = true;
+        self.fail_announcements();
     }
 
     /// A new server starts (after [`World::crash_server_keep_workers`]);
@@ -2181,10 +2221,7 @@ impl World {
             .filter_map(|o| self.workers.get(o).map(|w| w.session_id.clone()))
             .collect();
         if !held.is_empty() {
-            self.push(Input::AdoptionsExpected {
-                sessions: held,
-                wait: ADOPTION_WAIT,
-            });
+            self.push(Input::AdoptionsExpected { sessions: held });
             self.run();
         }
     }
@@ -2212,7 +2249,7 @@ impl World {
     pub fn orphans(&self) -> Vec<(u64, String)> {
         self.orphans
             .iter()
-            .map(|(o, (_, pid))| (*pid, self.workers[o].session_id.clone()))
+            .map(|(o, pid)| (*pid, self.workers[o].session_id.clone()))
             .collect()
     }
 
@@ -2224,6 +2261,7 @@ impl World {
     /// A new server process, its catalog not loaded yet; `note` goes into
     /// the trace line.
     fn new_generation(&mut self, note: &str) {
+        self.fail_announcements();
         self.generation += 1;
         self.shut_down = false;
         self.server_down = false;
@@ -2232,41 +2270,57 @@ impl World {
         self.server = Server::new(Self::config(&self.options, self.generation));
     }
 
-    /// The worker loses its server: it keeps its runtime (and model stream)
-    /// under an orphan key, and its link starts counting the grace.
+    /// The worker loses its server: it keeps its session (and model stream)
+    /// under an orphan key, and its host starts counting the grace.
     fn orphan(&mut self, worker: WorkerId) {
-        let Some(w) = self.workers.remove(&worker) else {
+        let Some(mut w) = self.workers.remove(&worker) else {
             return;
         };
         let pid = ORPHAN_BASE + (self.generation << 20) + worker.0;
         let key = WorkerId(pid);
-        let mut link = Link::new(ORPHAN_GRACE, ORPHAN_RETRY);
-        link.on_lost(self.now);
         trace!(self, "{worker} released: orphan pid {}", pid - ORPHAN_BASE);
+        // Its first announcement finds no server to adopt it: the old one is
+        // leaving (or dead), and the new one does not listen yet.
+        let now = self.now;
+        let mut outputs = Vec::new();
+        if let Some(host) = w.host.as_mut() {
+            outputs = host.step(now, HostInput::ChannelLost);
+            if outputs.iter().any(|o| matches!(o, HostOutput::Announce(_))) {
+                outputs.retain(|o| !matches!(o, HostOutput::Announce(_)));
+                outputs.extend(host.step(now, HostInput::Announced(None)));
+            }
+        }
         self.workers.insert(key, w);
-        self.orphans.insert(key, (link, pid));
+        self.orphans.insert(key, pid);
+        self.apply_host(key, outputs);
     }
 
+    /// A new server listens: every orphan announces itself to it now.
     fn announce_orphans(&mut self) {
         let keys: Vec<WorkerId> = self.orphans.keys().copied().collect();
         for key in keys {
-            self.announce(key);
+            self.host_step(key, HostInput::ServerAppeared);
+            self.run();
         }
     }
 
-    fn announce(&mut self, key: WorkerId) {
+    /// An orphan's host announces it: the server hears it if one runs;
+    /// otherwise the attempt fails at once.
+    fn announce(&mut self, key: WorkerId, hello: WorkerFrame) -> Option<HostInput> {
+        let failed = Some(HostInput::Announced(None));
         if self.server_down || self.shut_down {
-            return;
+            return failed;
         }
-        let Some(snapshot) = self
-            .workers
-            .get(&key)
-            .and_then(|w| w.runtime.as_ref())
-            .map(Runtime::snapshot)
+        let (
+            Some(&pid),
+            WorkerFrame::Hello {
+                resume: Some(snapshot),
+                ..
+            },
+        ) = (self.orphans.get(&key), hello)
         else {
-            return;
+            return failed;
         };
-        let pid = self.orphans[&key].1;
         let channel = ChannelId(self.next_channel);
         self.next_channel += 1;
         self.channels.insert(channel, key);
@@ -2281,19 +2335,27 @@ impl World {
             channel,
             session_id,
             pid,
-            snapshot: Box::new(snapshot),
+            snapshot,
         });
-        self.run();
+        None
+    }
+
+    /// Announcements no server will answer (it died, or a new one started):
+    /// they fail, and their orphans announce again later.
+    fn fail_announcements(&mut self) {
+        let pending = std::mem::take(&mut self.channels);
+        for key in pending.into_values() {
+            self.host_step(key, HostInput::Announced(None));
+        }
     }
 
     fn on_adopt(&mut self, channel: ChannelId, worker: WorkerId) {
         let Some(key) = self.channels.remove(&channel) else {
             return;
         };
-        let Some((mut link, pid)) = self.orphans.remove(&key) else {
+        let Some(pid) = self.orphans.remove(&key) else {
             return;
         };
-        link.on_adopted();
         let w = self.workers.remove(&key).expect("orphan");
         trace!(
             self,
@@ -2301,43 +2363,6 @@ impl World {
             pid - ORPHAN_BASE
         );
         self.workers.insert(worker, w);
-    }
-
-    /// Orphan links: announce again, or retire once idle after the grace.
-    fn tick_orphans(&mut self) {
-        let now = self.now;
-        let due: Vec<WorkerId> = self
-            .orphans
-            .iter()
-            .filter(|(_, (l, _))| match l.state() {
-                kernel::link::LinkState::Orphaned { since, next_try } => {
-                    next_try <= now || since + ORPHAN_GRACE <= now
-                }
-                _ => false,
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            let idle = self.workers.get(&key).is_none_or(|w| {
-                w.tools.is_empty()
-                    && w.runtime
-                        .as_ref()
-                        .is_none_or(|r| r.phase() == SessionPhase::Idle)
-            });
-            let Some((link, pid)) = self.orphans.get_mut(&key) else {
-                continue;
-            };
-            let pid = *pid - ORPHAN_BASE;
-            match link.on_tick(now, idle) {
-                Some(LinkAction::Retire) => {
-                    trace!(self, "orphan pid {pid} retires");
-                    self.runtime_step(key, RuntimeInput::Dispose);
-                    self.orphans.remove(&key);
-                    self.workers.remove(&key);
-                }
-                Some(LinkAction::Announce) => self.announce(key),
-                None => {}
-            }
-        }
+        self.host_step(worker, HostInput::Announced(Some(WorkerFrame::Adopted)));
     }
 }

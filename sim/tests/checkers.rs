@@ -154,6 +154,7 @@ fn busy_flags_wrong_runtime_answers_and_two_running_prompts() {
         operation,
         phase_before,
         immediate,
+        store_failed: false,
     };
     let prompt = |conn, id: &str| Operation::Prompt {
         text: prompt_text(ConnId(conn), id, false),
@@ -181,6 +182,7 @@ fn busy_flags_wrong_runtime_answers_and_two_running_prompts() {
         operation: prompt(2, "r1"),
         phase_before: SessionPhase::Idle,
         immediate: None,
+        store_failed: false,
     };
     busy.observe(&second).unwrap();
     let turn = snapshot(3, SessionPhase::Turn, &["c1#r1", "c2#r1"]);

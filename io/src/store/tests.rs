@@ -1,4 +1,5 @@
 use super::*;
+use kernel::protocol::ErrorCode;
 use kernel::protocol::{
     AssistantItem, AssistantStatus, Content, ModelRef, StopReason, ThinkingLevel, ToolItem,
     ToolStatus, TranscriptItem, Usage, UsageCost, UserItem,
@@ -279,7 +280,7 @@ fn invalid_ids_are_rejected_before_touching_the_disk() {
         let err = validate_session_id(id).unwrap_err();
         assert!(matches!(err, StoreError::InvalidId(_)), "{id:?}");
         assert!(err.to_string().starts_with("Invalid session id"), "{err}");
-        assert_eq!(err.protocol_code(), ErrorCode::InvalidRequest);
+        assert_eq!(err.failure().code(), ErrorCode::InvalidRequest);
 
         let tmp = TempDir::new();
         let dir = tmp.sessions();
@@ -381,7 +382,7 @@ fn lock_excludes_a_second_opener_until_released() {
         message.contains(&format!("pid {}", std::process::id())),
         "{message}"
     );
-    assert_eq!(err.protocol_code(), ErrorCode::SessionLocked);
+    assert_eq!(err.failure().code(), ErrorCode::SessionLocked);
 
     drop(store); // released on drop, not only on close
     let (store, _) = SessionStore::open(&dir, "busy").unwrap();
@@ -446,7 +447,7 @@ fn missing_sessions_are_not_found() {
         err.to_string().starts_with("Session nope not found"),
         "{err}"
     );
-    assert_eq!(err.protocol_code(), ErrorCode::NotFound);
+    assert_eq!(err.failure().code(), ErrorCode::NotFound);
 
     fs::create_dir_all(dir.join("empty")).unwrap();
     assert!(matches!(

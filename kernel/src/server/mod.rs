@@ -172,12 +172,9 @@ pub enum Input {
     HandoffRequested,
     /// This server took over from another one, which released the workers of
     /// these sessions: they will announce themselves. Until they do (or
-    /// `wait` passes), attaches to them wait instead of spawning a second
-    /// worker that would find the session locked.
-    AdoptionsExpected {
-        sessions: Vec<String>,
-        wait: std::time::Duration,
-    },
+    /// [`Limits::adoption_wait`] passes), attaches to them wait instead of
+    /// spawning a second worker that would find the session locked.
+    AdoptionsExpected { sessions: Vec<String> },
 }
 
 /// Everything the driver must do for a server.
@@ -339,9 +336,7 @@ impl Server {
                 snapshot,
             } => self.on_worker_announced(channel, session_id, pid, *snapshot),
             Input::HandoffRequested => self.on_handoff(),
-            Input::AdoptionsExpected { sessions, wait } => {
-                self.on_adoptions_expected(sessions, wait)
-            }
+            Input::AdoptionsExpected { sessions } => self.on_adoptions_expected(sessions),
         }
         self.track_idle();
         self.maybe_report_shutdown();

@@ -1163,12 +1163,8 @@ impl Server {
     }
 
     /// The workers of these sessions were released to us and will announce themselves.
-    pub(super) fn on_adoptions_expected(
-        &mut self,
-        sessions: Vec<String>,
-        wait: std::time::Duration,
-    ) {
-        let until = self.now + wait;
+    pub(super) fn on_adoptions_expected(&mut self, sessions: Vec<String>) {
+        let until = self.now + self.config.limits.adoption_wait;
         for session_id in sessions {
             if !self.sessions.contains_key(&session_id) {
                 self.expected.insert(session_id, until);

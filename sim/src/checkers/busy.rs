@@ -87,9 +87,14 @@ impl Busy {
                 operation,
                 phase_before,
                 immediate,
+                store_failed,
             } => {
                 self.operations += 1;
-                check_runtime(operation, *phase_before, *immediate, session_id)?;
+                let storage_error =
+                    *store_failed && *immediate == Some(Err(ErrorCode::InternalError));
+                if !storage_error {
+                    check_runtime(operation, *phase_before, *immediate, session_id)?;
+                }
                 let started = *phase_before == SessionPhase::Idle && immediate.is_none();
                 if let (Operation::Prompt { text }, true) = (operation, started)
                     && let Some(prompt) = parse_prompt(text)
