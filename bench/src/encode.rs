@@ -180,7 +180,10 @@ impl Fan {
             .expect("spawn");
         fan.worker = worker;
         fan.session = session.clone();
-        fan.step(Input::WorkerSpawned { worker });
+        fan.step(Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        });
         fan.step(Input::FromWorker {
             worker,
             message: Box::new(FromWorker::Ready {

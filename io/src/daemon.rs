@@ -279,11 +279,7 @@ fn advance(frames: &mut Vec<Frame>, skip: &mut usize, mut n: usize) {
 
 struct WorkerProc {
     session_id: String,
-    token: String,
     pid: Option<u32>,
-    create: Option<CreateSpec>,
-    /// Passed on in the start (see [`kernel::server::Output::SpawnWorker`]).
-    revision_floor: u64,
     channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
     reader: Option<JoinHandle<()>>,
     queued: Vec<Vec<u8>>,
@@ -431,11 +427,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
             Some(tokio::spawn(accept_tcp(listener, tx.clone())))
         }
     };
-    let max_hello_len = server.config().limits.max_frame_len as usize;
+    let limits = &server.config().limits;
     let worker_accept = Some(tokio::spawn(accept_workers(
         workers,
         tx.clone(),
-        max_hello_len,
+        limits.max_frame_len as usize,
+        limits.worker_hello_timeout,
     )));
     // Watch before the first scan, so no change falls between the two.
     let catalog_change_queued = Arc::new(AtomicBool::new(false));
@@ -631,18 +628,20 @@ async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
 }
 
 /// `max_hello_len` bounds a worker's first frame ([`read_worker_hello`]).
-async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>, max_hello_len: usize) {
+async fn accept_workers(
+    listener: UnixListener,
+    tx: mpsc::Sender<Event>,
+    max_hello_len: usize,
+    hello_timeout: Duration,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let tx = tx.clone();
         tokio::spawn(async move {
-            let hello = tokio::time::timeout(
-                Duration::from_secs(5),
-                read_worker_hello(stream, max_hello_len),
-            )
-            .await;
+            let hello =
+                tokio::time::timeout(hello_timeout, read_worker_hello(stream, max_hello_len)).await;
             match hello {
                 Ok(Ok((
                     stream,
@@ -669,7 +668,10 @@ async fn accept_workers(listener: UnixListener, tx: mpsc::Sender<Event>, max_hel
                 }
                 Ok(Ok(_)) => tracing::warn!("worker channel: first frame was not hello"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "worker channel: bad hello"),
-                Err(_) => tracing::warn!("worker channel: no hello within 5 s"),
+                Err(_) => tracing::warn!(
+                    timeout_ms = hello_timeout.as_millis() as u64,
+                    "worker channel: no hello in time"
+                ),
             }
         });
     }
@@ -840,7 +842,17 @@ impl Daemon {
                 session_id,
                 pid,
                 resume: None,
-            } => self.on_worker_hello(stream, token, session_id, pid),
+            } => {
+                let channel = ChannelId(self.next_channel);
+                self.next_channel += 1;
+                self.announced.insert(channel, (stream, pid));
+                self.step(Input::WorkerHello {
+                    channel,
+                    session_id,
+                    token,
+                    pid,
+                });
+            }
             Event::WorkerHello {
                 stream,
                 session_id,
@@ -1041,11 +1053,14 @@ impl Daemon {
                 }
             }
             Output::SpawnWorker {
+                worker, session_id, ..
+            } => self.spawn_worker(worker, session_id),
+            Output::StartWorker {
+                channel,
                 worker,
-                session_id,
                 create,
                 revision_floor,
-            } => self.spawn_worker(worker, session_id, create, revision_floor),
+            } => self.start_worker(channel, worker, create, revision_floor),
             Output::ToWorker { worker, message } => {
                 let frame = WorkerFrame::ToWorker(message);
                 self.send_to_worker(worker, &frame);
@@ -1091,26 +1106,20 @@ impl Daemon {
                 // A successor waiting for the hand-off is answered when the loop ends.
                 self.done = true;
             }
-            Output::AdoptWorker { channel, worker } => {
+            Output::AdoptWorker {
+                channel,
+                worker,
+                session_id,
+            } => {
                 let Some((stream, pid)) = self.announced.remove(&channel) else {
                     return;
                 };
-                let session_id = self
-                    .server
-                    .live_sessions()
-                    .into_iter()
-                    .find(|(_, w, _)| *w == worker)
-                    .map(|(s, _, _)| s)
-                    .unwrap_or_default();
                 tracing::info!(%worker, session = %session_id, pid, "adopted a worker");
                 self.workers.insert(
                     worker,
                     WorkerProc {
                         session_id,
-                        token: String::new(),
                         pid: u32::try_from(pid).ok(),
-                        create: None,
-                        revision_floor: 0,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1125,7 +1134,7 @@ impl Daemon {
                 let Some((mut stream, pid)) = self.announced.remove(&channel) else {
                     return;
                 };
-                tracing::warn!(pid, %reason, "refused to adopt a worker");
+                tracing::warn!(pid, %reason, "refused a worker channel");
                 if let Ok(bytes) = frame_worker_message(&WorkerFrame::Rejected { reason }) {
                     tokio::spawn(async move {
                         let _ = stream.write_all(&bytes).await;
@@ -1145,13 +1154,7 @@ impl Daemon {
         }
     }
 
-    fn spawn_worker(
-        &mut self,
-        worker: WorkerId,
-        session_id: String,
-        create: Option<CreateSpec>,
-        revision_floor: u64,
-    ) {
+    fn spawn_worker(&mut self, worker: WorkerId, session_id: String) {
         let token = new_uuid();
         let exe = match crate::config::this_program() {
             Ok(exe) => exe,
@@ -1181,10 +1184,7 @@ impl Daemon {
                     worker,
                     WorkerProc {
                         session_id,
-                        token,
                         pid,
-                        create,
-                        revision_floor,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1200,7 +1200,7 @@ impl Daemon {
                     };
                     let _ = tx.send(Event::WorkerExited { worker, status }).await;
                 });
-                self.step(Input::WorkerSpawned { worker });
+                self.step(Input::WorkerSpawned { worker, token });
             }
             Err(e) => self.step(Input::WorkerSpawnFailed {
                 worker,
@@ -1209,26 +1209,30 @@ impl Daemon {
         }
     }
 
-    fn on_worker_hello(&mut self, stream: UnixStream, token: String, session_id: String, pid: u64) {
-        let found = self.workers.iter().find(|(_, w)| {
-            w.channel.is_none() && w.session_id == session_id && token_eq(&w.token, &token)
-        });
-        let Some((&worker, _)) = found else {
-            tracing::warn!(session = %session_id, pid, "rejected a worker channel with an unknown token");
+    /// The kernel matched a hello to `worker`: its channel is bound and it
+    /// gets its start, then whatever was queued for it.
+    fn start_worker(
+        &mut self,
+        channel: ChannelId,
+        worker: WorkerId,
+        create: Option<CreateSpec>,
+        revision_floor: u64,
+    ) {
+        let Some((stream, pid)) = self.announced.remove(&channel) else {
             return;
         };
-        let w = self.workers.get_mut(&worker).expect("found");
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
         w.pid = w.pid.or(u32::try_from(pid).ok());
         self.bind_worker_channel(worker, stream);
-        let w = self.workers.get_mut(&worker).expect("found");
         let start = WorkerFrame::Start {
-            create: w.create.take(),
-            revision_floor: w.revision_floor,
+            create,
+            revision_floor,
         };
-        let queued = std::mem::take(&mut w.queued);
         self.send_to_worker(worker, &start);
-        let w = self.workers.get_mut(&worker).expect("found");
-        for bytes in queued {
+        let w = self.workers.get_mut(&worker).expect("bound above");
+        for bytes in std::mem::take(&mut w.queued) {
             if let Some(ch) = &w.channel {
                 let _ = ch.send(bytes);
             }
@@ -1322,21 +1326,12 @@ impl Daemon {
     }
 }
 
-/// How long attaches wait for an expected worker to announce itself.
 /// A duration from an environment variable in milliseconds, or the default.
 pub(crate) fn env_duration_ms(name: &str, default: Duration) -> Duration {
     std::env::var(name)
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .map_or(default, Duration::from_millis)
-}
-
-fn token_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
 
 fn kill(pid: u32, signal: rustix::process::Signal) {

@@ -113,7 +113,10 @@ impl Bench {
             bytes: create,
         });
         let (worker, session) = spawned(&outputs);
-        self.step(Input::WorkerSpawned { worker });
+        self.step(Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        });
         self.worker(
             worker,
             FromWorker::Ready {
@@ -271,7 +274,13 @@ fn create(
         },
     );
     let (worker, session) = spawned(&ack_all(server, now, out));
-    let out = server.step(now, Input::WorkerSpawned { worker });
+    let out = server.step(
+        now,
+        Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        },
+    );
     ack_all(server, now, out);
     let ready = FromWorker::Ready {
         snapshot: first(&session),
@@ -458,7 +467,13 @@ fn bench_list_after_change(n: u64) {
         },
     );
     let worker = spawned(&ack_all(&mut server, now, out)).0;
-    let out = server.step(now, Input::WorkerSpawned { worker });
+    let out = server.step(
+        now,
+        Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        },
+    );
     ack_all(&mut server, now, out);
     let mut live = snapshot(&stored(n / 2).id, 1, SessionPhase::Idle);
     let ready = FromWorker::Ready {

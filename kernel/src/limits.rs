@@ -29,6 +29,9 @@ pub struct Limits {
     pub cbor: CborLimits,
     /// From accept until the server hello is sent.
     pub handshake_timeout: Duration,
+    /// From accepting a channel on the worker socket until its first frame
+    /// (a worker's hello, an orphan's announcement, a successor's replace).
+    pub worker_hello_timeout: Duration,
     /// From spawning a worker until it reports ready.
     pub worker_start_timeout: Duration,
     /// From asking a worker to dispose until it exits; then it is killed.
@@ -61,6 +64,7 @@ impl Default for Limits {
                 ..CborLimits::default()
             },
             handshake_timeout: Duration::from_secs(5),
+            worker_hello_timeout: Duration::from_secs(5),
             worker_start_timeout: Duration::from_secs(15),
             worker_dispose_timeout: Duration::from_secs(10),
             catalog_settle: Duration::from_millis(100),

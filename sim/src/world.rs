@@ -46,7 +46,7 @@ use kernel::server::{CloseReason, Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::wire::CborLimits;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, FRAME_HEADER_LEN, encode_frame};
-use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker, WorkerState};
+use kernel::worker::{FromWorker, Operation, ToWorker, WorkerState};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
@@ -235,6 +235,8 @@ pub enum WorkerScript {
     Fail(ErrorCode, String),
     /// Never report ready (for start deadlines).
     Hang,
+    /// Say hello with a token other than the one it was spawned with.
+    WrongToken,
 }
 
 /// Where a fake worker process is in its life.
@@ -253,9 +255,8 @@ pub enum WorkerStage {
 #[derive(Debug)]
 struct FakeWorker {
     session_id: String,
-    create: Option<CreateSpec>,
-    /// From the spawn: the revision the runtime starts above.
-    revision_floor: u64,
+    /// The secret it was spawned with (its hello proves it).
+    token: String,
     stage: WorkerStage,
     /// The kernel's worker host, from the boot on.
     host: Option<WorkerHost>,
@@ -767,8 +768,20 @@ impl World {
                 worker,
                 session_id,
                 create,
+                ..
+            } => self.on_spawn(worker, session_id, create.is_some()),
+            Output::StartWorker {
+                worker,
+                create,
                 revision_floor,
-            } => self.on_spawn(worker, session_id, create, revision_floor),
+                ..
+            } => {
+                let start = WorkerFrame::Start {
+                    create,
+                    revision_floor,
+                };
+                self.host_step(worker, HostInput::Frame(start));
+            }
             Output::ToWorker { worker, message } => {
                 trace!(self, "{worker} ← {}", summary::to_worker(&message));
                 if self.options.holds.to_worker {
@@ -825,8 +838,12 @@ impl World {
                 trace!(self, "server shutdown complete");
                 self.shut_down = true;
             }
-            Output::AdoptWorker { channel, worker } => self.on_adopt(channel, worker),
+            Output::AdoptWorker {
+                channel, worker, ..
+            } => self.on_adopt(channel, worker),
             Output::RejectWorker { channel, reason } => {
+                // A refused hello: the worker waits for a start that never
+                // comes, until the server's start deadline kills it.
                 trace!(self, "server rejects {channel} ({reason})");
                 if let Some(key) = self.channels.remove(&channel) {
                     // It stays an orphan: it announces again, and retires after its grace.
@@ -914,15 +931,9 @@ impl World {
 
     // ---- workers -----------------------------------------------------------
 
-    fn on_spawn(
-        &mut self,
-        worker: WorkerId,
-        session_id: String,
-        create: Option<CreateSpec>,
-        revision_floor: u64,
-    ) {
+    fn on_spawn(&mut self, worker: WorkerId, session_id: String, creating: bool) {
         let short = self.names_session(&session_id);
-        let kind = if create.is_some() { "create" } else { "open" };
+        let kind = if creating { "create" } else { "open" };
         if self.fail_spawns {
             trace!(self, "server spawn {worker} for {short} ({kind}) fails");
             let error = "simulated spawn failure".to_string();
@@ -931,10 +942,10 @@ impl World {
         }
         trace!(self, "server spawn {worker} for {short} ({kind})");
         let since = self.next_seq();
+        let token = format!("token-{}", worker.0);
         let fake = FakeWorker {
             session_id,
-            create,
-            revision_floor,
+            token: token.clone(),
             stage: WorkerStage::Booting,
             host: None,
             wrong_id: None,
@@ -945,7 +956,7 @@ impl World {
             to_server: VecDeque::new(),
         };
         self.workers.insert(worker, fake);
-        self.push(Input::WorkerSpawned { worker });
+        self.push(Input::WorkerSpawned { worker, token });
         if !self.options.holds.boot {
             self.boot_worker(worker);
         }
@@ -969,10 +980,7 @@ impl World {
             return;
         };
         let session_id = w.session_id.clone();
-        let start = WorkerFrame::Start {
-            create: w.create.clone(),
-            revision_floor: w.revision_floor,
-        };
+        let mut token = w.token.clone();
         let script = self
             .worker_scripts
             .get(&session_id)
@@ -990,9 +998,12 @@ impl World {
                 self.worker_says(worker, FromWorker::Failed { error }, true);
             }
             script => {
+                if script == WorkerScript::WrongToken {
+                    token.push_str("-forged");
+                }
                 let config = HostConfig {
                     session_id,
-                    token: String::new(),
+                    token,
                     pid: worker.0,
                     models: self.options.models.clone(),
                     default_model: self.store.default_model.clone(),
@@ -1000,15 +1011,13 @@ impl World {
                     policy: Policy::default(),
                     limits: WorkerLimits::default(),
                 };
-                // The simulated server knows the workers it spawned: the
-                // worker's hello (the host's first output) is not modelled.
-                let (host, _hello) = WorkerHost::new(config, self.now);
+                let (host, hello) = WorkerHost::new(config, self.now);
                 let w = self.workers.get_mut(&worker).expect("booting");
                 w.host = Some(host);
                 if let WorkerScript::WrongId(id) = script {
                     w.wrong_id = Some(id);
                 }
-                self.host_step(worker, HostInput::Frame(start));
+                self.apply_host(worker, hello);
             }
         }
     }
@@ -1174,7 +1183,25 @@ impl World {
                     self.worker_send(worker, message);
                     None
                 }
-                // Hellos: the simulated server knows its workers.
+                HostOutput::Send(WorkerFrame::Hello {
+                    session_id,
+                    token,
+                    pid,
+                    resume: None,
+                    ..
+                }) => {
+                    // A fresh channel on the worker socket; the server answers
+                    // with the worker's start (or refuses it).
+                    let channel = ChannelId(self.next_channel);
+                    self.next_channel += 1;
+                    self.push(Input::WorkerHello {
+                        channel,
+                        session_id,
+                        token,
+                        pid,
+                    });
+                    None
+                }
                 HostOutput::Send(_) | HostOutput::RecordServer => None,
                 HostOutput::OpenStore => Some(HostInput::StoreOpened(self.store_open(worker))),
                 HostOutput::CreateStore(stored) => {

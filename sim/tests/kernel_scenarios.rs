@@ -536,3 +536,21 @@ fn s13_graceful_close_releases_all_runtimes() {
     assert_eq!(w.store.sessions[&s2].transcript.len(), 0);
     snapshot("s13_graceful_close_releases_all_runtimes", &w);
 }
+
+/// Scenario 13: A worker whose hello carries a token other than the one it
+/// was spawned with is refused and never started; the server's start
+/// deadline kills it, and the create fails with the cause.
+#[test]
+fn s13_a_worker_with_a_forged_token_is_refused() {
+    let mut w = World::new(Options::default());
+    w.worker_scripts
+        .insert(String::new(), WorkerScript::WrongToken);
+    let c = w.connect_ready();
+    let r = w.request(c, Command::Create(CreateParams::default()));
+    assert!(w.response(c, &r).is_none(), "not started: no answer yet");
+    w.advance(Duration::from_secs(16));
+    assert_eq!(err(&w, c, &r), ErrorCode::InternalError);
+    assert_eq!(w.worker_count(), 0, "killed at its start deadline");
+    assert!(w.server.attachments(c).is_empty());
+    snapshot("s13_a_worker_with_a_forged_token_is_refused", &w);
+}

@@ -350,11 +350,12 @@ impl Loopback {
             }
             Output::ShutdownComplete => self.done = true,
             other @ (Output::AdoptWorker { .. }
+            | Output::StartWorker { .. }
             | Output::RejectWorker { .. }
             | Output::ReleaseWorker { .. }
             | Output::ScanCatalog { .. }) => {
                 unreachable!(
-                    "no worker is ever announced, no hand-off requested and the catalog \
+                    "no worker says hello or is announced, no hand-off requested and the catalog \
                      never changes: {other:?}"
                 )
             }
@@ -363,7 +364,10 @@ impl Loopback {
 
     /// The worker "process" starts and opens (or creates) its session at once.
     fn spawn_worker(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
-        self.step(Input::WorkerSpawned { worker });
+        self.step(Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        });
         let (now, models) = (self.now(), faux::models());
         let opened = match create {
             Some(spec) => Runtime::resolve_create(&spec, &faux::default_model(), &models).map(
@@ -458,7 +462,7 @@ fn describe(input: &Input) -> String {
         Input::Received { conn, bytes } => format!("{conn} received {}B", bytes.len()),
         Input::Written { conn, bytes } => format!("{conn} wrote {bytes}B"),
         Input::Disconnected { conn } => format!("{conn} disconnected"),
-        Input::WorkerSpawned { worker } => format!("{worker} spawned"),
+        Input::WorkerSpawned { worker, .. } => format!("{worker} spawned"),
         Input::WorkerExited { worker } => format!("{worker} exited"),
         Input::FromWorker { worker, message } => {
             let kind = match message.as_ref() {

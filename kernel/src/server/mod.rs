@@ -141,8 +141,9 @@ pub enum Input {
     Written { conn: ConnId, bytes: usize },
     /// The connection is gone (peer closed, or the driver finished closing it).
     Disconnected { conn: ConnId },
-    /// The worker process runs.
-    WorkerSpawned { worker: WorkerId },
+    /// The worker process runs; it was given `token` (a secret the driver
+    /// drew) to prove itself with in its hello.
+    WorkerSpawned { worker: WorkerId, token: String },
     /// The worker process could not be started.
     WorkerSpawnFailed { worker: WorkerId, error: String },
     /// A worker sent a message.
@@ -159,6 +160,14 @@ pub enum Input {
     },
     /// Close gracefully: stop accepting, close connections, dispose every runtime.
     Shutdown,
+    /// A fresh channel on the worker socket said hello: a worker this server
+    /// spawned, if the token is the one it was given.
+    WorkerHello {
+        channel: ChannelId,
+        session_id: String,
+        token: String,
+        pid: u64,
+    },
     /// A worker of another (replaced or crashed) server announces itself with
     /// its session's snapshot, asking to be adopted.
     WorkerAnnounced {
@@ -185,12 +194,22 @@ pub enum Output {
     /// Close the connection once its queued output is written (or at once if
     /// it cannot be); then report [`Input::Disconnected`].
     Close { conn: ConnId, reason: CloseReason },
-    /// Start a worker process for `session_id`; `create` is set for a new session.
+    /// Start a worker process for `session_id`, and report
+    /// [`Input::WorkerSpawned`] with the token it was given. `create` and
+    /// `revision_floor` say what it is for (its start carries them).
     SpawnWorker {
         worker: WorkerId,
         session_id: String,
         create: Option<CreateSpec>,
-        /// Pass on in the worker's start: the highest revision shown so far.
+        revision_floor: u64,
+    },
+    /// The hello on `channel` is `worker`'s: bind the channel to it and send
+    /// it its start, with these.
+    StartWorker {
+        channel: ChannelId,
+        worker: WorkerId,
+        create: Option<CreateSpec>,
+        /// The highest revision shown so far: the worker starts above it.
         revision_floor: u64,
     },
     /// Deliver a message to a worker.
@@ -211,8 +230,10 @@ pub enum Output {
     AdoptWorker {
         channel: ChannelId,
         worker: WorkerId,
+        session_id: String,
     },
-    /// Refuse the announcing worker; close its channel.
+    /// Refuse the worker that said hello or announced itself on `channel`;
+    /// close the channel.
     RejectWorker { channel: ChannelId, reason: String },
     /// Hand-off: let go of this worker without stopping it (close its
     /// channel, forget it); it will announce itself to the next server.
@@ -319,7 +340,13 @@ impl Server {
             Input::Received { conn, bytes } => self.on_received(conn, &bytes),
             Input::Written { conn, bytes } => self.on_written(conn, bytes),
             Input::Disconnected { conn } => self.on_disconnected(conn),
-            Input::WorkerSpawned { worker } => self.on_worker_spawned(worker),
+            Input::WorkerSpawned { worker, token } => self.on_worker_spawned(worker, token),
+            Input::WorkerHello {
+                channel,
+                session_id,
+                token,
+                pid,
+            } => self.on_worker_hello(channel, session_id, token, pid),
             Input::WorkerSpawnFailed { worker, error } => {
                 self.on_worker_spawn_failed(worker, error)
             }
@@ -952,7 +979,7 @@ impl Server {
                 conn: Some(*conn),
                 session: None,
             },
-            Input::WorkerSpawned { worker }
+            Input::WorkerSpawned { worker, .. }
             | Input::WorkerSpawnFailed { worker, .. }
             | Input::FromWorker { worker, .. }
             | Input::WorkerExited { worker } => Scope::Touched {
@@ -960,6 +987,7 @@ impl Server {
                 session: self.workers.get(worker).cloned(),
             },
             Input::SessionRemoved { session_id, .. }
+            | Input::WorkerHello { session_id, .. }
             | Input::WorkerAnnounced { session_id, .. } => Scope::Touched {
                 conn: None,
                 session: Some(session_id.clone()),

@@ -69,6 +69,17 @@ pub(crate) struct Live {
     /// Adopted from another server and absent from this server's catalog:
     /// listed while live, forgotten when its worker exits.
     foreign: bool,
+    /// Until the worker said hello: what its start carries, and (once
+    /// spawned) the token it must prove itself with.
+    start: Option<PendingStart>,
+}
+
+/// The start of a spawned worker that has not said hello yet.
+#[derive(Debug)]
+struct PendingStart {
+    token: Option<String>,
+    create: Option<CreateSpec>,
+    revision_floor: u64,
 }
 
 impl Live {
@@ -86,6 +97,7 @@ impl Live {
             dispose_when_ready: false,
             hold_until: None,
             foreign: false,
+            start: None,
         }
     }
 
@@ -415,9 +427,14 @@ impl Server {
             create.is_some(),
         );
         live.waiters = waiters;
+        let revision_floor = self.shown_revisions.get(&session_id).copied().unwrap_or(0);
+        live.start = Some(PendingStart {
+            token: None,
+            create: create.clone(),
+            revision_floor,
+        });
         self.sessions.insert(session_id.clone(), live);
         self.workers.insert(worker_id, session_id.clone());
-        let revision_floor = self.shown_revisions.get(&session_id).copied().unwrap_or(0);
         self.out.push(Output::SpawnWorker {
             worker: worker_id,
             session_id,
@@ -646,15 +663,44 @@ impl Server {
         self.workers.get(&worker).cloned()
     }
 
-    pub(super) fn on_worker_spawned(&mut self, worker: WorkerId) {
+    pub(super) fn on_worker_spawned(&mut self, worker: WorkerId, token: String) {
         let Some(session_id) = self.session_of(worker) else {
             return;
         };
-        self.sessions
-            .get_mut(&session_id)
-            .expect("indexed")
-            .worker
-            .on_spawned();
+        let live = self.sessions.get_mut(&session_id).expect("indexed");
+        live.worker.on_spawned();
+        if let Some(start) = &mut live.start {
+            start.token = Some(token);
+        }
+    }
+
+    /// A worker's hello: the worker of `session_id` that was spawned with
+    /// this token and has not started gets its start; anything else is refused.
+    pub(super) fn on_worker_hello(
+        &mut self,
+        channel: ChannelId,
+        session_id: String,
+        token: String,
+        pid: u64,
+    ) {
+        let _ = pid; // reported for logs by the driver
+        let live = self.sessions.get_mut(&session_id).filter(|live| {
+            live.start
+                .as_ref()
+                .and_then(|s| s.token.as_deref())
+                .is_some_and(|expected| token_eq(expected, &token))
+        });
+        let Some(live) = live else {
+            let reason = format!("no worker of session {session_id} was given that token");
+            return self.out.push(Output::RejectWorker { channel, reason });
+        };
+        let start = live.start.take().expect("matched above");
+        self.out.push(Output::StartWorker {
+            channel,
+            worker: live.worker.id(),
+            create: start.create,
+            revision_floor: start.revision_floor,
+        });
     }
 
     pub(super) fn on_worker_spawn_failed(&mut self, worker: WorkerId, error: String) {
@@ -1148,7 +1194,11 @@ impl Server {
         self.sessions.insert(session_id.clone(), live);
         self.workers.insert(worker, session_id.clone());
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel
-        self.out.push(Output::AdoptWorker { channel, worker });
+        self.out.push(Output::AdoptWorker {
+            channel,
+            worker,
+            session_id: session_id.clone(),
+        });
         self.expected.remove(&session_id);
         for waiter in self
             .adoption_waiters
@@ -1261,4 +1311,13 @@ impl Server {
             self.maybe_dispose(&session_id);
         }
     }
+}
+
+/// Compares secrets in time that depends only on their lengths.
+fn token_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }

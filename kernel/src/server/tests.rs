@@ -161,7 +161,10 @@ impl Harness {
     ) -> (WorkerId, String) {
         let outputs = self.request(conn, "create", Command::Create(CreateParams::default()));
         let (worker, session) = spawned(&outputs);
-        self.step(Input::WorkerSpawned { worker });
+        self.step(Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        });
         let snapshot = first(&session);
         self.worker(worker, FromWorker::Ready { snapshot });
         (worker, session)
@@ -427,7 +430,10 @@ fn list_follows_every_change_to_its_inputs() {
         },
     );
     let opened = spawned(&outputs).0;
-    h.step(Input::WorkerSpawned { worker: opened });
+    h.step(Input::WorkerSpawned {
+        worker: opened,
+        token: String::new(),
+    });
     let mut live = snapshot("stored-00003", 7, SessionPhase::Idle);
     live.name = Some("live name".into());
     live.updated_at = 5000;
@@ -764,4 +770,73 @@ fn session_frames_follow_every_snapshot() {
             "b, detached, gets only server snapshots: {message:?}"
         );
     }
+}
+
+/// A worker's hello is checked in the kernel: only the token its spawn was
+/// given starts it, once; anything else is refused.
+#[test]
+fn a_worker_starts_only_with_its_own_token_and_only_once() {
+    let a = ConnId(1);
+    let mut h = Harness::serving(Vec::new(), a);
+    let outputs = h.request(a, "create", Command::Create(CreateParams::default()));
+    let (worker, session) = spawned(&outputs);
+    let hello = |channel: u64, token: &str| Input::WorkerHello {
+        channel: ChannelId(channel),
+        session_id: session.clone(),
+        token: token.into(),
+        pid: 7,
+    };
+    // Before the driver reported the spawn (and its token), nothing matches.
+    let out = h.step(hello(1, "secret"));
+    assert!(
+        matches!(
+            out.as_slice(),
+            [Output::RejectWorker {
+                channel: ChannelId(1),
+                ..
+            }]
+        ),
+        "{out:?}"
+    );
+    h.step(Input::WorkerSpawned {
+        worker,
+        token: "secret".into(),
+    });
+    for wrong in ["secreT", "secret2", ""] {
+        let out = h.step(hello(2, wrong));
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Output::RejectWorker {
+                    channel: ChannelId(2),
+                    ..
+                }]
+            ),
+            "{wrong:?}: {out:?}"
+        );
+    }
+    let out = h.step(hello(3, "secret"));
+    let [
+        Output::StartWorker {
+            channel: ChannelId(3),
+            worker: started,
+            create: Some(_),
+            revision_floor: 0,
+        },
+    ] = out.as_slice()
+    else {
+        panic!("{out:?}");
+    };
+    assert_eq!(*started, worker);
+    let out = h.step(hello(4, "secret"));
+    assert!(
+        matches!(
+            out.as_slice(),
+            [Output::RejectWorker {
+                channel: ChannelId(4),
+                ..
+            }]
+        ),
+        "a token starts one worker once: {out:?}"
+    );
 }
