@@ -820,8 +820,7 @@ impl Daemon {
             }
             Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
             Event::ReadClosed { conn } => {
-                // While closing, the writer is flushing a final hello_error; it reports the end.
-                if self.server.connection_stage(conn) != Some(kernel::server::Stage::Closing) {
+                if self.server.ends_on_read_close(conn) {
                     self.drop_conn(conn);
                 }
             }
@@ -1030,26 +1029,19 @@ impl Daemon {
             }
             Output::Close { conn, reason } => {
                 tracing::debug!(%conn, %reason, "closing connection");
-                match reason {
-                    CloseReason::Protocol(_) | CloseReason::TooManyConnections => {
-                        // The writer sends what is gathered (the refusal), then ends the stream.
-                        if let Some(c) = self.conns.get_mut(&conn) {
-                            if !c.out.is_empty() {
-                                let out = std::mem::take(&mut c.out);
-                                c.hand(WriterMsg::Frames(out, 0));
-                            }
-                            c.hand(WriterMsg::Close);
-                        }
+                if reason == CloseReason::SlowConsumer {
+                    tracing::warn!(%conn, "client is not reading; cut off at its output bound");
+                }
+                if !reason.flushes_first() {
+                    return self.drop_conn(conn);
+                }
+                // The writer sends what is gathered (the refusal), then ends the stream.
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if !c.out.is_empty() {
+                        let out = std::mem::take(&mut c.out);
+                        c.hand(WriterMsg::Frames(out, 0));
                     }
-                    CloseReason::SlowConsumer
-                    | CloseReason::RuntimeError
-                    | CloseReason::Shutdown
-                    | CloseReason::Replaced => {
-                        if reason == CloseReason::SlowConsumer {
-                            tracing::warn!(%conn, "client is not reading; cut off at its output bound");
-                        }
-                        self.drop_conn(conn);
-                    }
+                    c.hand(WriterMsg::Close);
                 }
             }
             Output::SpawnWorker {

@@ -893,13 +893,7 @@ impl World {
 
     fn on_close(&mut self, conn: ConnId, reason: CloseReason) {
         trace!(self, "{conn} closed by server ({reason})");
-        // As in the daemon: a protocol close flushes the queued frames first;
-        // every other close drops the connection at once.
-        let flush = matches!(
-            reason,
-            CloseReason::Protocol(_) | CloseReason::TooManyConnections
-        );
-        if self.options.holds.to_client && flush {
+        if self.options.holds.to_client && reason.flushes_first() {
             let seq = self.next_seq();
             if let Some(c) = self.clients.get_mut(&conn).filter(|c| !c.closed) {
                 c.inbox.push_back((seq, Incoming::Close));

@@ -17,7 +17,7 @@ use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{ErrorCode, ProtocolError};
 use kernel::runtime::{Runtime, RuntimeInput, RuntimeOutput, StoredSession};
-use kernel::server::{CloseReason, Config, Frame, Input, Output, Server, Stage};
+use kernel::server::{Config, Frame, Input, Output, Server};
 use kernel::time::Instant;
 use kernel::worker::{CreateSpec, FromWorker, ToWorker};
 use std::collections::{BTreeMap, VecDeque};
@@ -222,8 +222,7 @@ impl Loopback {
             Event::Accepted(stream) => self.on_accepted(stream),
             Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
             Event::ReadClosed { conn } => {
-                // While closing, the writer is flushing a final hello_error; it reports the end.
-                if self.server.connection_stage(conn) != Some(Stage::Closing) {
+                if self.server.ends_on_read_close(conn) {
                     self.drop_conn(conn);
                 }
             }
@@ -312,14 +311,14 @@ impl Loopback {
                     let _ = c.writer.send(WriterMsg::Frame(frame));
                 }
             }
-            Output::Close { conn, reason } => match reason {
-                CloseReason::Protocol(_) | CloseReason::TooManyConnections => {
-                    if let Some(c) = self.conns.get(&conn) {
-                        let _ = c.writer.send(WriterMsg::Close);
-                    }
+            Output::Close { conn, reason } => {
+                if !reason.flushes_first() {
+                    return self.drop_conn(conn);
                 }
-                _ => self.drop_conn(conn),
-            },
+                if let Some(c) = self.conns.get(&conn) {
+                    let _ = c.writer.send(WriterMsg::Close);
+                }
+            }
             Output::SpawnWorker {
                 worker,
                 session_id,

@@ -103,6 +103,16 @@ pub enum CloseReason {
     Replaced,
 }
 
+impl CloseReason {
+    /// Whether the driver writes the connection's queued output (the
+    /// `hello_error` explaining the close) before it ends the stream. Every
+    /// other close ends it at once: a slow consumer would never drain, and a
+    /// shutdown or replacement has nothing left to say.
+    pub fn flushes_first(&self) -> bool {
+        matches!(self, Self::Protocol(_) | Self::TooManyConnections)
+    }
+}
+
 impl fmt::Display for CloseReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -406,6 +416,14 @@ impl Server {
     /// The server snapshot revision (increments only when a broadcast goes out).
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// Whether the peer closing its side of `conn` ends the connection now
+    /// (report [`Input::Disconnected`]). A closing connection is still
+    /// writing the output of its close (see [`CloseReason::flushes_first`]);
+    /// its end is reported when that is done.
+    pub fn ends_on_read_close(&self, conn: ConnId) -> bool {
+        self.connection_stage(conn) != Some(Stage::Closing)
     }
 
     /// Stage of a connection, if the server still knows it.
