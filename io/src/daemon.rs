@@ -357,7 +357,46 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
 }
 
 /// Runs a server until it is shut down (signal, or idle exit).
+/// Serves until stopped by SIGTERM or SIGINT (a second one stops at once).
 pub async fn serve(opts: ServeOptions) -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let bound = bind(opts).await?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let (stop, stops) = mpsc::channel(2);
+    let signals = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => {}
+                _ = sigint.recv() => {}
+            }
+            if stop.send(()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let result = run(bound, stops).await;
+    signals.abort();
+    result
+}
+
+/// A server that holds its sockets and has taken over from its predecessor,
+/// and serves nothing yet ([`bind`], then [`run`]).
+pub struct Bound {
+    opts: ServeOptions,
+    public: UnixListener,
+    workers: UnixListener,
+    tcp: Option<tokio::net::TcpListener>,
+    public_path: PathBuf,
+    worker_path: PathBuf,
+    /// Sessions whose workers the predecessor released to us.
+    released: Vec<String>,
+}
+
+/// Checks the options, makes the directories, takes over from a running
+/// server with this id (hand-off) and binds every socket. On failure no
+/// socket is left behind.
+pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
     if opts.listen_tcp.is_some() && opts.token.is_none() {
         // Refused before anything is bound or created.
         return Err(
@@ -389,8 +428,43 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
     };
     let public = UnixListener::from_std(public).map_err(|e| e.to_string())?;
     let workers = UnixListener::from_std(workers).map_err(|e| e.to_string())?;
-    tracing::info!(server_id = %opts.server_id, socket = %public_path.display(), sessions = %opts.session_dir.display(), "serving");
+    let tcp = match &opts.listen_tcp {
+        None => None,
+        Some(addr) => match tokio::net::TcpListener::bind(addr.as_str()).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                // Leave no socket behind that nobody serves.
+                let _ = std::fs::remove_file(&public_path);
+                let _ = std::fs::remove_file(&worker_path);
+                return Err(format!("cannot listen on tcp://{addr}: {e}"));
+            }
+        },
+    };
+    Ok(Bound {
+        opts,
+        public,
+        workers,
+        tcp,
+        public_path,
+        worker_path,
+        released,
+    })
+}
 
+/// Serves on `bound` until the kernel completes a shutdown. Each message on
+/// `stop` is a request to stop: the first shuts down gracefully, a second
+/// stops at once.
+pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), String> {
+    let Bound {
+        opts,
+        public,
+        workers,
+        tcp,
+        public_path,
+        worker_path,
+        released,
+    } = bound;
+    tracing::info!(server_id = %opts.server_id, socket = %public_path.display(), sessions = %opts.session_dir.display(), "serving");
     let (tx, mut rx) = mpsc::channel::<Event>(4096);
     let server = Server::new(Config {
         server_id: opts.server_id.clone(),
@@ -410,18 +484,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
     });
     let accept_task = Some(tokio::spawn(accept_clients(public, tx.clone())));
-    let tcp_accept = match &opts.listen_tcp {
+    let tcp_accept = match tcp {
         None => None,
-        Some(addr) => {
-            let listener = match tokio::net::TcpListener::bind(addr.as_str()).await {
-                Ok(listener) => listener,
-                Err(e) => {
-                    // Leave no socket behind that nobody serves.
-                    let _ = std::fs::remove_file(&public_path);
-                    let _ = std::fs::remove_file(&worker_path);
-                    return Err(format!("cannot listen on tcp://{addr}: {e}"));
-                }
-            };
+        Some(listener) => {
             let local = listener.local_addr().map_err(|e| e.to_string())?;
             tracing::info!(address = %local, "accepting remote clients (token required)");
             Some(tokio::spawn(accept_tcp(listener, tx.clone())))
@@ -500,11 +565,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
         d.step(Input::CatalogUnwatched);
     }
     d.expect_adoptions(released, "the released workers");
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(|e| e.to_string())?;
-    let mut signals = 0;
+    let mut stops = 0;
     while !d.done {
         let deadline = d
             .server
@@ -532,8 +593,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), String> {
                 d.drain();
             }
             () = sleep => d.step(Input::Tick),
-            _ = sigterm.recv() => { signals += 1; d.on_signal(signals) }
-            _ = sigint.recv() => { signals += 1; d.on_signal(signals) }
+            Some(()) = stop.recv() => { stops += 1; d.on_stop(stops) }
         }
     }
     if let Some(task) = d.worker_accept.take() {
@@ -782,12 +842,12 @@ impl Daemon {
         }
     }
 
-    fn on_signal(&mut self, count: u32) {
+    fn on_stop(&mut self, count: u32) {
         if count == 1 {
             tracing::info!("shutting down (signal again to stop at once)");
             self.step(Input::Shutdown);
         } else {
-            tracing::warn!("second signal: stopping now");
+            tracing::warn!("second stop request: stopping now");
             for w in self.workers.values() {
                 if let Some(pid) = w.pid {
                     kill(pid, rustix::process::Signal::KILL);
