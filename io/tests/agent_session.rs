@@ -513,3 +513,71 @@ async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
     );
     assert!(!systems[1].contains("cargo test first"));
 }
+
+/// OpenAI's answer to a request over the model's window.
+fn overflow_reply() -> Reply {
+    let body = serde_json::json!({"error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9100 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded"
+    }});
+    Reply::Respond {
+        status: 400,
+        headers: vec![("content-type", "application/json".into())],
+        body: Body::Chunked {
+            bytes: body.to_string().into_bytes(),
+            piece: 1 << 20,
+            delay: Duration::ZERO,
+            complete: true,
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
+    let dir = TempDir::new();
+    let mock = Mock::sequence(vec![
+        text_reply("Hello!"),
+        overflow_reply(),
+        text_reply("Earlier the user said hello."),
+        text_reply("Here is the answer."),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock);
+    let first = s.operation(Operation::Prompt { text: "hi".into() });
+    s.run_until("the first turn", |s| s.done(first)).await;
+    let second = s.operation(Operation::Prompt {
+        text: "now the big question".into(),
+    });
+    s.run_until("the second turn", |s| s.done(second)).await;
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 4, "reply, overflow, summary, retry");
+    let summary_request = requests[2].body.to_string();
+    assert!(
+        summary_request.contains("hi") && summary_request.contains("Hello!"),
+        "the summary call is sent the older turn: {summary_request}"
+    );
+    let retry = requests[3].body.to_string();
+    assert!(retry.contains("Earlier the user said hello."), "{retry}");
+    assert!(retry.contains("now the big question"), "{retry}");
+    let t = s.transcript();
+    let TranscriptItem::Assistant(last) = t.last().unwrap() else {
+        panic!("{t:?}")
+    };
+    assert_eq!(last.status, AssistantStatus::Complete(StopReason::Stop));
+    assert_eq!(
+        last.content,
+        vec![Content::Text {
+            text: "Here is the answer.".into()
+        }]
+    );
+    let summary = s
+        .runtime
+        .state()
+        .summary
+        .clone()
+        .expect("a summary is kept");
+    assert_eq!(summary.text, "Earlier the user said hello.");
+}

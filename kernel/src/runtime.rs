@@ -323,8 +323,10 @@ pub struct Policy {
     pub backoff_max: Duration,
     /// Compact when the estimated context passes this share of the window, in percent.
     pub compaction_percent: u64,
-    /// Items kept verbatim after a compaction.
-    pub keep_recent: usize,
+    /// The newest items kept verbatim by a compaction: as many as fit in
+    /// this share of the window, in percent (at least the newest item, and
+    /// never a tool result without the call that asked for it).
+    pub keep_recent_percent: u64,
     /// How far the stored text of a streaming reply may lag what clients saw.
     pub checkpoint: crate::limits::Checkpoint,
 }
@@ -336,7 +338,7 @@ impl Default for Policy {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             compaction_percent: 80,
-            keep_recent: 6,
+            keep_recent_percent: 25,
             checkpoint: crate::limits::Checkpoint::default(),
         }
     }
@@ -377,6 +379,9 @@ struct Turn {
     stage: Stage,
     /// Failed attempts of the current model call.
     failures: u32,
+    /// The provider said the context overflowed its window, and the turn
+    /// compacted to retry: a second overflow ends the turn.
+    overflow_retried: bool,
 }
 
 /// The session runtime. See the module documentation.
@@ -609,6 +614,7 @@ impl Runtime {
             prompt_op: op,
             stage: Stage::Retrying { at: self.now },
             failures: 0,
+            overflow_retried: false,
         });
         self.next_call();
     }
@@ -829,52 +835,74 @@ impl Runtime {
     /// Starts the next model call of the running turn: a compaction first when
     /// the context nears the model's window, otherwise a reply.
     fn next_call(&mut self) {
-        let compacting_allowed = !matches!(
+        if !self.start_compaction(false) {
+            self.start_reply();
+        }
+    }
+
+    /// Starts a compaction when one is due (or, with `force`, whenever there
+    /// is something to compact); false when none started.
+    fn start_compaction(&mut self, force: bool) -> bool {
+        let compacting = matches!(
             self.turn,
             Some(Turn {
                 stage: Stage::Compacting { .. },
                 ..
             })
         );
-        if compacting_allowed && let Some((context, through)) = self.compaction_due() {
-            let call = self.fresh_call();
-            let request = ModelRequest {
-                model: self.state.model.clone(),
-                thinking_level: ThinkingLevel::Off,
-                purpose: Purpose::Summarize,
-                summary: self.state.summary.as_ref().map(|s| s.text.clone()),
-                context,
-            };
-            self.set_stage(Stage::Compacting {
-                call,
-                text: String::new(),
-                through,
-            });
-            self.bump();
-            self.send_snapshot();
-            self.out.push(RuntimeOutput::StartModel { call, request });
-            return;
+        if compacting {
+            return false;
         }
-        self.start_reply();
+        let Some((context, through)) = self.compaction_plan(force) else {
+            return false;
+        };
+        let call = self.fresh_call();
+        let request = ModelRequest {
+            model: self.state.model.clone(),
+            thinking_level: ThinkingLevel::Off,
+            purpose: Purpose::Summarize,
+            summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+            context,
+        };
+        self.set_stage(Stage::Compacting {
+            call,
+            text: String::new(),
+            through,
+        });
+        self.bump();
+        self.send_snapshot();
+        self.out.push(RuntimeOutput::StartModel { call, request });
+        true
     }
 
-    /// The items to summarise and the last one's id, when the context is too big.
-    fn compaction_due(&self) -> Option<(Vec<TranscriptItem>, String)> {
+    /// The items to summarise and the last one's id: when the context passes
+    /// [`Policy::compaction_percent`] of the window (or with `force`), all
+    /// but the newest items that fit in [`Policy::keep_recent_percent`] of
+    /// it. `None` when there is nothing older to summarise.
+    fn compaction_plan(&self, force: bool) -> Option<(Vec<TranscriptItem>, String)> {
         let window = find_model(&self.models, &self.state.model)
             .ok()?
             .context_window;
         let context = self.context();
-        let tokens: u64 = self
+        let summary = self
             .state
             .summary
             .as_ref()
-            .map_or(0, |s| estimate_text(&s.text))
-            + context.iter().map(estimate_item).sum::<u64>();
-        if tokens * 100 <= window * self.policy.compaction_percent {
+            .map_or(0, |s| estimate_text(&s.text));
+        if !force
+            && (summary + context_tokens(&context)) * 100 <= window * self.policy.compaction_percent
+        {
             return None;
         }
-        let keep = self.policy.keep_recent.min(context.len());
-        let older = context[..context.len() - keep].to_vec();
+        // After an overflow the window is known to be too small for what is
+        // there: keep only the least (the newest item the model is sent).
+        let budget = if force {
+            0
+        } else {
+            window * self.policy.keep_recent_percent / 100
+        };
+        let cut = keep_from(&context, budget);
+        let older = context[..cut].to_vec();
         let through = older.last()?.id().to_string();
         Some((older, through))
     }
@@ -1047,8 +1075,17 @@ impl Runtime {
                 } else {
                     message
                 };
+                let overflow = is_context_overflow(&message);
                 self.finish_reply(index, AssistantStatus::Error, None, Some(message));
-                if !self.schedule_retry(retryable, retry_after_ms) {
+                let turn = self.turn.as_mut().expect("a reply streams in a turn");
+                if overflow && !turn.overflow_retried {
+                    // Compact whatever can be, then ask again: once per turn.
+                    turn.overflow_retried = true;
+                    if self.start_compaction(true) {
+                        return;
+                    }
+                }
+                if !self.schedule_retry(retryable && !overflow, retry_after_ms) {
                     self.complete_turn();
                 }
             }
@@ -1506,6 +1543,79 @@ impl Runtime {
     }
 }
 
+/// Tokens the model would be sent for `context`: the input and output the
+/// provider reported for the newest reply that has usage (what the context
+/// up to it cost), plus an estimate of every item after it. Failed and
+/// aborted replies are not sent, so they count nothing.
+fn context_tokens(context: &[TranscriptItem]) -> u64 {
+    let reported = context.iter().rposition(
+        |item| matches!(item, TranscriptItem::Assistant(a) if a.usage.is_some() && is_sent(a)),
+    );
+    let (base, rest) = match reported {
+        Some(i) => {
+            let TranscriptItem::Assistant(a) = &context[i] else {
+                unreachable!("found above")
+            };
+            let usage = a.usage.as_ref().expect("found above");
+            let total = usage.input + usage.output + usage.cache_read + usage.cache_write;
+            (total.max(usage.total_tokens), &context[i + 1..])
+        }
+        None => (0, context),
+    };
+    base + rest.iter().map(estimate_item).sum::<u64>()
+}
+
+/// Whether a reply is part of what the model is sent.
+fn is_sent(a: &AssistantItem) -> bool {
+    !matches!(a.status, AssistantStatus::Error | AssistantStatus::Aborted)
+}
+
+/// Where the kept part of `context` starts: the newest items whose estimate
+/// fits in `budget` tokens, at least the newest one the model is sent (a
+/// failed reply after it is not), moved back so that it never starts with a
+/// tool result (its call stays with it).
+fn keep_from(context: &[TranscriptItem], budget: u64) -> usize {
+    let newest_sent = context.iter().rposition(|item| match item {
+        TranscriptItem::Assistant(a) => is_sent(a),
+        _ => true,
+    });
+    let mut cut = newest_sent.unwrap_or(context.len().saturating_sub(1));
+    let mut kept: u64 = context[cut.min(context.len())..]
+        .iter()
+        .map(estimate_item)
+        .sum();
+    while cut > 0 {
+        let cost = estimate_item(&context[cut - 1]);
+        if kept + cost > budget {
+            break;
+        }
+        kept += cost;
+        cut -= 1;
+    }
+    while cut > 0 && matches!(context[cut], TranscriptItem::Tool(_)) {
+        cut -= 1;
+    }
+    cut
+}
+
+/// Whether a provider's error says the request did not fit the model's
+/// context window (OpenAI's, Anthropic's and the common compatible wordings).
+pub fn is_context_overflow(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length exceeded",
+        "context window",
+        "prompt is too long",
+        "input is too long",
+        "exceeds the context",
+        "reduce the length of the messages",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
+}
+
 /// Rough token estimate of a text: four bytes per token.
 fn estimate_text(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
@@ -1514,6 +1624,7 @@ fn estimate_text(text: &str) -> u64 {
 fn estimate_item(item: &TranscriptItem) -> u64 {
     let parts = match item {
         TranscriptItem::User(u) => &u.content,
+        TranscriptItem::Assistant(a) if !is_sent(a) => return 0,
         TranscriptItem::Assistant(a) => &a.content,
         TranscriptItem::Tool(t) => &t.content,
     };

@@ -676,3 +676,218 @@ fn faux_tool_round_trip() {
     };
     assert!(matches!(&a.content[0], Content::Text { text } if text.contains("finished: hi")));
 }
+
+/// Runs one prompt to its end with replies of `reply`, answering every
+/// compaction with a short summary; returns whether it compacted and the
+/// estimated size of the reply request (summary and context).
+fn turn_with_compaction(t: &mut T, op: u64, prompt: &str, reply: &str) -> (bool, u64) {
+    t.op(
+        op,
+        Operation::Prompt {
+            text: prompt.into(),
+        },
+    );
+    let mut compacted = false;
+    loop {
+        let (call, request) = t.started_call().expect("a call");
+        if request.purpose == Purpose::Summarize {
+            compacted = true;
+            t.model(call, text("summary"));
+            t.model(call, done(StopReason::Stop));
+            continue;
+        }
+        let size = request.summary.as_deref().map_or(0, estimate_text)
+            + request.context.iter().map(estimate_item).sum::<u64>();
+        t.model(call, text(reply));
+        t.model(call, done(StopReason::Stop));
+        assert!(t.done(op).unwrap().is_ok());
+        return (compacted, size);
+    }
+}
+
+#[test]
+fn a_compaction_leaves_room_so_the_next_turns_do_not_compact_again() {
+    let mut t = T::new("faux-tiny"); // a 400-token window: compaction past 320
+    let window = 400;
+    let prompt = "word ".repeat(60);
+    let mut compactions = Vec::new();
+    for op in 1..=12 {
+        let (compacted, size) = turn_with_compaction(&mut t, op, &prompt, "ok");
+        assert!(
+            size * 100 <= window * 80,
+            "turn {op}: the request after compaction fits ({size} tokens)"
+        );
+        if compacted {
+            compactions.push(op);
+        }
+    }
+    assert!(compactions.len() >= 2, "{compactions:?}");
+    assert!(
+        compactions.windows(2).all(|w| w[1] - w[0] >= 2),
+        "never two turns in a row: {compactions:?}"
+    );
+}
+
+#[test]
+fn the_kept_part_never_starts_with_a_tool_result() {
+    let user = |id: &str, text: &str| {
+        TranscriptItem::User(UserItem {
+            id: id.into(),
+            content: vec![Content::Text { text: text.into() }],
+            timestamp: 0,
+        })
+    };
+    let call = TranscriptItem::Assistant(AssistantItem {
+        id: "a".into(),
+        content: vec![Content::ToolCall {
+            tool_call_id: "c".into(),
+            tool_name: "bash".into(),
+            input: Value::Map(Vec::new()),
+        }],
+        model: faux::default_model(),
+        response_model: None,
+        usage: None,
+        timestamp: 0,
+        status: AssistantStatus::Complete(StopReason::ToolUse),
+        error_message: None,
+    });
+    let result = |id: &str, text: &str| {
+        TranscriptItem::Tool(ToolItem {
+            id: id.into(),
+            tool_call_id: "c".into(),
+            tool_name: "bash".into(),
+            input: Value::Map(Vec::new()),
+            content: vec![Content::Text { text: text.into() }],
+            details: None,
+            usage: None,
+            timestamp: 0,
+            status: ToolStatus::Complete,
+        })
+    };
+    let big = "x".repeat(400); // 100 tokens
+    let context = vec![
+        user("u1", &big),
+        call.clone(),
+        result("t1", &big),
+        result("t2", "short"),
+    ];
+    // A budget for the newest result only would cut between the call and
+    // its results: the cut moves back to the call.
+    assert_eq!(keep_from(&context, 10), 1);
+    assert_eq!(keep_from(&context, 1000), 0, "everything fits");
+    assert_eq!(keep_from(&[user("u", &big)], 1), 0, "the newest item stays");
+}
+
+#[test]
+fn reported_usage_counts_and_only_what_follows_it_is_estimated() {
+    let reply = |usage: Option<Usage>, status| {
+        TranscriptItem::Assistant(AssistantItem {
+            id: "a".into(),
+            content: vec![Content::Text {
+                text: "x".repeat(4000),
+            }],
+            model: faux::default_model(),
+            response_model: None,
+            usage,
+            timestamp: 0,
+            status,
+            error_message: None,
+        })
+    };
+    let usage = Usage {
+        input: 9000,
+        output: 500,
+        cache_read: 400,
+        cache_write: 100,
+        reasoning: None,
+        total_tokens: 10_000,
+        cost: crate::protocol::UsageCost::default(),
+    };
+    let after = TranscriptItem::User(UserItem {
+        id: "u".into(),
+        content: vec![Content::Text {
+            text: "y".repeat(400),
+        }],
+        timestamp: 0,
+    });
+    let complete = AssistantStatus::Complete(StopReason::Stop);
+    let context = vec![reply(Some(usage.clone()), complete), after.clone()];
+    assert_eq!(context_tokens(&context), 10_000 + 100 + 4);
+    let estimated = vec![reply(None, complete), after.clone()];
+    assert_eq!(context_tokens(&estimated), 1004 + 104);
+    let failed = vec![reply(Some(usage), AssistantStatus::Error), after];
+    assert_eq!(context_tokens(&failed), 104, "a failed reply is not sent");
+}
+
+#[test]
+fn a_context_overflow_compacts_and_retries_once() {
+    let mut t = T::new("faux-1"); // a large window: nothing is due by size
+    for op in 1..=3 {
+        let (compacted, _) = turn_with_compaction(&mut t, op, "hello there", "hi");
+        assert!(!compacted);
+    }
+    t.op(
+        4,
+        Operation::Prompt {
+            text: "more".into(),
+        },
+    );
+    let overflow = |t: &mut T, call| {
+        t.model(
+            call,
+            ModelEvent::Failed {
+                message: "This model's maximum context length is 8192 tokens. However, your \
+                          messages resulted in 9000 tokens. (context_length_exceeded)"
+                    .into(),
+                retryable: false,
+                retry_after_ms: None,
+            },
+        );
+    };
+    let (call, request) = t.started_call().unwrap();
+    assert_eq!(request.purpose, Purpose::Reply);
+    overflow(&mut t, call);
+    let (call, request) = t.started_call().expect("compacts at once");
+    assert_eq!(request.purpose, Purpose::Summarize);
+    t.model(call, text("earlier: greetings"));
+    t.model(call, done(StopReason::Stop));
+    let (call, request) = t.started_call().expect("asks again");
+    assert_eq!(request.purpose, Purpose::Reply);
+    assert_eq!(request.summary.as_deref(), Some("earlier: greetings"));
+    overflow(&mut t, call);
+    assert!(
+        t.started_call().is_none(),
+        "a second overflow ends the turn"
+    );
+    assert!(t.done(4).unwrap().is_ok(), "the prompt completes");
+    let Some(TranscriptItem::Assistant(last)) = t.rt.state().transcript.last() else {
+        panic!("a reply ends the turn");
+    };
+    assert_eq!(last.status, AssistantStatus::Error);
+    assert!(
+        last.error_message
+            .as_deref()
+            .unwrap()
+            .contains("maximum context length")
+    );
+}
+
+#[test]
+fn overflow_errors_are_recognised_and_rate_limits_are_not() {
+    for overflow in [
+        "This model's maximum context length is 128000 tokens (context_length_exceeded)",
+        "prompt is too long: 210000 tokens > 200000 maximum",
+        "input length and `max_tokens` exceed context limit; the request exceeds the context window",
+        "Please reduce the length of the messages or completion.",
+    ] {
+        assert!(is_context_overflow(overflow), "{overflow}");
+    }
+    for other in [
+        "Rate limit reached for gpt-4o on tokens per min (TPM)",
+        "Number of request tokens has exceeded your per-minute rate limit",
+        "HTTP 401: invalid key",
+        "overloaded_error",
+    ] {
+        assert!(!is_context_overflow(other), "{other}");
+    }
+}
