@@ -1,0 +1,341 @@
+//! Clients: byte-level peers of the server ([`Client`]). Connecting, writing
+//! bytes and messages, the handshake, requests, disconnects and reading
+//! back-pressure, what the world does with the frames and closes the kernel
+//! queues for a client, and the accessors for client state and responses.
+
+use super::{Fact, World, is_delta};
+use crate::summary;
+use kernel::ids::ConnId;
+use kernel::protocol::{
+    ClientHello, ClientMessage, Command, CommandResult, Request, ServerMessage,
+    encode_client_message,
+};
+use kernel::server::{CloseReason, Input};
+use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+/// A message the kernel queued for a client, decoded once.
+#[derive(Debug, Clone)]
+pub(super) enum Incoming {
+    /// `message` is `None` for frames no checker reads (see
+    /// [`Options::skip_unchecked`](super::Options::skip_unchecked)).
+    Frame {
+        len: usize,
+        message: Option<Rc<ServerMessage>>,
+    },
+    Close,
+}
+
+/// One client: a byte-level peer of the server.
+#[derive(Debug)]
+pub struct Client {
+    /// Every message received, in order (when
+    /// [`Options::keep_received`](super::Options::keep_received)).
+    pub received: Vec<ServerMessage>,
+    /// The server closed it, or it disconnected.
+    pub closed: bool,
+    /// When false, the client does not read: output piles up in the server.
+    pub reading: bool,
+    /// It sent a hello.
+    pub said_hello: bool,
+    /// It received the server hello.
+    pub ready: bool,
+    /// It wrote raw bytes: whatever follows on its stream may be swallowed by
+    /// a frame they started, so its later requests are owed nothing.
+    pub garbled: bool,
+    pub(super) unread: usize,
+    pub(super) next_request: u64,
+    /// Bytes not yet delivered to the server, in chunks tagged with a sequence number.
+    pub(super) outbox: VecDeque<(u64, Vec<u8>)>,
+    /// The client closed its end after the outbox (sequence number).
+    pub(super) eof: Option<u64>,
+    /// Frames (and the close) queued by the server and not yet read.
+    pub(super) inbox: VecDeque<(u64, Incoming)>,
+    /// Bytes written so far, and the offsets at which whole frames end.
+    written: u64,
+    pub(super) frame_ends: VecDeque<u64>,
+    /// Bytes delivered to the server so far.
+    pub(super) delivered: u64,
+}
+
+impl Client {
+    fn new() -> Self {
+        Self {
+            received: Vec::new(),
+            closed: false,
+            reading: true,
+            said_hello: false,
+            ready: false,
+            garbled: false,
+            unread: 0,
+            next_request: 1,
+            outbox: VecDeque::new(),
+            eof: None,
+            inbox: VecDeque::new(),
+            written: 0,
+            frame_ends: VecDeque::new(),
+            delivered: 0,
+        }
+    }
+
+    /// Bytes written by the client and not yet delivered to the server.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.iter().map(|(_, b)| b.len()).sum()
+    }
+}
+
+impl World {
+    pub(super) fn on_send(&mut self, conn: ConnId, len: usize, message: Option<Rc<ServerMessage>>) {
+        if let Some(message) = &message
+            && self.options.trace
+            && (!is_delta(message) || self.options.trace_deltas)
+        {
+            let line = summary::server(&mut self.names, message);
+            trace!(self, "{conn} ← {line}");
+        }
+        let held = self.options.holds.to_client;
+        let seq = self.next_seq();
+        let Some(client) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if held {
+            if !client.closed {
+                client
+                    .inbox
+                    .push_back((seq, Incoming::Frame { len, message }));
+            }
+            return;
+        }
+        if let Some(message) = message {
+            if let ServerMessage::Hello(_) = message.as_ref() {
+                client.ready = true;
+            }
+            if self.options.keep_received {
+                client.received.push(message.as_ref().clone());
+            }
+        }
+        if client.reading {
+            self.push(Input::Written { conn, bytes: len });
+        } else {
+            client.unread += len;
+        }
+    }
+
+    pub(super) fn on_close(&mut self, conn: ConnId, reason: CloseReason) {
+        trace!(self, "{conn} closed by server ({reason})");
+        if self.options.holds.to_client && reason.flushes_first() {
+            let seq = self.next_seq();
+            if let Some(c) = self.clients.get_mut(&conn).filter(|c| !c.closed) {
+                c.inbox.push_back((seq, Incoming::Close));
+                return;
+            }
+        }
+        self.client_closed(conn);
+        self.push(Input::Disconnected { conn });
+    }
+
+    /// The client side of a connection is gone: nothing more is sent or read.
+    pub(super) fn client_closed(&mut self, conn: ConnId) {
+        if let Some(c) = self.clients.get_mut(&conn) {
+            if !c.closed {
+                self.facts_closed(conn);
+            }
+            let c = self.clients.get_mut(&conn).expect("checked");
+            c.closed = true;
+            c.inbox.clear();
+            c.outbox.clear();
+            c.eof = None;
+            self.active.remove(&conn);
+        }
+    }
+
+    fn facts_closed(&mut self, conn: ConnId) {
+        self.fact(Fact::ConnClosed { conn });
+    }
+
+    /// Opens a connection; returns its id.
+    pub fn connect(&mut self) -> ConnId {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.clients.insert(conn, Client::new());
+        self.active.insert(conn);
+        trace!(self, "{conn} connects");
+        self.push(Input::Accepted { conn });
+        self.run();
+        conn
+    }
+
+    /// Sends raw bytes.
+    pub fn send_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        trace!(self, "{conn} → {} raw bytes", bytes.len());
+        self.clients.get_mut(&conn).expect("known client").garbled = true;
+        self.write(conn, bytes, false);
+    }
+
+    fn write(&mut self, conn: ConnId, bytes: Vec<u8>, frame: bool) {
+        if self.options.holds.to_server {
+            let seq = self.next_seq();
+            let client = self.clients.get_mut(&conn).expect("known client");
+            if !client.closed && client.eof.is_none() {
+                client.written += bytes.len() as u64;
+                if frame {
+                    client.frame_ends.push_back(client.written);
+                }
+                client.outbox.push_back((seq, bytes));
+            }
+            return;
+        }
+        self.push(Input::Received { conn, bytes });
+        self.run();
+    }
+
+    /// Sends one message.
+    pub fn send(&mut self, conn: ConnId, message: &ClientMessage) {
+        if self.options.trace {
+            let line = summary::client(&mut self.names, message);
+            trace!(self, "{conn} → {line}");
+        }
+        if let ClientMessage::Hello(_) = message {
+            self.clients
+                .get_mut(&conn)
+                .expect("known client")
+                .said_hello = true;
+        }
+        let payload = encode_client_message(message).expect("encodable");
+        let bytes = encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits");
+        self.write(conn, bytes, true);
+    }
+
+    /// Sends `hello` (with the token, if any).
+    pub fn hello(&mut self, conn: ConnId, version: u64, token: Option<&str>) {
+        let hello = ClientHello {
+            version,
+            token: token.map(str::to_string),
+        };
+        self.send(conn, &ClientMessage::Hello(hello));
+    }
+
+    /// Connects and completes the handshake.
+    pub fn connect_ready(&mut self) -> ConnId {
+        let conn = self.connect();
+        let token = self.options.token.clone();
+        self.hello(conn, 1, token.as_deref());
+        conn
+    }
+
+    /// Sends a request; returns its id.
+    pub fn request(&mut self, conn: ConnId, command: Command) -> String {
+        let client = self.clients.get_mut(&conn).expect("known client");
+        let id = format!("r{}", client.next_request);
+        client.next_request += 1;
+        let open = !client.closed && client.eof.is_none() && !client.garbled;
+        if open && self.options.record_facts {
+            let fact = Fact::RequestSent {
+                conn,
+                id: id.clone(),
+                command: command.clone(),
+            };
+            self.fact(fact);
+        }
+        self.send(
+            conn,
+            &ClientMessage::Request(Request {
+                id: id.clone(),
+                command,
+            }),
+        );
+        id
+    }
+
+    /// The id the next request of `conn` gets.
+    pub fn next_request_id(&self, conn: ConnId) -> String {
+        format!("r{}", self.clients[&conn].next_request)
+    }
+
+    /// The client disconnects. With held deliveries, the server sees the end
+    /// of the stream after the bytes already written (`abrupt` drops them).
+    pub fn disconnect(&mut self, conn: ConnId) {
+        self.disconnect_with(conn, false);
+    }
+
+    /// [`World::disconnect`], choosing whether bytes still in flight are lost.
+    pub fn disconnect_with(&mut self, conn: ConnId, abrupt: bool) {
+        trace!(
+            self,
+            "{conn} disconnects{}",
+            if abrupt { " abruptly" } else { "" }
+        );
+        let held = self.options.holds.to_server;
+        let seq = self.next_seq();
+        let Some(c) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if held && !abrupt && !c.closed {
+            c.inbox.clear();
+            c.eof = Some(seq);
+            if !c.closed {
+                c.closed = true;
+                self.facts_closed(conn);
+            }
+            return;
+        }
+        if !held {
+            c.closed = true;
+        } else {
+            self.client_closed(conn);
+        }
+        self.push(Input::Disconnected { conn });
+        self.run();
+    }
+
+    /// Stops or resumes reading on a client.
+    pub fn set_reading(&mut self, conn: ConnId, reading: bool) {
+        let client = self.clients.get_mut(&conn).expect("known client");
+        client.reading = reading;
+        let unread = std::mem::take(&mut client.unread);
+        if reading && unread > 0 && !client.closed {
+            self.push(Input::Written {
+                conn,
+                bytes: unread,
+            });
+            self.run();
+        }
+    }
+
+    /// A client's state.
+    pub fn client(&self, conn: ConnId) -> &Client {
+        &self.clients[&conn]
+    }
+
+    /// Every client, in id order.
+    pub fn clients(&self) -> impl Iterator<Item = (ConnId, &Client)> {
+        self.clients.iter().map(|(id, c)| (*id, c))
+    }
+
+    /// Connections the kernel has sent bytes to and not yet forgotten, in id order.
+    pub fn kernel_conns(&self) -> Vec<ConnId> {
+        self.unwritten.keys().copied().collect()
+    }
+
+    /// Bytes the kernel queued for `conn` that were not reported written.
+    pub fn unwritten(&self, conn: ConnId) -> usize {
+        self.unwritten.get(&conn).copied().unwrap_or(0)
+    }
+
+    /// The response to request `id` on `conn`, if it arrived.
+    pub fn response(&self, conn: ConnId, id: &str) -> Option<&kernel::protocol::Response> {
+        self.clients[&conn].received.iter().find_map(|m| match m {
+            ServerMessage::Response(r) if r.id == id => Some(r),
+            _ => None,
+        })
+    }
+
+    /// The session id created by request `id` on `conn`.
+    pub fn created(&self, conn: ConnId, id: &str) -> String {
+        match self.response(conn, id).map(|r| &r.outcome) {
+            Some(Ok(CommandResult::Create { session })) => session.id.clone(),
+            other => panic!("request {id} did not create a session: {other:?}"),
+        }
+    }
+}

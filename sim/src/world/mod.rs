@@ -1,0 +1,887 @@
+//! A fake world around the real kernel: clients speaking bytes, fake worker
+//! processes running the real [`Runtime`] with the faux provider, a fake
+//! durable store, and virtual time.
+//!
+//! # Deliveries
+//!
+//! Every input reaches the kernel through one FIFO ([`World::run`] drains it
+//! and carries out each step's outputs in order). What happens *between* the
+//! kernel and its peers is decided by [`Holds`]:
+//!
+//! - With [`Holds::none`] (the scripted scenarios) everything is delivered at
+//!   once: a client's frame reaches the kernel as soon as it is sent, a worker
+//!   boots as soon as it is spawned, a worker's messages arrive as soon as it
+//!   writes them. A run is then a pure function of the calls made.
+//! - With held deliveries (the swarm and the model checker) each of those
+//!   hops waits in a per-channel FIFO until a driver calls
+//!   [`World::deliver`]. Channels are per connection (each direction), per
+//!   worker (each direction), plus worker boots, exit notices, the catalog
+//!   load and store removals. Order is kept *within* a channel (a byte stream
+//!   or a pipe never reorders) and is free *across* channels, which is where
+//!   delays and reordering come from. Client bytes can be delivered in any
+//!   split (a prefix of what is queued) or coalesced (everything queued).
+//!
+//! # Facts
+//!
+//! With [`Options::record_facts`] the world records what checkers need to
+//! judge the kernel ([`Fact`]): requests sent, every message the kernel
+//! queued together with the requester's attachment right after that kernel
+//! step, operations the runtimes received, completions the kernel consumed,
+//! connections that ended. The checkers (`crate::checkers`) read them; the
+//! world itself judges nothing.
+//!
+//! [`Runtime`]: kernel::runtime::Runtime
+
+use crate::summary::{self, Names};
+use kernel::faux;
+use kernel::host::{HostInput, WorkerHost};
+use kernel::ids::{ChannelId, ConnId, OpId, WorkerId};
+use kernel::limits::Limits;
+use kernel::protocol::worker::WorkerFrame;
+use kernel::protocol::{
+    Command, CommandResult, ErrorCode, ServerEvent, ServerMessage, SessionPhase,
+    TranscriptProgress, decode_server_message,
+};
+use kernel::server::{Config, Frame, Input, Output, Server};
+use kernel::time::Instant;
+use kernel::wire::CborLimits;
+use kernel::wire::frame::FRAME_HEADER_LEN;
+use kernel::worker::{FromWorker, Operation, WorkerState};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// The server id every simulated server reports.
+pub const SERVER_ID: &str = "00000000-0000-4000-8000-000000000001";
+
+/// Appends a trace line, formatting it only when the world keeps a trace.
+macro_rules! trace {
+    ($world:expr, $($arg:tt)*) => {
+        if $world.options.trace {
+            let line = format!($($arg)*);
+            $world.log(line);
+        }
+    };
+}
+
+mod clients;
+mod delivery;
+mod replacement;
+mod store;
+mod workers;
+
+pub use clients::Client;
+pub use delivery::{Amount, Delivery};
+pub use store::Store;
+use workers::{FakeWorker, WatchedOp};
+pub use workers::{WorkerScript, WorkerStage};
+
+/// Which hops wait for an explicit [`World::deliver`]. See the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Holds {
+    /// Client → server bytes (and the client's end of stream).
+    pub to_server: bool,
+    /// Server → client frames (and the server's close).
+    pub to_client: bool,
+    /// A spawned worker opening its session and reporting ready.
+    pub boot: bool,
+    /// Server → worker messages.
+    pub to_worker: bool,
+    /// Worker → server messages.
+    pub from_worker: bool,
+    /// The notice that a worker process exited.
+    pub exit: bool,
+    /// The catalog load after a server (re)start.
+    pub catalog: bool,
+    /// Store removals requested by the kernel.
+    pub removal: bool,
+    /// An exit notice may overtake the worker's messages still in flight (as
+    /// in the daemon, where `wait()` and the channel reader are separate tasks).
+    pub exit_overtakes: bool,
+}
+
+impl Holds {
+    /// Everything delivered at once (the scripted scenarios).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Everything held (the swarm).
+    pub fn all() -> Self {
+        Self {
+            to_server: true,
+            to_client: true,
+            boot: true,
+            to_worker: true,
+            from_worker: true,
+            exit: true,
+            catalog: true,
+            removal: true,
+            exit_overtakes: true,
+        }
+    }
+}
+
+/// Knobs of a world.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Seeds the server's ids.
+    pub seed: u64,
+    /// Token the server requires, if any.
+    pub token: Option<String>,
+    /// Kernel limits.
+    pub limits: Limits,
+    /// Delay between faux deltas.
+    pub faux_delay: Duration,
+    /// How long a fake tool run takes.
+    pub tool_delay: Duration,
+    /// Record progress deltas in the trace (they are many).
+    pub trace_deltas: bool,
+    /// Keep a trace at all (the swarm turns it off for speed).
+    pub trace: bool,
+    /// Keep every message each client received ([`Client::received`]).
+    pub keep_received: bool,
+    /// Record [`Fact`]s for the checkers.
+    pub record_facts: bool,
+    /// Do not decode frames that no checker reads (server snapshots and
+    /// assistant deltas, recognised by their first bytes). Needs `trace` and
+    /// `keep_received` off. Halves the simulator's own work.
+    pub skip_unchecked: bool,
+    /// Which hops wait for a delivery.
+    pub holds: Holds,
+    /// The models offered (the model checker offers one, to keep states small).
+    pub models: Vec<kernel::protocol::ModelMetadata>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            token: None,
+            limits: Limits::default(),
+            faux_delay: Duration::from_millis(10),
+            tool_delay: Duration::from_millis(20),
+            trace_deltas: false,
+            trace: true,
+            keep_received: true,
+            record_facts: false,
+            skip_unchecked: false,
+            holds: Holds::none(),
+            models: faux::models(),
+        }
+    }
+}
+
+/// Something the checkers need to know, in the order it happened.
+#[derive(Debug, Clone)]
+pub enum Fact {
+    /// A client sent a request: one response is owed while the connection lives.
+    RequestSent {
+        conn: ConnId,
+        id: String,
+        command: Command,
+    },
+    /// The kernel queued `message` for `conn`. `attached_after` says whether
+    /// `conn` was attached to the message's session right after that kernel
+    /// step — `None` when that step ran several requests of `conn` (coalesced
+    /// frames, deferred requests), so the state after it does not judge each
+    /// message; `open_after` says whether the kernel still served `conn`.
+    Emitted {
+        conn: ConnId,
+        message: Rc<ServerMessage>,
+        attached_after: Option<bool>,
+        open_after: bool,
+    },
+    /// A connection ended (closed by the kernel, by the client, or by a restart).
+    ConnClosed { conn: ConnId },
+    /// A runtime received an operation. `immediate` is the outcome it
+    /// reported in the same step (a prompt that starts a turn reports later).
+    RuntimeOp {
+        worker: WorkerId,
+        session_id: String,
+        op: OpId,
+        operation: Operation,
+        phase_before: SessionPhase,
+        immediate: Option<Result<(), ErrorCode>>,
+        /// A storage write failed within that step: the runtime answers what
+        /// the failure left unanswered with `internal_error`.
+        store_failed: bool,
+    },
+    /// The kernel consumed the completion of operation `op` of `worker`.
+    OpDoneConsumed { worker: WorkerId, op: OpId },
+    /// The kernel consumed the exit (or failed spawn) of `worker`.
+    WorkerExitConsumed { worker: WorkerId },
+    /// The kernel asked the store to delete a session, and it was deleted.
+    StoreRemoved { session_id: String },
+    /// The server process was replaced; every connection and worker is gone.
+    ServerRestarted,
+    /// The kernel told `conn` the session list `listed` (a `list` response or
+    /// a server snapshot) while the store held `stored`, of which `settling`
+    /// the kernel cannot know yet (a worker creating it has not reported
+    /// ready; a sibling server wrote it and no scan has run since).
+    Listed {
+        conn: ConnId,
+        listed: Vec<String>,
+        stored: Vec<String>,
+        settling: Vec<String>,
+    },
+}
+
+/// The world. See the module documentation.
+pub struct World {
+    /// Virtual now.
+    pub now: Instant,
+    /// The real kernel under test.
+    pub server: Server,
+    /// Durable state.
+    pub store: Store,
+    /// Short names for session ids.
+    pub names: Names,
+    /// One line per input and output (when [`Options::trace`]).
+    pub trace: Vec<String>,
+    /// Behaviour of the next workers to open, by session id (`""` = any).
+    pub worker_scripts: BTreeMap<String, WorkerScript>,
+    /// When set, spawning a worker fails.
+    pub fail_spawns: bool,
+    options: Options,
+    workers: BTreeMap<WorkerId, FakeWorker>,
+    clients: BTreeMap<ConnId, Client>,
+    /// Clients that may still have a hop pending (not closed, or closed with
+    /// bytes or an end of stream still in flight), so that
+    /// [`World::deliveries`] does not scan every client that ever connected.
+    active: BTreeSet<ConnId>,
+    inbox: VecDeque<Input>,
+    next_conn: u64,
+    generation: u64,
+    catalog_pending: Option<u64>,
+    removals: BTreeMap<String, u64>,
+    /// Stored sessions the kernel may not know of yet: created by a worker
+    /// whose ready it has not taken, or changed by a sibling server, since
+    /// the last catalog load or scan.
+    unscanned: BTreeSet<String>,
+    unwritten: BTreeMap<ConnId, usize>,
+    /// Connections whose delivered bytes completed several frames at once.
+    multi_frame: BTreeSet<ConnId>,
+    facts: Vec<Fact>,
+    seq: u64,
+    kernel_steps: u64,
+    shut_down: bool,
+    /// Workers no server holds (released by a hand-off, or whose server
+    /// died), keyed by an id outside the kernel's range: link and pid.
+    orphans: BTreeMap<WorkerId, u64>,
+    /// Announcing orphans, by the channel they announced on.
+    channels: BTreeMap<ChannelId, WorkerId>,
+    next_channel: u64,
+    /// The server process is gone ([`World::crash_server_keep_workers`]).
+    server_down: bool,
+    /// While facts are recorded: the operation a worker is being given, and
+    /// the outcome it answered within the same step.
+    watched_op: Option<WatchedOp>,
+}
+
+impl World {
+    /// A world with an empty store and a server whose catalog is loaded.
+    pub fn new(options: Options) -> Self {
+        Self::with_store(options, Store::default())
+    }
+
+    /// A world whose server starts on `store` (its catalog is loaded).
+    pub fn with_store(options: Options, store: Store) -> Self {
+        let server = Server::new(Self::config(&options, 0));
+        let mut world = Self {
+            now: Instant(0),
+            server,
+            store,
+            names: Names::default(),
+            trace: Vec::new(),
+            worker_scripts: BTreeMap::new(),
+            fail_spawns: false,
+            options,
+            workers: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            active: BTreeSet::new(),
+            inbox: VecDeque::new(),
+            next_conn: 1,
+            generation: 0,
+            catalog_pending: None,
+            removals: BTreeMap::new(),
+            unscanned: BTreeSet::new(),
+            unwritten: BTreeMap::new(),
+            multi_frame: BTreeSet::new(),
+            facts: Vec::new(),
+            seq: 0,
+            kernel_steps: 0,
+            shut_down: false,
+            orphans: BTreeMap::new(),
+            channels: BTreeMap::new(),
+            next_channel: 1,
+            server_down: false,
+            watched_op: None,
+        };
+        world.load_catalog();
+        world
+    }
+
+    fn config(options: &Options, generation: u64) -> Config {
+        Config {
+            server_id: SERVER_ID.to_string(),
+            token: options.token.clone(),
+            seed: options
+                .seed
+                .wrapping_add(generation.wrapping_mul(0x9e37_79b9)),
+            models: options.models.clone(),
+            limits: options.limits.clone(),
+            idle_exit: None,
+            adoption_grace: std::time::Duration::from_secs(30),
+        }
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Feeds the store's catalog to the server.
+    pub fn load_catalog(&mut self) {
+        self.catalog_pending = None;
+        self.unscanned.clear();
+        let sessions = self.store.catalog();
+        trace!(self, "server catalog loaded ({} sessions)", sessions.len());
+        self.push(Input::CatalogLoaded { sessions });
+        self.run();
+    }
+
+    fn log(&mut self, line: String) {
+        self.trace.push(format!("{} {line}", self.now));
+    }
+
+    fn push(&mut self, input: Input) {
+        self.inbox.push_back(input);
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn fact(&mut self, fact: Fact) {
+        if self.options.record_facts {
+            self.facts.push(fact);
+        }
+    }
+
+    /// Turns fact recording (and the decoding it needs) on or off; the model
+    /// checker replays known prefixes with it off.
+    pub fn set_record_facts(&mut self, record: bool) {
+        self.options.record_facts = record;
+    }
+
+    /// The facts recorded since the last call, in order.
+    pub fn take_facts(&mut self) -> Vec<Fact> {
+        std::mem::take(&mut self.facts)
+    }
+
+    /// Number of [`Server::step`] calls so far, across server restarts.
+    pub fn kernel_steps(&self) -> u64 {
+        self.kernel_steps
+    }
+
+    /// True once the server reported its graceful shutdown complete.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down
+    }
+
+    /// How many times the server was replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Adds a line to the trace (drivers note their faults).
+    pub fn note(&mut self, line: impl FnOnce() -> String) {
+        trace!(self, "{}", line());
+    }
+
+    fn names_session(&mut self, session_id: &str) -> String {
+        if self.options.trace {
+            self.names.session(session_id)
+        } else {
+            String::new()
+        }
+    }
+
+    // ---- the kernel --------------------------------------------------------
+
+    /// Delivers every queued input and carries out every output until quiet.
+    pub fn run(&mut self) {
+        while let Some(input) = self.inbox.pop_front() {
+            self.run_before(&input);
+            let disconnected = match &input {
+                Input::Disconnected { conn } => Some(*conn),
+                _ => None,
+            };
+            let ambiguous = match &input {
+                Input::Received { conn, .. } => {
+                    Ambiguous::Conn(self.multi_frame.remove(conn), *conn)
+                }
+                Input::CatalogLoaded { .. } => Ambiguous::All,
+                _ => Ambiguous::None,
+            };
+            let outputs = self.server.step(self.now, input);
+            self.kernel_steps += 1;
+            if self.options.record_facts && !self.unscanned.is_empty() {
+                // A session whose worker the kernel took as ready is listed.
+                for (id, _, state) in self.server.live_sessions() {
+                    if matches!(state, WorkerState::Idle | WorkerState::Busy) {
+                        self.unscanned.remove(&id);
+                    }
+                }
+            }
+            let decoded = self.run_decode(&outputs);
+            if self.options.record_facts {
+                self.run_record(&outputs, &decoded, ambiguous);
+            }
+            if let Some(conn) = disconnected
+                && self.server.connection_stage(conn).is_none()
+            {
+                self.unwritten.remove(&conn);
+            }
+            for (output, message) in outputs.into_iter().zip(decoded) {
+                self.carry_out(output, message);
+            }
+        }
+    }
+
+    /// Accounting and facts about an input the kernel is about to consume.
+    fn run_before(&mut self, input: &Input) {
+        match input {
+            Input::Written { conn, bytes } => {
+                if let Some(unwritten) = self.unwritten.get_mut(conn) {
+                    assert!(*unwritten >= *bytes, "{conn}: wrote more than was queued");
+                    *unwritten -= bytes;
+                }
+            }
+            Input::Disconnected { conn } => self.fact(Fact::ConnClosed { conn: *conn }),
+            Input::FromWorker { worker, message } => {
+                if let FromWorker::OpDone { op, .. } = message.as_ref() {
+                    self.fact(Fact::OpDoneConsumed {
+                        worker: *worker,
+                        op: *op,
+                    });
+                }
+            }
+            Input::WorkerExited { worker } | Input::WorkerSpawnFailed { worker, .. } => {
+                self.fact(Fact::WorkerExitConsumed { worker: *worker });
+            }
+            _ => {}
+        }
+    }
+
+    /// Decodes every frame of a step once (a broadcast shares one frame).
+    fn run_decode(&mut self, outputs: &[Output]) -> Vec<Option<Rc<ServerMessage>>> {
+        let mut last: Option<(&Frame, Rc<ServerMessage>)> = None;
+        let mut decoded = Vec::with_capacity(outputs.len());
+        for output in outputs {
+            let Output::Send { conn, frame } = output else {
+                decoded.push(None);
+                continue;
+            };
+            *self.unwritten.entry(*conn).or_insert(0) += frame.len();
+            let o = &self.options;
+            let needed = o.record_facts || o.keep_received || o.trace;
+            if !needed || (o.skip_unchecked && is_unchecked(frame)) {
+                decoded.push(None);
+                continue;
+            }
+            let message = match &last {
+                Some((previous, message)) if std::sync::Arc::ptr_eq(previous, frame) => {
+                    message.clone()
+                }
+                _ => Rc::new(decode_frame(frame)),
+            };
+            last = Some((frame, message.clone()));
+            decoded.push(Some(message));
+        }
+        decoded
+    }
+
+    /// Records what the checkers must know about a step's messages, judged
+    /// against the kernel's state right after the step.
+    fn run_record(
+        &mut self,
+        outputs: &[Output],
+        decoded: &[Option<Rc<ServerMessage>>],
+        ambiguous: Ambiguous,
+    ) {
+        let mut attachments: BTreeMap<ConnId, Vec<String>> = BTreeMap::new();
+        for (output, message) in outputs.iter().zip(decoded) {
+            match (output, message) {
+                (Output::Send { conn, .. }, Some(message)) => {
+                    let attached = attachments
+                        .entry(*conn)
+                        .or_insert_with(|| self.server.attachments(*conn));
+                    let attached_after = session_of(message)
+                        .is_some_and(|s| attached.iter().any(|a| a.as_str() == s));
+                    let attached_after = match ambiguous {
+                        Ambiguous::All => None,
+                        Ambiguous::Conn(true, c) if c == *conn => None,
+                        _ => Some(attached_after),
+                    };
+                    let open_after = self
+                        .server
+                        .connection_stage(*conn)
+                        .is_some_and(|s| s != kernel::server::Stage::Closing);
+                    let message = message.clone();
+                    let conn = *conn;
+                    if let Some(listed) = listed_ids(&message) {
+                        let stored: Vec<String> = self.store.sessions.keys().cloned().collect();
+                        let settling = self.unscanned.iter().cloned().collect();
+                        self.fact(Fact::Listed {
+                            conn,
+                            listed,
+                            stored,
+                            settling,
+                        });
+                    }
+                    self.fact(Fact::Emitted {
+                        conn,
+                        message,
+                        attached_after,
+                        open_after,
+                    });
+                }
+                (Output::Close { conn, .. }, _) => self.fact(Fact::ConnClosed { conn: *conn }),
+                _ => {}
+            }
+        }
+    }
+
+    fn carry_out(&mut self, output: Output, message: Option<Rc<ServerMessage>>) {
+        match output {
+            Output::Send { conn, frame } => self.on_send(conn, frame.len(), message),
+            Output::Close { conn, reason } => self.on_close(conn, reason),
+            Output::SpawnWorker {
+                worker,
+                session_id,
+                create,
+                ..
+            } => self.on_spawn(worker, session_id, create.is_some()),
+            Output::StartWorker {
+                worker,
+                create,
+                revision_floor,
+                ..
+            } => {
+                let start = WorkerFrame::Start {
+                    create,
+                    revision_floor,
+                };
+                self.host_step(worker, HostInput::Frame(start));
+            }
+            Output::ToWorker { worker, message } => {
+                trace!(self, "{worker} ← {}", summary::to_worker(&message));
+                if self.options.holds.to_worker {
+                    let seq = self.next_seq();
+                    if let Some(w) = self.workers.get_mut(&worker)
+                        && w.stage != WorkerStage::Dead
+                    {
+                        w.to_runtime.push_back((seq, message));
+                    }
+                } else {
+                    self.worker_receive(worker, message);
+                }
+            }
+            Output::KillWorker { worker } => {
+                trace!(self, "server kill {worker}");
+                self.exit_worker(worker);
+            }
+            Output::RemoveSession { session_id } => {
+                trace!(
+                    self,
+                    "server remove {} from store",
+                    self.names.session(&session_id)
+                );
+                if self.options.holds.removal {
+                    let seq = self.next_seq();
+                    self.removals.insert(session_id, seq);
+                } else {
+                    self.finish_removal(session_id);
+                }
+            }
+            Output::ScanCatalog { scan } => {
+                // A scan reads the directory at once: what a sibling wrote is now known.
+                let sessions = self.store.catalog();
+                trace!(
+                    self,
+                    "server scans the catalog ({} sessions)",
+                    sessions.len()
+                );
+                // The scan covers what is not live: the kernel keeps its own
+                // view of a live session.
+                let live: BTreeSet<String> = self
+                    .server
+                    .live_sessions()
+                    .into_iter()
+                    .map(|(id, _, _)| id)
+                    .collect();
+                self.unscanned.retain(|id| live.contains(id));
+                self.push(Input::CatalogScanned { scan, sessions });
+            }
+            Output::StopAccepting => {
+                trace!(self, "server stops accepting");
+            }
+            Output::ShutdownComplete => {
+                trace!(self, "server shutdown complete");
+                self.shut_down = true;
+            }
+            Output::AdoptWorker {
+                channel, worker, ..
+            } => self.on_adopt(channel, worker),
+            Output::RejectWorker { channel, reason } => {
+                // A refused hello: the worker waits for a start that never
+                // comes, until the server's start deadline kills it.
+                trace!(self, "server rejects {channel} ({reason})");
+                if let Some(key) = self.channels.remove(&channel) {
+                    // It stays an orphan: it announces again, and retires after its grace.
+                    let answer = WorkerFrame::Rejected { reason };
+                    self.host_step(key, HostInput::Announced(Some(answer)));
+                }
+            }
+            Output::ReleaseWorker { worker } => self.orphan(worker),
+        }
+    }
+
+    // ---- time --------------------------------------------------------------
+
+    /// The earliest pending deadline of the server or a model stream.
+    pub fn next_event(&self) -> Option<Instant> {
+        let workers = self.workers.values().filter_map(worker_deadline);
+        let server = self.server.next_deadline().filter(|_| !self.server_down);
+        server.into_iter().chain(workers).min()
+    }
+
+    /// Advances virtual time by `d`, delivering every deadline on the way.
+    pub fn advance(&mut self, d: Duration) {
+        let until = self.now + d;
+        while let Some(at) = self.next_event().filter(|at| *at <= until) {
+            self.now = self.now.max(at);
+            self.fire_due();
+        }
+        self.now = until;
+    }
+
+    /// Jumps to the next deadline and fires it. Returns false when none is pending.
+    pub fn advance_to_next(&mut self) -> bool {
+        let Some(at) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(at);
+        self.fire_due();
+        true
+    }
+
+    fn fire_due(&mut self) {
+        let now = self.now;
+        if !self.server_down && self.server.next_deadline().is_some_and(|d| d <= now) {
+            self.push(Input::Tick);
+            self.run();
+        }
+        let due: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| worker_deadline(w).is_some_and(|d| d <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for worker in due {
+            self.fire_worker(worker);
+            self.run();
+        }
+    }
+
+    /// Runs until no deadline is pending (every turn finished), at most `limit`.
+    pub fn settle(&mut self, limit: Duration) {
+        let until = self.now + limit;
+        while let Some(at) = self.next_event().filter(|at| *at <= until) {
+            self.now = self.now.max(at);
+            self.fire_due();
+        }
+    }
+
+    /// Folds everything that decides the world's future into `hasher`: the
+    /// kernel (its `Debug`), the store, every worker and client with their
+    /// queues, time and pending hops — but not the sequence numbers that
+    /// order hops, so that equal states reached in different orders match.
+    pub fn fingerprint(&self, hasher: &mut impl std::hash::Hasher) {
+        use std::fmt::Write as _;
+        let mut out = HashWrite(hasher);
+        let _ = write!(
+            out,
+            "{:?}|{:?}|{:?}",
+            self.now, self.server, self.store.sessions
+        );
+        for (id, w) in &self.workers {
+            let to_runtime = w.to_runtime.iter().map(|(_, m)| m);
+            let to_server = w.to_server.iter().map(|(_, m)| m);
+            let _ = write!(
+                out,
+                "|{id} {} {:?} {:?} {:?} {:?} {:?}",
+                w.session_id,
+                w.stage,
+                w.runtime(),
+                w.host.as_ref().map(WorkerHost::is_orphaned),
+                w.stream,
+                w.tools
+            );
+            for m in to_runtime {
+                let _ = write!(out, " {m:?}");
+            }
+            for m in to_server {
+                let _ = write!(out, " {m:?}");
+            }
+        }
+        for (id, c) in &self.clients {
+            let _ = write!(
+                out,
+                "|{id} {} {} {} {} {} {} {}",
+                c.closed,
+                c.reading,
+                c.said_hello,
+                c.ready,
+                c.next_request,
+                c.eof.is_some(),
+                c.unread
+            );
+            for (_, bytes) in &c.outbox {
+                let _ = write!(out, " {bytes:?}");
+            }
+            for (_, incoming) in &c.inbox {
+                let _ = write!(out, " {incoming:?}");
+            }
+        }
+        let removals: Vec<&String> = self.removals.keys().collect();
+        let _ = write!(
+            out,
+            "|{:?} {removals:?} {:?} {} {} {}",
+            self.catalog_pending.is_some(),
+            self.unwritten,
+            self.store.fail_writes,
+            self.fail_spawns,
+            self.generation
+        );
+    }
+
+    /// The trace as one string.
+    pub fn trace_text(&self) -> String {
+        self.trace.join("\n") + "\n"
+    }
+}
+
+/// Feeds formatted text straight into a hasher.
+struct HashWrite<'a, H>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::fmt::Write for HashWrite<'_, H> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Which connections a kernel step may have run several requests of.
+#[derive(Debug, Clone, Copy)]
+enum Ambiguous {
+    None,
+    /// `true` when that connection's delivery completed several frames.
+    Conn(bool, ConnId),
+    All,
+}
+
+/// Decodes one frame the kernel queued (length header included).
+fn decode_frame(frame: &[u8]) -> ServerMessage {
+    assert!(frame.len() >= FRAME_HEADER_LEN, "a frame has a header");
+    let header: [u8; FRAME_HEADER_LEN] = frame[..FRAME_HEADER_LEN].try_into().expect("sized");
+    let payload = &frame[FRAME_HEADER_LEN..];
+    assert_eq!(
+        u32::from_be_bytes(header) as usize,
+        payload.len(),
+        "frame length header"
+    );
+    decode_server_message(payload, &CborLimits::default()).expect("the server sends valid messages")
+}
+
+/// The session ids of a session list the server sent: a `list` response
+/// or a server snapshot.
+fn listed_ids(message: &ServerMessage) -> Option<Vec<String>> {
+    let sessions = match message {
+        ServerMessage::Response(r) => match &r.outcome {
+            Ok(CommandResult::List { sessions }) => sessions,
+            _ => return None,
+        },
+        ServerMessage::Event(ServerEvent::ServerSnapshot { snapshot }) => &snapshot.sessions,
+        _ => return None,
+    };
+    Some(sessions.iter().map(|m| m.id.clone()).collect())
+}
+
+/// The session a server message is about, if any.
+pub fn session_of(message: &ServerMessage) -> Option<&str> {
+    match message {
+        ServerMessage::Response(r) => match &r.outcome {
+            Ok(result) => result_session(result).map(|s| s.id.as_str()),
+            Err(_) => None,
+        },
+        ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }) => Some(&snapshot.id),
+        ServerMessage::Event(ServerEvent::SessionProgress { session_id, .. }) => Some(session_id),
+        _ => None,
+    }
+}
+
+/// The session snapshot a successful response carries, if any.
+pub fn result_session(result: &CommandResult) -> Option<&kernel::protocol::SessionSnapshot> {
+    match result {
+        CommandResult::Create { session }
+        | CommandResult::Attach { session }
+        | CommandResult::Prompt { session }
+        | CommandResult::Steer { session }
+        | CommandResult::Abort { session }
+        | CommandResult::SetModel { session }
+        | CommandResult::SetThinking { session } => Some(session),
+        CommandResult::List { .. }
+        | CommandResult::Detach { .. }
+        | CommandResult::Remove { .. } => None,
+    }
+}
+
+/// The earliest thing a worker's process is waiting for.
+fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
+    let stream = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
+    let tools = w.tools.values().map(|(at, _)| *at).min();
+    let tick = w.host.as_ref().and_then(WorkerHost::next_deadline);
+    [stream, tools, tick].into_iter().flatten().min()
+}
+
+/// True for frames no checker reads: a server snapshot event or an assistant
+/// delta. Their CBOR starts with the event's `type` key, so the name appears
+/// within the first bytes (a session id comes before a delta's type).
+fn is_unchecked(frame: &[u8]) -> bool {
+    let head = &frame[..frame.len().min(120)];
+    let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
+    has(b"server_snapshot") || has(b"assistant_delta")
+}
+
+fn is_delta(message: &ServerMessage) -> bool {
+    matches!(
+        message,
+        ServerMessage::Event(ServerEvent::SessionProgress {
+            progress: TranscriptProgress::AssistantDelta { .. },
+            ..
+        })
+    )
+}
+
+fn is_worker_delta(message: &FromWorker) -> bool {
+    matches!(
+        message,
+        FromWorker::Progress {
+            progress: TranscriptProgress::AssistantDelta { .. }
+        }
+    )
+}

@@ -1,0 +1,603 @@
+//! Fake worker processes: how they are scripted ([`WorkerScript`]) and where
+//! they are in their life ([`WorkerStage`]), spawning and booting them, the
+//! plumbing between the kernel's worker host and the fake store, the faux
+//! model and fake tool runs, their exits and crashes, and the accessors the
+//! drivers and checkers read workers through.
+
+use super::replacement::ORPHAN_BASE;
+use super::{Fact, World, is_worker_delta};
+use crate::summary;
+use kernel::faux::FauxStream;
+use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
+use kernel::ids::{ChannelId, OpId, WorkerId};
+use kernel::limits::WorkerLimits;
+use kernel::protocol::worker::WorkerFrame;
+use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase};
+use kernel::runtime::{ModelEvent, Persist, Policy, Runtime, StoredSession};
+use kernel::server::Input;
+use kernel::time::Instant;
+use kernel::worker::{FromWorker, Operation, ToWorker};
+use std::collections::{BTreeMap, VecDeque};
+
+/// How a fake worker behaves when it opens its session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WorkerScript {
+    /// Open or create normally.
+    #[default]
+    Normal,
+    /// Report this session id instead of the real one.
+    WrongId(String),
+    /// Fail to open with this error.
+    Fail(ErrorCode, String),
+    /// Never report ready (for start deadlines).
+    Hang,
+    /// Say hello with a token other than the one it was spawned with.
+    WrongToken,
+}
+
+/// Where a fake worker process is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkerStage {
+    /// Running, has not opened its session yet.
+    Booting,
+    /// Hangs forever while opening ([`WorkerScript::Hang`]).
+    Hung,
+    /// Running with its runtime (or about to exit after a failed open).
+    Running,
+    /// The process is gone; its exit notice is not delivered yet.
+    Dead,
+}
+
+#[derive(Debug)]
+pub(super) struct FakeWorker {
+    pub(super) session_id: String,
+    /// The secret it was spawned with (its hello proves it).
+    token: String,
+    pub(super) stage: WorkerStage,
+    /// The kernel's worker host, from the boot on.
+    pub(super) host: Option<WorkerHost>,
+    /// Set by [`WorkerScript::WrongId`]: the id its ready snapshot names.
+    wrong_id: Option<String>,
+    pub(super) stream: Option<(u64, FauxStream)>,
+    /// Fake tool runs in flight: tool item id → (due, tool name).
+    pub(super) tools: BTreeMap<String, (Instant, String)>,
+    /// Sequence number of the boot (or, once dead, of the death).
+    pub(super) since: u64,
+    pub(super) to_runtime: VecDeque<(u64, ToWorker)>,
+    pub(super) to_server: VecDeque<(u64, FromWorker)>,
+}
+
+impl FakeWorker {
+    /// The runtime, once the session is open.
+    pub(super) fn runtime(&self) -> Option<&Runtime> {
+        self.host.as_ref()?.runtime()
+    }
+}
+
+/// An operation being given to a worker while facts are recorded.
+#[derive(Debug)]
+pub(super) struct WatchedOp {
+    op: OpId,
+    /// The outcome the worker answered within the same step.
+    outcome: Option<Result<(), ErrorCode>>,
+    /// A storage write failed within that step.
+    store_failed: bool,
+}
+
+impl World {
+    pub(super) fn on_spawn(&mut self, worker: WorkerId, session_id: String, creating: bool) {
+        let short = self.names_session(&session_id);
+        let kind = if creating { "create" } else { "open" };
+        if self.fail_spawns {
+            trace!(self, "server spawn {worker} for {short} ({kind}) fails");
+            let error = "simulated spawn failure".to_string();
+            self.push(Input::WorkerSpawnFailed { worker, error });
+            return;
+        }
+        trace!(self, "server spawn {worker} for {short} ({kind})");
+        let since = self.next_seq();
+        let token = format!("token-{}", worker.0);
+        let fake = FakeWorker {
+            session_id,
+            token: token.clone(),
+            stage: WorkerStage::Booting,
+            host: None,
+            wrong_id: None,
+            stream: None,
+            tools: BTreeMap::new(),
+            since,
+            to_runtime: VecDeque::new(),
+            to_server: VecDeque::new(),
+        };
+        self.workers.insert(worker, fake);
+        self.push(Input::WorkerSpawned { worker, token });
+        if !self.options.holds.boot {
+            self.boot_worker(worker);
+        }
+    }
+
+    /// The worker opens (or creates) its session and reports ready, or fails.
+    pub(super) fn boot_worker(&mut self, worker: WorkerId) {
+        let Some(w) = self
+            .workers
+            .get(&worker)
+            .filter(|w| w.stage == WorkerStage::Booting)
+        else {
+            return;
+        };
+        let session_id = w.session_id.clone();
+        let mut token = w.token.clone();
+        let script = self
+            .worker_scripts
+            .get(&session_id)
+            .or_else(|| self.worker_scripts.get(""))
+            .cloned()
+            .unwrap_or_default();
+        self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Running;
+        match script {
+            WorkerScript::Hang => {
+                self.workers.get_mut(&worker).expect("booting").stage = WorkerStage::Hung;
+                trace!(self, "{worker} hangs while opening");
+            }
+            WorkerScript::Fail(code, message) => {
+                let error = ProtocolError::new(code, message);
+                self.worker_says(worker, FromWorker::Failed { error }, true);
+            }
+            script => {
+                if script == WorkerScript::WrongToken {
+                    token.push_str("-forged");
+                }
+                let config = HostConfig {
+                    session_id,
+                    token,
+                    pid: worker.0,
+                    models: self.options.models.clone(),
+                    default_model: self.store.default_model.clone(),
+                    cwd: Some("/home/sim".into()),
+                    policy: Policy::default(),
+                    limits: WorkerLimits::default(),
+                };
+                let (host, hello) = WorkerHost::new(config, self.now);
+                let w = self.workers.get_mut(&worker).expect("booting");
+                w.host = Some(host);
+                if let WorkerScript::WrongId(id) = script {
+                    w.wrong_id = Some(id);
+                }
+                self.apply_host(worker, hello);
+            }
+        }
+    }
+
+    /// The fake store opens a session for `worker`, or says why not.
+    fn store_open(&mut self, worker: WorkerId) -> Result<StoredSession, StoreFailure> {
+        let session_id = self.workers[&worker].session_id.clone();
+        self.check_unlocked(worker, &session_id)?;
+        self.store
+            .sessions
+            .get(&session_id)
+            .cloned()
+            .ok_or_else(|| {
+                let message = format!("Session not found: {session_id}");
+                StoreFailure::new(StoreFailureKind::NotFound, message)
+            })
+    }
+
+    /// The fake store creates a session for `worker`.
+    fn store_create(
+        &mut self,
+        worker: WorkerId,
+        stored: StoredSession,
+    ) -> Result<StoredSession, StoreFailure> {
+        self.check_unlocked(worker, &stored.id)?;
+        if self.store.fail_writes {
+            let message = "Could not create the session directory (simulated)";
+            return Err(StoreFailure::new(StoreFailureKind::Broken, message));
+        }
+        assert!(
+            !self.store.sessions.contains_key(&stored.id),
+            "{}: created twice",
+            stored.id
+        );
+        self.store.insert(stored.clone());
+        self.unscanned.insert(stored.id.clone());
+        Ok(stored)
+    }
+
+    /// The session lock: another worker with its session open holds it.
+    fn check_unlocked(&self, worker: WorkerId, session_id: &str) -> Result<(), StoreFailure> {
+        let locked = self
+            .workers
+            .iter()
+            .any(|(w, f)| *w != worker && f.session_id == session_id && f.runtime().is_some());
+        if locked {
+            let message = format!("Session is locked by another worker: {session_id}");
+            return Err(StoreFailure::new(StoreFailureKind::Locked, message));
+        }
+        Ok(())
+    }
+
+    /// The fake store commits a batch; its failure is a full disk while the
+    /// session is there (it survives), and fatal once it is gone.
+    fn store_commit(&mut self, worker: WorkerId, batch: &[Persist]) -> Result<(), StoreFailure> {
+        let id = self.workers[&worker].session_id.clone();
+        for p in batch {
+            if let Err(message) = self.store.apply(&id, p) {
+                trace!(self, "{worker} storage write failed: {message}");
+                if let Some(watched) = self.watched_op.as_mut() {
+                    watched.store_failed = true;
+                }
+                let kind = if self.store.sessions.contains_key(&id) {
+                    StoreFailureKind::Full
+                } else {
+                    StoreFailureKind::Broken
+                };
+                return Err(StoreFailure::new(kind, message));
+            }
+        }
+        Ok(())
+    }
+
+    fn worker_says(&mut self, worker: WorkerId, message: FromWorker, then_exit: bool) {
+        if self.options.trace {
+            let line = summary::from_worker(&mut self.names, &message);
+            trace!(self, "{worker} → {line}");
+        }
+        self.worker_send(worker, message);
+        if then_exit {
+            self.exit_worker(worker);
+        }
+    }
+
+    fn worker_send(&mut self, worker: WorkerId, message: FromWorker) {
+        if self.orphans.contains_key(&worker) {
+            return; // no server to hear it; the snapshot on adoption carries the state
+        }
+        if self.options.holds.from_worker {
+            let seq = self.next_seq();
+            self.workers
+                .get_mut(&worker)
+                .expect("alive")
+                .to_server
+                .push_back((seq, message));
+        } else {
+            self.push(Input::FromWorker {
+                worker,
+                message: Box::new(message),
+            });
+        }
+    }
+
+    /// A message from the server reaches a worker's host.
+    pub(super) fn worker_receive(&mut self, worker: WorkerId, message: ToWorker) {
+        if let ToWorker::Operation { op, operation } = message {
+            return self.worker_operation(worker, op, operation);
+        }
+        self.host_step(worker, HostInput::Frame(WorkerFrame::ToWorker(message)));
+    }
+
+    fn worker_operation(&mut self, worker: WorkerId, op: OpId, operation: Operation) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let Some(runtime) = w.runtime() else {
+            return;
+        };
+        let phase_before = runtime.phase();
+        let session_id = w.session_id.clone();
+        let frame = WorkerFrame::ToWorker(ToWorker::Operation {
+            op,
+            operation: operation.clone(),
+        });
+        if !self.options.record_facts {
+            return self.host_step(worker, HostInput::Frame(frame));
+        }
+        self.watched_op = Some(WatchedOp {
+            op,
+            outcome: None,
+            store_failed: false,
+        });
+        self.host_step(worker, HostInput::Frame(frame));
+        let watched = self.watched_op.take().expect("set above");
+        self.fact(Fact::RuntimeOp {
+            worker,
+            session_id,
+            op,
+            operation,
+            phase_before,
+            immediate: watched.outcome,
+            store_failed: watched.store_failed,
+        });
+    }
+
+    pub(super) fn host_step(&mut self, worker: WorkerId, input: HostInput) {
+        let now = self.now;
+        let Some(host) = self.workers.get_mut(&worker).and_then(|w| w.host.as_mut()) else {
+            return;
+        };
+        let outputs = host.step(now, input);
+        self.apply_host(worker, outputs);
+    }
+
+    /// Carries out a worker host's outputs; the fake store answers at once,
+    /// and what the host says next is carried out too.
+    pub(super) fn apply_host(&mut self, worker: WorkerId, outputs: Vec<HostOutput>) {
+        let mut queue = VecDeque::from(outputs);
+        while let Some(output) = queue.pop_front() {
+            let answer = match output {
+                HostOutput::Send(WorkerFrame::FromWorker(mut message)) => {
+                    self.worker_sends(worker, &mut message);
+                    self.worker_send(worker, message);
+                    None
+                }
+                HostOutput::Send(WorkerFrame::Hello {
+                    session_id,
+                    token,
+                    pid,
+                    resume: None,
+                    ..
+                }) => {
+                    // A fresh channel on the worker socket; the server answers
+                    // with the worker's start (or refuses it).
+                    let channel = ChannelId(self.next_channel);
+                    self.next_channel += 1;
+                    self.push(Input::WorkerHello {
+                        channel,
+                        session_id,
+                        token,
+                        pid,
+                    });
+                    None
+                }
+                HostOutput::Send(_) | HostOutput::RecordServer => None,
+                HostOutput::OpenStore => Some(HostInput::StoreOpened(self.store_open(worker))),
+                HostOutput::CreateStore(stored) => {
+                    Some(HostInput::StoreOpened(self.store_create(worker, stored)))
+                }
+                HostOutput::Commit(batch) => {
+                    Some(HostInput::Committed(self.store_commit(worker, &batch)))
+                }
+                HostOutput::ReloadStore => {
+                    let id = &self.workers[&worker].session_id;
+                    let stored = self.store.sessions.get(id).cloned().ok_or_else(|| {
+                        StoreFailure::new(StoreFailureKind::Broken, "session directory is gone")
+                    });
+                    Some(HostInput::Reloaded(stored))
+                }
+                HostOutput::SaveDefaultModel(model) => {
+                    self.store.default_model = Some(model);
+                    None
+                }
+                HostOutput::StartModel { call, request } => {
+                    let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
+                    self.workers.get_mut(&worker).expect("live").stream = Some((call, stream));
+                    None
+                }
+                HostOutput::CancelModel { .. } => {
+                    self.workers.get_mut(&worker).expect("live").stream = None;
+                    None
+                }
+                HostOutput::RunTool { id, tool_name, .. } => {
+                    let due = self.now + self.options.tool_delay;
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.tools.insert(id, (due, tool_name));
+                    None
+                }
+                HostOutput::CancelTool { id } => {
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.tools.remove(&id);
+                    None
+                }
+                HostOutput::Announce(hello) => self.announce(worker, hello),
+                HostOutput::SwitchChannel | HostOutput::DropAnnouncement => None,
+                HostOutput::Exit(_) => {
+                    match self.orphans.get(&worker) {
+                        Some(pid) => trace!(self, "orphan pid {} retires", pid - ORPHAN_BASE),
+                        None => trace!(self, "{worker} exits"),
+                    }
+                    return self.exit_worker(worker);
+                }
+            };
+            if let Some(input) = answer {
+                let now = self.now;
+                let Some(host) = self.workers.get_mut(&worker).and_then(|w| w.host.as_mut()) else {
+                    return;
+                };
+                queue.extend(host.step(now, input));
+            }
+        }
+    }
+
+    /// What the world notes of a message a worker sends: the trace line, the
+    /// outcome of a watched operation, and a scripted wrong id.
+    fn worker_sends(&mut self, worker: WorkerId, message: &mut FromWorker) {
+        if let FromWorker::Ready { snapshot } = message
+            && let Some(id) = self
+                .workers
+                .get_mut(&worker)
+                .and_then(|w| w.wrong_id.take())
+        {
+            snapshot.id = id;
+        }
+        if let (Some(watched), FromWorker::OpDone { op, outcome }) =
+            (self.watched_op.as_mut(), &*message)
+            && watched.op == *op
+            && watched.outcome.is_none()
+        {
+            watched.outcome = Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code));
+        }
+        let quiet = is_worker_delta(message) && !self.options.trace_deltas;
+        if self.options.trace && !quiet {
+            let line = summary::from_worker(&mut self.names, message);
+            trace!(self, "{worker} → {line}");
+        }
+    }
+
+    /// The worker process ends: its runtime (and session lock) is gone at
+    /// once; the server learns it from the exit notice.
+    pub(super) fn exit_worker(&mut self, worker: WorkerId) {
+        if self.orphans.remove(&worker).is_some() {
+            self.workers.remove(&worker);
+            return;
+        }
+        if !self.options.holds.exit && !self.options.holds.from_worker {
+            if self.workers.remove(&worker).is_some() {
+                self.push(Input::WorkerExited { worker });
+            }
+            return;
+        }
+        let since = self.next_seq();
+        let Some(w) = self
+            .workers
+            .get_mut(&worker)
+            .filter(|w| w.stage != WorkerStage::Dead)
+        else {
+            return;
+        };
+        w.stage = WorkerStage::Dead;
+        w.host = None;
+        w.stream = None;
+        w.tools.clear();
+        w.to_runtime.clear();
+        w.since = since;
+        if !self.options.holds.exit && w.to_server.is_empty() {
+            self.report_exit(worker);
+        }
+    }
+
+    /// The server learns that the worker exited; whatever it still had in
+    /// flight is lost.
+    pub(super) fn report_exit(&mut self, worker: WorkerId) {
+        if self.workers.remove(&worker).is_some() {
+            trace!(self, "{worker} exit reported");
+            self.push(Input::WorkerExited { worker });
+        }
+    }
+
+    /// Kills a worker process abruptly (SIGKILL): nothing is flushed beyond what was persisted.
+    pub fn crash_worker(&mut self, worker: WorkerId) {
+        trace!(self, "{worker} crashes");
+        self.exit_worker(worker);
+        self.run();
+    }
+
+    /// The current model call of a worker fails (the stream stops). A
+    /// `retryable` failure makes the runtime retry after a backoff.
+    pub fn fail_model(&mut self, worker: WorkerId, retryable: bool) {
+        let Some((call, _)) = self.workers.get_mut(&worker).and_then(|w| w.stream.take()) else {
+            return;
+        };
+        trace!(
+            self,
+            "{worker} model call {call} fails (retryable: {retryable})"
+        );
+        let message = "simulated model failure".to_string();
+        let event = ModelEvent::Failed {
+            message,
+            retryable,
+            retry_after_ms: None,
+        };
+        self.host_step(worker, HostInput::Model { call, event });
+        self.run();
+    }
+
+    /// Delivers what is due in a worker: model events, finished tool runs, a runtime tick.
+    pub(super) fn fire_worker(&mut self, worker: WorkerId) {
+        let now = self.now;
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if let Some((call, stream)) = w.stream.as_mut() {
+            let call = *call;
+            for event in stream.poll(now) {
+                self.host_step(worker, HostInput::Model { call, event });
+            }
+        }
+        let done: Vec<(String, String)> = match self.workers.get(&worker) {
+            Some(w) => {
+                let due = w.tools.iter().filter(|(_, (at, _))| *at <= now);
+                due.map(|(id, (_, name))| (id.clone(), name.clone()))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        for (id, tool_name) in done {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return;
+            };
+            w.tools.remove(&id);
+            // Fake tools fail, deterministically, on odd item ids.
+            let is_error = id.ends_with(['1', '3', '5', '7', '9']);
+            let text = format!("fake {tool_name} output for {id}");
+            let content = vec![Content::Text { text }];
+            let input = HostInput::ToolDone {
+                id,
+                content,
+                details: None,
+                is_error,
+            };
+            self.host_step(worker, input);
+        }
+        let tick = self
+            .workers
+            .get(&worker)
+            .and_then(|w| w.host.as_ref()?.next_deadline());
+        if tick.is_some_and(|d| d <= now) {
+            self.host_step(worker, HostInput::Tick);
+        }
+    }
+
+    /// True when the worker has a model call streaming.
+    pub fn is_streaming(&self, worker: WorkerId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.stream.is_some())
+    }
+
+    /// The live worker of a session, if any.
+    pub fn worker_of(&self, session_id: &str) -> Option<WorkerId> {
+        let mut alive = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.stage != WorkerStage::Dead);
+        alive
+            .find(|(_, w)| w.session_id == session_id)
+            .map(|(id, _)| *id)
+    }
+
+    /// Number of fake worker processes alive.
+    pub fn worker_count(&self) -> usize {
+        self.workers
+            .values()
+            .filter(|w| w.stage != WorkerStage::Dead)
+            .count()
+    }
+
+    /// (session, item) of every reply a live runtime is streaming now.
+    pub fn streaming_replies(&self) -> std::collections::BTreeSet<(String, String)> {
+        self.workers
+            .values()
+            .filter(|w| w.stage != WorkerStage::Dead)
+            .filter_map(|w| {
+                let runtime = w.runtime()?;
+                match runtime.state().transcript.last()? {
+                    kernel::protocol::TranscriptItem::Assistant(a)
+                        if a.status == kernel::protocol::AssistantStatus::Streaming =>
+                    {
+                        Some((w.session_id.clone(), a.id.clone()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Every fake worker the server has not yet seen exit: id, session, stage,
+    /// whether its runtime is open and in a turn.
+    pub fn workers(&self) -> Vec<(WorkerId, &str, WorkerStage, Option<SessionPhase>)> {
+        let phase = |w: &FakeWorker| w.runtime().map(Runtime::phase);
+        self.workers
+            .iter()
+            .map(|(id, w)| (*id, w.session_id.as_str(), w.stage, phase(w)))
+            .collect()
+    }
+}
