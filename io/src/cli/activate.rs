@@ -30,7 +30,7 @@
 //! Such a server retires `grace` after its last client left and no worker is
 //! busy (default 1000 ms, `$PI_SERVER_IDLE_EXIT_MS` overrides).
 
-use super::{GlobalArgs, absolute};
+use super::args::{GlobalArgs, absolute};
 use crate::client::{Address, Client, ClientError};
 use crate::config;
 use kernel::protocol::{ErrorCode, ModelRef};

@@ -338,7 +338,7 @@ pub(super) async fn run_lines(
                     plain.finish(&mut out);
                     print(&out);
                     out.clear();
-                    match super::turn_outcome(&snapshot) {
+                    match super::stream::turn_outcome(&snapshot) {
                         Ok(summary) => eprintln!("[turn complete: {summary}]"),
                         Err(problem) => eprintln!("[turn ended: {problem}]"),
                     }

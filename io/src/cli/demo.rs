@@ -3,10 +3,8 @@
 //! same snapshot and the same live deltas. Output lines say who speaks
 //! (`[demo]`, `[client 1]`, `[client 2]`).
 
-use super::{
-    START_POLL_INTERVAL, START_TIMEOUT, Stream, connect_error, log_tail, no_server, stream_prompt,
-    turn_outcome,
-};
+use super::activate::{START_POLL_INTERVAL, START_TIMEOUT, connect_error, log_tail, no_server};
+use super::stream::{Stream, stream_prompt, turn_outcome};
 use crate::client::Client;
 use crate::config;
 use kernel::protocol::{CreateParams, DeltaKind, ServerEvent, SessionSnapshot, TranscriptProgress};

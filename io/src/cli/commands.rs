@@ -1,0 +1,384 @@
+//! The commands that run once and print: `serve`, `list`, `create`, `rm`,
+//! `models`, `log`, and `attach`'s entry (the terminal UI or line mode).
+
+use super::Failure;
+use super::activate::{Target, connect};
+use super::args::{CreateArgs, GlobalArgs, ServeArgs, absolute};
+use super::attach;
+use super::discover::{Found, close_all, servers, session_server};
+use crate::config;
+use kernel::protocol::{CreateParams, ModelMetadata, ModelRef, SessionMetadata, ThinkingLevel};
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------
+// serve
+
+pub(super) async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(), String> {
+    if global.connect.is_some() {
+        return Err(
+            "--connect is for client commands; `serve` listens at <server-dir>/<server-id>.sock"
+                .into(),
+        );
+    }
+    let server_dir = absolute(&config::server_dir(global.server_dir))?;
+    config::ensure_private_dir(&server_dir)?;
+    let server_id = config::server_id(global.server_id, &server_dir)?;
+    let session_dir = absolute(&config::session_dir(global.session_dir))?;
+    let token = global
+        .token_file
+        .as_deref()
+        .map(config::read_token_file)
+        .transpose()?;
+    let options = crate::daemon::ServeOptions {
+        server_dir,
+        server_id,
+        session_dir,
+        token,
+        idle_exit: args.idle_exit_ms.map(Duration::from_millis),
+        listen_tcp: args.listen.clone(),
+    };
+    crate::daemon::serve(options).await
+}
+
+// ---------------------------------------------------------------------------
+// list, create, rm, models, log
+
+/// Sessions of every discovered server (or of the chosen one), as
+/// `(server id, session)` pairs sorted by server id, then session id.
+pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String> {
+    let found = servers(target).await?;
+    let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
+    let mut failed = None;
+    for Found { server_id, client } in &found {
+        match client.list().await {
+            Ok(sessions) => pairs.extend(sessions.into_iter().map(|s| (server_id.clone(), s))),
+            Err(e) => {
+                failed = Some(format!(
+                    "cannot list the sessions of server {server_id}: {e}"
+                ));
+                break;
+            }
+        }
+    }
+    close_all(found).await;
+    if let Some(problem) = failed {
+        return Err(problem);
+    }
+    // Newest activity first.
+    let last = |s: &SessionMetadata| s.updated_at.unwrap_or(s.created_at);
+    pairs.sort_by(|a, b| {
+        last(&b.1)
+            .cmp(&last(&a.1))
+            .then_with(|| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)))
+    });
+    if quiet {
+        for (_, s) in &pairs {
+            println!("{}", s.id);
+        }
+        return Ok(());
+    }
+    if json {
+        let list: Vec<serde_json::Value> = pairs
+            .iter()
+            .map(|(server_id, s)| {
+                let mut value = session_json(s);
+                value["serverId"] = server_id.clone().into();
+                if let Some((model, level)) = stored_model(target, &s.id) {
+                    value["model"] = format!("{}/{}", model.provider, model.id).into();
+                    value["thinkingLevel"] = level.as_str().into();
+                }
+                value
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    if pairs.is_empty() {
+        eprintln!("no sessions yet; create one with `pi-server create`");
+        return Ok(());
+    }
+    let mut rows = vec![vec![
+        "SERVER".into(),
+        "SESSION".into(),
+        "CREATED (UTC)".into(),
+        "LAST ACTIVITY (UTC)".into(),
+        "MODEL".into(),
+        "CWD".into(),
+        "NAME".into(),
+    ]];
+    for (server_id, s) in &pairs {
+        let model = stored_model(target, &s.id).map_or_else(
+            || "-".to_owned(),
+            |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
+        );
+        rows.push(vec![
+            server_id.clone(),
+            s.id.clone(),
+            format_utc(s.created_at),
+            format_utc(last(s)),
+            model,
+            s.cwd.clone().unwrap_or_default(),
+            s.session_name.clone().unwrap_or_default(),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// A listed session's model, from its `meta.json` where this client can
+/// read the session directory (`--session-dir`); the protocol's session list
+/// carries durable metadata only, without the model.
+pub(super) fn stored_model(target: &Target, id: &str) -> Option<(ModelRef, ThinkingLevel)> {
+    let launch = target.launch.as_ref()?;
+    crate::store::stored_model(&launch.session_dir, id)
+}
+
+pub(super) fn session_json(s: &SessionMetadata) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("id".into(), s.id.clone().into());
+    map.insert("createdAt".into(), s.created_at.into());
+    if let Some(t) = s.updated_at {
+        map.insert("updatedAt".into(), t.into());
+    }
+    if let Some(p) = &s.parent_session_id {
+        map.insert("parentSessionId".into(), p.clone().into());
+    }
+    if let Some(n) = &s.session_name {
+        map.insert("sessionName".into(), n.clone().into());
+    }
+    if let Some(c) = &s.cwd {
+        map.insert("cwd".into(), c.clone().into());
+    }
+    serde_json::Value::Object(map)
+}
+
+pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
+    let cwd = match args.cwd {
+        Some(dir) => absolute(&dir)?,
+        None => std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    if !cwd.is_dir() {
+        return Err(format!("--cwd {}: no such directory", cwd.display()));
+    }
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| format!("--cwd {}: the path is not valid UTF-8", cwd.display()))?
+        .to_owned();
+    let client = connect(target).await?;
+    if let Some(model) = &args.model {
+        check_model(&client.server_snapshot().models, model, args.thinking)?;
+    }
+    let params = CreateParams {
+        cwd: Some(cwd),
+        name: args.name,
+        model: args.model,
+        thinking_level: args.thinking,
+    };
+    let session = client
+        .create(params)
+        .await
+        .map_err(|e| format!("cannot create the session: {e}"))?;
+    let models = client.server_snapshot().models;
+    client.close().await;
+    let chosen = &session.model;
+    if models
+        .iter()
+        .any(|m| m.provider == chosen.provider && m.id == chosen.id && !m.authenticated)
+    {
+        eprintln!(
+            "warning: model {}/{} has no credentials (no API key in the environment or auth.json); prompts will fail until it has",
+            chosen.provider, chosen.id
+        );
+    }
+    println!("{}", session.id);
+    Ok(())
+}
+
+/// Checks a requested model (and thinking level) against the server's list,
+/// with the kernel's rules and messages.
+pub(super) fn check_model(
+    models: &[ModelMetadata],
+    model: &ModelRef,
+    thinking: Option<ThinkingLevel>,
+) -> Result<(), String> {
+    let found = kernel::runtime::find_model(models, model).map_err(|e| e.message)?;
+    if let Some(level) = thinking {
+        kernel::runtime::supported(found, level).map_err(|e| e.message)?;
+    }
+    Ok(())
+}
+
+pub(super) fn levels(levels: &[ThinkingLevel]) -> String {
+    levels
+        .iter()
+        .map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) async fn run_rm(target: &Target, query: &str) -> Result<(), String> {
+    let (client, id) = session_server(target, query).await?;
+    let id = id.as_str();
+    let result = client.remove(id).await;
+    client.close().await;
+    result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
+    println!("removed session {id}");
+    Ok(())
+}
+
+pub(super) async fn run_models(target: &Target, json: bool) -> Result<(), String> {
+    let client = connect(target).await?;
+    let models = client.server_snapshot().models;
+    client.close().await;
+    if json {
+        let list: Vec<serde_json::Value> = models
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "provider": m.provider,
+                    "id": m.id,
+                    "name": m.name,
+                    "reasoning": m.reasoning,
+                    "supportedThinkingLevels": m.supported_thinking_levels.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
+                    "authenticated": m.authenticated,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    let mut rows = vec![vec![
+        "MODEL".into(),
+        "NAME".into(),
+        "REASONING".into(),
+        "THINKING LEVELS".into(),
+        "CREDENTIALS".into(),
+    ]];
+    for m in &models {
+        rows.push(vec![
+            format!("{}/{}", m.provider, m.id),
+            m.name.clone(),
+            if m.reasoning { "yes" } else { "no" }.into(),
+            levels(&m.supported_thinking_levels),
+            if m.authenticated { "yes" } else { "missing" }.into(),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// Prints rows in left-aligned columns; the last column is not padded.
+pub(super) fn print_table(rows: &[Vec<String>]) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = std::io::stdout().lock();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == columns {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[c]));
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+/// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub(crate) fn format_utc(epoch_ms: u64) -> String {
+    let secs = epoch_ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub(super) async fn run_log(target: &Target, query: &str, json: bool) -> Result<(), String> {
+    let (client, id) = session_server(target, query).await?;
+    let attached = client.attach(&id).await;
+    if attached.is_ok() {
+        let _ = client.detach(&id).await;
+    }
+    client.close().await;
+    let snapshot = attached.map_err(|e| format!("cannot read session {id}: {e}"))?;
+    attach::print_log(&snapshot, json);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// attach
+
+pub(super) async fn run_attach(
+    target: &Target,
+    query: &str,
+    history: crate::tui::History,
+    json: bool,
+) -> Result<(), Failure> {
+    let (client, id) = session_server(target, query).await?;
+    let client = Arc::new(client);
+    let id = id.as_str();
+    let snapshot = client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let result = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() && !json {
+        crate::tui::run(Arc::clone(&client), id, history)
+            .await
+            .map_err(Failure::from)
+    } else {
+        attach::run_lines(Arc::clone(&client), id, &snapshot, json).await
+    };
+    let _ = client.detach(id).await;
+    if result.is_ok() {
+        eprintln!("detached from session {id}");
+    }
+    if let Ok(client) = Arc::try_unwrap(client) {
+        client.close().await;
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::args::parse_model;
+    use kernel::protocol::ThinkingLevel;
+
+    #[test]
+    fn model_check_names_the_alternatives() {
+        let models = kernel::faux::models();
+        let reasoner = parse_model("faux/faux-reasoner").unwrap();
+        assert!(check_model(&models, &reasoner, Some(ThinkingLevel::High)).is_ok());
+        let error = check_model(&models, &reasoner, Some(ThinkingLevel::Max)).unwrap_err();
+        assert!(error.contains("does not support"), "{error}");
+        let error = check_model(&models, &parse_model("x/y").unwrap(), None).unwrap_err();
+        assert!(error.contains("faux/faux-1"), "{error}");
+    }
+
+    #[test]
+    fn utc_formatting() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(format_utc(1_787_400_000_123), "2026-08-22 12:00:00");
+    }
+}

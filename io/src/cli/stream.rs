@@ -1,0 +1,256 @@
+//! `prompt`: a turn's reply streamed to stdout as it arrives, Ctrl-C as
+//! abort, and the exit code that says how the turn ended.
+
+use super::Failure;
+use super::activate::Target;
+use super::discover::session_server;
+use crate::client::{Client, Status};
+use kernel::client::follow::{self, Follower, TurnOutcome, Update};
+use kernel::protocol::{ServerEvent, SessionSnapshot, TranscriptItem};
+use std::io::Write;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::broadcast;
+
+/// Reply text written to stdout as it arrives, remembering whether a line
+/// is open. What is new is decided by the kernel's transcript follower.
+#[derive(Debug)]
+pub(super) struct Stream {
+    line_open: bool,
+    /// The session followed, from the first snapshot written from.
+    follower: Option<Follower>,
+    /// `prompt` shows its own turn alone: replies streamed before its user
+    /// message belong to another client's turn.
+    own_only: bool,
+    /// With `own_only`: our user message was seen.
+    showing: bool,
+    /// The assistant item whose text is being written.
+    item: Option<String>,
+    /// How many text updates were written (the demo reports it).
+    deltas: usize,
+    /// Ctrl-C was pressed while the prompt ran.
+    interrupted: bool,
+}
+
+impl Stream {
+    pub(super) fn new() -> Self {
+        Self {
+            line_open: false,
+            follower: None,
+            own_only: false,
+            showing: false,
+            item: None,
+            deltas: 0,
+            interrupted: false,
+        }
+    }
+
+    pub(super) fn write(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        self.line_open = !text.ends_with('\n');
+    }
+
+    /// Ends the current line, if one is open.
+    pub(super) fn end_line(&mut self) {
+        if self.line_open {
+            self.write("\n");
+        }
+    }
+
+    /// Follows `snapshot`'s session from here on: what it holds is shown.
+    pub(super) fn follow(&mut self, snapshot: &SessionSnapshot) {
+        let mut follower = Follower::new(snapshot.id.clone());
+        follower.resume(snapshot);
+        self.follower = Some(follower);
+    }
+
+    /// Shows only the turn of `text`, which this client is about to send.
+    pub(super) fn expect_own(&mut self, text: &str) {
+        if let Some(follower) = &mut self.follower {
+            follower.expect_own(text);
+        }
+        self.own_only = true;
+        self.showing = false;
+    }
+
+    /// Progress may have been lost: only snapshots are trusted until one.
+    pub(super) fn gap(&mut self) {
+        if let Some(follower) = &mut self.follower {
+            follower.gap();
+        }
+    }
+
+    /// Writes the reply text `event` adds.
+    pub(super) fn on_event(&mut self, event: &ServerEvent) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_event(event),
+            None => return,
+        };
+        self.show(updates);
+    }
+
+    /// The turn ended with `snapshot`: writes what the stream missed of it.
+    pub(super) fn finish(&mut self, snapshot: &SessionSnapshot) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_snapshot(snapshot),
+            None => return,
+        };
+        self.show(updates);
+        self.own_only = false;
+    }
+
+    pub(super) fn show(&mut self, updates: Vec<Update>) {
+        for update in updates {
+            match update {
+                Update::User { own: true, .. } => self.showing = true,
+                Update::Text { item_id, delta } if self.showing || !self.own_only => {
+                    if self.item.as_ref().is_some_and(|item| *item != item_id) {
+                        self.end_line();
+                    }
+                    self.item = Some(item_id);
+                    self.deltas += 1;
+                    self.write(&delta);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Sends a prompt and writes its reply's text deltas to `stream` until the
+/// prompt's response arrives. With `sigint`, a first Ctrl-C aborts the turn
+/// and a second gives up waiting.
+pub(super) async fn stream_prompt(
+    client: &Client,
+    session_id: &str,
+    text: &str,
+    stream: &mut Stream,
+    mut sigint: Option<&mut Signal>,
+) -> Result<SessionSnapshot, String> {
+    let mut events = client.events();
+    let mut events_open = true;
+    let mut status = client.status();
+    let mut status_open = true;
+    let mut aborting = false;
+    if stream.follower.is_none()
+        && let Some(snapshot) = client.session_snapshot(session_id)
+    {
+        stream.follow(&snapshot);
+    }
+    stream.expect_own(text);
+    let prompt = client.prompt(session_id, text);
+    tokio::pin!(prompt);
+    let outcome = loop {
+        let interrupted = async {
+            match sigint.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            // First, so that no delta after a reconnection is written.
+            biased;
+            changed = status.changed(), if status_open => match changed {
+                Ok(()) => match &*status.borrow_and_update() {
+                    Status::Reconnecting { reason } => {
+                        stream.gap();
+                        // Stdout stays the reply alone: the notice goes to
+                        // stderr, on a line of its own on a shared terminal.
+                        let gap = if stream.line_open { "\n" } else { "" };
+                        eprintln!("{gap}(lost the server: {reason}; reconnecting)");
+                    }
+                    Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
+                    _ => {}
+                },
+                Err(_) => status_open = false,
+            },
+            outcome = &mut prompt => break outcome,
+            event = events.recv(), if events_open => match event {
+                Ok(event) => stream.on_event(&event),
+                // A hole in the deltas: write only from snapshots until one.
+                Err(broadcast::error::RecvError::Lagged(_)) => stream.gap(),
+                Err(broadcast::error::RecvError::Closed) => events_open = false,
+            },
+            _ = interrupted => {
+                stream.end_line();
+                stream.interrupted = true;
+                if aborting {
+                    return Err("interrupted".into());
+                }
+                aborting = true;
+                eprintln!("aborting the turn (Ctrl-C again to stop waiting)");
+                if let Err(e) = client.abort(session_id).await {
+                    eprintln!("cannot abort: {e}");
+                }
+            }
+        }
+    };
+    // Events that arrived before the response may still be queued.
+    while let Ok(event) = events.try_recv() {
+        stream.on_event(&event);
+    }
+    let snapshot = outcome.map_err(|e| format!("the prompt failed: {e}"))?;
+    stream.finish(&snapshot);
+    stream.end_line();
+    Ok(snapshot)
+}
+
+/// How a turn ended, from its final snapshot: `Ok(summary)` or `Err(problem)`.
+pub(super) fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
+    let summary = format!(
+        "revision {}, {} transcript items",
+        snapshot.revision,
+        snapshot.transcript.len()
+    );
+    // The turn starts at its (last) user message.
+    let base = snapshot
+        .transcript
+        .iter()
+        .rposition(|item| matches!(item, TranscriptItem::User(_)))
+        .unwrap_or(0);
+    match follow::turn_outcome(snapshot, base) {
+        TurnOutcome::Completed => Ok(summary),
+        TurnOutcome::MaxTokens => Ok(format!("{summary}; the reply was cut at the output limit")),
+        TurnOutcome::Aborted { tool: None } => Err("the turn was aborted".into()),
+        TurnOutcome::Aborted { tool: Some(tool) } => {
+            Err(format!("the turn was aborted during the {tool} tool call"))
+        }
+        TurnOutcome::Failed { message } => Err(format!("the model reported an error: {message}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// prompt
+
+pub(super) async fn run_prompt(target: &Target, query: &str, text: &str) -> Result<(), Failure> {
+    let (client, id) = session_server(target, query).await?;
+    let result = prompt_attached(&client, &id, text).await;
+    let _ = client.detach(&id).await;
+    client.close().await;
+    result
+}
+
+/// Exits 130 when Ctrl-C stopped the turn, with the one message that says
+/// how it ended (aborted, in a tool call or not).
+pub(super) async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), Failure> {
+    client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
+    let mut stream = Stream::new();
+    let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
+    let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
+    match outcome {
+        Err(message) if stream.interrupted => {
+            eprintln!("pi-server: {message}");
+            Err(Failure::interrupted())
+        }
+        other => other.map_err(Failure::from),
+    }
+}
