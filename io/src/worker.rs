@@ -442,7 +442,7 @@ impl Worker {
                     while let Some(at) = stream.next_deadline() {
                         let wait = at.as_millis().saturating_sub(wall_now().as_millis());
                         tokio::time::sleep(Duration::from_millis(wait)).await;
-                        for event in stream.poll(wall_now()) {
+                        for event in stream.step(wall_now()) {
                             if events.send(HostInput::Model { call, event }).await.is_err() {
                                 return;
                             }

@@ -198,8 +198,9 @@ impl FauxStream {
         (!self.pending.is_empty()).then_some(self.next_at)
     }
 
-    /// The events due at `now`, in order.
-    pub fn poll(&mut self, now: Instant) -> Vec<ModelEvent> {
+    /// The events due at `now`, in order. A stream takes no input but time:
+    /// its calling protocol is `step(now)` and [`FauxStream::next_deadline`].
+    pub fn step(&mut self, now: Instant) -> Vec<ModelEvent> {
         let mut due = Vec::new();
         while !self.pending.is_empty() && self.next_at <= now {
             due.push(self.pending.pop_front().expect("non-empty"));
@@ -272,11 +273,11 @@ mod tests {
             Duration::from_millis(10),
         );
         assert_eq!(s.next_deadline(), Some(Instant(10)));
-        assert!(s.poll(Instant(9)).is_empty());
+        assert!(s.step(Instant(9)).is_empty());
         let mut events = Vec::new();
         let mut t = 10;
         while s.next_deadline().is_some() {
-            events.extend(s.poll(Instant(t)));
+            events.extend(s.step(Instant(t)));
             t += 10;
         }
         let text: String = events
@@ -301,7 +302,7 @@ mod tests {
             Instant(0),
             Duration::ZERO,
         );
-        let events = s.poll(Instant(0));
+        let events = s.step(Instant(0));
         assert!(matches!(
             &events[0],
             ModelEvent::Delta {

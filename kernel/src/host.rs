@@ -40,7 +40,7 @@
 
 use crate::faux;
 use crate::limits::WorkerLimits;
-use crate::link::{Link, LinkAction};
+use crate::link::{Link, LinkAction, LinkInput};
 use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
 use crate::protocol::{ErrorCode, JsonValue, ModelMetadata, ModelRef, ProtocolError, SessionPhase};
 use crate::runtime::{
@@ -371,7 +371,7 @@ impl WorkerHost {
             (HostStage::Running, HostInput::Reloaded(result)) => self.on_reloaded(result),
             (HostStage::Running, HostInput::Frame(frame)) => self.on_frame(frame),
             (HostStage::Running, HostInput::ChannelLost)
-                if self.link.on_lost(self.now) == Some(LinkAction::Announce) =>
+                if self.link.step(self.now, LinkInput::Lost) == Some(LinkAction::Announce) =>
             {
                 self.announce()
             }
@@ -521,7 +521,7 @@ impl WorkerHost {
         }
         self.announcing = false;
         if matches!(answer, Some(WorkerFrame::Adopted)) && self.link.is_orphaned() {
-            self.link.on_adopted();
+            self.link.step(self.now, LinkInput::Adopted);
             self.out.push(HostOutput::SwitchChannel);
         } else {
             self.out.push(HostOutput::DropAnnouncement);
@@ -534,7 +534,7 @@ impl WorkerHost {
             .runtime
             .as_ref()
             .is_some_and(|r| r.phase() == SessionPhase::Idle);
-        match self.link.on_tick(self.now, idle) {
+        match self.link.step(self.now, LinkInput::Tick { idle }) {
             Some(LinkAction::Announce) => self.announce(),
             Some(LinkAction::Retire) => self.run(RuntimeInput::Dispose),
             None => {}

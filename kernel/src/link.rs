@@ -26,6 +26,18 @@ pub enum LinkAction {
     Retire,
 }
 
+/// What the worker host learns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkInput {
+    /// The server link was lost (the server died, was replaced, or released it).
+    Lost,
+    /// A server adopted the worker.
+    Adopted,
+    /// Time passed; `idle` says whether the session has no turn running (a
+    /// busy orphan finishes its turn before it retires).
+    Tick { idle: bool },
+}
+
 /// Where the link stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkState {
@@ -71,8 +83,21 @@ impl Link {
         matches!(self.state, LinkState::Orphaned { .. })
     }
 
-    /// The server link was lost (the server died, was replaced, or released it).
-    pub fn on_lost(&mut self, now: Instant) -> Option<LinkAction> {
+    /// Feeds one input at `now`; returns what the worker must do, if anything.
+    pub fn step(&mut self, now: Instant, input: LinkInput) -> Option<LinkAction> {
+        match input {
+            LinkInput::Lost => self.on_lost(now),
+            LinkInput::Adopted => {
+                if self.is_orphaned() {
+                    self.state = LinkState::Linked;
+                }
+                None
+            }
+            LinkInput::Tick { idle } => self.on_tick(now, idle),
+        }
+    }
+
+    fn on_lost(&mut self, now: Instant) -> Option<LinkAction> {
         match self.state {
             LinkState::Linked => {
                 self.state = LinkState::Orphaned {
@@ -85,15 +110,7 @@ impl Link {
         }
     }
 
-    /// A server adopted the worker.
-    pub fn on_adopted(&mut self) {
-        if self.is_orphaned() {
-            self.state = LinkState::Linked;
-        }
-    }
-
-    /// Time passed; `idle` says whether the session has no turn running.
-    pub fn on_tick(&mut self, now: Instant, idle: bool) -> Option<LinkAction> {
+    fn on_tick(&mut self, now: Instant, idle: bool) -> Option<LinkAction> {
         let LinkState::Orphaned { since, next_try } = self.state else {
             return None;
         };
@@ -111,7 +128,7 @@ impl Link {
         None
     }
 
-    /// When [`Link::on_tick`] has something to do.
+    /// When [`LinkInput::Tick`] has something to do.
     ///
     /// That is the next announcement: the grace is checked on every tick, so
     /// it is honoured to within one retry interval, and a busy orphan past its
@@ -127,28 +144,42 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use LinkInput::*;
 
     #[test]
     fn an_idle_orphan_retires_after_its_grace() {
         let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
-        assert_eq!(l.on_tick(Instant(5), true), None, "linked: nothing to do");
-        assert_eq!(l.on_lost(Instant(0)), Some(LinkAction::Announce));
-        assert_eq!(l.on_lost(Instant(1)), None, "lost once");
+        assert_eq!(
+            l.step(Instant(5), Tick { idle: true }),
+            None,
+            "linked: nothing to do"
+        );
+        assert_eq!(l.step(Instant(0), Lost), Some(LinkAction::Announce));
+        assert_eq!(l.step(Instant(1), Lost), None, "lost once");
         assert_eq!(l.next_deadline(), Some(Instant(100)));
-        assert_eq!(l.on_tick(Instant(50), true), None);
-        assert_eq!(l.on_tick(Instant(100), true), Some(LinkAction::Announce));
-        assert_eq!(l.on_tick(Instant(999), true), Some(LinkAction::Announce));
-        assert_eq!(l.on_tick(Instant(1000), true), Some(LinkAction::Retire));
+        assert_eq!(l.step(Instant(50), Tick { idle: true }), None);
+        assert_eq!(
+            l.step(Instant(100), Tick { idle: true }),
+            Some(LinkAction::Announce)
+        );
+        assert_eq!(
+            l.step(Instant(999), Tick { idle: true }),
+            Some(LinkAction::Announce)
+        );
+        assert_eq!(
+            l.step(Instant(1000), Tick { idle: true }),
+            Some(LinkAction::Retire)
+        );
         assert_eq!(l.state(), LinkState::Retired);
-        assert_eq!(l.on_tick(Instant(2000), true), None);
+        assert_eq!(l.step(Instant(2000), Tick { idle: true }), None);
     }
 
     #[test]
     fn a_busy_orphan_finishes_first_and_adoption_relinks() {
         let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
-        l.on_lost(Instant(0));
+        l.step(Instant(0), Lost);
         assert_eq!(
-            l.on_tick(Instant(5000), false),
+            l.step(Instant(5000), Tick { idle: false }),
             Some(LinkAction::Announce),
             "busy: keep trying"
         );
@@ -158,17 +189,17 @@ mod tests {
             "past the grace: never a deadline in the past"
         );
         assert_eq!(
-            l.on_tick(Instant(5001), true),
+            l.step(Instant(5001), Tick { idle: true }),
             Some(LinkAction::Retire),
             "idle after the grace: retire"
         );
         let mut l = Link::new(Duration::from_millis(1000), Duration::from_millis(100));
-        l.on_lost(Instant(0));
-        l.on_adopted();
+        l.step(Instant(0), Lost);
+        l.step(Instant(5), Adopted);
         assert_eq!(l.state(), LinkState::Linked);
         assert_eq!(l.next_deadline(), None);
         assert_eq!(
-            l.on_lost(Instant(10)),
+            l.step(Instant(10), Lost),
             Some(LinkAction::Announce),
             "a second server can be lost too"
         );

@@ -21,6 +21,7 @@ use crate::protocol::{
     ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress,
 };
 use crate::time::Instant;
+use std::time::Duration;
 
 /// What a new session starts with. `None` fields take the worker's defaults.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,7 +111,7 @@ pub enum WorkerState {
     Exited,
 }
 
-/// What the driver must do when a worker deadline passes.
+/// A deadline of a worker that passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerTimeout {
     /// It did not become ready in time: kill it and fail the opening.
@@ -119,33 +120,64 @@ pub enum WorkerTimeout {
     Dispose,
 }
 
-/// The server-side lifecycle machine of one worker process.
+/// What happened to a worker, as the server learns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerInput {
+    /// The driver started the process.
+    Spawned,
+    /// The worker reported ready.
+    Ready,
+    /// The session became busy (`true`) or idle, as derived from its phase
+    /// and the operations in flight.
+    Busy(bool),
+    /// The server wants it to finish.
+    Retire,
+    /// The process exited (cleanly or not).
+    Exited,
+    /// Time passed.
+    Tick,
+}
+
+/// What the server must do about a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerOutput {
+    /// [`WorkerInput::Ready`] was in order: the session is open.
+    Started,
+    /// Send it [`ToWorker::Dispose`] (it is running and was not retiring).
+    SendDispose,
+    /// A deadline passed (reported once per deadline): kill it.
+    Expired(WorkerTimeout),
+}
+
+/// The server-side lifecycle machine of one worker process: `step(now,
+/// input)` and `next_deadline()`, as every kernel machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Worker {
     id: WorkerId,
     state: WorkerState,
     deadline: Option<Instant>,
-    killed: bool,
+    dispose_timeout: Duration,
 }
 
 impl Worker {
-    /// A worker about to be spawned, which must be ready by `start_deadline`.
-    pub fn spawning(id: WorkerId, start_deadline: Instant) -> Self {
+    /// A worker about to be spawned, which must be ready by `start_deadline`
+    /// and, once asked to dispose, exit within `dispose_timeout`.
+    pub fn spawning(id: WorkerId, start_deadline: Instant, dispose_timeout: Duration) -> Self {
         Self {
             id,
             state: WorkerState::Spawning,
             deadline: Some(start_deadline),
-            killed: false,
+            dispose_timeout,
         }
     }
 
     /// A running worker of another server, adopted as it is (ready).
-    pub fn adopted(id: WorkerId) -> Self {
+    pub fn adopted(id: WorkerId, dispose_timeout: Duration) -> Self {
         Self {
             id,
             state: WorkerState::Idle,
             deadline: None,
-            killed: false,
+            dispose_timeout,
         }
     }
 
@@ -159,8 +191,8 @@ impl Worker {
         self.state
     }
 
-    /// When [`Worker::on_tick`] has something to do.
-    pub fn deadline(&self) -> Option<Instant> {
+    /// When [`WorkerInput::Tick`] has something to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
         self.deadline
     }
 
@@ -169,67 +201,60 @@ impl Worker {
         matches!(self.state, WorkerState::Idle | WorkerState::Busy)
     }
 
-    /// The driver started the process.
-    pub fn on_spawned(&mut self) {
-        if self.state == WorkerState::Spawning {
-            self.state = WorkerState::Starting;
-        }
-    }
-
-    /// The worker reported ready. Returns false when that is out of order.
-    pub fn on_ready(&mut self) -> bool {
-        match self.state {
-            WorkerState::Spawning | WorkerState::Starting => {
-                self.state = WorkerState::Idle;
+    /// Feeds one input at `now`.
+    pub fn step(&mut self, now: Instant, input: WorkerInput) -> Option<WorkerOutput> {
+        match input {
+            WorkerInput::Spawned => {
+                if self.state == WorkerState::Spawning {
+                    self.state = WorkerState::Starting;
+                }
+                None
+            }
+            WorkerInput::Ready => match self.state {
+                WorkerState::Spawning | WorkerState::Starting => {
+                    self.state = WorkerState::Idle;
+                    self.deadline = None;
+                    Some(WorkerOutput::Started)
+                }
+                _ => None,
+            },
+            WorkerInput::Busy(busy) => {
+                if self.is_ready() {
+                    self.state = if busy {
+                        WorkerState::Busy
+                    } else {
+                        WorkerState::Idle
+                    };
+                }
+                None
+            }
+            WorkerInput::Retire => match self.state {
+                WorkerState::Retiring | WorkerState::Exited => None,
+                _ => {
+                    self.state = WorkerState::Retiring;
+                    self.deadline = Some(now + self.dispose_timeout);
+                    Some(WorkerOutput::SendDispose)
+                }
+            },
+            WorkerInput::Exited => {
+                self.state = WorkerState::Exited;
                 self.deadline = None;
-                true
+                None
             }
-            _ => false,
-        }
-    }
-
-    /// Busy ↔ idle, as derived from the session's phase and operations in flight.
-    pub fn set_busy(&mut self, busy: bool) {
-        if self.is_ready() {
-            self.state = if busy {
-                WorkerState::Busy
-            } else {
-                WorkerState::Idle
-            };
-        }
-    }
-
-    /// Ask it to finish. Returns true when a dispose message must be sent
-    /// (it is running); false when it is already retiring or gone.
-    pub fn retire(&mut self, now: Instant, dispose_timeout: std::time::Duration) -> bool {
-        match self.state {
-            WorkerState::Retiring | WorkerState::Exited => false,
-            _ => {
-                self.state = WorkerState::Retiring;
-                self.deadline = Some(now + dispose_timeout);
-                true
+            WorkerInput::Tick => {
+                let deadline = self.deadline?;
+                if now < deadline {
+                    return None;
+                }
+                self.deadline = None;
+                match self.state {
+                    WorkerState::Spawning | WorkerState::Starting => {
+                        Some(WorkerOutput::Expired(WorkerTimeout::Start))
+                    }
+                    WorkerState::Retiring => Some(WorkerOutput::Expired(WorkerTimeout::Dispose)),
+                    _ => None,
+                }
             }
-        }
-    }
-
-    /// The process exited (cleanly or not).
-    pub fn on_exit(&mut self) {
-        self.state = WorkerState::Exited;
-        self.deadline = None;
-    }
-
-    /// Deadline handling. Returns what expired, at most once per deadline.
-    pub fn on_tick(&mut self, now: Instant) -> Option<WorkerTimeout> {
-        let deadline = self.deadline?;
-        if now < deadline {
-            return None;
-        }
-        self.deadline = None;
-        self.killed = true;
-        match self.state {
-            WorkerState::Spawning | WorkerState::Starting => Some(WorkerTimeout::Start),
-            WorkerState::Retiring => Some(WorkerTimeout::Dispose),
-            _ => None,
         }
     }
 }
@@ -237,43 +262,63 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use WorkerInput::*;
+
+    fn ms(t: u64) -> Instant {
+        Instant(t)
+    }
 
     #[test]
     fn lifecycle_and_deadlines() {
-        let mut w = Worker::spawning(WorkerId(1), Instant(100));
+        let mut w = Worker::spawning(WorkerId(1), ms(100), Duration::from_millis(50));
         assert_eq!(w.state(), WorkerState::Spawning);
-        assert_eq!(w.on_tick(Instant(99)), None);
-        w.on_spawned();
+        assert_eq!(w.step(ms(99), Tick), None);
+        w.step(ms(99), Spawned);
         assert_eq!(w.state(), WorkerState::Starting);
-        assert!(w.on_ready());
-        assert!(!w.on_ready(), "a second ready is out of order");
-        assert_eq!(w.deadline(), None);
-        w.set_busy(true);
-        assert_eq!(w.state(), WorkerState::Busy);
-        w.set_busy(false);
-        assert!(w.retire(Instant(200), Duration::from_millis(50)));
-        assert!(
-            !w.retire(Instant(210), Duration::from_millis(50)),
-            "retiring is idempotent"
+        assert_eq!(w.step(ms(99), Ready), Some(WorkerOutput::Started));
+        assert_eq!(
+            w.step(ms(99), Ready),
+            None,
+            "a second ready is out of order"
         );
-        w.set_busy(true);
+        assert_eq!(w.next_deadline(), None);
+        w.step(ms(150), Busy(true));
+        assert_eq!(w.state(), WorkerState::Busy);
+        w.step(ms(150), Busy(false));
+        assert_eq!(w.step(ms(200), Retire), Some(WorkerOutput::SendDispose));
+        assert_eq!(w.step(ms(210), Retire), None, "retiring is idempotent");
+        assert_eq!(w.next_deadline(), Some(ms(250)), "from the first retire");
+        w.step(ms(210), Busy(true));
         assert_eq!(
             w.state(),
             WorkerState::Retiring,
             "busy does not leave retiring"
         );
-        assert_eq!(w.on_tick(Instant(250)), Some(WorkerTimeout::Dispose));
-        assert_eq!(w.on_tick(Instant(300)), None, "a deadline fires once");
-        w.on_exit();
+        assert_eq!(
+            w.step(ms(250), Tick),
+            Some(WorkerOutput::Expired(WorkerTimeout::Dispose))
+        );
+        assert_eq!(w.step(ms(300), Tick), None, "a deadline fires once");
+        w.step(ms(300), Exited);
         assert_eq!(w.state(), WorkerState::Exited);
     }
 
     #[test]
     fn start_deadline_expires_before_ready() {
-        let mut w = Worker::spawning(WorkerId(2), Instant(10));
-        assert_eq!(w.on_tick(Instant(10)), Some(WorkerTimeout::Start));
-        w.on_exit();
-        assert!(!w.on_ready());
+        let mut w = Worker::spawning(WorkerId(2), ms(10), Duration::from_millis(50));
+        assert_eq!(
+            w.step(ms(10), Tick),
+            Some(WorkerOutput::Expired(WorkerTimeout::Start))
+        );
+        w.step(ms(10), Exited);
+        assert_eq!(w.step(ms(11), Ready), None);
+    }
+
+    #[test]
+    fn an_adopted_worker_is_ready_and_retires_on_its_timeout() {
+        let mut w = Worker::adopted(WorkerId(3), Duration::from_millis(5));
+        assert!(w.is_ready());
+        assert_eq!(w.step(ms(1), Retire), Some(WorkerOutput::SendDispose));
+        assert_eq!(w.next_deadline(), Some(ms(6)));
     }
 }

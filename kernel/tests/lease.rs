@@ -6,6 +6,7 @@
 //! (`c1` calls, `L1` leases, `request-1` requests, `s1` sessions). The
 //! snapshots live in the top-level `snapshots/lease/`.
 
+use kernel::time::Instant;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -65,7 +66,7 @@ impl Script {
     /// Feeds one input and records it and its outputs in the trace.
     fn input(&mut self, input: LeaseInput) -> Vec<LeaseOutput> {
         writeln!(self.trace, "> {input}").unwrap();
-        let outputs = self.machine.step(input);
+        let outputs = self.machine.step(Instant(0), input);
         for output in &outputs {
             writeln!(self.trace, "< {output}").unwrap();
             if let LeaseOutput::Complete { call, result } = output {

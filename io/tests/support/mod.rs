@@ -204,7 +204,7 @@ impl Loopback {
                 continue;
             };
             let call = *call;
-            for event in stream.poll(now) {
+            for event in stream.step(now) {
                 self.runtime_step(id, RuntimeInput::Model { call, event });
             }
             let tick = self

@@ -9,7 +9,7 @@
 //!
 //! # Inputs and outputs
 //!
-//! [`Leases::step`] takes one [`LeaseInput`] and returns every resulting
+//! [`Leases::step`] takes the time and one [`LeaseInput`] and returns every resulting
 //! [`LeaseOutput`], in order:
 //!
 //! - API calls ([`LeaseInput::Acquire`], [`Create`](LeaseInput::Create),
@@ -82,6 +82,7 @@
 
 #![warn(missing_docs)]
 
+use crate::time::Instant;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -539,6 +540,9 @@ pub struct Leases {
     /// held until that `attach` is answered: sent before it, the server
     /// would judge them on a connection not attached yet.
     held: Vec<(String, CallId, Command, Purpose)>,
+    /// The time of the latest step (the machine has no timers of its own:
+    /// reconnect timing is the client machine's).
+    now: Instant,
     /// Outputs of the current step.
     outputs: Vec<LeaseOutput>,
 }
@@ -563,14 +567,17 @@ impl Leases {
         Self::default()
     }
 
-    /// Feeds one input and returns everything it causes, in order.
+    /// Feeds one input at `now` and returns everything it causes, in order.
     ///
     /// # Panics
     ///
-    /// If an API call reuses a [`CallId`] that is still outstanding (host
-    /// misuse), or if an invariant breaks (a bug in this machine).
-    pub fn step(&mut self, input: LeaseInput) -> Vec<LeaseOutput> {
+    /// If time goes back or an API call reuses a [`CallId`] that is still
+    /// outstanding (host misuse), or if an invariant breaks (a bug in this
+    /// machine).
+    pub fn step(&mut self, now: Instant, input: LeaseInput) -> Vec<LeaseOutput> {
         assert!(self.outputs.is_empty());
+        assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
+        self.now = now;
         match input {
             LeaseInput::Connected => self.on_connected(),
             LeaseInput::Disconnected => self.on_disconnected(),

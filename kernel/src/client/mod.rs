@@ -288,6 +288,8 @@ pub struct Client {
     /// Re-attachments in flight after a reconnection: request id → session.
     reattaching: BTreeMap<String, String>,
     resuming: BTreeMap<CallId, Resuming>,
+    /// The time of the current step.
+    now: Instant,
     outputs: Vec<ClientOutput>,
 }
 
@@ -308,6 +310,7 @@ impl Client {
             prompt_bases: BTreeMap::new(),
             reattaching: BTreeMap::new(),
             resuming: BTreeMap::new(),
+            now: Instant(0),
             outputs: Vec::new(),
         }
     }
@@ -315,6 +318,8 @@ impl Client {
     /// Feeds one input and returns what it causes, in order.
     pub fn step(&mut self, now: Instant, input: ClientInput) -> Vec<ClientOutput> {
         assert!(self.outputs.is_empty());
+        assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
+        self.now = now;
         match input {
             ClientInput::TransportUp => self.on_transport_up(now),
             ClientInput::ConnectFailed { reason } => self.on_connect_failed(now, reason),
@@ -688,7 +693,7 @@ impl Client {
     /// Steps the lease machine and carries its outputs into ours.
     fn lease_step(&mut self, input: LeaseInput) {
         let reattaching = matches!(input, LeaseInput::Connected);
-        for output in self.leases.step(input) {
+        for output in self.leases.step(self.now, input) {
             match output {
                 LeaseOutput::Send(request) => {
                     match &request.command {

@@ -650,7 +650,7 @@ fn faux_tool_round_trip() {
         assert!(guard < 10);
         if let Some((call, request)) = t.started_call() {
             let mut stream = faux::FauxStream::start(&request, Instant(t.now), Duration::ZERO);
-            let events = stream.poll(Instant(t.now));
+            let events = stream.step(Instant(t.now));
             let mut last = Vec::new();
             for e in events {
                 last = t.model(call, e).to_vec();

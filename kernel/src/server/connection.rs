@@ -14,7 +14,6 @@
 
 use crate::ids::ConnId;
 use crate::protocol::Request;
-use crate::time::Instant;
 use crate::wire::FrameDecoder;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -36,7 +35,6 @@ pub(crate) struct Connection {
     pub(crate) id: ConnId,
     pub(crate) stage: Stage,
     pub(crate) decoder: FrameDecoder,
-    pub(crate) handshake_deadline: Option<Instant>,
     /// Requests received while handshaking, served in order once ready.
     pub(crate) deferred: VecDeque<Request>,
     /// Bytes handed to the driver and not yet reported written.
@@ -51,12 +49,11 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(id: ConnId, max_frame_len: u32, handshake_deadline: Instant) -> Self {
+    pub(crate) fn new(id: ConnId, max_frame_len: u32) -> Self {
         Self {
             id,
             stage: Stage::AwaitingHello,
             decoder: FrameDecoder::new(max_frame_len),
-            handshake_deadline: Some(handshake_deadline),
             deferred: VecDeque::new(),
             queued_bytes: 0,
             in_flight: 0,
@@ -113,7 +110,7 @@ mod tests {
 
     #[test]
     fn revisions_strictly_increase_per_session() {
-        let mut c = Connection::new(ConnId(1), 16, Instant(0));
+        let mut c = Connection::new(ConnId(1), 16);
         assert!(c.take_revision("s", 3));
         assert!(!c.take_revision("s", 3));
         assert!(!c.take_revision("s", 2));

@@ -19,6 +19,7 @@
 mod catalog;
 mod connection;
 mod sessions;
+mod timers;
 
 pub use connection::Stage;
 
@@ -42,6 +43,7 @@ use sessions::Live;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use timers::{Timer, Timers};
 
 /// An encoded frame (length header included), shared between recipients.
 pub type Frame = Arc<[u8]>;
@@ -261,8 +263,10 @@ pub struct Server {
     workers: BTreeMap<WorkerId, String>,
     catalog: Catalog,
     removals: BTreeMap<String, Vec<(ConnId, String)>>,
-    /// Sessions whose released workers should announce themselves, until when.
-    expected: BTreeMap<String, Instant>,
+    /// Every deadline but the catalog's and the idle exit's: handshakes,
+    /// workers, holds, and the released workers expected to announce
+    /// themselves ([`Timer::Expected`]).
+    timers: Timers,
     /// Attaches waiting for an expected adoption.
     adoption_waiters: BTreeMap<String, Vec<sessions::Waiter>>,
     /// The highest revision any worker reported for each session, kept
@@ -302,7 +306,7 @@ impl Server {
             workers: BTreeMap::new(),
             catalog: Catalog::default(),
             removals: BTreeMap::new(),
-            expected: BTreeMap::new(),
+            timers: Timers::default(),
             adoption_waiters: BTreeMap::new(),
             shown_revisions: BTreeMap::new(),
             revision: 0,
@@ -383,16 +387,14 @@ impl Server {
 
     /// The earliest time at which [`Input::Tick`] has work to do.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let conns = self.conns.values().filter_map(|c| c.handshake_deadline);
-        let workers = self.sessions.values().filter_map(|s| s.worker.deadline());
-        let holds = self.sessions.values().filter_map(|s| s.hold_until);
-        conns
-            .chain(workers)
-            .chain(holds)
-            .chain(self.expected.values().copied())
-            .chain(self.idle_deadline())
-            .chain(self.catalog.scan_deadline())
-            .min()
+        [
+            self.timers.next(),
+            self.idle_deadline(),
+            self.catalog.scan_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// When an idle server started on demand retires.
@@ -467,13 +469,8 @@ impl Server {
     fn on_accepted(&mut self, id: ConnId) {
         assert!(!self.conns.contains_key(&id), "connection id {id} reused");
         let limits = &self.config.limits;
-        let mut conn = Connection::new(
-            id,
-            limits.max_frame_len,
-            self.now + limits.handshake_timeout,
-        );
+        let conn = Connection::new(id, limits.max_frame_len);
         if self.shutting_down || self.conns.len() >= limits.max_connections {
-            conn.handshake_deadline = None;
             self.conns.insert(id, conn);
             let (code, message, reason) = if self.shutting_down {
                 (
@@ -498,7 +495,9 @@ impl Server {
             self.close(id, reason);
             return;
         }
+        let deadline = self.now + limits.handshake_timeout;
         self.conns.insert(id, conn);
+        self.timers.set(Timer::Handshake(id), Some(deadline));
     }
 
     fn on_received(&mut self, id: ConnId, bytes: &[u8]) {
@@ -593,7 +592,7 @@ impl Server {
             return; // the hello could not be queued (output bound); already closing
         }
         conn.stage = Stage::Ready;
-        conn.handshake_deadline = None;
+        self.timers.set(Timer::Handshake(id), None);
         while let Some(request) = self.conns.get_mut(&id).and_then(|c| c.deferred.pop_front()) {
             if !self.conns.get(&id).is_some_and(Connection::is_ready) {
                 break;
@@ -647,6 +646,7 @@ impl Server {
             self.detach_everywhere(id);
         }
         self.conns.remove(&id);
+        self.timers.set(Timer::Handshake(id), None);
         if was_ready {
             self.publish_server_snapshot();
         }
@@ -654,14 +654,12 @@ impl Server {
 
     fn on_tick(&mut self) {
         let now = self.now;
-        let expired: Vec<ConnId> = self
-            .conns
-            .values()
-            .filter(|c| c.handshake_deadline.is_some_and(|d| d <= now))
-            .map(|c| c.id)
-            .collect();
+        let expired = self.timers.expired(now, |timer| match timer {
+            Timer::Handshake(conn) => Some(*conn),
+            _ => None,
+        });
         for id in expired {
-            self.conns.get_mut(&id).expect("listed").handshake_deadline = None;
+            self.timers.set(Timer::Handshake(id), None);
             self.fail_protocol(id, ErrorCode::InvalidRequest, "Handshake timeout".into());
         }
         self.on_worker_deadlines();
@@ -696,8 +694,8 @@ impl Server {
         self.detach_everywhere(id);
         let conn = self.conns.get_mut(&id).expect("checked");
         conn.stage = Stage::Closing;
-        conn.handshake_deadline = None;
         conn.deferred.clear();
+        self.timers.set(Timer::Handshake(id), None);
         self.out.push(Output::Close { conn: id, reason });
         if was_ready {
             self.publish_server_snapshot();
@@ -1070,6 +1068,58 @@ impl Server {
         for session in self.adoption_waiters.keys() {
             self.check_adoption(session)?;
         }
+        self.check_timers()
+    }
+
+    /// The timer table holds exactly the deadlines of what the server holds:
+    /// every connection awaiting hello has its handshake timer, and every
+    /// live session's worker deadline and hold are mirrored.
+    fn check_timers(&self) -> Result<(), String> {
+        ensure!(self.timers.is_consistent(), "timer indexes disagree");
+        let (mut workers, mut holds) = (0, 0);
+        for (timer, at) in self.timers.iter() {
+            match timer {
+                Timer::Handshake(conn) => {
+                    let stage = self.conns.get(conn).map(|c| c.stage);
+                    ensure!(
+                        matches!(stage, Some(Stage::AwaitingHello | Stage::Handshaking)),
+                        "{conn}: handshake timer while {stage:?}"
+                    );
+                }
+                Timer::Worker(session) => {
+                    workers += 1;
+                    let due = self
+                        .sessions
+                        .get(session)
+                        .and_then(|l| l.worker.next_deadline());
+                    ensure_eq!(due, Some(at), "{session}: worker timer");
+                }
+                Timer::Hold(session) => {
+                    holds += 1;
+                    let due = self.sessions.get(session).and_then(|l| l.hold_until);
+                    ensure_eq!(due, Some(at), "{session}: hold timer");
+                }
+                Timer::Expected(_) => {}
+            }
+        }
+        let lives = self.sessions.values();
+        let due_workers = lives.clone().filter(|l| l.worker.next_deadline().is_some());
+        ensure_eq!(due_workers.count(), workers, "worker timers");
+        ensure_eq!(
+            lives.filter(|l| l.hold_until.is_some()).count(),
+            holds,
+            "hold timers"
+        );
+        for conn in self.conns.values() {
+            if conn.stage == Stage::AwaitingHello {
+                let timer = Timer::Handshake(conn.id);
+                ensure!(
+                    self.timers.contains(&timer),
+                    "{}: no handshake timer",
+                    conn.id
+                );
+            }
+        }
         Ok(())
     }
 
@@ -1155,7 +1205,7 @@ impl Server {
         }
         if matches!(conn.stage, Stage::Ready | Stage::Closing) {
             ensure!(
-                conn.handshake_deadline.is_none(),
+                !self.timers.contains(&Timer::Handshake(conn.id)),
                 "{}: deadline after handshake",
                 conn.id
             );
@@ -1207,7 +1257,7 @@ impl Server {
     fn check_adoption(&self, session: &str) -> Result<(), String> {
         if self.adoption_waiters.contains_key(session) {
             ensure!(
-                self.expected.contains_key(session),
+                self.timers.contains(&Timer::Expected(session.to_owned())),
                 "{session}: waiting for an adoption nobody expects"
             );
             ensure!(

@@ -1,6 +1,7 @@
 //! The session registry: live sessions, their attachments, operations in
 //! flight and worker, and every request that touches them.
 
+use super::timers::Timer;
 use super::{Acquire, CloseReason, Frame, Output, Server, listed_metadata, metadata_of};
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
@@ -12,7 +13,8 @@ use crate::protocol::{
 };
 use crate::time::Instant;
 use crate::worker::{
-    CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerState, WorkerTimeout,
+    CreateSpec, FromWorker, Operation, ToWorker, Worker, WorkerInput, WorkerOutput, WorkerState,
+    WorkerTimeout,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -375,7 +377,7 @@ impl Server {
                 let message = format!("Session runtime is terminating: {session_id}");
                 self.respond_error(conn, waiter.request_id, ErrorCode::SessionLocked, message);
             }
-            None if self.expected.contains_key(&session_id) => {
+            None if self.timers.contains(&Timer::Expected(session_id.clone())) => {
                 // Its worker was released by the server we replaced and will announce itself.
                 self.conns.get_mut(&conn).expect("ready").in_flight += 1;
                 self.adoption_waiters
@@ -421,9 +423,10 @@ impl Server {
         );
         let worker_id = self.fresh_worker_id();
         let deadline = self.now + self.config.limits.worker_start_timeout;
+        let dispose_timeout = self.config.limits.worker_dispose_timeout;
         let mut live = Live::new(
             session_id.clone(),
-            Worker::spawning(worker_id, deadline),
+            Worker::spawning(worker_id, deadline, dispose_timeout),
             create.is_some(),
         );
         live.waiters = waiters;
@@ -434,6 +437,8 @@ impl Server {
             revision_floor,
         });
         self.sessions.insert(session_id.clone(), live);
+        self.timers
+            .set(Timer::Worker(session_id.clone()), Some(deadline));
         self.workers.insert(worker_id, session_id.clone());
         self.out.push(Output::SpawnWorker {
             worker: worker_id,
@@ -649,8 +654,8 @@ impl Server {
                 name: operation.name(),
             },
         );
-        live.worker.set_busy(true);
         let worker = live.worker.id();
+        self.step_worker(&session_id, WorkerInput::Busy(true));
         self.out.push(Output::ToWorker {
             worker,
             message: ToWorker::Operation { op, operation },
@@ -667,8 +672,8 @@ impl Server {
         let Some(session_id) = self.session_of(worker) else {
             return;
         };
+        self.step_worker(&session_id, WorkerInput::Spawned);
         let live = self.sessions.get_mut(&session_id).expect("indexed");
-        live.worker.on_spawned();
         if let Some(start) = &mut live.start {
             start.token = Some(token);
         }
@@ -784,10 +789,12 @@ impl Server {
     }
 
     fn on_worker_ready(&mut self, session_id: &str, snapshot: SessionSnapshot) {
-        let live = self.sessions.get_mut(session_id).expect("indexed");
-        if live.phase != Phase::Opening || !live.worker.on_ready() {
+        if self.sessions[session_id].phase != Phase::Opening
+            || self.step_worker(session_id, WorkerInput::Ready) != Some(WorkerOutput::Started)
+        {
             return;
         }
+        let live = self.sessions.get_mut(session_id).expect("indexed");
         if snapshot.id != live.id {
             let message = format!(
                 "Session runtime reported id {} for session {}",
@@ -960,10 +967,39 @@ impl Server {
     }
 
     fn refresh_busy(&mut self, session_id: &str) {
-        if let Some(live) = self.sessions.get_mut(session_id) {
+        if let Some(live) = self.sessions.get(session_id) {
             let busy = live.is_busy();
-            live.worker.set_busy(busy);
+            self.step_worker(session_id, WorkerInput::Busy(busy));
         }
+    }
+
+    /// Steps the session's worker machine and mirrors its deadline into the
+    /// timer table.
+    fn step_worker(&mut self, session_id: &str, input: WorkerInput) -> Option<WorkerOutput> {
+        let live = self.sessions.get_mut(session_id)?;
+        let before = live.worker.next_deadline();
+        let output = live.worker.step(self.now, input);
+        let after = live.worker.next_deadline();
+        if after != before {
+            self.timers.set(Timer::Worker(session_id.to_owned()), after);
+        }
+        output
+    }
+
+    /// Sets or clears the adoption hold of a live session.
+    fn set_hold(&mut self, session_id: &str, until: Option<Instant>) {
+        if let Some(live) = self.sessions.get_mut(session_id) {
+            live.hold_until = until;
+            self.timers.set(Timer::Hold(session_id.to_owned()), until);
+        }
+    }
+
+    /// Forgets a live session and every timer of it.
+    fn remove_live(&mut self, session_id: &str) -> Live {
+        let live = self.sessions.remove(session_id).expect("live");
+        self.timers.set(Timer::Worker(session_id.to_owned()), None);
+        self.timers.set(Timer::Hold(session_id.to_owned()), None);
+        live
     }
 
     /// Idle disposal: no attachments, nothing in flight, phase idle.
@@ -985,8 +1021,6 @@ impl Server {
 
     /// Retires the session's worker, whatever it is doing.
     pub(super) fn dispose(&mut self, session_id: &str) {
-        let now = self.now;
-        let timeout = self.config.limits.worker_dispose_timeout;
         let Some(live) = self.sessions.get_mut(session_id) else {
             return;
         };
@@ -1000,7 +1034,8 @@ impl Server {
         }
         let attached: Vec<ConnId> = live.attached.iter().copied().collect();
         let worker = live.worker.id();
-        let send = live.worker.retire(now, timeout);
+        let send =
+            self.step_worker(session_id, WorkerInput::Retire) == Some(WorkerOutput::SendDispose);
         for conn in attached {
             self.detach(conn, session_id);
         }
@@ -1047,11 +1082,8 @@ impl Server {
             error
         };
         self.fail_ops(session_id, masked);
-        let now = self.now;
-        let timeout = self.config.limits.worker_dispose_timeout;
-        let live = self.sessions.get_mut(session_id).expect("checked");
-        if live.worker.retire(now, timeout) {
-            let worker = live.worker.id();
+        if self.step_worker(session_id, WorkerInput::Retire) == Some(WorkerOutput::SendDispose) {
+            let worker = self.sessions[session_id].worker.id();
             self.out.push(Output::ToWorker {
                 worker,
                 message: ToWorker::Dispose,
@@ -1072,9 +1104,8 @@ impl Server {
         let Some(session_id) = self.session_of(worker) else {
             return;
         };
-        let live = self.sessions.get_mut(&session_id).expect("indexed");
-        live.worker.on_exit(); // nothing more can be sent to it
-        let phase = live.phase;
+        self.step_worker(&session_id, WorkerInput::Exited); // nothing more can be sent to it
+        let phase = self.sessions[&session_id].phase;
         match phase {
             Phase::Opening => {
                 let message = "Session worker exited before it was ready".to_string();
@@ -1092,7 +1123,7 @@ impl Server {
             }
             Phase::Disposing | Phase::Terminal => {}
         }
-        let mut live = self.sessions.remove(&session_id).expect("indexed");
+        let mut live = self.remove_live(&session_id);
         self.workers.remove(&worker);
         if live.creating {
             // It may have stored the session before it failed: the directory
@@ -1136,11 +1167,17 @@ impl Server {
     }
 
     pub(super) fn on_worker_deadlines(&mut self) {
-        let now = self.now;
+        let due = self.timers.expired(self.now, |timer| match timer {
+            Timer::Worker(session) => Some(session.clone()),
+            _ => None,
+        });
         let mut expired = Vec::new();
-        for live in self.sessions.values_mut() {
-            if let Some(timeout) = live.worker.on_tick(now) {
-                expired.push((live.id.clone(), live.worker.id(), timeout));
+        for session_id in due {
+            if let Some(WorkerOutput::Expired(timeout)) =
+                self.step_worker(&session_id, WorkerInput::Tick)
+            {
+                let worker = self.sessions[&session_id].worker.id();
+                expired.push((session_id, worker, timeout));
             }
         }
         for (session_id, worker, timeout) in expired {
@@ -1182,9 +1219,13 @@ impl Server {
             return self.out.push(Output::RejectWorker { channel, reason });
         }
         let worker = self.fresh_worker_id();
-        let mut live = Live::new(session_id.clone(), Worker::adopted(worker), false);
+        let dispose_timeout = self.config.limits.worker_dispose_timeout;
+        let mut live = Live::new(
+            session_id.clone(),
+            Worker::adopted(worker, dispose_timeout),
+            false,
+        );
         live.phase = Phase::Ready;
-        live.hold_until = Some(self.now + self.config.adoption_grace);
         let stored = self.catalog.contains(&session_id);
         live.foreign = !stored;
         if live.foreign {
@@ -1192,6 +1233,7 @@ impl Server {
         }
         live.snapshot = Some(LiveSnapshot::new(snapshot));
         self.sessions.insert(session_id.clone(), live);
+        self.set_hold(&session_id, Some(self.now + self.config.adoption_grace));
         self.workers.insert(worker, session_id.clone());
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel
         self.out.push(Output::AdoptWorker {
@@ -1199,7 +1241,7 @@ impl Server {
             worker,
             session_id: session_id.clone(),
         });
-        self.expected.remove(&session_id);
+        self.timers.set(Timer::Expected(session_id.clone()), None);
         for waiter in self
             .adoption_waiters
             .remove(&session_id)
@@ -1217,7 +1259,7 @@ impl Server {
         let until = self.now + self.config.limits.adoption_wait;
         for session_id in sessions {
             if !self.sessions.contains_key(&session_id) {
-                self.expected.insert(session_id, until);
+                self.timers.set(Timer::Expected(session_id), Some(until));
             }
         }
     }
@@ -1225,14 +1267,12 @@ impl Server {
     /// Expected workers that never announced themselves: open those sessions the usual way.
     pub(super) fn on_expected_deadlines(&mut self) {
         let now = self.now;
-        let expired: Vec<String> = self
-            .expected
-            .iter()
-            .filter(|(_, until)| **until <= now)
-            .map(|(s, _)| s.clone())
-            .collect();
+        let expired = self.timers.expired(now, |timer| match timer {
+            Timer::Expected(session) => Some(session.clone()),
+            _ => None,
+        });
         for session_id in expired {
-            self.expected.remove(&session_id);
+            self.timers.set(Timer::Expected(session_id.clone()), None);
             let waiters = self
                 .adoption_waiters
                 .remove(&session_id)
@@ -1277,7 +1317,7 @@ impl Server {
         }
         let sessions: Vec<String> = self.sessions.keys().cloned().collect();
         for session_id in sessions {
-            let live = self.sessions.remove(&session_id).expect("listed");
+            let live = self.remove_live(&session_id);
             let worker = live.worker.id();
             self.workers.remove(&worker);
             for pending in live.ops.into_values() {
@@ -1297,17 +1337,12 @@ impl Server {
     /// Adoption holds that ran out: those sessions may now be disposed when idle.
     pub(super) fn on_hold_deadlines(&mut self) {
         let now = self.now;
-        let expired: Vec<String> = self
-            .sessions
-            .values()
-            .filter(|s| s.hold_until.is_some_and(|until| until <= now))
-            .map(|s| s.id.clone())
-            .collect();
+        let expired = self.timers.expired(now, |timer| match timer {
+            Timer::Hold(session) => Some(session.clone()),
+            _ => None,
+        });
         for session_id in expired {
-            self.sessions
-                .get_mut(&session_id)
-                .expect("listed")
-                .hold_until = None;
+            self.set_hold(&session_id, None);
             self.maybe_dispose(&session_id);
         }
     }

@@ -508,7 +508,7 @@ impl World {
         };
         if let Some((call, stream)) = w.stream.as_mut() {
             let call = *call;
-            for event in stream.poll(now) {
+            for event in stream.step(now) {
                 self.host_step(worker, HostInput::Model { call, event });
             }
         }

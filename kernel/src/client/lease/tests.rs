@@ -46,7 +46,7 @@ impl Harness {
     }
 
     fn step(&mut self, input: LeaseInput) -> Vec<String> {
-        lines(&self.machine.step(input))
+        lines(&self.machine.step(Instant(0), input))
     }
 
     fn call(&mut self) -> CallId {
@@ -838,7 +838,7 @@ impl World {
     }
 
     fn feed(&mut self, input: LeaseInput) {
-        for output in self.machine.step(input) {
+        for output in self.machine.step(Instant(0), input) {
             match output {
                 LeaseOutput::Send(request) => {
                     assert!(self.machine.is_connected());
