@@ -371,8 +371,8 @@ async fn create_list_rm_and_models() {
     let snapshot = client.attach(&id).await.unwrap();
     assert_eq!(snapshot.model.id, "faux-reasoner");
     assert_eq!(snapshot.thinking_level.as_str(), "low");
-    client.close().await;
 
+    // Attached: live, idle, with our one client.
     let table = server.run_cli(&["list"]).await.success();
     let mut lines = table.stdout.lines();
     let header = lines.next().unwrap_or_default();
@@ -389,6 +389,27 @@ async fn create_list_rm_and_models() {
     assert_eq!(list[0]["cwd"], "/tmp");
     assert_eq!(list[0]["model"], "faux/faux-reasoner");
     assert_eq!(list[0]["thinkingLevel"], "low");
+    assert_eq!(list[0]["status"], "idle", "{list}");
+    assert_eq!(list[0]["clients"], 1, "{list}");
+    assert!(
+        header.contains("STATUS") && header.contains("CLIENTS"),
+        "{table:?}"
+    );
+    assert!(row.contains(" idle "), "{row}");
+    // Detached: disposed, then stored with no worker.
+    client.close().await;
+    let mut status = serde_json::Value::Null;
+    for _ in 0..100 {
+        let json = server.run_cli(&["list", "--json"]).await.success();
+        let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+        status = list[0]["status"].clone();
+        if status == "stored" {
+            assert_eq!(list[0]["clients"], 0);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "stored", "its worker exits once nobody is attached");
 
     let models = server.run_cli(&["models"]).await.success();
     assert!(models.stdout.contains("faux/faux-1"), "{models:?}");

@@ -25,8 +25,8 @@
 use kernel::client::{self as machine, Call, CallId, ClientConfig, ClientInput, ClientOutput};
 use kernel::limits::ClientLimits;
 use kernel::protocol::{
-    Command, CommandResult, CreateParams, ModelRef, ProtocolError, ServerEvent, ServerSnapshot,
-    SessionMetadata, SessionSnapshot, ThinkingLevel,
+    Command, CommandResult, CreateParams, LiveStatus, ModelRef, ProtocolError, ServerEvent,
+    ServerSnapshot, SessionMetadata, SessionSnapshot, ThinkingLevel,
 };
 use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use std::collections::HashMap;
@@ -525,6 +525,15 @@ impl Client {
     pub async fn list(&self) -> Result<Vec<SessionMetadata>, ClientError> {
         match self.request(Command::List).await? {
             CommandResult::List { sessions } => Ok(sessions),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// `status` (our extension): what each live session is doing, and how
+    /// many clients it has, without attaching to any.
+    pub async fn session_status(&self) -> Result<Vec<LiveStatus>, ClientError> {
+        match self.request(Command::Status).await? {
+            CommandResult::Status { sessions } => Ok(sessions),
             other => Err(unexpected(&other)),
         }
     }

@@ -1263,6 +1263,49 @@ fn extensions_round_trip() {
         }),
     });
     assert_eq!(server(&removed.to_value()).unwrap(), removed);
+
+    let status = ClientMessage::Request(Request {
+        id: "q".into(),
+        command: Command::Status,
+    });
+    let expected = map! {
+        "type" => text("request"),
+        "id" => text("q"),
+        "request" => map! { "command" => text("status") },
+    };
+    assert_eq!(status.to_value(), expected);
+    assert_eq!(client(&status.to_value()).unwrap(), status);
+    let answered = ServerMessage::Response(Response {
+        id: "q".into(),
+        outcome: Ok(CommandResult::Status {
+            sessions: vec![LiveStatus {
+                session_id: "s".into(),
+                state: LiveState::Phase(SessionPhase::Retry),
+                clients: 2,
+            }],
+        }),
+    });
+    let result = |state: &str| {
+        map! {
+            "type" => text("response"),
+            "id" => text("q"),
+            "ok" => Value::Bool(true),
+            "result" => map! {
+                "command" => text("status"),
+                "sessions" => Value::Array(vec![map! {
+                    "sessionId" => text("s"),
+                    "state" => text(state),
+                    "clients" => Value::Int(2),
+                }]),
+            },
+        }
+    };
+    assert_eq!(answered.to_value(), result("retry"));
+    assert_eq!(server(&answered.to_value()).unwrap(), answered);
+    assert!(
+        server(&result("busy")).is_err(),
+        "an unknown state is refused"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1669,6 +1712,7 @@ fn command() -> BoxedStrategy<Command> {
             thinking_level
         }),
         id().prop_map(|session_id| Command::Remove { session_id }),
+        Just(Command::Status),
     ]
     .boxed()
 }
@@ -1686,6 +1730,24 @@ fn command_result() -> BoxedStrategy<CommandResult> {
         session_snapshot().prop_map(|session| CommandResult::SetModel { session }),
         session_snapshot().prop_map(|session| CommandResult::SetThinking { session }),
         id().prop_map(|session_id| CommandResult::Remove { session_id }),
+        prop::collection::vec(
+            (
+                id(),
+                prop::sample::select(LiveState::ALL.to_vec()),
+                0..100u64
+            ),
+            0..3
+        )
+        .prop_map(|entries| CommandResult::Status {
+            sessions: entries
+                .into_iter()
+                .map(|(session_id, state, clients)| LiveStatus {
+                    session_id,
+                    state,
+                    clients
+                })
+                .collect()
+        }),
     ]
     .boxed()
 }

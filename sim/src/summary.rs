@@ -161,6 +161,16 @@ fn result_summary(names: &mut Names, r: &CommandResult) -> String {
         }
         CommandResult::Detach { session_id } => format!("detach {}", names.session(session_id)),
         CommandResult::Remove { session_id } => format!("remove {}", names.session(session_id)),
+        CommandResult::Status { sessions } => {
+            let live: Vec<String> = sessions
+                .iter()
+                .map(|s| {
+                    let id = names.session(&s.session_id);
+                    format!("{id}:{}/{}", s.state.as_str(), s.clients)
+                })
+                .collect();
+            format!("status [{}]", live.join(","))
+        }
         CommandResult::Create { session }
         | CommandResult::Attach { session }
         | CommandResult::Prompt { session }

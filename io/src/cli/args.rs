@@ -90,10 +90,12 @@ pub(super) enum Commands {
     Worker,
 
     /// List the sessions of every server running in the server dir: server id,
-    /// session id, creation and last activity time (UTC), model, working
-    /// directory, name.
+    /// session id, creation and last activity time (UTC), status, attached
+    /// clients, model, working directory, name.
     ///
-    /// Newest activity first. The model (and thinking level) is read from the
+    /// Newest activity first. STATUS is what a live session is doing
+    /// (opening, idle, turn, compaction, retry, error: its last reply failed,
+    /// closing) or `stored` when no worker runs it. The model (and thinking level) is read from the
     /// session directory where this client can read it, else `-`. When no server runs, the default one is
     /// started. With --server-id or --connect, that server only.
     List {

@@ -7,7 +7,10 @@ use super::args::{CreateArgs, GlobalArgs, ServeArgs, absolute};
 use super::attach;
 use super::discover::{Found, close_all, servers, session_server};
 use crate::config;
-use kernel::protocol::{CreateParams, ModelMetadata, ModelRef, SessionMetadata, ThinkingLevel};
+use kernel::protocol::{
+    CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, ThinkingLevel,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +53,8 @@ pub(super) async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(),
 pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String> {
     let found = servers(target).await?;
     let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
+    let mut live: BTreeMap<(String, String), LiveStatus> = BTreeMap::new();
+    let mut known: BTreeSet<String> = BTreeSet::new();
     let mut failed = None;
     for Found { server_id, client } in &found {
         match client.list().await {
@@ -61,8 +66,26 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
                 break;
             }
         }
+        // A server from before `status` closes the connection on it: its
+        // sessions' state is then unknown (`-`), which is no failure.
+        match client.session_status().await {
+            Ok(statuses) => {
+                known.insert(server_id.clone());
+                let keyed = statuses
+                    .into_iter()
+                    .map(|s| ((server_id.clone(), s.session_id.clone()), s));
+                live.extend(keyed);
+            }
+            Err(e) => tracing::debug!(%server_id, error = %e, "no session status"),
+        }
     }
     close_all(found).await;
+    // A listed session that is not live has no worker: nothing runs in it.
+    let state = |server_id: &str, id: &str| match live.get(&(server_id.to_owned(), id.to_owned())) {
+        Some(s) => (s.state.as_str(), Some(s.clients)),
+        None if known.contains(server_id) => ("stored", Some(0)),
+        None => ("-", None),
+    };
     if let Some(problem) = failed {
         return Err(problem);
     }
@@ -85,6 +108,11 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
             .map(|(server_id, s)| {
                 let mut value = session_json(s);
                 value["serverId"] = server_id.clone().into();
+                let (status, clients) = state(server_id, &s.id);
+                value["status"] = status.into();
+                if let Some(n) = clients {
+                    value["clients"] = n.into();
+                }
                 if let Some((model, level)) = stored_model(target, &s.id) {
                     value["model"] = format!("{}/{}", model.provider, model.id).into();
                     value["thinkingLevel"] = level.as_str().into();
@@ -104,6 +132,8 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
         "SESSION".into(),
         "CREATED (UTC)".into(),
         "LAST ACTIVITY (UTC)".into(),
+        "STATUS".into(),
+        "CLIENTS".into(),
         "MODEL".into(),
         "CWD".into(),
         "NAME".into(),
@@ -113,11 +143,14 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
             || "-".to_owned(),
             |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
         );
+        let (status, clients) = state(server_id, &s.id);
         rows.push(vec![
             server_id.clone(),
             s.id.clone(),
             format_utc(s.created_at),
             format_utc(last(s)),
+            status.to_owned(),
+            clients.map_or_else(|| "-".to_owned(), |n| n.to_string()),
             model,
             s.cwd.clone().unwrap_or_default(),
             s.session_name.clone().unwrap_or_default(),

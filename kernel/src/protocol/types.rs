@@ -71,6 +71,10 @@ pub enum Command {
     /// `{command:"remove", sessionId}`: our extension (not in the v1 schema).
     /// Deletes a stored session; attached connections get `session_removed`.
     Remove { session_id: String },
+    /// `{command:"status"}`: our extension. The runtime state of every live
+    /// session (v1's `SessionMetadata` is durable metadata only), without
+    /// attaching to any or starting a worker.
+    Status,
 }
 
 impl Command {
@@ -87,13 +91,14 @@ impl Command {
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
+            Self::Status => "status",
         }
     }
 
     /// The session a command addresses, if any.
     pub fn session_id(&self) -> Option<&str> {
         match self {
-            Self::List | Self::Create(_) => None,
+            Self::List | Self::Create(_) | Self::Status => None,
             Self::Attach { session_id }
             | Self::Detach { session_id }
             | Self::Prompt { session_id, .. }
@@ -175,6 +180,58 @@ pub enum CommandResult {
     SetThinking { session: SessionSnapshot },
     /// `{command:"remove", sessionId}`: our extension.
     Remove { session_id: String },
+    /// `{command:"status", sessions}`: our extension; one entry per live
+    /// session, in id order. A stored session that is not live has none.
+    Status { sessions: Vec<LiveStatus> },
+}
+
+/// What a live session is doing (our `status` extension).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveStatus {
+    /// The session.
+    pub session_id: String,
+    /// Its state.
+    pub state: LiveState,
+    /// How many connections are attached to it.
+    pub clients: u64,
+}
+
+/// The state of a live session, as `status` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LiveState {
+    /// `opening`: its worker is starting.
+    Opening,
+    /// `idle`, `turn`, `compaction`, `branch_summary` or `retry`: the
+    /// runtime's phase.
+    Phase(SessionPhase),
+    /// `error`: idle after a reply that ended in an error, or failed.
+    Error,
+    /// `closing`: being disposed; its worker is exiting.
+    Closing,
+}
+
+impl LiveState {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Opening => "opening",
+            Self::Phase(phase) => phase.as_str(),
+            Self::Error => "error",
+            Self::Closing => "closing",
+        }
+    }
+
+    /// Every state, in the order `status` documents them.
+    pub const ALL: [Self; 8] = [
+        Self::Opening,
+        Self::Phase(SessionPhase::Idle),
+        Self::Phase(SessionPhase::Turn),
+        Self::Phase(SessionPhase::Compaction),
+        Self::Phase(SessionPhase::BranchSummary),
+        Self::Phase(SessionPhase::Retry),
+        Self::Error,
+        Self::Closing,
+    ];
 }
 
 impl CommandResult {
@@ -188,7 +245,9 @@ impl CommandResult {
             | Self::Abort { session }
             | Self::SetModel { session }
             | Self::SetThinking { session } => Some(session),
-            Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } => None,
+            Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } | Self::Status { .. } => {
+                None
+            }
         }
     }
 
@@ -220,6 +279,7 @@ impl CommandResult {
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
+            Self::Status { .. } => "status",
         }
     }
 

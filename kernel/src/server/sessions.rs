@@ -8,8 +8,9 @@ use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::codec::cbor_error;
 use crate::protocol::codec::spliced;
 use crate::protocol::{
-    Command, CommandResult, CreateParams, ErrorCode, ProtocolError, Request, Response, SchemaError,
-    ServerEvent, ServerMessage, SessionPhase, SessionSnapshot,
+    AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, LiveState, LiveStatus,
+    ProtocolError, Request, Response, SchemaError, ServerEvent, ServerMessage, SessionPhase,
+    SessionSnapshot, TranscriptItem,
 };
 use crate::time::Instant;
 use crate::worker::{
@@ -85,6 +86,28 @@ struct PendingStart {
 }
 
 impl Live {
+    /// What `status` reports of this session.
+    fn status(&self) -> LiveStatus {
+        let snapshot = self.snapshot.as_ref().map(|s| &s.snapshot);
+        let state = match self.phase {
+            Phase::Opening => LiveState::Opening,
+            Phase::Disposing => LiveState::Closing,
+            Phase::Terminal => LiveState::Error,
+            Phase::Ready => match snapshot.map(|s| s.phase) {
+                None => LiveState::Opening,
+                Some(SessionPhase::Idle) if snapshot.is_some_and(last_reply_failed) => {
+                    LiveState::Error
+                }
+                Some(phase) => LiveState::Phase(phase),
+            },
+        };
+        LiveStatus {
+            session_id: self.id.clone(),
+            state,
+            clients: self.attached.len() as u64,
+        }
+    }
+
     fn new(id: String, worker: Worker, creating: bool) -> Self {
         Self {
             id,
@@ -261,6 +284,19 @@ fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
         .unwrap_or_else(|| unreachable!("no snapshot result for {name}"))
 }
 
+/// The session's last reply ended in an error.
+fn last_reply_failed(snapshot: &SessionSnapshot) -> bool {
+    snapshot
+        .transcript
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            TranscriptItem::Assistant(a) => Some(a.status == AssistantStatus::Error),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 fn not_live(session: &str) -> String {
     format!("Session is not live: {session}")
 }
@@ -287,6 +323,10 @@ impl Server {
             Command::Attach { session_id } => self.on_attach(conn, request_id, session_id),
             Command::Detach { session_id } => self.on_detach(conn, request_id, session_id),
             Command::Remove { session_id } => self.on_remove(conn, request_id, session_id),
+            Command::Status => {
+                let sessions = self.sessions.values().map(Live::status).collect();
+                self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));
+            }
             Command::Prompt { session_id, text } => {
                 self.on_operation(conn, request_id, session_id, Operation::Prompt { text })
             }

@@ -8,8 +8,9 @@
 use super::*;
 use crate::faux;
 use crate::protocol::{
-    Command, CreateParams, DeltaKind, Request, SessionPhase, ThinkingLevel, TranscriptProgress,
-    decode_server_message, encode_client_message,
+    AssistantItem, AssistantStatus, Command, CreateParams, DeltaKind, LiveState, Request,
+    SessionPhase, ThinkingLevel, TranscriptItem, TranscriptProgress, decode_server_message,
+    encode_client_message,
 };
 use crate::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use crate::worker::FromWorker;
@@ -839,4 +840,98 @@ fn a_worker_starts_only_with_its_own_token_and_only_once() {
         ),
         "a token starts one worker once: {out:?}"
     );
+}
+
+/// `status` (our extension): what each live session does and how many
+/// clients it has; a session without a worker is absent.
+#[test]
+fn status_reports_each_live_session_and_its_clients() {
+    let (a, b) = (ConnId(1), ConnId(2));
+    let mut h = Harness::serving(Vec::new(), a);
+    h.connect(b);
+    let status = |h: &mut Harness, conn| {
+        h.request(conn, "status", Command::Status);
+        match h.last(conn) {
+            ServerMessage::Response(Response {
+                outcome: Ok(CommandResult::Status { sessions }),
+                ..
+            }) => sessions
+                .into_iter()
+                .map(|s| (s.session_id, s.state, s.clients))
+                .collect::<Vec<_>>(),
+            other => panic!("not a status response: {other:?}"),
+        }
+    };
+    assert!(status(&mut h, a).is_empty(), "nothing live yet");
+
+    let (worker, session) = h.create(a);
+    h.request(
+        b,
+        "attach",
+        Command::Attach {
+            session_id: session.clone(),
+        },
+    );
+    let idle = LiveState::Phase(SessionPhase::Idle);
+    assert_eq!(status(&mut h, a), vec![(session.clone(), idle, 2)]);
+
+    let outputs = h.request(
+        a,
+        "prompt",
+        Command::Prompt {
+            session_id: session.clone(),
+            text: "hi".into(),
+        },
+    );
+    let op = op_of(&outputs);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: snapshot(&session, 2, SessionPhase::Turn),
+        },
+    );
+    let turn = LiveState::Phase(SessionPhase::Turn);
+    assert_eq!(status(&mut h, b), vec![(session.clone(), turn, 2)]);
+
+    // The turn fails: idle again, but its last reply is an error.
+    let mut failed = snapshot(&session, 3, SessionPhase::Idle);
+    failed
+        .transcript
+        .push(TranscriptItem::Assistant(AssistantItem {
+            id: "item-2".into(),
+            content: Vec::new(),
+            model: faux::default_model(),
+            response_model: None,
+            usage: None,
+            timestamp: 10,
+            status: AssistantStatus::Error,
+            error_message: Some("rate limited".into()),
+        }));
+    h.worker(
+        worker,
+        FromWorker::OpDone {
+            op,
+            outcome: Ok(failed),
+        },
+    );
+    h.step(Input::Disconnected { conn: b });
+    assert_eq!(
+        status(&mut h, a),
+        vec![(session.clone(), LiveState::Error, 1)]
+    );
+
+    h.request(
+        a,
+        "detach",
+        Command::Detach {
+            session_id: session.clone(),
+        },
+    );
+    assert_eq!(
+        status(&mut h, a),
+        vec![(session, LiveState::Closing, 0)],
+        "disposed on its last detach, its worker still exiting"
+    );
+    h.step(Input::WorkerExited { worker });
+    assert!(status(&mut h, a).is_empty(), "no worker, not live");
 }

@@ -836,18 +836,7 @@ pub fn session_of(message: &ServerMessage) -> Option<&str> {
 
 /// The session snapshot a successful response carries, if any.
 pub fn result_session(result: &CommandResult) -> Option<&kernel::protocol::SessionSnapshot> {
-    match result {
-        CommandResult::Create { session }
-        | CommandResult::Attach { session }
-        | CommandResult::Prompt { session }
-        | CommandResult::Steer { session }
-        | CommandResult::Abort { session }
-        | CommandResult::SetModel { session }
-        | CommandResult::SetThinking { session } => Some(session),
-        CommandResult::List { .. }
-        | CommandResult::Detach { .. }
-        | CommandResult::Remove { .. } => None,
-    }
+    result.session()
 }
 
 /// The earliest thing a worker's process is waiting for.

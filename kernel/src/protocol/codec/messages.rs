@@ -66,7 +66,7 @@ impl Schema for Command {
         let name = self.name();
         let session_id = self.session_id();
         match self {
-            Self::List => command_map(name, None, 1).build(),
+            Self::List | Self::Status => command_map(name, None, 1).build(),
             Self::Create(params) => command_map(name, None, 5)
                 .put_opt("cwd", params.cwd.as_deref().map(text))
                 .put_opt("name", params.name.as_deref().map(text))
@@ -98,9 +98,13 @@ impl Schema for Command {
         let name = discriminator(value, path, "command")?;
         let session = |f: &Fields<'_, '_>| f.required("sessionId", read_id);
         match name {
-            "list" => {
+            "list" | "status" => {
                 Fields::new(value, path, &["command"])?;
-                Ok(Self::List)
+                Ok(if name == "list" {
+                    Self::List
+                } else {
+                    Self::Status
+                })
             }
             "create" => {
                 let f = Fields::new(
@@ -206,6 +210,12 @@ impl Schema for CommandResult {
             Self::Detach { session_id } | Self::Remove { session_id } => {
                 map.put("sessionId", text(session_id)).build()
             }
+            Self::Status { sessions } => map
+                .put(
+                    "sessions",
+                    Value::Array(sessions.iter().map(Schema::to_value).collect()),
+                )
+                .build(),
             Self::Create { session }
             | Self::Attach { session }
             | Self::Prompt { session }
@@ -226,6 +236,13 @@ impl Schema for CommandResult {
                 })?;
                 Ok(Self::List { sessions })
             }
+            "status" => {
+                let f = Fields::new(value, path, &["command", "sessions"])?;
+                let sessions = f.required("sessions", |v, p| {
+                    super::read_list(v, p, LiveStatus::from_value_at)
+                })?;
+                Ok(Self::Status { sessions })
+            }
             "detach" | "remove" => {
                 let f = Fields::new(value, path, &["command", "sessionId"])?;
                 let session_id = f.required("sessionId", read_id)?;
@@ -242,6 +259,28 @@ impl Schema for CommandResult {
             }
             other => Err(unknown_variant(path, "command", other)),
         }
+    }
+}
+
+/// `{sessionId, state, clients}`: one entry of our `status` extension.
+impl Schema for LiveStatus {
+    fn to_value(&self) -> Value {
+        MapBuilder::with_capacity(3)
+            .put("sessionId", text(&self.session_id))
+            .put("state", text(self.state.as_str()))
+            .put("clients", super::uint_value(self.clients))
+            .build()
+    }
+
+    fn from_value_at(value: &Value, path: &Path<'_>) -> Result<Self, SchemaError> {
+        let f = Fields::new(value, path, &["sessionId", "state", "clients"])?;
+        Ok(Self {
+            session_id: f.required("sessionId", read_id)?,
+            state: f.required("state", |v, p| {
+                read_enum(v, p, &LiveState::ALL, LiveState::as_str)
+            })?,
+            clients: f.required("clients", read_uint)?,
+        })
     }
 }
 
