@@ -19,11 +19,11 @@ use kernel::time::Instant;
 use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use kernel::wire::{CborLimits, FrameDecoder};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -33,7 +33,8 @@ fn env(name: &str) -> Result<String, String> {
     })
 }
 
-fn wall_now() -> Instant {
+/// The wall clock, in ms since the Unix epoch: a real worker's time.
+pub fn wall_now() -> Instant {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -65,20 +66,50 @@ fn checkpoint() -> kernel::limits::Checkpoint {
     }
 }
 
-struct Channel {
-    read: OwnedReadHalf,
-    write: Option<OwnedWriteHalf>,
+/// How a worker reaches the server holding it: the first time, and again
+/// for each announcement after that server is gone.
+pub trait Dial: Clone + Send + Sync + 'static {
+    /// The channel's stream.
+    type Stream: AsyncRead + AsyncWrite + Send + 'static;
+
+    /// Connects to the server's worker socket.
+    fn dial(&self) -> impl Future<Output = Result<Self::Stream, String>> + Send;
+
+    /// The worker socket's path, which the session lock records so that a
+    /// new server with the same id knows this worker will announce itself.
+    fn server_path(&self) -> Option<&Path>;
+}
+
+/// The real server's worker socket.
+#[derive(Clone)]
+pub struct UnixDial(pub PathBuf);
+
+impl Dial for UnixDial {
+    type Stream = UnixStream;
+
+    async fn dial(&self) -> Result<UnixStream, String> {
+        UnixStream::connect(&self.0)
+            .await
+            .map_err(|e| format!("cannot reach the server at {}: {e}", self.0.display()))
+    }
+
+    fn server_path(&self) -> Option<&Path> {
+        Some(&self.0)
+    }
+}
+
+struct Channel<S> {
+    read: ReadHalf<S>,
+    write: Option<WriteHalf<S>>,
     decoder: FrameDecoder,
     ready: std::collections::VecDeque<WorkerFrame>,
     buf: Vec<u8>,
 }
 
-impl Channel {
-    async fn connect(socket: &Path) -> Result<Self, String> {
-        let stream = UnixStream::connect(socket)
-            .await
-            .map_err(|e| format!("cannot reach the server at {}: {e}", socket.display()))?;
-        let (read, write) = stream.into_split();
+impl<S: AsyncRead + AsyncWrite + Send + 'static> Channel<S> {
+    async fn connect<D: Dial<Stream = S>>(dial: &D) -> Result<Self, String> {
+        let stream = dial.dial().await?;
+        let (read, write) = tokio::io::split(stream);
         Ok(Self {
             read,
             write: Some(write),
@@ -131,45 +162,97 @@ impl Channel {
     }
 }
 
-/// Runs the worker until its host says to exit.
+/// `pi-server worker`: a worker process started by the server, configured
+/// by its environment. Runs until its host says to exit.
 pub async fn run_worker() -> Result<(), String> {
     // Session files (the directory, meta.json, the lock, the database and
     // its log) are the user's alone: 0700 directories, 0600 files.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    let socket = PathBuf::from(env("PI_WORKER_SOCKET")?);
-    let token = env("PI_WORKER_TOKEN")?;
-    let session_id = env("PI_WORKER_SESSION_ID")?;
-    let session_dir = PathBuf::from(env("PI_WORKER_SESSION_DIR")?);
-    let agent_dir = crate::config::agent_dir();
-    let channel = Channel::connect(&socket).await?;
-    let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
-    let limits = WorkerLimits {
-        orphan_grace: crate::daemon::env_duration_ms(
-            "PI_WORKER_ORPHAN_GRACE_MS",
-            WorkerLimits::default().orphan_grace,
-        ),
-        ..WorkerLimits::default()
-    };
-    let config = HostConfig {
-        session_id: session_id.clone(),
-        token,
+    let setup = WorkerSetup {
+        dial: UnixDial(PathBuf::from(env("PI_WORKER_SOCKET")?)),
+        token: env("PI_WORKER_TOKEN")?,
+        session_id: env("PI_WORKER_SESSION_ID")?,
+        session_dir: PathBuf::from(env("PI_WORKER_SESSION_DIR")?),
+        agent_dir: crate::config::agent_dir(),
         pid: u64::from(std::process::id()),
-        models: registry.models().to_vec(),
-        default_model: crate::settings::default_model(&agent_dir),
         cwd: std::env::current_dir()
             .ok()
             .map(|d| d.display().to_string()),
+        clock: wall_now,
+        limits: WorkerLimits {
+            orphan_grace: crate::daemon::env_duration_ms(
+                "PI_WORKER_ORPHAN_GRACE_MS",
+                WorkerLimits::default().orphan_grace,
+            ),
+            ..WorkerLimits::default()
+        },
         policy: kernel::runtime::Policy {
             checkpoint: checkpoint(),
             ..kernel::runtime::Policy::default()
         },
+        faux_delay: faux_delay(),
+    };
+    run(setup).await
+}
+
+/// Everything a worker is started with.
+pub struct WorkerSetup<D> {
+    /// How it reaches its server.
+    pub dial: D,
+    /// The secret its hello proves it with.
+    pub token: String,
+    /// The session it hosts.
+    pub session_id: String,
+    /// Where sessions are stored.
+    pub session_dir: PathBuf,
+    /// Models, credentials and settings.
+    pub agent_dir: PathBuf,
+    /// Its process id, as its hello and announcements say.
+    pub pid: u64,
+    /// The default working directory of a session created without one.
+    pub cwd: Option<String>,
+    /// Kernel time: [`wall_now`], or a simulation's clock.
+    pub clock: fn() -> Instant,
+    /// Its bounds and deadlines.
+    pub limits: WorkerLimits,
+    /// The runtime's policy (checkpoints, compaction).
+    pub policy: kernel::runtime::Policy,
+    /// Time between two events of a faux model reply.
+    pub faux_delay: Duration,
+}
+
+/// Runs a worker until its host says to exit.
+pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
+    let WorkerSetup {
+        dial,
+        token,
+        session_id,
+        session_dir,
+        agent_dir,
+        pid,
+        cwd,
+        clock,
+        limits,
+        policy,
+        faux_delay,
+    } = setup;
+    let channel = Channel::connect(&dial).await?;
+    let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
+    let config = HostConfig {
+        session_id: session_id.clone(),
+        token,
+        pid,
+        models: registry.models().to_vec(),
+        default_model: crate::settings::default_model(&agent_dir),
+        cwd,
+        policy,
         limits: limits.clone(),
     };
-    let (mut host, outputs) = WorkerHost::new(config, wall_now());
+    let (mut host, outputs) = WorkerHost::new(config, clock());
     let (events_tx, mut events) = mpsc::channel::<HostInput>(1024);
     let mut w = Worker {
         registry,
-        socket,
+        dial,
         session_dir: session_dir.clone(),
         session_id: session_id.clone(),
         store: None,
@@ -183,7 +266,8 @@ pub async fn run_worker() -> Result<(), String> {
         tool_task: None,
         agent_dir,
         outputs: session_dir.join(&session_id),
-        delay: faux_delay(),
+        delay: faux_delay,
+        clock,
         exit: None,
     };
     w.apply(&mut host, outputs).await;
@@ -191,7 +275,7 @@ pub async fn run_worker() -> Result<(), String> {
         let sleep = async {
             match host.next_deadline() {
                 Some(at) => {
-                    let wait = at.as_millis().saturating_sub(wall_now().as_millis());
+                    let wait = at.as_millis().saturating_sub(clock().as_millis());
                     tokio::time::sleep(Duration::from_millis(wait)).await
                 }
                 None => std::future::pending().await,
@@ -219,7 +303,7 @@ pub async fn run_worker() -> Result<(), String> {
             Some(input) = events.recv() => input,
             () = sleep => HostInput::Tick,
         };
-        let outputs = host.step(wall_now(), input);
+        let outputs = host.step(clock(), input);
         w.apply(&mut host, outputs).await;
     }
     w.stop_tasks();
@@ -231,7 +315,9 @@ pub async fn run_worker() -> Result<(), String> {
 }
 
 /// The next frame on the channel, if there is one; pending without one.
-async fn recv(channel: &mut Option<Channel>) -> Option<WorkerFrame> {
+async fn recv<S: AsyncRead + AsyncWrite + Send + 'static>(
+    channel: &mut Option<Channel<S>>,
+) -> Option<WorkerFrame> {
     match channel {
         Some(ch) => ch.recv().await,
         None => std::future::pending().await,
@@ -240,12 +326,12 @@ async fn recv(channel: &mut Option<Channel>) -> Option<WorkerFrame> {
 
 /// One announcement: connect, say hello, and read the first answer, each
 /// within `timeout`.
-async fn announce(
-    socket: PathBuf,
+async fn announce<D: Dial>(
+    dial: D,
     hello: WorkerFrame,
     timeout: Duration,
-) -> (Option<Channel>, Option<WorkerFrame>) {
-    let Ok(Ok(mut fresh)) = tokio::time::timeout(timeout, Channel::connect(&socket)).await else {
+) -> (Option<Channel<D::Stream>>, Option<WorkerFrame>) {
+    let Ok(Ok(mut fresh)) = tokio::time::timeout(timeout, Channel::connect(&dial)).await else {
         return (None, None); // nobody there yet
     };
     fresh.send(&hello).await;
@@ -256,19 +342,22 @@ async fn announce(
     (Some(fresh), answer)
 }
 
-struct Worker {
+/// An announcement in flight: the channel it opened, and the first answer.
+type Announcing<S> = JoinHandle<(Option<Channel<S>>, Option<WorkerFrame>)>;
+
+struct Worker<D: Dial> {
     /// Models and how to reach them.
     registry: std::sync::Arc<ModelRegistry>,
-    /// The server's worker socket.
-    socket: PathBuf,
+    /// How to reach the server.
+    dial: D,
     session_dir: PathBuf,
     session_id: String,
     store: Option<SessionStore>,
     /// The channel to the server holding this worker.
-    channel: Option<Channel>,
+    channel: Option<Channel<D::Stream>>,
     /// The channel of an answered announcement, until the host says what to do with it.
-    announcement: Option<Channel>,
-    announce_task: Option<JoinHandle<(Option<Channel>, Option<WorkerFrame>)>>,
+    announcement: Option<Channel<D::Stream>>,
+    announce_task: Option<Announcing<D::Stream>>,
     announce_timeout: Duration,
     /// The session's working directory (the system prompt names it).
     cwd: String,
@@ -280,10 +369,11 @@ struct Worker {
     /// The session's directory: whole outputs of cut `bash` commands go there.
     outputs: PathBuf,
     delay: Duration,
+    clock: fn() -> Instant,
     exit: Option<Result<(), String>>,
 }
 
-impl Worker {
+impl<D: Dial> Worker<D> {
     /// Carries out the host's outputs in order; a store operation's answer
     /// goes straight back to the host, and what it says next is carried out too.
     async fn apply(&mut self, host: &mut WorkerHost, outputs: Vec<HostOutput>) {
@@ -319,8 +409,8 @@ impl Worker {
                     ))
                 }
                 HostOutput::RecordServer => {
-                    if let Some(store) = &mut self.store {
-                        store.record_server(&self.socket);
+                    if let (Some(store), Some(path)) = (&mut self.store, self.dial.server_path()) {
+                        store.record_server(path);
                     }
                     None
                 }
@@ -381,7 +471,7 @@ impl Worker {
                 }
                 HostOutput::Announce(hello) => {
                     tracing::info!("server gone; announcing this worker for adoption");
-                    let task = announce(self.socket.clone(), hello, self.announce_timeout);
+                    let task = announce(self.dial.clone(), hello, self.announce_timeout);
                     self.announce_task = Some(tokio::spawn(task));
                     None
                 }
@@ -403,7 +493,7 @@ impl Worker {
                 }
             };
             if let Some(input) = answer {
-                queue.extend(host.step(wall_now(), input));
+                queue.extend(host.step((self.clock)(), input));
             }
         }
     }
@@ -421,13 +511,13 @@ impl Worker {
 
     fn start_model(&mut self, call: u64, request: ModelRequest) {
         let events = self.events.clone();
-        let delay = self.delay;
+        let (delay, clock) = (self.delay, self.clock);
         let cancel = CancellationToken::new();
         let provider = if request.model.provider == faux::PROVIDER {
             None
         } else {
             // Context files are read again for every call: edits take effect.
-            let date = crate::cli::format_utc(wall_now().as_millis());
+            let date = crate::cli::format_utc(clock().as_millis());
             let date = date.split(' ').next().unwrap_or_default().to_owned();
             Some(
                 self.registry
@@ -438,11 +528,11 @@ impl Worker {
         let task = tokio::spawn(async move {
             match provider {
                 None => {
-                    let mut stream = FauxStream::start(&request, wall_now(), delay);
+                    let mut stream = FauxStream::start(&request, clock(), delay);
                     while let Some(at) = stream.next_deadline() {
-                        let wait = at.as_millis().saturating_sub(wall_now().as_millis());
+                        let wait = at.as_millis().saturating_sub(clock().as_millis());
                         tokio::time::sleep(Duration::from_millis(wait)).await;
-                        for event in stream.step(wall_now()) {
+                        for event in stream.step(clock()) {
                             if events.send(HostInput::Model { call, event }).await.is_err() {
                                 return;
                             }

@@ -1,22 +1,21 @@
-//! Network-fault tests of the client library and the kernel's connection
-//! handling, on turmoil's simulated TCP network.
+//! Network-fault tests of the real server and the client library, on
+//! turmoil's simulated TCP network.
 //!
-//! Why turmoil serves here, and where it stops. turmoil runs several hosts
-//! in one process on virtual time over a network it controls: latency,
-//! message order, held and partitioned links, crashed and restarted hosts,
-//! all reproducible from a seed. That is what the async client library
-//! (`pi_io::client`, reached through [`Client::connect_stream`]) and the
-//! kernel's connection machine (handshake deadline, output accounting,
-//! fan-out, disconnects) need to be tested against: a peer that goes quiet,
-//! a link that stalls, a server that vanishes mid-turn. The production
-//! transport is a Unix socket and sessions live in worker processes;
-//! turmoil simulates neither (TCP and UDP only, no child processes —
-//! `../shared/reference/deps.md` §3). So the server here is a loopback copy
-//! of the daemon's event loop (`tests/support/mod.rs`: same event handling,
-//! same reader/writer tasks, workers as in-process `Runtime`s) listening on
-//! simulated TCP. Worker processes, their crashes, storage and the
-//! replacement protocol are covered deterministically by the kernel-level
-//! simulator in `sim/`, and the real binary by the end-to-end tests.
+//! Why turmoil serves here. turmoil runs several hosts in one process on
+//! virtual time over a network it controls: latency, message order, held
+//! and partitioned links, crashed and restarted hosts, all reproducible from
+//! a seed. That is what the async client library (`pi_io::client`, reached
+//! through [`Client::connect_stream`]) and the daemon (handshake deadline,
+//! output accounting, fan-out, disconnects) need to be tested against: a
+//! peer that goes quiet, a link that stalls, a server that vanishes
+//! mid-turn. turmoil simulates TCP, not Unix sockets or child processes, so
+//! the server host runs the daemon's own loop (`pi_io::daemon::run_on`) on
+//! a simulated platform (`tests/support/mod.rs`): clients on simulated TCP,
+//! each worker a task running the real worker loop (`pi_io::worker::run`)
+//! with SQLite on the host's disk. A regression of either loop fails these
+//! tests. Worker processes, the hand-off between servers and storage faults
+//! are covered deterministically by the kernel-level simulator in `sim/`,
+//! and the real binary by the end-to-end tests.
 //!
 //! Every test builds its simulation with a fixed seed, 1–20 ms of latency
 //! per message and random host order; the determinism test checks that a
@@ -54,13 +53,15 @@ fn sim<'a>(seed: u64) -> turmoil::Sim<'a> {
         .build()
 }
 
-fn server_options(seed: u64, log: &Log) -> support::Options {
-    support::Options {
+/// A server on a fresh disk; its steps are noted in `log` while the guard lives.
+fn server_options(seed: u64, log: &Log) -> (support::Options, tracing::subscriber::DefaultGuard) {
+    let options = support::Options {
         seed,
         limits: Limits::default(),
         faux_delay: ms(10),
-        log: log.clone(),
-    }
+        disk: support::Disk::fresh("server"),
+    };
+    (options, support::trace_steps(log))
 }
 
 /// Connects to the loopback server and runs the handshake.
@@ -164,7 +165,7 @@ async fn wait_for<T: Clone>(slot: &Arc<Mutex<Option<T>>>) -> T {
 fn prompt_scenario(seed: u64) -> Vec<String> {
     let log = Log::default();
     let mut sim = sim(seed);
-    let options = server_options(seed, &log);
+    let (options, _steps) = server_options(seed, &log);
     sim.host("server", move || support::serve(options.clone()));
     let client_log = log.clone();
     sim.client("client", async move {
@@ -224,7 +225,7 @@ fn a_seed_replays_the_same_run() {
 fn a_partitioned_client_loses_its_prompt_but_not_the_turn() {
     let log = Log::default();
     let mut sim = sim(SEED);
-    let options = server_options(SEED, &log);
+    let (options, _steps) = server_options(SEED, &log);
     sim.host("server", move || support::serve(options.clone()));
     let slot: Arc<Mutex<Option<String>>> = Arc::default();
     let prompt_text = words(60);
@@ -300,7 +301,7 @@ fn a_partitioned_client_loses_its_prompt_but_not_the_turn() {
 fn a_held_hello_meets_the_handshake_deadline() {
     let log = Log::default();
     let mut sim = sim(SEED);
-    let options = server_options(SEED, &log);
+    let (options, _steps) = server_options(SEED, &log);
     sim.host("server", move || support::serve(options.clone()));
     let client_log = log.clone();
     sim.client("client", async move {
@@ -345,15 +346,17 @@ fn a_held_hello_meets_the_handshake_deadline() {
     );
 }
 
-/// The server host crashes while a reply streams: the client's prompt fails
-/// with the connection, and once the host is back a new connection
-/// handshakes against fresh state (no sessions; the same first connection
-/// id, since the kernel's ids come from the same seed).
+/// The server host crashes while a reply streams (its worker with it, as
+/// on a machine that lost power): the client's prompt fails with the
+/// connection. Once the host is back, a new connection (the same first
+/// connection id: the kernel's ids come from the same seed) finds the
+/// session on disk with the prompt it committed, and the interrupted reply
+/// is not left streaming.
 #[test]
-fn a_server_crash_mid_prompt_ends_the_connection_and_a_bounce_starts_fresh() {
+fn a_server_crash_mid_prompt_ends_the_connection_and_a_bounce_finds_what_was_committed() {
     let log = Log::default();
     let mut sim = sim(SEED);
-    let options = server_options(SEED, &log);
+    let (options, _steps) = server_options(SEED, &log);
     sim.host("server", move || support::serve(options.clone()));
     let streaming = Arc::new(AtomicBool::new(false));
 
@@ -394,12 +397,26 @@ fn a_server_crash_mid_prompt_ends_the_connection_and_a_bounce_starts_fresh() {
                 Err(error) => note(&client_log, format!("client reconnect: {error:?}")),
             }
         };
-        assert!(
-            client.list().await?.is_empty(),
-            "a fresh server has no sessions"
-        );
-        assert!(client.server_snapshot().sessions.is_empty());
         assert_eq!(client.connection_id(), first_id);
+        let listed = client.list().await?;
+        assert!(
+            listed.iter().any(|s| s.id == session.id),
+            "the session survived the crash: {listed:?}"
+        );
+        let snapshot = client.attach(&session.id).await?;
+        note(
+            &client_log,
+            format!("client attached r{}", snapshot.revision),
+        );
+        let prompted = snapshot.transcript.iter().any(|item| {
+            matches!(item, TranscriptItem::User(u) if u.content.iter().any(|c| matches!(
+                c, Content::Text { text } if text == "this reply will not finish"
+            )))
+        });
+        assert!(prompted, "the committed prompt is there: {snapshot:?}");
+        let (status, _) = last_reply(&snapshot).expect("the interrupted reply");
+        assert_ne!(status, AssistantStatus::Streaming, "{snapshot:?}");
+        assert_eq!(snapshot.phase, SessionPhase::Idle);
         client.close().await;
         Ok(())
     });
@@ -435,6 +452,7 @@ fn a_partitioned_follower_neither_blocks_fan_out_nor_buffers_without_bound() {
     const FRAME: u32 = 16 * 1024;
     let log = Log::default();
     let mut sim = sim(SEED);
+    let (base, _steps) = server_options(SEED, &log);
     let options = support::Options {
         limits: Limits {
             max_frame_len: FRAME,
@@ -446,7 +464,7 @@ fn a_partitioned_follower_neither_blocks_fan_out_nor_buffers_without_bound() {
             ..Limits::default()
         },
         faux_delay: ms(1),
-        ..server_options(SEED, &log)
+        ..base
     };
     sim.host("server", move || support::serve(options.clone()));
     let session: Arc<Mutex<Option<String>>> = Arc::default();

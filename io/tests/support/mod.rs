@@ -1,36 +1,45 @@
-//! Test support: a loopback pi server for a turmoil host.
+//! Test support: the real server on a turmoil host.
 //!
-//! It carries out the kernel's outputs the way `io/src/daemon.rs` does — one
-//! task owns [`Server`] and `select!`s over one bounded event channel and
-//! the next deadline; per connection a reader task and a writer task that
-//! batches frames and reports [`Input::Written`]; a protocol close flushes
-//! first, every other close drops the connection at once — with two
-//! substitutions turmoil forces: the listener is `turmoil::net::TcpListener`
-//! instead of a Unix socket, and each worker is an in-process
-//! [`Runtime`] (as in `sim/src/world.rs`) with the faux model and an
-//! in-memory store instead of a `pi-server worker` process with SQLite.
-//! Kernel time is the simulation's time in milliseconds. The store lives in
-//! the host's future, so a crashed and bounced server starts empty.
+//! [`serve`] runs the daemon's own loop ([`pi_io::daemon::run_on`]) on a
+//! simulated [`Platform`]: clients on turmoil TCP port [`PORT`] instead of a
+//! Unix socket, and each worker as a task on the same host running the real
+//! worker loop ([`pi_io::worker::run`]) over turmoil TCP, with SQLite in a
+//! directory of its own and the simulation's clock. Blocking jobs run
+//! inline and the session directory is polled, not watched, so a seed
+//! replays exactly. A crashed host loses its tasks (as a machine losing
+//! power loses its processes); its directory survives a bounce.
+//!
+//! What the kernel decides is read from the daemon's step trace
+//! ([`pi_io::daemon::STEPS`]), which [`trace_steps`] notes in a [`Log`].
 
-use kernel::faux::{self, FauxStream};
-use kernel::ids::{ConnId, WorkerId};
-use kernel::limits::Limits;
-use kernel::protocol::{ErrorCode, ProtocolError};
-use kernel::runtime::{Runtime, RuntimeInput, RuntimeOutput, StoredSession};
-use kernel::server::{Config, Frame, Input, Output, Server};
+use kernel::faux;
+use kernel::limits::{Limits, WorkerLimits};
+use kernel::server::{Config, Frame};
 use kernel::time::Instant;
-use kernel::worker::{CreateSpec, FromWorker, ToWorker};
-use std::collections::{BTreeMap, VecDeque};
+use pi_io::daemon::{Conn, Listener, Platform, Serving, Spawned, run_on};
+use pi_io::worker::{Dial, WorkerSetup};
+use std::future::Future;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::task::AbortHandle;
+use tracing_subscriber::layer::SubscriberExt;
+use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use turmoil::net::{TcpListener, TcpStream};
 
-/// The port the loopback server listens on.
+/// The port the server listens on for clients.
 pub(crate) const PORT: u16 = 7447;
+
+/// The port its workers reach it on.
+const WORKER_PORT: u16 = 7448;
+
+/// Simulated wall clock of the workers: this epoch plus the simulation's time.
+const EPOCH_MS: u64 = 1_800_000_000_000;
 
 /// Lines noted during a run, each prefixed with the simulation time in ms.
 pub(crate) type Log = Arc<Mutex<Vec<String>>>;
@@ -41,7 +50,35 @@ pub(crate) fn note(log: &Log, line: impl Into<String>) {
     log.lock().unwrap().push(format!("{ms:>6} {}", line.into()));
 }
 
-/// How the loopback server runs.
+/// Notes every kernel step of the server (`input → [outputs]`) in `log`,
+/// while the guard lives (on this thread, which runs every host).
+pub(crate) fn trace_steps(log: &Log) -> tracing::subscriber::DefaultGuard {
+    let subscriber = tracing_subscriber::registry().with(Steps(log.clone()));
+    tracing::subscriber::set_default(subscriber)
+}
+
+struct Steps(Log);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Steps {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != pi_io::daemon::STEPS {
+            return;
+        }
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        note(&self.0, message.0);
+    }
+}
+
+/// How the server runs.
 #[derive(Clone)]
 pub(crate) struct Options {
     /// Seeds the kernel's ids.
@@ -50,451 +87,233 @@ pub(crate) struct Options {
     pub(crate) limits: Limits,
     /// Time between two events of a faux model reply.
     pub(crate) faux_delay: Duration,
-    /// Every kernel step is noted here (input → outputs).
-    pub(crate) log: Log,
+    /// The host's disk: sessions under `sessions/`, an empty agent dir
+    /// (the faux models only) under `agent/`.
+    pub(crate) disk: Arc<Disk>,
 }
 
-enum Event {
-    Accepted(TcpStream),
-    Received { conn: ConnId, bytes: Vec<u8> },
-    ReadClosed { conn: ConnId },
-    Written { conn: ConnId, bytes: usize },
-    WriterClosed { conn: ConnId },
+/// A directory standing in for a host's disk; deleted with the last handle
+/// (when the simulation that holds it is dropped).
+pub(crate) struct Disk(PathBuf);
+
+impl Disk {
+    /// A fresh, empty disk.
+    pub(crate) fn fresh(name: &str) -> Arc<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("pi-turmoil-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sessions")).unwrap();
+        std::fs::create_dir_all(dir.join("agent")).unwrap();
+        Arc::new(Self(dir))
+    }
 }
 
-enum WriterMsg {
-    Frame(Frame),
-    Close,
-}
-
-struct Conn {
-    writer: mpsc::UnboundedSender<WriterMsg>,
-    reader: JoinHandle<()>,
-    writer_task: JoinHandle<()>,
-}
-
-struct Worker {
-    session_id: String,
-    runtime: Runtime,
-    stream: Option<(u64, FauxStream)>,
-}
-
-struct Loopback {
-    options: Options,
-    server: Server,
-    base: tokio::time::Instant,
-    base_ms: u64,
-    events: mpsc::Sender<Event>,
-    conns: BTreeMap<ConnId, Conn>,
-    workers: BTreeMap<WorkerId, Worker>,
-    store: BTreeMap<String, StoredSession>,
-    next_conn: u64,
-    accept: Option<JoinHandle<()>>,
-    inputs: VecDeque<Input>,
-    stepping: bool,
-    done: bool,
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Serves pi protocol v1 on [`PORT`] until the kernel completes a shutdown
 /// (or the host crashes). Use as `sim.host("server", move || serve(options.clone()))`.
 pub(crate) async fn serve(options: Options) -> turmoil::Result {
-    let listener = TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
-    let (events, mut rx) = mpsc::channel(1024);
-    let tx = events.clone();
-    let accept = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            if tx.send(Event::Accepted(stream)).await.is_err() {
-                return;
-            }
-        }
-    });
-    let server = Server::new(Config {
-        server_id: "00000000-0000-4000-8000-000000007447".into(),
-        token: None,
-        seed: options.seed,
-        models: faux::models(),
-        limits: options.limits.clone(),
-        idle_exit: None,
-        adoption_grace: Duration::from_secs(30),
-    });
-    let base_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64;
-    let mut lb = Loopback {
-        options,
-        server,
-        base: tokio::time::Instant::now(),
-        base_ms,
-        events,
-        conns: BTreeMap::new(),
-        workers: BTreeMap::new(),
-        store: BTreeMap::new(),
-        next_conn: 1,
-        accept: Some(accept),
-        inputs: VecDeque::new(),
-        stepping: false,
-        done: false,
+    let any = IpAddr::from(Ipv4Addr::UNSPECIFIED);
+    let clients = TcpListener::bind((any, PORT)).await?;
+    let workers = TcpListener::bind((any, WORKER_PORT)).await?;
+    let session_dir = options.disk.0.join("sessions");
+    let serving = Serving {
+        platform: Simulated {
+            session_dir: session_dir.clone(),
+            agent_dir: options.disk.0.join("agent"),
+            faux_delay: options.faux_delay,
+        },
+        config: Config {
+            server_id: "00000000-0000-4000-8000-000000007447".into(),
+            token: None,
+            seed: options.seed,
+            models: faux::models(),
+            limits: options.limits,
+            idle_exit: None,
+            adoption_grace: Duration::from_secs(30),
+        },
+        session_dir,
+        clients: vec![Clients(clients)],
+        workers: Workers(workers),
+        public_path: None,
+        worker_path: None,
+        released: Vec::new(),
     };
-    lb.step(Input::CatalogLoaded {
-        sessions: Vec::new(),
-    });
-    while !lb.done {
-        let deadline = lb.next_deadline().map(|at| lb.tokio_instant(at));
-        let sleep = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        // `biased`: tokio's own choice is random unless built with `tokio_unstable`.
-        tokio::select! {
-            biased;
-            Some(event) = rx.recv() => lb.on_event(event),
-            () = sleep => lb.on_deadline(),
-        }
-    }
+    let (_stop, stops) = tokio::sync::mpsc::channel(1);
+    run_on(serving, stops).await?;
     Ok(())
 }
 
-impl Loopback {
-    fn now(&self) -> Instant {
-        Instant(self.base_ms + self.base.elapsed().as_millis() as u64)
-    }
+/// The simulated machine of a server host.
+struct Simulated {
+    session_dir: PathBuf,
+    agent_dir: PathBuf,
+    faux_delay: Duration,
+}
 
-    fn tokio_instant(&self, at: Instant) -> tokio::time::Instant {
-        self.base + Duration::from_millis(at.0.saturating_sub(self.base_ms))
-    }
+fn sim_clock() -> Instant {
+    Instant(EPOCH_MS + turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64)
+}
 
-    /// The kernel's deadline or a faux reply's next event, whichever is first.
-    fn next_deadline(&self) -> Option<Instant> {
-        let workers = self.workers.values().filter_map(|w| {
-            let model = w.stream.as_ref().and_then(|(_, s)| s.next_deadline());
-            model.into_iter().chain(w.runtime.next_deadline()).min()
-        });
-        self.server.next_deadline().into_iter().chain(workers).min()
-    }
+impl Platform for Simulated {
+    type Conn = SimConn;
+    type Channel = TcpStream;
+    type Clients = Clients;
+    type Workers = Workers;
 
-    /// As the daemon: inputs that arise while outputs are carried out are
-    /// queued and fed afterwards, so outputs are never interleaved.
-    fn step(&mut self, input: Input) {
-        self.inputs.push_back(input);
-        if self.stepping {
-            return;
-        }
-        self.stepping = true;
-        while let Some(input) = self.inputs.pop_front() {
-            let what = describe(&input);
-            let outputs = self.server.step(self.now(), input);
-            let done: Vec<String> = outputs.iter().map(describe_output).collect();
-            note(&self.options.log, format!("{what} → [{}]", done.join(", ")));
-            for output in outputs {
-                self.carry_out(output);
-            }
-        }
-        self.stepping = false;
-    }
-
-    fn on_deadline(&mut self) {
-        let now = self.now();
-        if self.server.next_deadline().is_some_and(|at| at <= now) {
-            self.step(Input::Tick);
-        }
-        let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
-        for id in ids {
-            let Some((call, stream)) = self.workers.get_mut(&id).and_then(|w| w.stream.as_mut())
-            else {
-                continue;
-            };
-            let call = *call;
-            for event in stream.step(now) {
-                self.runtime_step(id, RuntimeInput::Model { call, event });
-            }
-            let tick = self
-                .workers
-                .get(&id)
-                .and_then(|w| w.runtime.next_deadline());
-            if tick.is_some_and(|at| at <= now) {
-                self.runtime_step(id, RuntimeInput::Tick);
-            }
-        }
-    }
-
-    fn on_event(&mut self, event: Event) {
-        match event {
-            Event::Accepted(stream) => self.on_accepted(stream),
-            Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
-            Event::ReadClosed { conn } => {
-                if self.server.ends_on_read_close(conn) {
-                    self.drop_conn(conn);
-                }
-            }
-            Event::Written { conn, bytes } => {
-                if self.conns.contains_key(&conn) {
-                    self.step(Input::Written { conn, bytes });
-                }
-            }
-            Event::WriterClosed { conn } => self.drop_conn(conn),
-        }
-    }
-
-    fn on_accepted(&mut self, stream: TcpStream) {
-        let conn = ConnId(self.next_conn);
-        self.next_conn += 1;
-        let (mut read, mut write) = stream.into_split();
-        let tx = self.events.clone();
-        let reader = tokio::spawn(async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            while let Ok(n @ 1..) = read.read(&mut buf).await {
-                let bytes = buf[..n].to_vec();
-                if tx.send(Event::Received { conn, bytes }).await.is_err() {
-                    return;
-                }
-            }
-            let _ = tx.send(Event::ReadClosed { conn }).await;
-        });
-        let (writer, mut frames) = mpsc::unbounded_channel::<WriterMsg>();
-        let tx = self.events.clone();
-        let writer_task = tokio::spawn(async move {
-            'outer: while let Some(first) = frames.recv().await {
-                let (mut batch, mut close, mut next) = (Vec::new(), false, Some(first));
-                while let Some(msg) = next {
-                    match msg {
-                        WriterMsg::Frame(frame) => batch.push(frame),
-                        WriterMsg::Close => {
-                            close = true;
-                            break;
-                        }
-                    }
-                    next = if batch.len() < 256 {
-                        frames.try_recv().ok()
-                    } else {
-                        None
-                    };
-                }
-                let mut bytes = 0;
-                for frame in &batch {
-                    if write.write_all(frame).await.is_err() {
-                        break 'outer;
-                    }
-                    bytes += frame.len();
-                }
-                if bytes > 0 && tx.send(Event::Written { conn, bytes }).await.is_err() {
-                    return;
-                }
-                if close {
-                    let _ = tokio::time::timeout(Duration::from_secs(2), write.shutdown()).await;
-                    break;
-                }
-            }
-            let _ = tx.send(Event::WriterClosed { conn }).await;
-        });
-        let tasks = Conn {
-            writer,
-            reader,
-            writer_task,
+    fn spawn_worker(&mut self, session_id: &str, token: &str) -> io::Result<Spawned> {
+        let setup = WorkerSetup {
+            dial: Loopback,
+            token: token.to_owned(),
+            session_id: session_id.to_owned(),
+            session_dir: self.session_dir.clone(),
+            agent_dir: self.agent_dir.clone(),
+            pid: u64::from(std::process::id()),
+            cwd: Some("/loopback".into()),
+            clock: sim_clock,
+            limits: WorkerLimits::default(),
+            policy: kernel::runtime::Policy::default(),
+            faux_delay: self.faux_delay,
         };
-        self.conns.insert(conn, tasks);
-        self.step(Input::Accepted { conn });
-    }
-
-    /// The connection is gone: stop its tasks and tell the kernel (once).
-    fn drop_conn(&mut self, conn: ConnId) {
-        if let Some(c) = self.conns.remove(&conn) {
-            c.reader.abort();
-            c.writer_task.abort();
-            self.step(Input::Disconnected { conn });
-        }
-    }
-
-    fn carry_out(&mut self, output: Output) {
-        match output {
-            Output::Send { conn, frame } => {
-                if let Some(c) = self.conns.get(&conn) {
-                    let _ = c.writer.send(WriterMsg::Frame(frame));
-                }
+        let task = tokio::spawn(pi_io::worker::run(setup));
+        let abort = task.abort_handle();
+        let exited = Box::pin(async move {
+            match task.await {
+                Ok(Ok(())) => "exited".to_owned(),
+                Ok(Err(e)) => format!("failed: {e}"),
+                Err(e) => format!("stopped: {e}"),
             }
-            Output::Close { conn, reason } => {
-                if !reason.flushes_first() {
-                    return self.drop_conn(conn);
-                }
-                if let Some(c) = self.conns.get(&conn) {
-                    let _ = c.writer.send(WriterMsg::Close);
-                }
-            }
-            Output::SpawnWorker {
-                worker,
-                session_id,
-                create,
-                ..
-            } => self.spawn_worker(worker, session_id, create),
-            Output::ToWorker { worker, message } => {
-                let input = match message {
-                    ToWorker::Operation { op, operation } => {
-                        RuntimeInput::Operation { op, operation }
-                    }
-                    ToWorker::Dispose => RuntimeInput::Dispose,
-                };
-                self.runtime_step(worker, input);
-            }
-            Output::KillWorker { worker } => self.exit_worker(worker),
-            Output::RemoveSession { session_id } => {
-                self.store.remove(&session_id);
-                self.step(Input::SessionRemoved {
-                    session_id,
-                    result: Ok(()),
-                });
-            }
-            Output::StopAccepting => {
-                if let Some(accept) = self.accept.take() {
-                    accept.abort();
-                }
-            }
-            Output::ShutdownComplete => self.done = true,
-            other @ (Output::AdoptWorker { .. }
-            | Output::StartWorker { .. }
-            | Output::RejectWorker { .. }
-            | Output::ReleaseWorker { .. }
-            | Output::ScanCatalog { .. }) => {
-                unreachable!(
-                    "no worker says hello or is announced, no hand-off requested and the catalog \
-                     never changes: {other:?}"
-                )
-            }
-        }
-    }
-
-    /// The worker "process" starts and opens (or creates) its session at once.
-    fn spawn_worker(&mut self, worker: WorkerId, session_id: String, create: Option<CreateSpec>) {
-        self.step(Input::WorkerSpawned {
-            worker,
-            token: String::new(),
         });
-        let (now, models) = (self.now(), faux::models());
-        let opened = match create {
-            Some(spec) => Runtime::resolve_create(&spec, &faux::default_model(), &models).map(
-                |(model, thinking_level)| {
-                    let stored = StoredSession {
-                        id: session_id.clone(),
-                        name: spec.name,
-                        cwd: spec.cwd.unwrap_or_else(|| "/loopback".into()),
-                        created_at: now.0,
-                        updated_at: now.0,
-                        model,
-                        thinking_level,
-                        revision: 0,
-                        transcript: Vec::new(),
-                        queued_steer: Vec::new(),
-                        summary: None,
-                    };
-                    self.store.insert(session_id.clone(), stored.clone());
-                    Runtime::create(stored, models, now)
-                },
-            ),
-            None => match self.store.get(&session_id) {
-                Some(stored) => Ok(Runtime::open(stored.clone(), models, now)),
-                None => Err(ProtocolError::new(ErrorCode::NotFound, "Session not found")),
-            },
-        };
-        match opened {
-            Ok((runtime, outputs)) => {
-                let w = Worker {
-                    session_id,
-                    runtime,
-                    stream: None,
-                };
-                self.workers.insert(worker, w);
-                self.apply_runtime(worker, outputs);
-            }
-            Err(error) => {
-                let message = Box::new(FromWorker::Failed { error });
-                self.step(Input::FromWorker { worker, message });
-                self.step(Input::WorkerExited { worker });
-            }
+        Ok(Spawned {
+            pid: None,
+            exited,
+            task: Some(abort),
+        })
+    }
+
+    fn kill_worker(&mut self, _pid: Option<u32>, task: Option<&AbortHandle>) {
+        // Its hello names this process: only the task is ours to stop.
+        if let Some(task) = task {
+            task.abort();
         }
     }
 
-    fn runtime_step(&mut self, worker: WorkerId, input: RuntimeInput) {
-        let now = self.now();
-        if let Some(w) = self.workers.get_mut(&worker) {
-            let outputs = w.runtime.step(now, input);
-            self.apply_runtime(worker, outputs);
-        }
+    fn blocking<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = T> + Send + 'static {
+        std::future::ready(job())
     }
 
-    /// Carries out a runtime's outputs as `io/src/worker.rs` would, in order.
-    fn apply_runtime(&mut self, worker: WorkerId, outputs: Vec<RuntimeOutput>) {
-        for output in outputs {
-            let now = self.now();
-            let w = self.workers.get_mut(&worker).expect("a live worker");
-            match output {
-                RuntimeOutput::Persist(p) => {
-                    let s = self.store.get_mut(&w.session_id).expect("a stored session");
-                    s.apply(&p);
-                }
-                RuntimeOutput::Send(message) => {
-                    let message = Box::new(message);
-                    self.step(Input::FromWorker { worker, message });
-                }
-                RuntimeOutput::StartModel { call, request } => {
-                    let stream = FauxStream::start(&request, now, self.options.faux_delay);
-                    w.stream = Some((call, stream));
-                }
-                RuntimeOutput::CancelModel { .. } => w.stream = None,
-                RuntimeOutput::RunTool { tool_name, .. } => {
-                    unimplemented!("the loopback server runs no tools (asked for {tool_name})")
-                }
-                RuntimeOutput::CancelTool { .. } => {}
-                RuntimeOutput::Exit => return self.exit_worker(worker),
-            }
-        }
-    }
-
-    fn exit_worker(&mut self, worker: WorkerId) {
-        if self.workers.remove(&worker).is_some() {
-            self.step(Input::WorkerExited { worker });
-        }
+    fn watch(
+        &self,
+        _dir: &Path,
+        _on_change: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<Box<dyn Send>, String> {
+        Err("a simulated host's directory is polled".into())
     }
 }
 
-fn describe(input: &Input) -> String {
-    match input {
-        Input::Tick => "tick".into(),
-        Input::Accepted { conn } => format!("{conn} accepted"),
-        Input::Received { conn, bytes } => format!("{conn} received {}B", bytes.len()),
-        Input::Written { conn, bytes } => format!("{conn} wrote {bytes}B"),
-        Input::Disconnected { conn } => format!("{conn} disconnected"),
-        Input::WorkerSpawned { worker, .. } => format!("{worker} spawned"),
-        Input::WorkerExited { worker } => format!("{worker} exited"),
-        Input::FromWorker { worker, message } => {
-            let kind = match message.as_ref() {
-                FromWorker::Ready { .. } => "ready",
-                FromWorker::Failed { .. } => "failed",
-                FromWorker::Snapshot { .. } => "snapshot",
-                FromWorker::Progress { .. } => "progress",
-                FromWorker::OpDone { .. } => "op done",
-                FromWorker::Fatal { .. } => "fatal",
-            };
-            format!("{worker} {kind}")
-        }
-        other => {
-            let text = format!("{other:?}");
-            text.chars().take(60).collect()
-        }
+/// A worker reaches its server on the same host.
+#[derive(Clone)]
+struct Loopback;
+
+impl Dial for Loopback {
+    type Stream = TcpStream;
+
+    async fn dial(&self) -> Result<TcpStream, String> {
+        TcpStream::connect((Ipv4Addr::LOCALHOST, WORKER_PORT))
+            .await
+            .map_err(|e| format!("cannot reach the server: {e}"))
+    }
+
+    fn server_path(&self) -> Option<&Path> {
+        None
     }
 }
 
-fn describe_output(output: &Output) -> String {
-    match output {
-        Output::Send { conn, frame } => format!("send {conn} {}B", frame.len()),
-        Output::Close { conn, reason } => format!("close {conn} ({reason})"),
-        Output::SpawnWorker { worker, create, .. } => {
-            format!(
-                "spawn {worker} ({})",
-                if create.is_some() { "create" } else { "open" }
-            )
+/// Accepts client connections.
+struct Clients(TcpListener);
+
+impl Listener<SimConn> for Clients {
+    async fn accept(&mut self) -> io::Result<SimConn> {
+        let (stream, _) = self.0.accept().await?;
+        let (read, write) = stream.into_split();
+        Ok(SimConn {
+            read: tokio::sync::Mutex::new(read),
+            write: tokio::sync::Mutex::new(write),
+        })
+    }
+}
+
+/// Accepts worker channels.
+struct Workers(TcpListener);
+
+impl Listener<TcpStream> for Workers {
+    async fn accept(&mut self) -> io::Result<TcpStream> {
+        Ok(self.0.accept().await?.0)
+    }
+}
+
+/// A client connection on simulated TCP. Only its reader task reads, and the
+/// loop writes directly only while the writer task holds nothing, so the
+/// locks are never contended for long.
+struct SimConn {
+    read: tokio::sync::Mutex<OwnedReadHalf>,
+    write: tokio::sync::Mutex<OwnedWriteHalf>,
+}
+
+impl Conn for SimConn {
+    async fn read(&self) -> io::Result<Option<Vec<u8>>> {
+        let mut read = self.read.lock().await;
+        let mut buf = vec![0; 64 * 1024];
+        let n = read.read(&mut buf).await?;
+        buf.truncate(n);
+        Ok((n > 0).then_some(buf))
+    }
+
+    fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize> {
+        let Ok(mut write) = self.write.try_lock() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut written = 0;
+        for (i, frame) in frames.iter().enumerate() {
+            let bytes = if i == 0 { &frame[skip..] } else { &frame[..] };
+            match Pin::new(&mut *write).poll_write(&mut cx, bytes) {
+                Poll::Ready(Ok(n)) => {
+                    written += n;
+                    if n < bytes.len() {
+                        break;
+                    }
+                }
+                Poll::Ready(Err(e)) if written == 0 => return Err(e),
+                Poll::Ready(Err(_)) | Poll::Pending => break,
+            }
         }
-        Output::ToWorker { worker, message } => match message {
-            ToWorker::Operation { operation, .. } => format!("{worker} ← {}", operation.name()),
-            ToWorker::Dispose => format!("{worker} ← dispose"),
-        },
-        other => format!("{other:?}"),
+        if written == 0 && !frames.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(written)
+    }
+
+    async fn write_frames(&self, frames: Vec<Frame>, skip: usize) -> io::Result<()> {
+        let mut write = self.write.lock().await;
+        for (i, frame) in frames.iter().enumerate() {
+            let bytes = if i == 0 { &frame[skip..] } else { &frame[..] };
+            write.write_all(bytes).await?;
+        }
+        Ok(())
+    }
+
+    async fn shutdown_write(&self) {
+        let _ = self.write.lock().await.shutdown().await;
     }
 }

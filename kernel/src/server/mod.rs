@@ -18,6 +18,7 @@
 
 mod catalog;
 mod connection;
+mod display;
 mod sessions;
 mod timers;
 

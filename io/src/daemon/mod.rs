@@ -17,6 +17,16 @@
 //! holds bytes, later frames queue behind them, so the order is kept. A
 //! request whose answer fits the socket buffer therefore costs no task
 //! hand-off at all (BENCHMARKS.md, item 1).
+//!
+//! The loop ([`run_on`]) is generic over the [`Platform`] it runs on: the
+//! real one ([`Native`]: Unix sockets, TCP, worker processes) in `serve`, a
+//! simulated one in the turmoil tests. [`bind`] and [`run`] are the real
+//! server's two halves.
+
+mod platform;
+
+use platform::advance;
+pub use platform::{ClientSocket, Conn, Listener, Native, NativeClients, Platform, Spawned};
 
 use crate::config::{self, new_uuid};
 use crate::socket;
@@ -32,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -54,129 +64,18 @@ pub struct ServeOptions {
     pub listen_tcp: Option<String>,
 }
 
-/// A client connection: a Unix socket or a TCP connection. Shared by the
-/// loop (direct writes), the connection's reader and its writer.
-enum ClientSocket {
-    Unix(UnixStream),
-    Tcp(tokio::net::TcpStream),
-}
-
-impl ClientSocket {
-    async fn readable(&self) -> std::io::Result<()> {
-        match self {
-            Self::Unix(s) => s.readable().await,
-            Self::Tcp(s) => s.readable().await,
-        }
-    }
-
-    async fn writable(&self) -> std::io::Result<()> {
-        match self {
-            Self::Unix(s) => s.writable().await,
-            Self::Tcp(s) => s.writable().await,
-        }
-    }
-
-    /// Ends our direction of the stream (the peer reads end-of-file).
-    fn shutdown_write(&self) {
-        let result = match self {
-            Self::Unix(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
-            Self::Tcp(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
-        };
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "shutdown of a client connection failed");
-        }
-    }
-
-    /// Reads what is ready, without waiting. `Ok(None)`: nothing yet.
-    ///
-    /// Reads into the thread's scratch buffer, so an idle connection holds
-    /// none. A short read drained the socket: its readiness is cleared then,
-    /// which spares the reader a second `recv` that would only find nothing.
-    fn read_ready(&self) -> std::io::Result<Option<Vec<u8>>> {
-        READ_SCRATCH.with_borrow_mut(|buf| {
-            buf.resize(READ_CHUNK, 0);
-            let mut got = 0;
-            let result = match self {
-                Self::Unix(s) => s.try_io(tokio::io::Interest::READABLE, || {
-                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
-                }),
-                Self::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || {
-                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
-                }),
-            };
-            match result {
-                Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => Ok(Some(buf[..n].to_vec())),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && got > 0 => {
-                    Ok(Some(buf[..got].to_vec()))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(e),
-            }
-        })
-    }
-
-    /// Writes what the socket takes now of `frames` (after `skip` bytes of
-    /// the first), in one system call.
-    fn try_write_frames(&self, frames: &[Frame], skip: usize) -> std::io::Result<usize> {
-        let slices: Vec<std::io::IoSlice<'_>> = frames
-            .iter()
-            .take(MAX_SLICES)
-            .enumerate()
-            .map(|(i, f)| std::io::IoSlice::new(if i == 0 { &f[skip..] } else { f }))
-            .collect();
-        match self {
-            Self::Unix(s) => s.try_write_vectored(&slices),
-            Self::Tcp(s) => s.try_write_vectored(&slices),
-        }
-    }
-
-    /// Writes all of `frames`, waiting for the socket to drain as needed.
-    async fn write_frames(&self, mut frames: Vec<Frame>, mut skip: usize) -> std::io::Result<()> {
-        while !frames.is_empty() {
-            self.writable().await?;
-            match self.try_write_frames(&frames, skip) {
-                Ok(n) => advance(&mut frames, &mut skip, n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-}
+/// The tracing target of the kernel's steps (`input → [outputs]`, at trace
+/// level): `RUST_LOG=pi_server::steps=trace` shows every decision.
+pub const STEPS: &str = "pi_server::steps";
 
 /// The most events handled before the output they cause is written.
 const EVENT_BATCH: usize = 64;
 
-/// The most a connection's reader takes from its socket at once.
-const READ_CHUNK: usize = 64 * 1024;
-
-/// One `read`; a short one reports would-block after it (`*got` holds the
-/// count), so tokio clears the readiness: the socket is drained.
-fn read_draining(
-    fd: std::os::fd::BorrowedFd<'_>,
-    buf: &mut [u8],
-    got: &mut usize,
-) -> std::io::Result<usize> {
-    let len = buf.len();
-    let n = rustix::io::read(fd, buf)?;
-    *got = n;
-    if n > 0 && n < len {
-        return Err(std::io::ErrorKind::WouldBlock.into());
-    }
-    Ok(n)
-}
-
-thread_local! {
-    /// The buffer every client connection reads into (all on the loop's thread).
-    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The most frames given to one vectored write (below every `IOV_MAX`).
-const MAX_SLICES: usize = 512;
-
-enum Event {
-    Accepted(ClientSocket),
+// A worker frame is moved into the kernel's input, which boxes it once; boxing
+// it here as well would cost a second allocation per frame on the hot path.
+#[allow(clippy::large_enum_variant)]
+enum Event<P: Platform> {
+    Accepted(P::Conn),
     /// The stored sessions, and those of them a live orphan of a crashed
     /// server with our id still holds (it will announce itself to us).
     CatalogLoaded(Vec<kernel::protocol::SessionMetadata>, Vec<String>),
@@ -197,14 +96,14 @@ enum Event {
         conn: ConnId,
     },
     WorkerHello {
-        stream: UnixStream,
+        stream: P::Channel,
         token: String,
         session_id: String,
         pid: u64,
         resume: Option<Box<kernel::protocol::SessionSnapshot>>,
     },
     HandoffRequested {
-        stream: UnixStream,
+        stream: P::Channel,
     },
     FromWorker {
         worker: WorkerId,
@@ -237,8 +136,8 @@ enum WriterMsg {
     Close,
 }
 
-struct ClientConn {
-    socket: std::sync::Arc<ClientSocket>,
+struct ClientConn<C> {
+    socket: Arc<C>,
     writer: mpsc::UnboundedSender<WriterMsg>,
     /// Hand-offs to the writer not yet reported written; while any is out,
     /// the loop must not write to the socket itself.
@@ -251,7 +150,7 @@ struct ClientConn {
     writer_task: JoinHandle<()>,
 }
 
-impl ClientConn {
+impl<C> ClientConn<C> {
     /// Queues on the writer task.
     fn hand(&mut self, msg: WriterMsg) {
         if matches!(msg, WriterMsg::Frames(..)) {
@@ -261,25 +160,11 @@ impl ClientConn {
     }
 }
 
-/// Drops the first `n` bytes from `frames` (the first has `*skip` written already).
-fn advance(frames: &mut Vec<Frame>, skip: &mut usize, mut n: usize) {
-    let mut done = 0;
-    for frame in frames.iter() {
-        let left = frame.len() - *skip;
-        if n < left {
-            *skip += n;
-            break;
-        }
-        n -= left;
-        *skip = 0;
-        done += 1;
-    }
-    frames.drain(..done);
-}
-
 struct WorkerProc {
     session_id: String,
     pid: Option<u32>,
+    /// A worker that is a task of ours, not a process.
+    task: Option<tokio::task::AbortHandle>,
     channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
     reader: Option<JoinHandle<()>>,
     queued: Vec<Vec<u8>>,
@@ -289,24 +174,25 @@ struct WorkerProc {
     exit_status: Option<String>,
 }
 
-struct Daemon {
-    opts: ServeOptions,
+struct Daemon<P: Platform> {
+    platform: P,
+    session_dir: PathBuf,
     server: Server,
     base: tokio::time::Instant,
-    events: mpsc::Sender<Event>,
-    conns: BTreeMap<ConnId, ClientConn>,
+    events: mpsc::Sender<Event<P>>,
+    conns: BTreeMap<ConnId, ClientConn<P::Conn>>,
     workers: BTreeMap<WorkerId, WorkerProc>,
     next_conn: u64,
-    public_path: PathBuf,
-    worker_path: PathBuf,
-    accept_task: Option<JoinHandle<()>>,
-    tcp_accept: Option<JoinHandle<()>>,
+    /// The socket files, removed when we stop serving (none on a simulated platform).
+    public_path: Option<PathBuf>,
+    worker_path: Option<PathBuf>,
+    client_accepts: Vec<JoinHandle<()>>,
     worker_accept: Option<JoinHandle<()>>,
     /// Worker channels announcing an orphan, waiting for the kernel's verdict.
-    announced: BTreeMap<ChannelId, (UnixStream, u64)>,
+    announced: BTreeMap<ChannelId, (P::Channel, u64)>,
     next_channel: u64,
     /// The new server waiting for this one to hand over.
-    successor: Option<UnixStream>,
+    successor: Option<P::Channel>,
     sockets_removed: bool,
     /// Sessions whose workers were handed over to a successor.
     released: Vec<String>,
@@ -321,7 +207,7 @@ struct Daemon {
     stepping: bool,
     done: bool,
     /// Watches the session directory while it lives (`None`: polled).
-    _catalog_watch: Option<store::watch::Watcher>,
+    _catalog_watch: Option<Box<dyn Send>>,
     /// A `CatalogChanged` is queued and not handled yet: the watcher sends
     /// no other, so a burst of changes is one event in the queue.
     catalog_change_queued: Arc<AtomicBool>,
@@ -454,7 +340,7 @@ pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
 /// Serves on `bound` until the kernel completes a shutdown. Each message on
 /// `stop` is a request to stop: the first shuts down gracefully, a second
 /// stops at once.
-pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), String> {
+pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
     let Bound {
         opts,
         public,
@@ -465,8 +351,13 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
         released,
     } = bound;
     tracing::info!(server_id = %opts.server_id, socket = %public_path.display(), sessions = %opts.session_dir.display(), "serving");
-    let (tx, mut rx) = mpsc::channel::<Event>(4096);
-    let server = Server::new(Config {
+    let mut clients = vec![NativeClients::Unix(public)];
+    if let Some(listener) = tcp {
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(address = %local, "accepting remote clients (token required)");
+        clients.push(NativeClients::Tcp(listener));
+    }
+    let config = Config {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
         seed: config::random_u64(),
@@ -482,18 +373,70 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
         },
         idle_exit: opts.idle_exit,
         adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
-    });
-    let accept_task = Some(tokio::spawn(accept_clients(public, tx.clone())));
-    let tcp_accept = match tcp {
-        None => None,
-        Some(listener) => {
-            let local = listener.local_addr().map_err(|e| e.to_string())?;
-            tracing::info!(address = %local, "accepting remote clients (token required)");
-            Some(tokio::spawn(accept_tcp(listener, tx.clone())))
-        }
     };
+    let serving = Serving {
+        platform: Native {
+            worker_path: worker_path.clone(),
+            session_dir: opts.session_dir.clone(),
+        },
+        config,
+        session_dir: opts.session_dir,
+        clients,
+        workers,
+        public_path: Some(public_path),
+        worker_path: Some(worker_path),
+        released,
+    };
+    run_on(serving, stop).await
+}
+
+/// What [`run_on`] serves with: the platform, the kernel's configuration,
+/// and listeners that are bound already.
+pub struct Serving<P: Platform> {
+    /// The machine.
+    pub platform: P,
+    /// The kernel server's configuration.
+    pub config: Config,
+    /// Where the sessions are stored (the catalog is scanned there).
+    pub session_dir: PathBuf,
+    /// Client listeners.
+    pub clients: Vec<P::Clients>,
+    /// The worker listener.
+    pub workers: P::Workers,
+    /// The client socket's file, removed when accepting stops.
+    pub public_path: Option<PathBuf>,
+    /// The worker socket's file, removed at the end. Orphans of a crashed
+    /// server name it in their session locks.
+    pub worker_path: Option<PathBuf>,
+    /// Sessions whose workers a predecessor released to us.
+    pub released: Vec<String>,
+}
+
+/// The loop: serves until the kernel completes a shutdown. Each message on
+/// `stop` is a request to stop: the first shuts down gracefully, a second
+/// stops at once.
+pub async fn run_on<P: Platform>(
+    serving: Serving<P>,
+    mut stop: mpsc::Receiver<()>,
+) -> Result<(), String> {
+    let Serving {
+        platform,
+        config,
+        session_dir,
+        clients,
+        workers,
+        public_path,
+        worker_path,
+        released,
+    } = serving;
+    let (tx, mut rx) = mpsc::channel::<Event<P>>(4096);
+    let server = Server::new(config);
+    let client_accepts = clients
+        .into_iter()
+        .map(|listener| tokio::spawn(accept_clients::<P>(listener, tx.clone())))
+        .collect();
     let limits = &server.config().limits;
-    let worker_accept = Some(tokio::spawn(accept_workers(
+    let worker_accept = Some(tokio::spawn(accept_workers::<P>(
         workers,
         tx.clone(),
         limits.max_frame_len as usize,
@@ -504,34 +447,43 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
     let (catalog_watch, unwatched) = {
         let queued = Arc::clone(&catalog_change_queued);
         let tx = tx.clone();
-        let watch = store::watch::watch(&opts.session_dir, move || {
-            if !queued.swap(true, Ordering::AcqRel) {
-                let _ = tx.blocking_send(Event::CatalogChanged);
-            }
-        });
+        let watch = platform.watch(
+            &session_dir,
+            Box::new(move || {
+                if !queued.swap(true, Ordering::AcqRel) {
+                    let _ = tx.blocking_send(Event::CatalogChanged);
+                }
+            }),
+        );
         match watch {
             Ok(watch) => (Some(watch), None),
             Err(e) => (None, Some(e)),
         }
     };
-    let session_dir = opts.session_dir.clone();
+    let scan_dir = session_dir.clone();
     let catalog_tx = tx.clone();
     let our_workers = worker_path.clone();
-    tokio::task::spawn_blocking(move || {
-        let sessions = store::scan_catalog(&session_dir);
+    let scan = platform.blocking(move || {
+        let sessions = store::scan_catalog(&scan_dir);
         let orphans = sessions
             .iter()
             .filter(|m| {
-                store::live_holder(&session_dir, &m.id)
-                    .is_some_and(|h| h.server.as_deref() == Some(our_workers.as_path()))
+                our_workers.as_deref().is_some_and(|ours| {
+                    store::live_holder(&scan_dir, &m.id)
+                        .is_some_and(|h| h.server.as_deref() == Some(ours))
+                })
             })
             .map(|m| m.id.clone())
             .collect();
-        let _ = catalog_tx.blocking_send(Event::CatalogLoaded(sessions, orphans));
+        Event::CatalogLoaded(sessions, orphans)
+    });
+    tokio::spawn(async move {
+        let _ = catalog_tx.send(scan.await).await;
     });
 
     let mut d = Daemon {
-        opts,
+        platform,
+        session_dir,
         server,
         base: tokio::time::Instant::now(),
         events: tx,
@@ -540,8 +492,7 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
         next_conn: 1,
         public_path,
         worker_path,
-        accept_task,
-        tcp_accept,
+        client_accepts,
         worker_accept,
         announced: BTreeMap::new(),
         next_channel: 1,
@@ -577,7 +528,10 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
                 None => std::future::pending().await,
             }
         };
+        // `biased`: the order is the listed one, so a simulated run replays
+        // exactly (tokio's own choice is random).
         tokio::select! {
+            biased;
             Some(event) = rx.recv() => {
                 // Events that are already waiting are handled together, and
                 // their output written once: in a burst (a model streaming to
@@ -620,62 +574,11 @@ pub async fn run(bound: Bound, mut stop: mpsc::Receiver<()>) -> Result<(), Strin
     Ok(())
 }
 
-async fn accept_tcp(listener: tokio::net::TcpListener, tx: mpsc::Sender<Event>) {
+async fn accept_clients<P: Platform>(mut listener: P::Clients, tx: mpsc::Sender<Event<P>>) {
     loop {
         match listener.accept().await {
-            Ok((stream, peer)) => {
-                tracing::debug!(%peer, "remote client connected");
-                let _ = stream.set_nodelay(true);
-                if let Err(e) = keep_alive(&stream) {
-                    tracing::warn!(%peer, error = %e, "cannot enable TCP keep-alive");
-                }
-                if tx
-                    .send(Event::Accepted(ClientSocket::Tcp(stream)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "tcp accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// How long a remote connection may be silent before the OS probes it, how
-/// often it probes, and how many unanswered probes end it: a peer that
-/// vanished (a laptop closed, a network partition) is noticed within about a
-/// minute even when the connection is idle, and its attachments end like
-/// any disconnect. Protocol v1 has no keep-alive message of its own.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
-/// Written data a remote peer has not acknowledged for this long ends the
-/// connection (covers a peer that vanished while we were sending).
-const TCP_USER_TIMEOUT_MS: u32 = 60_000;
-
-/// Dead-peer detection for a remote client connection.
-fn keep_alive(stream: &tokio::net::TcpStream) -> rustix::io::Result<()> {
-    use rustix::net::sockopt;
-    sockopt::set_socket_keepalive(stream, true)?;
-    sockopt::set_tcp_keepidle(stream, KEEPALIVE_IDLE)?;
-    sockopt::set_tcp_keepintvl(stream, KEEPALIVE_INTERVAL)?;
-    sockopt::set_tcp_keepcnt(stream, KEEPALIVE_PROBES)?;
-    sockopt::set_tcp_user_timeout(stream, TCP_USER_TIMEOUT_MS)
-}
-
-async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                if tx
-                    .send(Event::Accepted(ClientSocket::Unix(stream)))
-                    .await
-                    .is_err()
-                {
+            Ok(conn) => {
+                if tx.send(Event::Accepted(conn)).await.is_err() {
                     return;
                 }
             }
@@ -688,14 +591,14 @@ async fn accept_clients(listener: UnixListener, tx: mpsc::Sender<Event>) {
 }
 
 /// `max_hello_len` bounds a worker's first frame ([`read_worker_hello`]).
-async fn accept_workers(
-    listener: UnixListener,
-    tx: mpsc::Sender<Event>,
+async fn accept_workers<P: Platform>(
+    mut listener: P::Workers,
+    tx: mpsc::Sender<Event<P>>,
     max_hello_len: usize,
     hello_timeout: Duration,
 ) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok(stream) = listener.accept().await else {
             continue;
         };
         let tx = tx.clone();
@@ -741,10 +644,10 @@ async fn accept_workers(
 /// channel. The bound is [`Limits::max_frame_len`]: an orphan's
 /// announcement carries its session's whole snapshot, which clients get in
 /// one frame too.
-async fn read_worker_hello(
-    mut stream: UnixStream,
+async fn read_worker_hello<S: AsyncRead + Unpin>(
+    mut stream: S,
     max_len: usize,
-) -> Result<(UnixStream, WorkerFrame), String> {
+) -> Result<(S, WorkerFrame), String> {
     let mut header = [0u8; 4];
     stream
         .read_exact(&mut header)
@@ -763,7 +666,7 @@ async fn read_worker_hello(
     Ok((stream, frame))
 }
 
-impl Daemon {
+impl<P: Platform> Daemon<P> {
     fn now(&self) -> kernel::time::Instant {
         kernel::time::Instant(self.base.elapsed().as_millis() as u64)
     }
@@ -787,7 +690,13 @@ impl Daemon {
         loop {
             while let Some(input) = self.inputs.pop_front() {
                 let now = self.now();
+                let traced = tracing::enabled!(target: STEPS, tracing::Level::TRACE)
+                    .then(|| input.to_string());
                 let outputs = self.server.step(now, input);
+                if let Some(input) = traced {
+                    let done: Vec<String> = outputs.iter().map(ToString::to_string).collect();
+                    tracing::trace!(target: STEPS, "{input} → [{}]", done.join(", "));
+                }
                 for output in outputs {
                     self.carry_out(output);
                 }
@@ -849,9 +758,7 @@ impl Daemon {
         } else {
             tracing::warn!("second stop request: stopping now");
             for w in self.workers.values() {
-                if let Some(pid) = w.pid {
-                    kill(pid, rustix::process::Signal::KILL);
-                }
+                self.platform.kill_worker(w.pid, w.task.as_ref());
             }
             self.done = true;
         }
@@ -870,7 +777,7 @@ impl Daemon {
         self.step(Input::AdoptionsExpected { sessions });
     }
 
-    fn on_event(&mut self, event: Event) {
+    fn on_event(&mut self, event: Event<P>) {
         match event {
             Event::Accepted(stream) => self.on_accepted(stream),
             Event::CatalogLoaded(sessions, orphans) => {
@@ -976,32 +883,23 @@ impl Daemon {
         }
     }
 
-    fn on_accepted(&mut self, socket: ClientSocket) {
+    fn on_accepted(&mut self, socket: P::Conn) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
-        let socket = std::sync::Arc::new(socket);
+        let socket = Arc::new(socket);
         let tx = self.events.clone();
-        let read_socket = std::sync::Arc::clone(&socket);
+        let read_socket = Arc::clone(&socket);
         let reader = tokio::spawn(async move {
-            loop {
-                if read_socket.readable().await.is_err() {
-                    break;
-                }
-                match read_socket.read_ready() {
-                    Ok(None) => {}
-                    Ok(Some(bytes)) => {
-                        if tx.send(Event::Received { conn, bytes }).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(_) => break,
+            while let Ok(Some(bytes)) = read_socket.read().await {
+                if tx.send(Event::Received { conn, bytes }).await.is_err() {
+                    return;
                 }
             }
             let _ = tx.send(Event::ReadClosed { conn }).await;
         });
         let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
         let tx = self.events.clone();
-        let write_socket = std::sync::Arc::clone(&socket);
+        let write_socket = Arc::clone(&socket);
         let writer_task = tokio::spawn(async move {
             while let Some(msg) = wrx.recv().await {
                 // Everything queued goes out together, in as few writes as the socket allows.
@@ -1043,7 +941,7 @@ impl Daemon {
                     return;
                 }
                 if close {
-                    write_socket.shutdown_write();
+                    write_socket.shutdown_write().await;
                     break;
                 }
             }
@@ -1118,40 +1016,34 @@ impl Daemon {
                 self.send_to_worker(worker, &frame);
             }
             Output::KillWorker { worker } => {
-                if let Some(pid) = self.workers.get(&worker).and_then(|w| w.pid) {
-                    tracing::warn!(%worker, pid, "killing worker that missed its deadline");
-                    kill(pid, rustix::process::Signal::KILL);
+                if let Some(w) = self.workers.get(&worker) {
+                    tracing::warn!(%worker, pid = w.pid, "killing worker that missed its deadline");
+                    self.platform.kill_worker(w.pid, w.task.as_ref());
                 }
             }
             Output::RemoveSession { session_id } => {
-                let dir = self.opts.session_dir.clone();
-                let tx = self.events.clone();
-                tokio::task::spawn_blocking(move || {
+                let dir = self.session_dir.clone();
+                self.spawn_job(move || {
                     let result =
                         store::remove_session(&dir, &session_id).map_err(|e| e.to_string());
-                    let _ = tx.blocking_send(Event::SessionRemoved { session_id, result });
+                    Event::SessionRemoved { session_id, result }
                 });
             }
             Output::ScanCatalog { scan } => {
-                let dir = self.opts.session_dir.clone();
-                let tx = self.events.clone();
-                tokio::task::spawn_blocking(move || {
-                    let sessions = store::scan_catalog(&dir);
-                    let _ = tx.blocking_send(Event::CatalogScanned { scan, sessions });
+                let dir = self.session_dir.clone();
+                self.spawn_job(move || Event::CatalogScanned {
+                    scan,
+                    sessions: store::scan_catalog(&dir),
                 });
             }
             Output::StopAccepting => {
-                if let Some(task) = self.accept_task.take() {
-                    task.abort();
-                }
-                if let Some(task) = self.tcp_accept.take() {
+                for task in std::mem::take(&mut self.client_accepts) {
                     task.abort();
                 }
                 if let Some(task) = self.worker_accept.take() {
                     task.abort();
                 }
                 self.cleanup_sockets();
-                let _ = std::fs::remove_file(&self.public_path);
             }
             Output::ShutdownComplete => {
                 self.cleanup_sockets();
@@ -1172,6 +1064,7 @@ impl Daemon {
                     WorkerProc {
                         session_id,
                         pid: u32::try_from(pid).ok(),
+                        task: None,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1206,37 +1099,26 @@ impl Daemon {
         }
     }
 
+    /// Runs a blocking job through the platform; its event comes back.
+    fn spawn_job(&self, job: impl FnOnce() -> Event<P> + Send + 'static) {
+        let done = self.platform.blocking(job);
+        let tx = self.events.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(done.await).await;
+        });
+    }
+
     fn spawn_worker(&mut self, worker: WorkerId, session_id: String) {
         let token = new_uuid();
-        let exe = match crate::config::this_program() {
-            Ok(exe) => exe,
-            Err(e) => {
-                return self.step(Input::WorkerSpawnFailed {
-                    worker,
-                    error: e.to_string(),
-                });
-            }
-        };
-        let mut cmd = tokio::process::Command::new(exe);
-        if let Ok(path) = std::env::current_exe() {
-            cmd.arg0(path); // what `ps` shows, rather than /proc/self/exe
-        }
-        cmd.arg("worker")
-            .env("PI_WORKER_SOCKET", &self.worker_path)
-            .env("PI_WORKER_TOKEN", &token)
-            .env("PI_WORKER_SESSION_ID", &session_id)
-            .env("PI_WORKER_SESSION_DIR", &self.opts.session_dir)
-            .stdin(std::process::Stdio::null())
-            .process_group(0);
-        match cmd.spawn() {
-            Ok(mut child) => {
-                let pid = child.id();
+        match self.platform.spawn_worker(&session_id, &token) {
+            Ok(Spawned { pid, exited, task }) => {
                 tracing::info!(%worker, session = %session_id, pid, "worker spawned");
                 self.workers.insert(
                     worker,
                     WorkerProc {
                         session_id,
                         pid,
+                        task,
                         channel: None,
                         reader: None,
                         queued: Vec::new(),
@@ -1246,10 +1128,7 @@ impl Daemon {
                 );
                 let tx = self.events.clone();
                 tokio::spawn(async move {
-                    let status = match child.wait().await {
-                        Ok(s) => s.to_string(),
-                        Err(e) => e.to_string(),
-                    };
+                    let status = exited.await;
                     let _ = tx.send(Event::WorkerExited { worker, status }).await;
                 });
                 self.step(Input::WorkerSpawned { worker, token });
@@ -1292,8 +1171,8 @@ impl Daemon {
     }
 
     /// Starts the reader and writer tasks of a worker's channel.
-    fn bind_worker_channel(&mut self, worker: WorkerId, stream: UnixStream) {
-        let (mut read, mut write) = stream.into_split();
+    fn bind_worker_channel(&mut self, worker: WorkerId, stream: P::Channel) {
+        let (mut read, mut write) = tokio::io::split(stream);
         let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
         tokio::spawn(async move {
             while let Some(bytes) = wrx.recv().await {
@@ -1372,8 +1251,9 @@ impl Daemon {
     /// Frees the socket paths (once: after a hand-off they belong to the successor).
     fn cleanup_sockets(&mut self) {
         if !std::mem::replace(&mut self.sockets_removed, true) {
-            let _ = std::fs::remove_file(&self.public_path);
-            let _ = std::fs::remove_file(&self.worker_path);
+            for path in [&self.public_path, &self.worker_path].into_iter().flatten() {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
@@ -1389,71 +1269,5 @@ pub(crate) fn env_duration_ms(name: &str, default: Duration) -> Duration {
 fn kill(pid: u32, signal: rustix::process::Signal) {
     if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(pid, signal);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Frame, advance};
-
-    #[tokio::test]
-    async fn remote_connections_get_keep_alive_and_a_user_timeout() {
-        use rustix::net::sockopt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        assert!(!sockopt::socket_keepalive(&accepted).unwrap());
-        super::keep_alive(&accepted).unwrap();
-        assert!(sockopt::socket_keepalive(&accepted).unwrap());
-        assert_eq!(
-            sockopt::tcp_keepidle(&accepted).unwrap(),
-            super::KEEPALIVE_IDLE
-        );
-        assert_eq!(
-            sockopt::tcp_keepintvl(&accepted).unwrap(),
-            super::KEEPALIVE_INTERVAL
-        );
-        assert_eq!(
-            sockopt::tcp_keepcnt(&accepted).unwrap(),
-            super::KEEPALIVE_PROBES
-        );
-        assert_eq!(
-            sockopt::tcp_user_timeout(&accepted).unwrap(),
-            super::TCP_USER_TIMEOUT_MS
-        );
-    }
-
-    fn frames(lens: &[usize]) -> Vec<Frame> {
-        lens.iter()
-            .enumerate()
-            .map(|(i, &len)| Frame::from(vec![i as u8; len]))
-            .collect()
-    }
-
-    fn lens(frames: &[Frame]) -> Vec<usize> {
-        frames.iter().map(|f| f.len()).collect()
-    }
-
-    #[test]
-    fn advance_drops_written_frames_and_keeps_the_offset_into_a_partial_one() {
-        let mut f = frames(&[3, 5, 2]);
-        let mut skip = 0;
-        advance(&mut f, &mut skip, 0);
-        assert_eq!((lens(&f), skip), (vec![3, 5, 2], 0));
-        advance(&mut f, &mut skip, 4);
-        assert_eq!((lens(&f), skip), (vec![5, 2], 1));
-        assert_eq!(f[0][0], 1, "the second frame is first now");
-        advance(&mut f, &mut skip, 3);
-        assert_eq!((lens(&f), skip), (vec![5, 2], 4));
-        advance(&mut f, &mut skip, 1);
-        assert_eq!(
-            (lens(&f), skip),
-            (vec![2], 0),
-            "exactly the rest of a frame"
-        );
-        advance(&mut f, &mut skip, 2);
-        assert!(f.is_empty());
-        assert_eq!(skip, 0);
     }
 }

@@ -1,0 +1,430 @@
+//! What the daemon's loop needs of the machine it runs on, as one trait:
+//! accepting client connections and worker channels, reading and writing
+//! client bytes, starting and killing workers, blocking jobs and watching the
+//! session directory.
+//!
+//! [`Native`] is the real one: Unix sockets (and TCP), `pi-server worker`
+//! processes, the blocking pool and inotify. The turmoil tests
+//! (`io/tests/support`) bring a simulated one (simulated TCP, workers as
+//! tasks running the real worker loop, jobs inline), so the loop they drive
+//! is [`super::run`]'s own.
+
+use kernel::server::Frame;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::AbortHandle;
+
+/// A client connection as the loop uses it. Shared (`&self`) by the loop,
+/// which writes directly while the connection's writer holds nothing, the
+/// connection's reader task and its writer task.
+pub trait Conn: Send + Sync + 'static {
+    /// The next bytes the peer sent; `Ok(None)` at the end of the stream.
+    fn read(&self) -> impl Future<Output = io::Result<Option<Vec<u8>>>> + Send;
+
+    /// Writes what the socket takes now of `frames` (after `skip` bytes of
+    /// the first), without waiting: `WouldBlock` when it takes nothing.
+    fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize>;
+
+    /// Writes all of `frames` (after `skip` bytes of the first), waiting for
+    /// the socket to drain as needed.
+    fn write_frames(
+        &self,
+        frames: Vec<Frame>,
+        skip: usize,
+    ) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Ends our direction of the stream (the peer reads end-of-file).
+    fn shutdown_write(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Something that accepts connections of type `S`.
+pub trait Listener<S>: Send + 'static {
+    /// The next connection. An error is logged and accepting goes on.
+    fn accept(&mut self) -> impl Future<Output = io::Result<S>> + Send;
+}
+
+/// A worker started by [`Platform::spawn_worker`].
+pub struct Spawned {
+    /// Its process id, when it is a process of its own.
+    pub pid: Option<u32>,
+    /// Resolves with its exit status when it ends.
+    pub exited: Pin<Box<dyn Future<Output = String> + Send>>,
+    /// Stops it, when it is a task of ours rather than a process.
+    pub task: Option<AbortHandle>,
+}
+
+/// The machine the loop runs on.
+pub trait Platform: Send + 'static {
+    /// A client connection.
+    type Conn: Conn;
+    /// A worker channel (length-prefixed worker frames both ways).
+    type Channel: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Accepts client connections.
+    type Clients: Listener<Self::Conn>;
+    /// Accepts worker channels.
+    type Workers: Listener<Self::Channel>;
+
+    /// Starts the worker of `session_id`, which proves itself with `token`.
+    fn spawn_worker(&mut self, session_id: &str, token: &str) -> io::Result<Spawned>;
+
+    /// Kills a worker: `pid` is its process (from its spawn or its hello),
+    /// `task` what [`Spawned::task`] gave.
+    fn kill_worker(&mut self, pid: Option<u32>, task: Option<&AbortHandle>);
+
+    /// Runs a job that blocks (a catalog scan, a removal) off the loop, and
+    /// resolves with its result.
+    fn blocking<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = T> + Send + 'static;
+
+    /// Calls `on_change` (from a thread of its own: it may block) when the
+    /// session directory changes, while the returned guard lives; `Err`
+    /// (why) when it cannot watch, and the loop polls instead.
+    fn watch(
+        &self,
+        dir: &Path,
+        on_change: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<Box<dyn Send>, String>;
+}
+
+// ---------------------------------------------------------------------------
+// The real machine
+
+/// Unix sockets, optional TCP, worker processes.
+pub struct Native {
+    /// The worker socket the spawned workers reach us on.
+    pub worker_path: PathBuf,
+    /// Where the sessions are stored.
+    pub session_dir: PathBuf,
+}
+
+/// A client connection: a Unix socket or a TCP connection.
+pub enum ClientSocket {
+    /// A local client.
+    Unix(UnixStream),
+    /// A remote client (token required).
+    Tcp(tokio::net::TcpStream),
+}
+
+/// The most a connection's reader takes from its socket at once.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The most frames given to one vectored write (below every `IOV_MAX`).
+const MAX_SLICES: usize = 512;
+
+thread_local! {
+    /// The buffer every client connection reads into (all on the loop's thread).
+    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One `read`; a short one reports would-block after it (`*got` holds the
+/// count), so tokio clears the readiness: the socket is drained.
+fn read_draining(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    got: &mut usize,
+) -> io::Result<usize> {
+    let len = buf.len();
+    let n = rustix::io::read(fd, buf)?;
+    *got = n;
+    if n > 0 && n < len {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(n)
+}
+
+impl ClientSocket {
+    async fn readable(&self) -> io::Result<()> {
+        match self {
+            Self::Unix(s) => s.readable().await,
+            Self::Tcp(s) => s.readable().await,
+        }
+    }
+
+    async fn writable(&self) -> io::Result<()> {
+        match self {
+            Self::Unix(s) => s.writable().await,
+            Self::Tcp(s) => s.writable().await,
+        }
+    }
+
+    /// Reads what is ready, without waiting. `Ok(None)`: nothing yet.
+    ///
+    /// Reads into the thread's scratch buffer, so an idle connection holds
+    /// none. A short read drained the socket: its readiness is cleared then,
+    /// which spares the reader a second `recv` that would only find nothing.
+    fn read_ready(&self) -> io::Result<Option<Vec<u8>>> {
+        READ_SCRATCH.with_borrow_mut(|buf| {
+            buf.resize(READ_CHUNK, 0);
+            let mut got = 0;
+            let result = match self {
+                Self::Unix(s) => s.try_io(tokio::io::Interest::READABLE, || {
+                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
+                }),
+                Self::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || {
+                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
+                }),
+            };
+            match result {
+                Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => Ok(Some(buf[..n].to_vec())),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
+                    Ok(Some(buf[..got].to_vec()))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+}
+
+impl Conn for ClientSocket {
+    async fn read(&self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            self.readable().await?;
+            match self.read_ready() {
+                Ok(None) => {}
+                Ok(Some(bytes)) => return Ok(Some(bytes)),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize> {
+        let slices: Vec<io::IoSlice<'_>> = frames
+            .iter()
+            .take(MAX_SLICES)
+            .enumerate()
+            .map(|(i, f)| io::IoSlice::new(if i == 0 { &f[skip..] } else { f }))
+            .collect();
+        match self {
+            Self::Unix(s) => s.try_write_vectored(&slices),
+            Self::Tcp(s) => s.try_write_vectored(&slices),
+        }
+    }
+
+    async fn write_frames(&self, mut frames: Vec<Frame>, mut skip: usize) -> io::Result<()> {
+        while !frames.is_empty() {
+            self.writable().await?;
+            match self.try_write_frames(&frames, skip) {
+                Ok(n) => advance(&mut frames, &mut skip, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn shutdown_write(&self) {
+        let result = match self {
+            Self::Unix(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+            Self::Tcp(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "shutdown of a client connection failed");
+        }
+    }
+}
+
+/// Drops the first `n` bytes from `frames` (the first has `*skip` written already).
+pub(super) fn advance(frames: &mut Vec<Frame>, skip: &mut usize, mut n: usize) {
+    let mut done = 0;
+    for frame in frames.iter() {
+        let left = frame.len() - *skip;
+        if n < left {
+            *skip += n;
+            break;
+        }
+        n -= left;
+        *skip = 0;
+        done += 1;
+    }
+    frames.drain(..done);
+}
+
+/// The client listeners of a real server.
+pub enum NativeClients {
+    /// The Unix socket.
+    Unix(UnixListener),
+    /// `--listen tcp://…`.
+    Tcp(tokio::net::TcpListener),
+}
+
+impl Listener<ClientSocket> for NativeClients {
+    async fn accept(&mut self) -> io::Result<ClientSocket> {
+        match self {
+            Self::Unix(listener) => Ok(ClientSocket::Unix(UnixListener::accept(listener).await?.0)),
+            Self::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                tracing::debug!(%peer, "remote client connected");
+                let _ = stream.set_nodelay(true);
+                if let Err(e) = keep_alive(&stream) {
+                    tracing::warn!(%peer, error = %e, "cannot enable TCP keep-alive");
+                }
+                Ok(ClientSocket::Tcp(stream))
+            }
+        }
+    }
+}
+
+impl Listener<UnixStream> for UnixListener {
+    async fn accept(&mut self) -> io::Result<UnixStream> {
+        Ok(UnixListener::accept(self).await?.0)
+    }
+}
+
+/// How long a remote connection may be silent before the OS probes it, how
+/// often it probes, and how many unanswered probes end it: a peer that
+/// vanished (a laptop closed, a network partition) is noticed within about a
+/// minute even when the connection is idle, and its attachments end like
+/// any disconnect. Protocol v1 has no keep-alive message of its own.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Written data a remote peer has not acknowledged for this long ends the
+/// connection (covers a peer that vanished while we were sending).
+const TCP_USER_TIMEOUT_MS: u32 = 60_000;
+
+/// Dead-peer detection for a remote client connection.
+fn keep_alive(stream: &tokio::net::TcpStream) -> rustix::io::Result<()> {
+    use rustix::net::sockopt;
+    sockopt::set_socket_keepalive(stream, true)?;
+    sockopt::set_tcp_keepidle(stream, KEEPALIVE_IDLE)?;
+    sockopt::set_tcp_keepintvl(stream, KEEPALIVE_INTERVAL)?;
+    sockopt::set_tcp_keepcnt(stream, KEEPALIVE_PROBES)?;
+    sockopt::set_tcp_user_timeout(stream, TCP_USER_TIMEOUT_MS)
+}
+
+impl Platform for Native {
+    type Conn = ClientSocket;
+    type Channel = UnixStream;
+    type Clients = NativeClients;
+    type Workers = UnixListener;
+
+    fn spawn_worker(&mut self, session_id: &str, token: &str) -> io::Result<Spawned> {
+        let exe = crate::config::this_program()?;
+        let mut cmd = tokio::process::Command::new(exe);
+        if let Ok(path) = std::env::current_exe() {
+            cmd.arg0(path); // what `ps` shows, rather than /proc/self/exe
+        }
+        cmd.arg("worker")
+            .env("PI_WORKER_SOCKET", &self.worker_path)
+            .env("PI_WORKER_TOKEN", token)
+            .env("PI_WORKER_SESSION_ID", session_id)
+            .env("PI_WORKER_SESSION_DIR", &self.session_dir)
+            .stdin(std::process::Stdio::null())
+            .process_group(0);
+        let mut child = cmd.spawn()?;
+        let pid = child.id();
+        let exited = Box::pin(async move {
+            match child.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            }
+        });
+        Ok(Spawned {
+            pid,
+            exited,
+            task: None,
+        })
+    }
+
+    fn kill_worker(&mut self, pid: Option<u32>, _task: Option<&AbortHandle>) {
+        if let Some(pid) = pid {
+            super::kill(pid, rustix::process::Signal::KILL);
+        }
+    }
+
+    fn blocking<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = T> + Send + 'static {
+        let task = tokio::task::spawn_blocking(job);
+        async move {
+            match task.await {
+                Ok(result) => result,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+    }
+
+    fn watch(
+        &self,
+        dir: &Path,
+        on_change: Box<dyn Fn() + Send + Sync>,
+    ) -> Result<Box<dyn Send>, String> {
+        crate::store::watch::watch(dir, on_change).map(|w| Box::new(w) as Box<dyn Send>)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Frame, advance};
+
+    #[tokio::test]
+    async fn remote_connections_get_keep_alive_and_a_user_timeout() {
+        use rustix::net::sockopt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!sockopt::socket_keepalive(&accepted).unwrap());
+        super::keep_alive(&accepted).unwrap();
+        assert!(sockopt::socket_keepalive(&accepted).unwrap());
+        assert_eq!(
+            sockopt::tcp_keepidle(&accepted).unwrap(),
+            super::KEEPALIVE_IDLE
+        );
+        assert_eq!(
+            sockopt::tcp_keepintvl(&accepted).unwrap(),
+            super::KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            sockopt::tcp_keepcnt(&accepted).unwrap(),
+            super::KEEPALIVE_PROBES
+        );
+        assert_eq!(
+            sockopt::tcp_user_timeout(&accepted).unwrap(),
+            super::TCP_USER_TIMEOUT_MS
+        );
+    }
+
+    fn frames(lens: &[usize]) -> Vec<Frame> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| Frame::from(vec![i as u8; len]))
+            .collect()
+    }
+
+    fn lens(frames: &[Frame]) -> Vec<usize> {
+        frames.iter().map(|f| f.len()).collect()
+    }
+
+    #[test]
+    fn advance_drops_written_frames_and_keeps_the_offset_into_a_partial_one() {
+        let mut f = frames(&[3, 5, 2]);
+        let mut skip = 0;
+        advance(&mut f, &mut skip, 0);
+        assert_eq!((lens(&f), skip), (vec![3, 5, 2], 0));
+        advance(&mut f, &mut skip, 4);
+        assert_eq!((lens(&f), skip), (vec![5, 2], 1));
+        assert_eq!(f[0][0], 1, "the second frame is first now");
+        advance(&mut f, &mut skip, 3);
+        assert_eq!((lens(&f), skip), (vec![5, 2], 4));
+        advance(&mut f, &mut skip, 1);
+        assert_eq!(
+            (lens(&f), skip),
+            (vec![2], 0),
+            "exactly the rest of a frame"
+        );
+        advance(&mut f, &mut skip, 2);
+        assert!(f.is_empty());
+        assert_eq!(skip, 0);
+    }
+}
