@@ -1,22 +1,25 @@
-//! A session end to end on the mock server: the kernel runtime drives the
+//! A session end to end on the mock server: the real worker loop
+//! (`pi_io::worker::run`, SQLite in a temporary directory) drives the
 //! OpenAI-compatible provider (reached through a `models.json` entry) and the
-//! tools in a temporary cwd, the way the worker does — read, edit and bash
-//! through the tool loop, steer delivered after the running tool, abort
-//! killing a running command.
+//! tools in a temporary cwd, while the test plays its server over an
+//! in-memory channel — read, edit and bash through the tool loop, steer
+//! delivered after the running tool, abort killing a running command.
 
 use kernel::ids::OpId;
+use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
 use kernel::protocol::{
     AssistantStatus, Content, ModelRef, StopReason, ThinkingLevel, ToolStatus, TranscriptItem,
+    TranscriptProgress,
 };
-use kernel::runtime::{Runtime, RuntimeInput, RuntimeOutput, StoredSession};
-use kernel::time::Instant as KInstant;
-use kernel::worker::{FromWorker, Operation};
-use pi_io::agent::{CancellationToken, ModelRegistry, run_tool, stream};
-use std::collections::HashMap;
+use kernel::wire::{CborLimits, FrameDecoder};
+use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker};
+use pi_io::store::SessionStore;
+use pi_io::worker::{Dial, WorkerSetup};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 mod agent_common;
 use agent_common::{Body, Mock, Reply};
@@ -42,14 +45,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn now() -> KInstant {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    KInstant(ms as u64)
 }
 
 // ---- scripted model replies (Chat Completions SSE) ---------------------------------
@@ -107,146 +102,178 @@ fn text_reply(text: &str) -> Reply {
     reply(body)
 }
 
-// ---- a minimal worker ---------------------------------------------------------------
+// ---- the worker, and the test as its server ----------------------------------------
 
+/// The worker reaches its "server" once, through one end of an in-memory pipe.
+#[derive(Clone)]
+struct Pipe(Arc<Mutex<Option<DuplexStream>>>);
+
+impl Dial for Pipe {
+    type Stream = DuplexStream;
+
+    async fn dial(&self) -> Result<DuplexStream, String> {
+        self.0
+            .lock()
+            .unwrap()
+            .take()
+            .ok_or_else(|| "the test's server end is gone".into())
+    }
+
+    fn server_path(&self) -> Option<&Path> {
+        None
+    }
+}
+
+const SESSION: &str = "s1";
+
+/// A worker process's session, hosted by the real worker loop; the test
+/// speaks the server's side of the worker channel.
 struct Session {
-    runtime: Runtime,
-    registry: ModelRegistry,
-    events: mpsc::Sender<RuntimeInput>,
-    inbox: mpsc::Receiver<RuntimeInput>,
-    models: HashMap<u64, CancellationToken>,
-    tools: HashMap<String, CancellationToken>,
+    channel: DuplexStream,
+    decoder: FrameDecoder,
+    /// Frames decoded and not yet taken.
+    ready: std::collections::VecDeque<WorkerFrame>,
+    /// The transcript as the worker's snapshots and progress show it.
+    transcript: Vec<TranscriptItem>,
+    /// Every message the worker sent.
     sent: Vec<FromWorker>,
     next_op: u64,
-    agent_dir: PathBuf,
+    session_dir: PathBuf,
 }
 
 impl Session {
-    fn open(dir: &TempDir, mock: &Mock) -> Self {
+    async fn open(dir: &TempDir, mock: &Mock) -> Self {
         let models_json = serde_json::json!({"providers": {"mock": {
             "baseUrl": format!("{}/v1", mock.base),
             "api": "openai-completions",
             "models": [{"id": "coder", "contextWindow": 100000, "maxTokens": 4096, "cost": {"input": 1, "output": 2}}]
         }}});
         std::fs::write(dir.0.join("agent/models.json"), models_json.to_string()).unwrap();
-        let registry = ModelRegistry::load(&dir.0.join("agent"));
-        assert!(registry.warnings().is_empty(), "{:?}", registry.warnings());
-        let state = StoredSession {
-            id: "s1".into(),
+        let session_dir = dir.0.join("sessions");
+        let (channel, worker_end) = tokio::io::duplex(1 << 20);
+        let setup = WorkerSetup {
+            dial: Pipe(Arc::new(Mutex::new(Some(worker_end)))),
+            token: "secret".into(),
+            session_id: SESSION.into(),
+            session_dir: session_dir.clone(),
+            agent_dir: dir.0.join("agent"),
+            pid: u64::from(std::process::id()),
+            cwd: None,
+            clock: pi_io::worker::wall_now,
+            limits: Default::default(),
+            policy: Default::default(),
+            faux_delay: Duration::ZERO,
+        };
+        tokio::spawn(pi_io::worker::run(setup));
+        let mut s = Self {
+            channel,
+            decoder: FrameDecoder::new(kernel::wire::frame::DEFAULT_MAX_FRAME_LEN),
+            ready: Default::default(),
+            transcript: Vec::new(),
+            sent: Vec::new(),
+            next_op: 1,
+            session_dir,
+        };
+        match s.frame().await {
+            WorkerFrame::Hello {
+                token, session_id, ..
+            } => assert_eq!((token.as_str(), session_id.as_str()), ("secret", SESSION)),
+            other => panic!("expected the worker's hello, got {other:?}"),
+        }
+        let create = CreateSpec {
+            cwd: Some(dir.0.join("project").display().to_string()),
             name: None,
-            cwd: dir.0.join("project").display().to_string(),
-            created_at: 0,
-            updated_at: 0,
-            model: ModelRef {
+            model: Some(ModelRef {
                 provider: "mock".into(),
                 id: "coder".into(),
-            },
-            thinking_level: ThinkingLevel::Off,
-            revision: 0,
-            transcript: vec![],
-            queued_steer: vec![],
-            summary: None,
+            }),
+            thinking_level: Some(ThinkingLevel::Off),
         };
-        let (runtime, outputs) = Runtime::create(state, registry.models().to_vec(), now());
-        let (events, inbox) = mpsc::channel(256);
-        let mut s = Self {
-            runtime,
-            registry,
-            events,
-            inbox,
-            models: HashMap::new(),
-            tools: HashMap::new(),
-            sent: vec![],
-            next_op: 1,
-            agent_dir: dir.0.join("agent"),
-        };
-        s.apply(outputs);
+        s.send(WorkerFrame::Start {
+            create: Some(create),
+            revision_floor: 0,
+        })
+        .await;
+        s.run_until("the session to open", |s| {
+            s.sent.iter().any(|m| matches!(m, FromWorker::Ready { .. }))
+        })
+        .await;
         s
     }
 
-    fn operation(&mut self, operation: Operation) -> OpId {
-        let op = OpId(self.next_op);
-        self.next_op += 1;
-        let outputs = self
-            .runtime
-            .step(now(), RuntimeInput::Operation { op, operation });
-        self.apply(outputs);
-        op
+    async fn send(&mut self, frame: WorkerFrame) {
+        let bytes = frame_worker_message(&frame).unwrap();
+        self.channel.write_all(&bytes).await.unwrap();
     }
 
-    fn apply(&mut self, outputs: Vec<RuntimeOutput>) {
-        for output in outputs {
-            match output {
-                RuntimeOutput::Persist(_) | RuntimeOutput::Exit => {}
-                RuntimeOutput::Send(message) => self.sent.push(message),
-                RuntimeOutput::StartModel { call, request } => {
-                    let cancel = CancellationToken::new();
-                    self.models.insert(call, cancel.clone());
-                    let cwd = self.runtime.state().cwd.clone();
-                    let config = self
-                        .registry
-                        .call_config(&request.model, &cwd, &self.agent_dir, "2026-12-03")
-                        .unwrap();
-                    let events = self.events.clone();
-                    tokio::spawn(async move {
-                        let (tx, mut rx) = mpsc::channel(64);
-                        let forward = async {
-                            while let Some(event) = rx.recv().await {
-                                let _ = events.send(RuntimeInput::Model { call, event }).await;
-                            }
-                        };
-                        tokio::join!(stream(&config, &request, tx, cancel), forward);
-                    });
-                }
-                RuntimeOutput::CancelModel { call } => {
-                    if let Some(cancel) = self.models.remove(&call) {
-                        cancel.cancel();
-                    }
-                }
-                RuntimeOutput::RunTool {
-                    id,
-                    tool_name,
-                    input,
-                    cwd,
-                } => {
-                    let cancel = CancellationToken::new();
-                    self.tools.insert(id.clone(), cancel.clone());
-                    let events = self.events.clone();
-                    tokio::spawn(async move {
-                        let done = run_tool(&tool_name, &input, Path::new(&cwd), cancel).await;
-                        let input = RuntimeInput::ToolDone {
-                            id,
-                            content: done.content,
-                            details: done.details,
-                            is_error: done.is_error,
-                        };
-                        let _ = events.send(input).await;
-                    });
-                }
-                RuntimeOutput::CancelTool { id } => {
-                    if let Some(cancel) = self.tools.remove(&id) {
-                        cancel.cancel();
-                    }
-                }
+    /// The next frame from the worker.
+    async fn frame(&mut self) -> WorkerFrame {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(frame) = self.ready.pop_front() {
+                return frame;
             }
+            let n = self.channel.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the worker closed its channel");
+            let mut payloads = Vec::new();
+            self.decoder.push(&buf[..n], &mut payloads).unwrap();
+            let limits = CborLimits::default();
+            let frames = payloads
+                .iter()
+                .map(|p| decode_worker_frame(p, &limits).unwrap());
+            self.ready.extend(frames);
         }
     }
 
-    /// Feeds model events, tool results and ticks until `until` holds.
+    /// A frame from the worker, applied.
+    fn pending(&mut self, frame: WorkerFrame) {
+        match frame {
+            WorkerFrame::FromWorker(message) => self.apply(message),
+            other => panic!("unexpected frame from the worker: {other:?}"),
+        }
+    }
+
+    async fn operation(&mut self, operation: Operation) -> OpId {
+        let op = OpId(self.next_op);
+        self.next_op += 1;
+        self.send(WorkerFrame::ToWorker(ToWorker::Operation { op, operation }))
+            .await;
+        op
+    }
+
+    /// What the worker says, as a server following it sees it.
+    fn apply(&mut self, message: FromWorker) {
+        match &message {
+            FromWorker::Ready { snapshot } | FromWorker::Snapshot { snapshot } => {
+                self.transcript = snapshot.transcript.clone();
+            }
+            FromWorker::OpDone {
+                outcome: Ok(snapshot),
+                ..
+            } => self.transcript = snapshot.transcript.clone(),
+            FromWorker::Progress {
+                progress:
+                    TranscriptProgress::ItemStarted { item }
+                    | TranscriptProgress::ItemUpdated { item }
+                    | TranscriptProgress::ItemFinished { item },
+            } => match self.transcript.iter_mut().find(|i| i.id() == item.id()) {
+                Some(known) => *known = item.clone(),
+                None => self.transcript.push(item.clone()),
+            },
+            _ => {}
+        }
+        self.sent.push(message);
+    }
+
+    /// Reads what the worker sends until `until` holds.
     async fn run_until(&mut self, what: &str, until: impl Fn(&Self) -> bool) {
         let limit = tokio::time::Instant::now() + Duration::from_secs(30);
         while !until(self) {
-            let wait = match self.runtime.next_deadline() {
-                Some(at) => Duration::from_millis(at.0.saturating_sub(now().0)),
-                None => Duration::from_secs(3600),
+            let frame = tokio::select! {
+                frame = self.frame() => frame,
+                () = tokio::time::sleep_until(limit) => panic!("timed out waiting for {what}; transcript: {:#?}", self.transcript),
             };
-            let input = tokio::select! {
-                input = self.inbox.recv() => input.unwrap(),
-                () = tokio::time::sleep(wait) => RuntimeInput::Tick,
-                () = tokio::time::sleep_until(limit) => panic!("timed out waiting for {what}; transcript: {:#?}", self.runtime.state().transcript),
-            };
-            let outputs = self.runtime.step(now(), input);
-            self.apply(outputs);
+            self.pending(frame);
         }
     }
 
@@ -257,16 +284,44 @@ impl Session {
     }
 
     fn running_tool(&self) -> bool {
-        self.runtime
-            .state()
-            .transcript
+        self.transcript
             .iter()
             .any(|i| matches!(i, TranscriptItem::Tool(t) if t.status == ToolStatus::Running))
     }
 
     fn transcript(&self) -> &[TranscriptItem] {
-        &self.runtime.state().transcript
+        &self.transcript
     }
+
+    /// Disposes the session (the worker closes its store and exits), then
+    /// reads back what it stored.
+    async fn dispose_and_read(mut self) -> kernel::runtime::StoredSession {
+        self.send(WorkerFrame::ToWorker(ToWorker::Dispose)).await;
+        let mut buf = vec![0u8; 4096];
+        while self.channel.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        let (_store, stored) = SessionStore::open(&self.session_dir, SESSION).unwrap();
+        stored
+    }
+}
+
+/// Today's date (UTC) as the system prompt writes it.
+fn today() -> String {
+    let days = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 86_400) as i64;
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 fn tool_text(item: &TranscriptItem) -> String {
@@ -302,10 +357,12 @@ async fn a_session_reads_edits_and_runs_commands_through_the_tool_loop() {
         text_reply("All done."),
     ])
     .await;
-    let mut s = Session::open(&dir, &mock);
-    let op = s.operation(Operation::Prompt {
-        text: "finalise the notes".into(),
-    });
+    let mut s = Session::open(&dir, &mock).await;
+    let op = s
+        .operation(Operation::Prompt {
+            text: "finalise the notes".into(),
+        })
+        .await;
     s.run_until("the prompt to finish", |s| s.done(op)).await;
 
     assert_eq!(
@@ -399,19 +456,23 @@ async fn steer_is_delivered_after_the_running_tool_and_abort_kills_a_command() {
         text_reply("unreachable"),
     ])
     .await;
-    let mut s = Session::open(&dir, &mock);
-    let prompt = s.operation(Operation::Prompt {
-        text: "work".into(),
-    });
+    let mut s = Session::open(&dir, &mock).await;
+    let prompt = s
+        .operation(Operation::Prompt {
+            text: "work".into(),
+        })
+        .await;
     s.run_until("the first tool to run", Session::running_tool)
         .await;
-    let steer = s.operation(Operation::Steer {
-        text: "also check the logs".into(),
-    });
-    assert!(s.done(steer));
+    let steer = s
+        .operation(Operation::Steer {
+            text: "also check the logs".into(),
+        })
+        .await;
+    s.run_until("the steer", |s| s.done(steer)).await;
     // The steer reaches the model with the next call, after the tool result.
     s.run_until("the second call", |s| {
-        s.runtime.state().transcript.len() >= 5 && s.running_tool()
+        s.transcript().len() >= 5 && s.running_tool()
     })
     .await;
     let requests = mock.requests();
@@ -438,8 +499,9 @@ async fn steer_is_delivered_after_the_running_tool_and_abort_kills_a_command() {
         .trim()
         .parse()
         .unwrap();
-    let abort = s.operation(Operation::Abort);
-    assert!(s.done(abort) && s.done(prompt));
+    let abort = s.operation(Operation::Abort).await;
+    s.run_until("the abort", |s| s.done(abort) && s.done(prompt))
+        .await;
     let mut gone = false;
     for _ in 0..150 {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
@@ -472,13 +534,15 @@ async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
     std::fs::write(dir.0.join("agent/AGENTS.md"), "Global: answer in English.").unwrap();
     std::fs::write(project.join("AGENTS.md"), "Project: run cargo test first.").unwrap();
     let mock = Mock::sequence(vec![text_reply("ok"), text_reply("ok again")]).await;
-    let mut s = Session::open(&dir, &mock);
-    let op = s.operation(Operation::Prompt { text: "hi".into() });
+    let mut s = Session::open(&dir, &mock).await;
+    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
     s.run_until("the first prompt", |s| s.done(op)).await;
     std::fs::write(project.join("AGENTS.md"), "Project: use nextest now.").unwrap();
-    let op = s.operation(Operation::Prompt {
-        text: "again".into(),
-    });
+    let op = s
+        .operation(Operation::Prompt {
+            text: "again".into(),
+        })
+        .await;
     s.run_until("the second prompt", |s| s.done(op)).await;
 
     let systems: Vec<String> = mock
@@ -504,7 +568,10 @@ async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
         first.contains(&format!("## {}", project.join("AGENTS.md").display())),
         "{first}"
     );
-    assert!(first.contains("Current date: 2026-12-03"), "{first}");
+    assert!(
+        first.contains(&format!("Current date: {}", today())),
+        "{first}"
+    );
     assert!(first.contains(std::env::consts::OS), "{first}");
     assert!(
         systems[1].contains("Project: use nextest now."),
@@ -544,12 +611,14 @@ async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
         text_reply("Here is the answer."),
     ])
     .await;
-    let mut s = Session::open(&dir, &mock);
-    let first = s.operation(Operation::Prompt { text: "hi".into() });
+    let mut s = Session::open(&dir, &mock).await;
+    let first = s.operation(Operation::Prompt { text: "hi".into() }).await;
     s.run_until("the first turn", |s| s.done(first)).await;
-    let second = s.operation(Operation::Prompt {
-        text: "now the big question".into(),
-    });
+    let second = s
+        .operation(Operation::Prompt {
+            text: "now the big question".into(),
+        })
+        .await;
     s.run_until("the second turn", |s| s.done(second)).await;
 
     let requests = mock.requests();
@@ -574,10 +643,9 @@ async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
         }]
     );
     let summary = s
-        .runtime
-        .state()
+        .dispose_and_read()
+        .await
         .summary
-        .clone()
         .expect("a summary is kept");
     assert_eq!(summary.text, "Earlier the user said hello.");
 }
