@@ -27,7 +27,7 @@ use kernel::time::Instant as KInstant;
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, cbor};
 use kernel::worker::{FromWorker, ToWorker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn progress(i: usize) -> TranscriptProgress {
     TranscriptProgress::AssistantDelta {
@@ -132,7 +132,6 @@ impl Fan {
             models: faux::models(),
             limits: Limits::default(),
             idle_exit: None,
-            adoption_grace: Duration::from_secs(30),
         };
         let mut fan = Self {
             server: Server::new(config),

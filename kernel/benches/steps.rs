@@ -196,7 +196,6 @@ fn config() -> Config {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: None,
-        adoption_grace: Duration::from_secs(30),
     }
 }
 

@@ -46,6 +46,12 @@ pub struct Limits {
     /// holding their session locks, or released by its predecessor) to
     /// announce themselves before it opens their sessions anew.
     pub adoption_wait: Duration,
+    /// How long an adopted session is kept live without attachments, so the
+    /// clients that followed it before the hand-over can re-attach.
+    pub adoption_grace: Duration,
+    /// How long a starting server waits for the running server with its id
+    /// to hand over (release its workers and free its sockets).
+    pub handoff_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -70,6 +76,8 @@ impl Default for Limits {
             catalog_settle: Duration::from_millis(100),
             catalog_poll: Duration::from_secs(1),
             adoption_wait: Duration::from_secs(10),
+            adoption_grace: Duration::from_secs(30),
+            handoff_timeout: Duration::from_secs(15),
         }
     }
 }

@@ -230,15 +230,23 @@ async fn request_handoff(worker_path: &std::path::Path) -> Result<Vec<String>, S
         .write_all(&bytes)
         .await
         .map_err(|e| format!("cannot ask the running server to hand over: {e}"))?;
-    // Before this server's own configuration exists: the default bound.
-    let max_len = Limits::default().max_frame_len as usize;
-    match tokio::time::timeout(Duration::from_secs(15), read_worker_hello(stream, max_len)).await {
+    // Before this server's own configuration exists: the default bounds.
+    let Limits {
+        max_frame_len,
+        handoff_timeout,
+        ..
+    } = Limits::default();
+    let answer = read_worker_hello(stream, max_frame_len as usize);
+    match tokio::time::timeout(handoff_timeout, answer).await {
         Ok(Ok((_, WorkerFrame::Released { sessions }))) => Ok(sessions),
         Ok(Ok((_, other))) => Err(format!(
             "the running server answered the hand-off with {other:?}"
         )),
         Ok(Err(e)) => Err(format!("the running server did not hand over: {e}")),
-        Err(_) => Err("the running server did not hand over within 15 s".into()),
+        Err(_) => Err(format!(
+            "the running server did not hand over within {} s",
+            handoff_timeout.as_secs()
+        )),
     }
 }
 
@@ -369,10 +377,13 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
                 "PI_SERVER_ADOPTION_WAIT_MS",
                 Limits::default().adoption_wait,
             ),
+            adoption_grace: env_duration_ms(
+                "PI_SERVER_ADOPTION_GRACE_MS",
+                Limits::default().adoption_grace,
+            ),
             ..Limits::default()
         },
         idle_exit: opts.idle_exit,
-        adoption_grace: env_duration_ms("PI_SERVER_ADOPTION_GRACE_MS", Duration::from_secs(30)),
     };
     let serving = Serving {
         platform: Native {

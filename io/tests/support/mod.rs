@@ -137,7 +137,6 @@ pub(crate) async fn serve(options: Options) -> turmoil::Result {
             models: faux::models(),
             limits: options.limits,
             idle_exit: None,
-            adoption_grace: Duration::from_secs(30),
         },
         session_dir,
         clients: vec![Clients(clients)],

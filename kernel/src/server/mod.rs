@@ -65,9 +65,6 @@ pub struct Config {
     /// Retire after this long with no connection and no live session
     /// (servers started on demand by a client); `None` runs until shut down.
     pub idle_exit: Option<std::time::Duration>,
-    /// How long an adopted worker's session stays live without attachments,
-    /// so that the clients of a replaced server can re-attach to it.
-    pub adoption_grace: std::time::Duration,
 }
 
 /// `assert!` as a value: returns the message as `Err` when `cond` fails.

@@ -1273,7 +1273,10 @@ impl Server {
         }
         live.snapshot = Some(LiveSnapshot::new(snapshot));
         self.sessions.insert(session_id.clone(), live);
-        self.set_hold(&session_id, Some(self.now + self.config.adoption_grace));
+        self.set_hold(
+            &session_id,
+            Some(self.now + self.config.limits.adoption_grace),
+        );
         self.workers.insert(worker, session_id.clone());
         let _ = pid; // reported for logs by the driver; the kernel needs only the channel
         self.out.push(Output::AdoptWorker {

@@ -14,7 +14,6 @@ use crate::protocol::{
 };
 use crate::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use crate::worker::FromWorker;
-use std::time::Duration;
 
 fn config() -> Config {
     Config {
@@ -24,7 +23,6 @@ fn config() -> Config {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: None,
-        adoption_grace: Duration::from_secs(30),
     }
 }
 

@@ -332,7 +332,6 @@ impl World {
             models: options.models.clone(),
             limits: options.limits.clone(),
             idle_exit: None,
-            adoption_grace: std::time::Duration::from_secs(30),
         }
     }
 
