@@ -75,8 +75,11 @@
 //! - [`swarm`]: the random driver (safety phase, liveness phase).
 //! - [`checkers`]: the properties judged after every step.
 //! - [`model`]: the explicit-state model checker.
+//! - [`machines`]: the real client machines on world connections, and the
+//!   lease swarm that drives them under faults.
 
 pub mod checkers;
+pub mod machines;
 pub mod model;
 pub mod options;
 pub mod prng;

@@ -194,6 +194,7 @@ fn busy_flags_wrong_runtime_answers_and_two_running_prompts() {
     busy.observe(&Fact::OpDoneConsumed {
         worker: WorkerId(1),
         op: OpId(1),
+        session_id: Some("s".into()),
     })
     .unwrap();
     busy.observe(&emitted(event, true)).unwrap();

@@ -24,8 +24,11 @@
 //!     request, fails with [`ClientError::Disconnected`] saying so.
 //!
 //! The first handshake is not retried: a refused `hello` or a server that
-//! is not there is the caller's answer. A `hello_error` on a reconnection
-//! (a new token, a new protocol version) ends the client too.
+//! is not there is the caller's answer. On a reconnection, a `hello_error`
+//! for good (`auth`: a new token; `version`: a new protocol) ends the client;
+//! any other (our hello came after the server's handshake deadline, the
+//! server is shutting down for a hand-off or at its connection limit) is
+//! the server's state of the moment, and the reconnection goes on.
 //!
 //! # Calling protocol
 //!
@@ -561,9 +564,25 @@ impl Client {
         }
     }
 
+    /// A `hello_error` on a reconnection is retried unless it is for good:
+    /// a token (`auth`) or protocol version (`version`) the server refuses.
+    fn retries_hello_error(&self, error: &ProtocolError) -> bool {
+        use crate::protocol::ErrorCode;
+        self.ever_ready
+            && self.config.reconnect
+            && !matches!(error.code, ErrorCode::Auth | ErrorCode::Version)
+    }
+
     fn on_handshake_message(&mut self, message: ServerMessage) {
         let hello = match message {
             ServerMessage::Hello(hello) => hello,
+            ServerMessage::HelloError(error) if self.retries_hello_error(&error) => {
+                // The server's state of the moment (our hello came late, it
+                // is shutting down for a hand-off, it is full): try again.
+                self.outputs.push(ClientOutput::CloseTransport);
+                let reason = format!("the server refused the hello: {}", error.message);
+                return self.transport_lost(self.now, reason);
+            }
             ServerMessage::HelloError(error) => return self.close(ClientError::Server(error)),
             ServerMessage::Response(_) | ServerMessage::Event(_) => {
                 return self.close(ClientError::Protocol(

@@ -603,3 +603,51 @@ fn dispose_closes_and_fails_what_waits() {
     ));
     assert!(h.take_sent().is_empty());
 }
+
+/// On a reconnection, a `hello_error` of the moment (the hello came after
+/// the server's deadline, a hand-off is under way) is retried; one for good
+/// (`auth`, `version`) ends the client.
+#[test]
+fn a_reconnection_retries_a_passing_hello_error_but_not_a_refusal() {
+    let mut h = Harness::ready(true);
+    let lease = h.lease(session(1, SessionPhase::Idle, &[]));
+    h.step(ClientInput::TransportClosed {
+        reason: "reset".into(),
+    });
+    h.now = h.client.next_deadline().expect("a backoff");
+    h.step(ClientInput::Tick);
+    h.step(ClientInput::TransportUp);
+    h.take_sent();
+    h.take_outputs();
+    h.deliver(ServerMessage::HelloError(ProtocolError::new(
+        ErrorCode::InvalidRequest,
+        "Handshake timeout",
+    )));
+    assert_eq!(h.client.closed(), None, "not the end");
+    assert!(h.outputs.contains(&ClientOutput::CloseTransport));
+    assert!(
+        h.client.next_deadline().is_some(),
+        "it backs off and retries"
+    );
+    h.reconnect("conn-3");
+    assert_eq!(
+        h.request().command,
+        Command::Attach {
+            session_id: "s1".into()
+        },
+        "the lease re-attaches"
+    );
+    assert_eq!(h.client.leases().status(lease), Some(LeaseStatus::Active));
+
+    h.step(ClientInput::TransportClosed {
+        reason: "reset".into(),
+    });
+    h.now = h.client.next_deadline().expect("a backoff");
+    h.step(ClientInput::Tick);
+    h.step(ClientInput::TransportUp);
+    h.deliver(ServerMessage::HelloError(ProtocolError::new(
+        ErrorCode::Auth,
+        "bad token",
+    )));
+    assert!(matches!(h.client.closed(), Some(ClientError::Server(e)) if e.code == ErrorCode::Auth));
+}

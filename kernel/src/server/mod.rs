@@ -444,6 +444,11 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The revision of a live session's latest snapshot, once it has one.
+    pub fn session_revision(&self, session_id: &str) -> Option<u64> {
+        self.sessions.get(session_id)?.snapshot_revision()
+    }
+
     /// Live sessions and their worker, in id order.
     pub fn live_sessions(&self) -> Vec<(String, WorkerId, crate::worker::WorkerState)> {
         self.sessions

@@ -86,6 +86,11 @@ struct PendingStart {
 }
 
 impl Live {
+    /// The revision of the runtime's latest snapshot.
+    pub(crate) fn snapshot_revision(&self) -> Option<u64> {
+        self.snapshot.as_ref().map(|s| s.snapshot.revision)
+    }
+
     /// What `status` reports of this session.
     fn status(&self) -> LiveStatus {
         let snapshot = self.snapshot.as_ref().map(|s| &s.snapshot);

@@ -10,7 +10,9 @@
 //! **Kernel.** A prompt whose turn started at a runtime is *running* until
 //! the kernel consumes its completion (or its worker's exit). Prompt texts
 //! name their request (`c3#r7`, or `!c3#r7` for a tool call), so a
-//! snapshot's transcript tells which prompts it contains. Then:
+//! snapshot's transcript tells which prompts it contains. A client machine
+//! picks its own request ids, so its prompt texts are unique instead, and
+//! name their request through the request that sent them. Then:
 //!
 //! - a snapshot in a non-idle phase contains exactly one running prompt, and
 //!   it is the last prompt of its transcript (one prompt per session at a time);
@@ -20,7 +22,7 @@
 
 use super::{Check, Violation};
 use crate::world::{Fact, result_session};
-use kernel::ids::{ConnId, OpId, WorkerId};
+use kernel::ids::{ConnId, OpId};
 use kernel::protocol::{
     Command, CommandResult, Content, ErrorCode, ServerEvent, ServerMessage, SessionPhase,
     SessionSnapshot, TranscriptItem,
@@ -35,8 +37,12 @@ pub type PromptId = (ConnId, String);
 /// Running prompts and the prompt requests sent.
 #[derive(Debug, Default, Clone)]
 pub struct Busy {
-    running: BTreeMap<(WorkerId, OpId), (String, PromptId)>,
+    /// By session and operation: a worker handed over to another server
+    /// keeps its session and its operations, under another worker id.
+    running: BTreeMap<(String, OpId), (String, PromptId)>,
     prompts: BTreeMap<PromptId, String>,
+    /// Prompt texts that do not name their request, by the request that sent them.
+    by_text: BTreeMap<String, PromptId>,
     /// Operations checked at runtimes.
     pub operations: u64,
 }
@@ -59,29 +65,37 @@ pub fn parse_prompt(text: &str) -> Option<PromptId> {
     Some((ConnId(conn), request.to_string()))
 }
 
-fn user_prompt(item: &TranscriptItem) -> Option<PromptId> {
-    let TranscriptItem::User(user) = item else {
-        return None;
-    };
-    user.content.iter().find_map(|c| match c {
-        Content::Text { text } => parse_prompt(text),
-        _ => None,
-    })
-}
-
 impl Busy {
+    /// The request a prompt text names, or that sent it.
+    fn identify(&self, text: &str) -> Option<PromptId> {
+        parse_prompt(text).or_else(|| self.by_text.get(text).cloned())
+    }
+
+    fn user_prompt(&self, item: &TranscriptItem) -> Option<PromptId> {
+        let TranscriptItem::User(user) = item else {
+            return None;
+        };
+        user.content.iter().find_map(|c| match c {
+            Content::Text { text } => self.identify(text),
+            _ => None,
+        })
+    }
+
     /// Applies one fact.
     pub fn observe(&mut self, fact: &Fact) -> Check {
         match fact {
             Fact::RequestSent {
                 conn,
                 id,
-                command: Command::Prompt { session_id, .. },
+                command: Command::Prompt { session_id, text },
             } => {
                 self.prompts.insert((*conn, id.clone()), session_id.clone());
+                if parse_prompt(text).is_none() {
+                    self.by_text.insert(text.clone(), (*conn, id.clone()));
+                }
             }
             Fact::RuntimeOp {
-                worker,
+                worker: _,
                 session_id,
                 op,
                 operation,
@@ -97,16 +111,24 @@ impl Busy {
                 }
                 let started = *phase_before == SessionPhase::Idle && immediate.is_none();
                 if let (Operation::Prompt { text }, true) = (operation, started)
-                    && let Some(prompt) = parse_prompt(text)
+                    && let Some(prompt) = self.identify(text)
                 {
                     self.running
-                        .insert((*worker, *op), (session_id.clone(), prompt));
+                        .insert((session_id.clone(), *op), (session_id.clone(), prompt));
                 }
             }
-            Fact::OpDoneConsumed { worker, op } => {
-                self.running.remove(&(*worker, *op));
+            Fact::OpDoneConsumed {
+                op,
+                session_id: Some(session_id),
+                ..
+            } => {
+                self.running.remove(&(session_id.clone(), *op));
             }
-            Fact::WorkerExitConsumed { worker } => self.running.retain(|(w, _), _| w != worker),
+            // One runtime per session: when its worker is gone, nothing runs there.
+            Fact::WorkerExitConsumed {
+                session_id: Some(session_id),
+                ..
+            } => self.running.retain(|(s, _), _| s != session_id),
             Fact::ServerRestarted => self.running.clear(),
             Fact::Emitted { conn, message, .. } => return self.check_emitted(*conn, message),
             _ => {}
@@ -156,7 +178,7 @@ impl Busy {
                 let contains = session
                     .transcript
                     .iter()
-                    .any(|i| user_prompt(i).as_ref() == Some(prompt));
+                    .any(|i| self.user_prompt(i).as_ref() == Some(prompt));
                 if session.phase != SessionPhase::Idle || !contains {
                     return violation(format!(
                         "{conn}: prompt {id} succeeded with phase {} (contains it: {contains})",
@@ -174,7 +196,11 @@ impl Busy {
         if snapshot.phase == SessionPhase::Idle {
             return Ok(());
         }
-        let prompts: Vec<PromptId> = snapshot.transcript.iter().filter_map(user_prompt).collect();
+        let prompts: Vec<PromptId> = snapshot
+            .transcript
+            .iter()
+            .filter_map(|i| self.user_prompt(i))
+            .collect();
         let running: Vec<&PromptId> = self
             .running
             .values()

@@ -10,7 +10,7 @@ use kernel::protocol::{
     ClientHello, ClientMessage, Command, CommandResult, Request, ServerMessage,
     encode_client_message,
 };
-use kernel::server::{CloseReason, Input};
+use kernel::server::{CloseReason, Frame, Input};
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -23,6 +23,8 @@ pub(super) enum Incoming {
     Frame {
         len: usize,
         message: Option<Rc<ServerMessage>>,
+        /// The frame's bytes, kept for a tapped client only.
+        bytes: Option<Frame>,
     },
     Close,
 }
@@ -57,6 +59,9 @@ pub struct Client {
     pub(super) frame_ends: VecDeque<u64>,
     /// Bytes delivered to the server so far.
     pub(super) delivered: u64,
+    /// For a client driven by a client machine: the frames it read, in
+    /// order, not yet taken ([`World::take_read`]).
+    pub(super) tap: Option<Vec<Frame>>,
 }
 
 impl Client {
@@ -76,6 +81,7 @@ impl Client {
             written: 0,
             frame_ends: VecDeque::new(),
             delivered: 0,
+            tap: None,
         }
     }
 
@@ -86,7 +92,13 @@ impl Client {
 }
 
 impl World {
-    pub(super) fn on_send(&mut self, conn: ConnId, len: usize, message: Option<Rc<ServerMessage>>) {
+    pub(super) fn on_send(
+        &mut self,
+        conn: ConnId,
+        frame: Frame,
+        message: Option<Rc<ServerMessage>>,
+    ) {
+        let len = frame.len();
         if let Some(message) = &message
             && self.options.trace
             && (!is_delta(message) || self.options.trace_deltas)
@@ -101,11 +113,20 @@ impl World {
         };
         if held {
             if !client.closed {
-                client
-                    .inbox
-                    .push_back((seq, Incoming::Frame { len, message }));
+                let bytes = client.tap.is_some().then_some(frame);
+                let incoming = Incoming::Frame {
+                    len,
+                    message,
+                    bytes,
+                };
+                client.inbox.push_back((seq, incoming));
             }
             return;
+        }
+        if let Some(tap) = &mut client.tap
+            && !client.closed
+        {
+            tap.push(frame);
         }
         if let Some(message) = message {
             if let ServerMessage::Hello(_) = message.as_ref() {
@@ -164,6 +185,57 @@ impl World {
         self.push(Input::Accepted { conn });
         self.run();
         conn
+    }
+
+    /// Opens a connection for a client machine: the frames it reads are kept
+    /// for [`World::take_read`].
+    pub fn connect_tapped(&mut self) -> ConnId {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        let mut client = Client::new();
+        client.tap = Some(Vec::new());
+        self.clients.insert(conn, client);
+        self.active.insert(conn);
+        trace!(self, "{conn} connects (a client machine)");
+        self.push(Input::Accepted { conn });
+        self.run();
+        conn
+    }
+
+    /// The frames a tapped client read since the last call.
+    pub fn take_read(&mut self, conn: ConnId) -> Vec<Frame> {
+        self.clients
+            .get_mut(&conn)
+            .and_then(|c| c.tap.as_mut())
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// A client machine writes one frame: recorded like [`World::send`]'s.
+    pub fn send_frame(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        let message = kernel::protocol::decode_client_message(
+            &bytes[kernel::wire::frame::FRAME_HEADER_LEN..],
+            &kernel::wire::CborLimits::default(),
+        )
+        .expect("a client machine sends valid frames");
+        if self.options.trace {
+            let line = summary::client(&mut self.names, &message);
+            trace!(self, "{conn} → {line}");
+        }
+        let client = self.clients.get_mut(&conn).expect("known client");
+        let open = !client.closed && client.eof.is_none();
+        match message {
+            ClientMessage::Hello(_) => client.said_hello = true,
+            ClientMessage::Request(request) if open && self.options.record_facts => {
+                self.fact(Fact::RequestSent {
+                    conn,
+                    id: request.id,
+                    command: request.command,
+                });
+            }
+            ClientMessage::Request(_) => {}
+        }
+        self.write(conn, bytes, true);
     }
 
     /// Sends raw bytes.

@@ -193,8 +193,15 @@ impl World {
                 _ => break,
             }
             match c.inbox.pop_front().expect("checked").1 {
-                Incoming::Frame { len, message } => {
+                Incoming::Frame {
+                    len,
+                    message,
+                    bytes,
+                } => {
                     written += len;
+                    if let (Some(tap), Some(bytes)) = (&mut c.tap, bytes) {
+                        tap.push(bytes);
+                    }
                     if let Some(message) = message {
                         if let ServerMessage::Hello(_) = message.as_ref() {
                             c.ready = true;

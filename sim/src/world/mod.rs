@@ -208,9 +208,18 @@ pub enum Fact {
         store_failed: bool,
     },
     /// The kernel consumed the completion of operation `op` of `worker`.
-    OpDoneConsumed { worker: WorkerId, op: OpId },
+    OpDoneConsumed {
+        worker: WorkerId,
+        op: OpId,
+        /// The worker's session, as the kernel knew it.
+        session_id: Option<String>,
+    },
     /// The kernel consumed the exit (or failed spawn) of `worker`.
-    WorkerExitConsumed { worker: WorkerId },
+    WorkerExitConsumed {
+        worker: WorkerId,
+        /// The worker's session, as the kernel knew it.
+        session_id: Option<String>,
+    },
     /// The kernel asked the store to delete a session, and it was deleted.
     StoreRemoved { session_id: String },
     /// The server process was replaced; every connection and worker is gone.
@@ -450,6 +459,17 @@ impl World {
         }
     }
 
+    /// The session the kernel runs `worker` for.
+    fn session_of_worker(&self, worker: WorkerId) -> Option<String> {
+        if !self.options.record_facts {
+            return None;
+        }
+        self.server
+            .live_sessions()
+            .into_iter()
+            .find_map(|(session, w, _)| (w == worker).then_some(session))
+    }
+
     /// Accounting and facts about an input the kernel is about to consume.
     fn run_before(&mut self, input: &Input) {
         match input {
@@ -462,14 +482,20 @@ impl World {
             Input::Disconnected { conn } => self.fact(Fact::ConnClosed { conn: *conn }),
             Input::FromWorker { worker, message } => {
                 if let FromWorker::OpDone { op, .. } = message.as_ref() {
+                    let session_id = self.session_of_worker(*worker);
                     self.fact(Fact::OpDoneConsumed {
                         worker: *worker,
                         op: *op,
+                        session_id,
                     });
                 }
             }
             Input::WorkerExited { worker } | Input::WorkerSpawnFailed { worker, .. } => {
-                self.fact(Fact::WorkerExitConsumed { worker: *worker });
+                let session_id = self.session_of_worker(*worker);
+                self.fact(Fact::WorkerExitConsumed {
+                    worker: *worker,
+                    session_id,
+                });
             }
             _ => {}
         }
@@ -556,7 +582,7 @@ impl World {
 
     fn carry_out(&mut self, output: Output, message: Option<Rc<ServerMessage>>) {
         match output {
-            Output::Send { conn, frame } => self.on_send(conn, frame.len(), message),
+            Output::Send { conn, frame } => self.on_send(conn, frame, message),
             Output::Close { conn, reason } => self.on_close(conn, reason),
             Output::SpawnWorker {
                 worker,

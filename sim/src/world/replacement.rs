@@ -3,7 +3,7 @@
 //! orphans, a new server starting and expecting them, their announcements,
 //! adoption or rejection, and sibling servers changing the shared store.
 
-use super::{Fact, Holds, Store, World};
+use super::{Fact, Holds, Store, WorkerStage, World};
 use kernel::host::{HostInput, HostOutput};
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::protocol::worker::WorkerFrame;
@@ -155,6 +155,19 @@ impl World {
     }
 
     fn next_server(&mut self) {
+        // Workers the old server did not hand over (it killed those that
+        // were still starting) died with it: none of them reaches the new one.
+        let orphans = &self.orphans;
+        let dead: Vec<WorkerId> = self
+            .workers
+            .keys()
+            .copied()
+            .filter(|w| !orphans.contains_key(w))
+            .collect();
+        for worker in dead {
+            trace!(self, "{worker} died with the old server");
+            self.workers.remove(&worker);
+        }
         self.new_generation("");
         self.load_catalog();
     }
@@ -167,6 +180,8 @@ impl World {
         self.shut_down = false;
         self.server_down = false;
         self.inbox.clear();
+        // The old process's output queues went with it.
+        self.unwritten.clear();
         trace!(self, "server generation {} starts{note}", self.generation);
         self.server = Server::new(Self::config(&self.options, self.generation));
     }
@@ -177,6 +192,11 @@ impl World {
         let Some(mut w) = self.workers.remove(&worker) else {
             return;
         };
+        if w.stage == WorkerStage::Dead {
+            // It was exiting when it was let go: nothing is left to adopt.
+            trace!(self, "{worker} released after it exited");
+            return;
+        }
         let pid = ORPHAN_BASE + (self.generation << 20) + worker.0;
         let key = WorkerId(pid);
         trace!(self, "{worker} released: orphan pid {}", pid - ORPHAN_BASE);

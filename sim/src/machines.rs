@@ -1,0 +1,526 @@
+//! Client machines in the world, and the lease swarm that drives them.
+//!
+//! A [`Machine`] hosts the real client-connection machine
+//! (`kernel::client::Client`, the one under the CLI, the terminal UI and the
+//! ACP adapter) on a world connection: its `Transmit` bytes are a client's
+//! writes, the frames that connection reads are its `Received` input, and a
+//! `Connect` opens a new connection. So the lease and reconnect rules run
+//! against the real server under the world's held deliveries and faults.
+//!
+//! [`run`] is the lease swarm: from one seed, one to three machines create,
+//! lease, command and release sessions while the network reorders and
+//! delays every hop, servers are replaced (hand-off) or crash and restart,
+//! and connections drop. Then faults stop and everything must settle.
+//! Besides every world checker (their facts include the machines'
+//! requests), it judges the client side:
+//!
+//! - every call completes exactly once, and none is left outstanding once
+//!   the run settles;
+//! - a prompt that succeeds answers with an idle snapshot holding its text
+//!   (also when it resolved across a reconnection);
+//! - a granted lease is new, and a released one is gone;
+//! - once settled, every machine that is connected is attached, on the
+//!   server, to each session one of its active leases holds, and its cached
+//!   snapshot of it is the server's latest revision.
+
+use crate::checkers::{self, Checkers, Violation};
+use crate::prng::{Prng, Ratio};
+use crate::world::{Amount, Holds, Options, World};
+use kernel::client::{
+    Call, CallId, Client, ClientConfig, ClientError, ClientInput, ClientOutput, Completion,
+    LeaseId, LeaseMode, ReleaseKind, SessionCommand,
+};
+use kernel::ids::ConnId;
+use kernel::protocol::{
+    Command, Content, CreateParams, SessionPhase, ThinkingLevel, TranscriptItem,
+};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// A broken client-side rule.
+fn violation(message: String) -> Violation {
+    Violation::new("machines", message)
+}
+
+/// One client machine on the world.
+pub struct Machine {
+    /// Its name in messages (`m1`, `m2`, …).
+    pub name: String,
+    /// The machine under test.
+    pub client: Client,
+    /// Its current connection, while it has one.
+    pub conn: Option<ConnId>,
+    next_call: u64,
+    /// Calls not completed yet, with what they asked.
+    pub outstanding: BTreeMap<CallId, Call>,
+    /// Leases granted and not released: lease → session.
+    pub leases: BTreeMap<LeaseId, String>,
+    /// Counters.
+    pub stats: MachineStats,
+}
+
+/// What a machine did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MachineStats {
+    /// Calls made.
+    pub calls: u64,
+    /// Calls that succeeded.
+    pub ok: u64,
+    /// Calls that failed with `Disconnected`.
+    pub disconnected: u64,
+    /// Calls that failed otherwise.
+    pub failed: u64,
+    /// Transports opened after the first.
+    pub reconnects: u64,
+    /// Prompts that succeeded.
+    pub prompts_done: u64,
+    /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Machine {
+    /// A machine connected to the world's server (reconnecting after a loss).
+    pub fn connect(world: &mut World, name: &str) -> Result<Self, Violation> {
+        let conn = world.connect_tapped();
+        let config = ClientConfig {
+            token: None,
+            reconnect: true,
+            limits: Default::default(),
+        };
+        let mut machine = Self {
+            name: name.to_owned(),
+            client: Client::new(config),
+            conn: Some(conn),
+            next_call: 1,
+            outstanding: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            stats: MachineStats::default(),
+        };
+        machine.feed(world, ClientInput::TransportUp)?;
+        Ok(machine)
+    }
+
+    /// Makes `call`.
+    pub fn call(&mut self, world: &mut World, call_kind: Call) -> Result<(), Violation> {
+        let call = CallId(self.next_call);
+        self.next_call += 1;
+        self.stats.calls += 1;
+        self.outstanding.insert(call, call_kind.clone());
+        self.feed(world, ClientInput::Call { call, call_kind })
+    }
+
+    /// Feeds what happened on its connection since the last pump: frames
+    /// read, the connection's end, a deadline that passed.
+    pub fn pump(&mut self, world: &mut World) -> Result<(), Violation> {
+        if let Some(conn) = self.conn {
+            for frame in world.take_read(conn) {
+                self.feed(world, ClientInput::Received(frame.to_vec()))?;
+            }
+            if self.conn == Some(conn) && world.client(conn).closed {
+                self.conn = None;
+                let reason = "the connection ended".to_owned();
+                self.feed(world, ClientInput::TransportClosed { reason })?;
+            }
+        }
+        if self
+            .client
+            .next_deadline()
+            .is_some_and(|at| at <= world.now)
+        {
+            self.feed(world, ClientInput::Tick)?;
+        }
+        Ok(())
+    }
+
+    /// The network drops its connection.
+    pub fn drop_connection(&mut self, world: &mut World) {
+        if let Some(conn) = self.conn {
+            world.disconnect(conn);
+        }
+    }
+
+    fn feed(&mut self, world: &mut World, input: ClientInput) -> Result<(), Violation> {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            for output in self.client.step(world.now, input) {
+                match output {
+                    ClientOutput::Transmit(bytes) => {
+                        if let Some(conn) = self.conn.filter(|c| !world.client(*c).closed) {
+                            world.send_frame(conn, bytes);
+                        }
+                    }
+                    ClientOutput::Connect => {
+                        self.conn = Some(world.connect_tapped());
+                        self.stats.reconnects += 1;
+                        inputs.push_back(ClientInput::TransportUp);
+                    }
+                    ClientOutput::CloseTransport => {
+                        if let Some(conn) = self.conn.take() {
+                            world.disconnect(conn);
+                        }
+                    }
+                    ClientOutput::Complete { call, result } => self.complete(call, result)?,
+                    ClientOutput::Event(_) | ClientOutput::Status(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Judges one completion against what the call asked.
+    fn complete(
+        &mut self,
+        call: CallId,
+        result: Result<Completion, ClientError>,
+    ) -> Result<(), Violation> {
+        let name = &self.name;
+        let Some(asked) = self.outstanding.remove(&call) else {
+            return Err(violation(format!(
+                "{name}: call {call} completed twice, or was never made: {result:?}"
+            )));
+        };
+        match &result {
+            Err(ClientError::Disconnected(_)) => self.stats.disconnected += 1,
+            Err(_) => self.stats.failed += 1,
+            Ok(_) => self.stats.ok += 1,
+        }
+        if let Err(e) = &result {
+            let kind = match e {
+                ClientError::Server(e) => e.code.as_str().to_owned(),
+                ClientError::Protocol(_) => "protocol".to_owned(),
+                ClientError::Disconnected(_) => "disconnected".to_owned(),
+                ClientError::Ownership { .. } => "ownership".to_owned(),
+                ClientError::Detached { .. } => "detached".to_owned(),
+            };
+            *self
+                .stats
+                .errors
+                .entry(format!("{} {kind}", call_name(&asked)))
+                .or_insert(0) += 1;
+        }
+        match (asked, result) {
+            (Call::Acquire { .. } | Call::Create(_), Ok(completion)) => {
+                let Completion::Acquired { lease, session_id } = completion else {
+                    return Err(violation(format!(
+                        "{name}: {call} granted no lease: {completion:?}"
+                    )));
+                };
+                if self.leases.insert(lease, session_id).is_some() {
+                    return Err(violation(format!("{name}: lease {lease} granted twice")));
+                }
+            }
+            (Call::Release { lease, .. }, Ok(_)) => {
+                self.leases.remove(&lease);
+            }
+            // A failed release leaves the lease as the machine says.
+            (Call::Release { lease, .. }, Err(_))
+                if self.client.leases().status(lease).is_none() =>
+            {
+                self.leases.remove(&lease);
+            }
+            (
+                Call::Command {
+                    command: SessionCommand::Prompt { text },
+                    ..
+                },
+                Ok(completion),
+            ) => {
+                let Completion::Session(snapshot) = completion else {
+                    return Err(violation(format!(
+                        "{name}: prompt {call} answered without a snapshot: {completion:?}"
+                    )));
+                };
+                if snapshot.phase != SessionPhase::Idle {
+                    return Err(violation(format!(
+                        "{name}: prompt {call} answered while the session is {:?}",
+                        snapshot.phase
+                    )));
+                }
+                let holds_text = snapshot.transcript.iter().any(|item| {
+                    matches!(item, TranscriptItem::User(u) if u.content.iter().any(
+                        |c| matches!(c, Content::Text { text: t } if *t == text)))
+                });
+                if !holds_text {
+                    return Err(violation(format!(
+                        "{name}: prompt {call} answered with a snapshot without its text {text:?}"
+                    )));
+                }
+                self.stats.prompts_done += 1;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The rules of a settled run: nothing outstanding, and every active
+    /// lease attached on the server with the latest snapshot cached.
+    pub fn check_settled(&self, world: &World) -> Result<(), Violation> {
+        let name = &self.name;
+        if let Some((call, asked)) = self.outstanding.iter().next() {
+            return Err(violation(format!(
+                "{name}: call {call} ({asked:?}) never completed"
+            )));
+        }
+        let Some(conn) = self.conn.filter(|_| self.client.is_ready()) else {
+            return Ok(());
+        };
+        let attached = world.server.attachments(conn);
+        for (lease, session_id) in &self.leases {
+            if !self.client.leases().is_active(*lease) {
+                continue;
+            }
+            if !attached.iter().any(|s| s == session_id) {
+                return Err(violation(format!(
+                    "{name}: lease {lease} is active but {conn} is not attached to {session_id} \
+                     (attached: {attached:?})"
+                )));
+            }
+            let cached = self.client.session_snapshot(session_id).map(|s| s.revision);
+            let latest = world.server.session_revision(session_id);
+            if latest.is_some() && cached != latest {
+                return Err(violation(format!(
+                    "{name}: lease {lease} caches revision {cached:?} of {session_id}, \
+                     the server is at {latest:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The lease swarm
+
+/// What one seed of the lease swarm did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Machines in the run.
+    pub machines: u64,
+    /// Driver steps.
+    pub steps: u64,
+    /// Kernel steps.
+    pub kernel_steps: u64,
+    /// Server replacements (hand-offs).
+    pub replacements: u64,
+    /// Server crashes (with restart).
+    pub crashes: u64,
+    /// Dropped connections.
+    pub drops: u64,
+    /// Every machine's counters, summed.
+    pub totals: MachineStats,
+}
+
+/// Runs seed `seed` of the lease swarm for `steps` driver steps, then
+/// settles it. `Err` names the broken rule, or how the run failed to settle.
+pub fn run(seed: u64, steps: u64) -> Result<Report, String> {
+    run_traced(seed, steps, None)
+}
+
+/// [`run`], keeping the world's trace in `trace` when given.
+pub fn run_traced(
+    seed: u64,
+    steps: u64,
+    trace: Option<&mut Vec<String>>,
+) -> Result<Report, String> {
+    let mut world = None;
+    let result = drive(seed, steps, trace.is_some(), &mut world);
+    if let (Some(out), Some(world)) = (trace, world) {
+        *out = world.trace;
+    }
+    result
+}
+
+fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result<Report, String> {
+    let mut prng = Prng::new(seed ^ 0x1ea5e);
+    let options = Options {
+        seed,
+        trace,
+        keep_received: false,
+        record_facts: true,
+        holds: Holds::all(),
+        faux_delay: Duration::from_millis(5),
+        ..Options::default()
+    };
+    let world = slot.insert(World::new(options));
+    let mut checkers = Checkers::new();
+    let mut report = Report {
+        machines: prng.range_inclusive(1, 3),
+        ..Report::default()
+    };
+    let fault_rate =
+        [Ratio::new(0, 1), Ratio::new(1, 500), Ratio::new(1, 100)][prng.below(3) as usize];
+    let mut machines = Vec::new();
+    for i in 1..=report.machines {
+        machines.push(Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?);
+    }
+    let fail = |v: Violation, step: u64| format!("step {step}: {v}");
+    for step in 1..=steps {
+        report.steps = step;
+        if prng.chance(fault_rate) {
+            match prng.below(3) {
+                0 => {
+                    world.replace_server();
+                    report.replacements += 1;
+                }
+                1 => {
+                    world.restart_server();
+                    report.crashes += 1;
+                }
+                _ => {
+                    let i = prng.below(machines.len() as u64) as usize;
+                    machines[i].drop_connection(world);
+                    report.drops += 1;
+                }
+            }
+        }
+        if prng.chance(Ratio::new(1, 20)) {
+            let i = prng.below(machines.len() as u64) as usize;
+            let call = pick_call(&mut prng, &machines[i], world);
+            machines[i].call(world, call).map_err(|v| fail(v, step))?;
+        }
+        network(&mut prng, world, &machines);
+        for m in &mut machines {
+            m.pump(world).map_err(|v| fail(v, step))?;
+        }
+        checkers.observe(world).map_err(|v| fail(v, step))?;
+    }
+    settle(world, &mut machines, &mut checkers).map_err(|e| format!("settling: {e}"))?;
+    report.kernel_steps = world.kernel_steps();
+    for m in &machines {
+        let t = &mut report.totals;
+        t.calls += m.stats.calls;
+        t.ok += m.stats.ok;
+        t.disconnected += m.stats.disconnected;
+        t.failed += m.stats.failed;
+        t.reconnects += m.stats.reconnects;
+        t.prompts_done += m.stats.prompts_done;
+        for (kind, n) in &m.stats.errors {
+            *t.errors.entry(kind.clone()).or_insert(0) += n;
+        }
+    }
+    Ok(report)
+}
+
+/// A call's name, for counters.
+fn call_name(call: &Call) -> &'static str {
+    match call {
+        Call::Request(command) => command.name(),
+        Call::Acquire { .. } => "acquire",
+        Call::Create(_) => "create",
+        Call::Release { .. } => "release",
+        Call::Command { command, .. } => match command {
+            SessionCommand::Prompt { .. } => "prompt",
+            SessionCommand::Steer { .. } => "steer",
+            SessionCommand::Abort => "abort",
+            SessionCommand::SetModel { .. } => "set_model",
+            SessionCommand::SetThinking { .. } => "set_thinking",
+        },
+    }
+}
+
+/// A random call a machine could make now.
+fn pick_call(prng: &mut Prng, machine: &Machine, world: &World) -> Call {
+    let stored: Vec<String> = world.store.sessions.keys().cloned().collect();
+    let leases: Vec<LeaseId> = machine.leases.keys().copied().collect();
+    match prng.below(10) {
+        0 | 1 if stored.len() < 3 => Call::Create(CreateParams::default()),
+        0 | 1 => Call::Request(Command::List),
+        2 | 3 if !stored.is_empty() => {
+            let session_id = stored[prng.below(stored.len() as u64) as usize].clone();
+            let mode = if prng.coin() {
+                LeaseMode::Exclusive
+            } else {
+                LeaseMode::Shared
+            };
+            Call::Acquire { session_id, mode }
+        }
+        4 if !leases.is_empty() => Call::Release {
+            lease: leases[prng.below(leases.len() as u64) as usize],
+            kind: ReleaseKind::Dispose,
+        },
+        5..=9 if !leases.is_empty() => {
+            let lease = leases[prng.below(leases.len() as u64) as usize];
+            let command = match prng.below(6) {
+                // Unique texts: the busy checker tells prompts apart by them.
+                0..=2 => SessionCommand::Prompt {
+                    text: format!("{}-p{}", machine.name, machine.next_call),
+                },
+                3 => SessionCommand::Steer {
+                    text: format!("{}-s{}", machine.name, machine.next_call),
+                },
+                4 => SessionCommand::Abort,
+                _ => SessionCommand::SetThinking {
+                    thinking_level: ThinkingLevel::Off,
+                },
+            };
+            Call::Command { lease, command }
+        }
+        _ if stored.len() < 3 => Call::Create(CreateParams::default()),
+        _ => Call::Request(Command::List),
+    }
+}
+
+/// One hop delivered at random, or time passing (also to a machine's deadline).
+fn network(prng: &mut Prng, world: &mut World, machines: &[Machine]) {
+    let deliveries = world.deliveries();
+    if deliveries.is_empty() || prng.chance(Ratio::new(1, 10)) {
+        advance(world, machines);
+        return;
+    }
+    let (_, delivery) = deliveries[prng.below(deliveries.len() as u64) as usize].clone();
+    let amount = if prng.coin() {
+        Amount::One
+    } else {
+        Amount::All
+    };
+    world.deliver(&delivery, amount);
+}
+
+/// Jumps to the earliest deadline of the world or of a machine.
+fn advance(world: &mut World, machines: &[Machine]) -> bool {
+    let machine = machines
+        .iter()
+        .filter_map(|m| m.client.next_deadline())
+        .min();
+    match (world.next_event(), machine) {
+        (_, Some(at)) if world.next_event().is_none_or(|w| at < w) => {
+            let wait = at.as_millis().saturating_sub(world.now.as_millis());
+            world.advance(Duration::from_millis(wait));
+            true
+        }
+        _ => world.advance_to_next(),
+    }
+}
+
+/// Faults are over: deliver everything in order and let time pass until
+/// nothing is pending, then judge the settled run.
+fn settle(
+    world: &mut World,
+    machines: &mut [Machine],
+    checkers: &mut Checkers,
+) -> Result<(), String> {
+    for _ in 0..200_000 {
+        for m in machines.iter_mut() {
+            m.pump(world).map_err(|v| v.to_string())?;
+        }
+        checkers.observe(world).map_err(|v| v.to_string())?;
+        match world.deliveries().into_iter().min() {
+            Some((_, delivery)) => world.deliver(&delivery, Amount::All),
+            None => {
+                if !advance(world, machines) {
+                    break;
+                }
+            }
+        }
+    }
+    for m in machines.iter_mut() {
+        m.pump(world).map_err(|v| v.to_string())?;
+    }
+    if let Some(reason) = checkers::pending(world, checkers) {
+        return Err(reason);
+    }
+    for m in machines.iter() {
+        m.check_settled(world).map_err(|v| v.to_string())?;
+    }
+    Ok(())
+}
