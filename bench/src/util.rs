@@ -349,21 +349,9 @@ pub(crate) fn machine() -> String {
 
 /// Today's date (UTC), `YYYY-MM-DD`.
 pub(crate) fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    // Howard Hinnant's civil-from-days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    let now = pi_io::worker::wall_now().as_millis();
+    let stamp = pi_io::cli::format_utc(now);
+    stamp.split(' ').next().unwrap_or_default().to_owned()
 }
 
 // ---- the report -------------------------------------------------------------------

@@ -306,22 +306,8 @@ impl Session {
 
 /// Today's date (UTC) as the system prompt writes it.
 fn today() -> String {
-    let days = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 86_400) as i64;
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    let stamp = pi_io::cli::format_utc(pi_io::worker::wall_now().as_millis());
+    stamp.split(' ').next().unwrap_or_default().to_owned()
 }
 
 fn tool_text(item: &TranscriptItem) -> String {

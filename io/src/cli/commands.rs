@@ -324,7 +324,7 @@ pub(super) fn print_table(rows: &[Vec<String>]) {
 }
 
 /// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
-pub(crate) fn format_utc(epoch_ms: u64) -> String {
+pub fn format_utc(epoch_ms: u64) -> String {
     let secs = epoch_ms / 1000;
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
