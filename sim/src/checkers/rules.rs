@@ -7,6 +7,11 @@
 //!   flight from the moment it was sent to its answer, is answered
 //!   `invalid_request`.
 //!
+//! - **Disposal.** Outside a shutdown, the kernel tells a worker to dispose
+//!   its session only when its runtime is open and idle and no operation is
+//!   on its way to it: a session is never disposed under a running turn or
+//!   an operation in flight (judged from the worker's side, not the kernel's).
+//!
 //! Not judged here: a `remove` accepted while a prompt runs. Its answer
 //! comes after the disposal has ended the prompt, so what clients see does
 //! not tell it from a remove taken just after the turn ended.
@@ -14,7 +19,9 @@
 use super::{Check, Violation};
 use crate::world::{Fact, result_session};
 use kernel::ids::ConnId;
-use kernel::protocol::{Command, CommandResult, ErrorCode, ServerEvent, ServerMessage};
+use kernel::protocol::{
+    Command, CommandResult, ErrorCode, ServerEvent, ServerMessage, SessionPhase,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A request waiting for its answer.
@@ -96,6 +103,14 @@ impl Rules {
                 self.pending.insert((*conn, id.clone()), sent);
                 Ok(())
             }
+            Fact::DisposeSent {
+                session_id,
+                phase,
+                queued,
+                shutting_down: false,
+            } if *phase != Some(SessionPhase::Idle) || *queued > 0 => violation(format!(
+                "{session_id}: disposed with its runtime {phase:?} and {queued} operations on their way"
+            )),
             Fact::Emitted { conn, message, .. } => match message.as_ref() {
                 ServerMessage::Response(response) => {
                     let Some(sent) = self.pending.remove(&(*conn, response.id.clone())) else {

@@ -222,6 +222,15 @@ pub enum Fact {
     },
     /// The kernel asked the store to delete a session, and it was deleted.
     StoreRemoved { session_id: String },
+    /// The kernel told a worker to dispose its session: `phase` is its
+    /// runtime's phase then (`None`: not open yet), `queued` the operations
+    /// on their way to it, `shutting_down` whether the server is closing.
+    DisposeSent {
+        session_id: String,
+        phase: Option<SessionPhase>,
+        queued: usize,
+        shutting_down: bool,
+    },
     /// The server process was replaced; every connection and worker is gone.
     ServerRestarted,
     /// The kernel told `conn` the session list `listed` (a `list` response or
@@ -604,6 +613,24 @@ impl World {
             }
             Output::ToWorker { worker, message } => {
                 trace!(self, "{worker} ← {}", summary::to_worker(&message));
+                if self.options.record_facts
+                    && matches!(message, kernel::worker::ToWorker::Dispose)
+                    && let Some(w) = self.workers.get(&worker)
+                    && w.stage != WorkerStage::Dead
+                {
+                    let queued = w
+                        .to_runtime
+                        .iter()
+                        .filter(|(_, m)| matches!(m, kernel::worker::ToWorker::Operation { .. }))
+                        .count();
+                    let fact = Fact::DisposeSent {
+                        session_id: w.session_id.clone(),
+                        phase: w.runtime().map(kernel::runtime::Runtime::phase),
+                        queued,
+                        shutting_down: self.server.is_shutting_down(),
+                    };
+                    self.fact(fact);
+                }
                 if self.options.holds.to_worker {
                     let seq = self.next_seq();
                     if let Some(w) = self.workers.get_mut(&worker)
