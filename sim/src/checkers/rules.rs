@@ -12,6 +12,10 @@
 //!   on its way to it: a session is never disposed under a running turn or
 //!   an operation in flight (judged from the worker's side, not the kernel's).
 //!
+//! - **Handshake deadline.** A connection the server accepted gets its
+//!   `hello`, or a `hello_error` or close, within `handshake_timeout` of its
+//!   accept, whatever became of the client's hello on the way.
+//!
 //! Not judged here: a `remove` accepted while a prompt runs. Its answer
 //! comes after the disposal has ended the prompt, so what clients see does
 //! not tell it from a remove taken just after the turn ended.
@@ -44,6 +48,8 @@ pub struct Rules {
     /// Attach, detach, create and remove requests in flight per pair.
     changing: BTreeMap<(ConnId, String), usize>,
     pending: BTreeMap<(ConnId, String), Sent>,
+    /// Accepted connections with no hello, hello_error or close yet, by accept time.
+    handshaking: BTreeMap<ConnId, kernel::time::Instant>,
     /// Session commands judged.
     pub judged: u64,
 }
@@ -74,6 +80,26 @@ fn changes(command: &Command) -> Option<&str> {
 }
 
 impl Rules {
+    /// Every accepted connection older than the handshake deadline has had
+    /// its answer. Call after each step, with the world's time.
+    pub fn check_handshakes(&self, world: &crate::world::World) -> Check {
+        if world.is_server_down() {
+            return Ok(());
+        }
+        let bound = world.server.config().limits.handshake_timeout;
+        let now = world.now;
+        for (conn, at) in &self.handshaking {
+            if now.as_millis() > at.as_millis() + bound.as_millis() as u64 {
+                return violation(format!(
+                    "{conn}: accepted at {at} and no hello, hello_error or close by {now} \
+                     (handshake timeout {} ms)",
+                    bound.as_millis()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn bump(&mut self, key: (ConnId, String)) {
         *self.generation.entry(key).or_default() += 1;
     }
@@ -111,6 +137,23 @@ impl Rules {
             } if *phase != Some(SessionPhase::Idle) || *queued > 0 => violation(format!(
                 "{session_id}: disposed with its runtime {phase:?} and {queued} operations on their way"
             )),
+            Fact::Accepted { conn, at } => {
+                self.handshaking.insert(*conn, *at);
+                Ok(())
+            }
+            Fact::ServerRestarted => {
+                self.handshaking.clear();
+                Ok(())
+            }
+            Fact::Emitted { conn, message, .. }
+                if matches!(
+                    message.as_ref(),
+                    ServerMessage::Hello(_) | ServerMessage::HelloError(_)
+                ) =>
+            {
+                self.handshaking.remove(conn);
+                Ok(())
+            }
             Fact::Emitted { conn, message, .. } => match message.as_ref() {
                 ServerMessage::Response(response) => {
                     let Some(sent) = self.pending.remove(&(*conn, response.id.clone())) else {
@@ -134,6 +177,7 @@ impl Rules {
                 _ => Ok(()),
             },
             Fact::ConnClosed { conn } => {
+                self.handshaking.remove(conn);
                 self.attached.retain(|(c, _)| c != conn);
                 self.pending.retain(|(c, _), _| c != conn);
                 self.changing.retain(|(c, _), _| c != conn);

@@ -182,7 +182,7 @@ impl World {
         self.clients.insert(conn, Client::new());
         self.active.insert(conn);
         trace!(self, "{conn} connects");
-        self.push(Input::Accepted { conn });
+        self.accepted(conn);
         self.run();
         conn
     }
@@ -197,9 +197,17 @@ impl World {
         self.clients.insert(conn, client);
         self.active.insert(conn);
         trace!(self, "{conn} connects (a client machine)");
-        self.push(Input::Accepted { conn });
+        self.accepted(conn);
         self.run();
         conn
+    }
+
+    fn accepted(&mut self, conn: ConnId) {
+        if self.options.record_facts {
+            let at = self.now;
+            self.fact(Fact::Accepted { conn, at });
+        }
+        self.push(Input::Accepted { conn });
     }
 
     /// The frames a tapped client read since the last call.

@@ -192,6 +192,8 @@ pub enum Fact {
         attached_after: Option<bool>,
         open_after: bool,
     },
+    /// A connection was accepted at `at`: its handshake is owed by the deadline.
+    Accepted { conn: ConnId, at: Instant },
     /// A connection ended (closed by the kernel, by the client, or by a restart).
     ConnClosed { conn: ConnId },
     /// A runtime received an operation. `immediate` is the outcome it
@@ -401,6 +403,11 @@ impl World {
     /// Number of [`Server::step`] calls so far, across server restarts.
     pub fn kernel_steps(&self) -> u64 {
         self.kernel_steps
+    }
+
+    /// True while no server process runs ([`World::crash_server_keep_workers`]).
+    pub fn is_server_down(&self) -> bool {
+        self.server_down
     }
 
     /// True once the server reported its graceful shutdown complete.
