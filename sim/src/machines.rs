@@ -83,7 +83,7 @@ impl Machine {
     pub fn connect(world: &mut World, name: &str) -> Result<Self, Violation> {
         let conn = world.connect_tapped();
         let config = ClientConfig {
-            token: None,
+            token: world.options().token.clone(),
             reconnect: true,
             limits: Default::default(),
         };
@@ -306,6 +306,8 @@ pub struct Report {
     pub crashes: u64,
     /// Dropped connections.
     pub drops: u64,
+    /// Strangers that said hello with no token or a wrong one.
+    pub strangers: u64,
     /// Every machine's counters, summed.
     pub totals: MachineStats,
 }
@@ -332,8 +334,11 @@ pub fn run_traced(
 
 fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result<Report, String> {
     let mut prng = Prng::new(seed ^ 0x1ea5e);
+    // Half the seeds run a server that requires a token.
+    let token = prng.coin().then(|| format!("token-{}", prng.below(1000)));
     let options = Options {
         seed,
+        token,
         trace,
         keep_received: false,
         record_facts: true,
@@ -372,6 +377,13 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
                     report.drops += 1;
                 }
             }
+        }
+        if prng.chance(Ratio::new(1, 200)) {
+            // A stranger: no token, a wrong one, or (the server has none) any.
+            let conn = world.connect();
+            let token = [None, Some("wrong")][prng.below(2) as usize];
+            world.hello(conn, 1, token);
+            report.strangers += 1;
         }
         if prng.chance(Ratio::new(1, 20)) {
             let i = prng.below(machines.len() as u64) as usize;

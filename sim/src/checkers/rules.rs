@@ -16,6 +16,11 @@
 //!   `hello`, or a `hello_error` or close, within `handshake_timeout` of its
 //!   accept, whatever became of the client's hello on the way.
 //!
+//! - **Token.** A clean stream whose first frame is a hello without the
+//!   token the server is configured with (none, or a wrong one) never gets
+//!   `hello`; one with the right token (or to a server without one) never
+//!   gets `hello_error auth`.
+//!
 //! Not judged here: a `remove` accepted while a prompt runs. Its answer
 //! comes after the disposal has ended the prompt, so what clients see does
 //! not tell it from a remove taken just after the turn ended.
@@ -48,6 +53,8 @@ pub struct Rules {
     /// Attach, detach, create and remove requests in flight per pair.
     changing: BTreeMap<(ConnId, String), usize>,
     pending: BTreeMap<(ConnId, String), Sent>,
+    /// Connections whose first frame was a hello: whether its token was right.
+    token_right: BTreeMap<ConnId, bool>,
     /// Accepted connections with no hello, hello_error or close yet, by accept time.
     handshaking: BTreeMap<ConnId, kernel::time::Instant>,
     /// Session commands judged.
@@ -143,6 +150,16 @@ impl Rules {
             }
             Fact::ServerRestarted => {
                 self.handshaking.clear();
+                self.token_right.clear();
+                Ok(())
+            }
+            Fact::HelloSent {
+                conn,
+                token,
+                expected,
+            } => {
+                let right = expected.is_none() || token == expected;
+                self.token_right.insert(*conn, right);
                 Ok(())
             }
             Fact::Emitted { conn, message, .. }
@@ -152,7 +169,19 @@ impl Rules {
                 ) =>
             {
                 self.handshaking.remove(conn);
-                Ok(())
+                let right = self.token_right.remove(conn);
+                match (message.as_ref(), right) {
+                    (ServerMessage::Hello(_), Some(false)) => violation(format!(
+                        "{conn}: a hello without the right token was accepted"
+                    )),
+                    (ServerMessage::HelloError(e), Some(true)) if e.code == ErrorCode::Auth => {
+                        violation(format!(
+                            "{conn}: the right token was refused: {}",
+                            e.message
+                        ))
+                    }
+                    _ => Ok(()),
+                }
             }
             Fact::Emitted { conn, message, .. } => match message.as_ref() {
                 ServerMessage::Response(response) => {
@@ -178,6 +207,7 @@ impl Rules {
             },
             Fact::ConnClosed { conn } => {
                 self.handshaking.remove(conn);
+                self.token_right.remove(conn);
                 self.attached.retain(|(c, _)| c != conn);
                 self.pending.retain(|(c, _), _| c != conn);
                 self.changing.retain(|(c, _), _| c != conn);

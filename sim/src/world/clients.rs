@@ -202,6 +202,21 @@ impl World {
         conn
     }
 
+    /// Notes a hello; the first frame of a clean stream is judged by the auth rule.
+    fn hello_sent(&mut self, conn: ConnId, token: Option<String>) {
+        let client = self.clients.get_mut(&conn).expect("known client");
+        let first = !client.said_hello && client.next_request == 1 && !client.garbled;
+        client.said_hello = true;
+        if first && self.options.record_facts {
+            let expected = self.options.token.clone();
+            self.fact(Fact::HelloSent {
+                conn,
+                token,
+                expected,
+            });
+        }
+    }
+
     fn accepted(&mut self, conn: ConnId) {
         if self.options.record_facts {
             let at = self.now;
@@ -233,7 +248,7 @@ impl World {
         let client = self.clients.get_mut(&conn).expect("known client");
         let open = !client.closed && client.eof.is_none();
         match message {
-            ClientMessage::Hello(_) => client.said_hello = true,
+            ClientMessage::Hello(hello) => self.hello_sent(conn, hello.token),
             ClientMessage::Request(request) if open && self.options.record_facts => {
                 self.fact(Fact::RequestSent {
                     conn,
@@ -276,11 +291,8 @@ impl World {
             let line = summary::client(&mut self.names, message);
             trace!(self, "{conn} → {line}");
         }
-        if let ClientMessage::Hello(_) = message {
-            self.clients
-                .get_mut(&conn)
-                .expect("known client")
-                .said_hello = true;
+        if let ClientMessage::Hello(hello) = message {
+            self.hello_sent(conn, hello.token.clone());
         }
         let payload = encode_client_message(message).expect("encodable");
         let bytes = encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits");

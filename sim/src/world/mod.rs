@@ -192,6 +192,13 @@ pub enum Fact {
         attached_after: Option<bool>,
         open_after: bool,
     },
+    /// A client's first frame was a hello with `token`, to a server
+    /// configured with `expected`.
+    HelloSent {
+        conn: ConnId,
+        token: Option<String>,
+        expected: Option<String>,
+    },
     /// A connection was accepted at `at`: its handshake is owed by the deadline.
     Accepted { conn: ConnId, at: Instant },
     /// A connection ended (closed by the kernel, by the client, or by a restart).
