@@ -22,6 +22,9 @@
 //! - once settled, every machine that is connected is attached, on the
 //!   server, to each session one of its active leases holds, and its cached
 //!   snapshot of it is the server's latest revision.
+//!
+//! A failing seed replays with its trace:
+//! `cargo run -p sim --example lease_seed -- SEED [STEPS]`.
 
 use crate::checkers::{self, Checkers, Violation};
 use crate::prng::{Prng, Ratio};
