@@ -7,6 +7,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod duplex;
 pub mod settings;
 pub mod socket;
 pub mod store;

@@ -22,7 +22,8 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use crate::duplex::Duplex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -70,7 +71,7 @@ fn checkpoint() -> kernel::limits::Checkpoint {
 /// for each announcement after that server is gone.
 pub trait Dial: Clone + Send + Sync + 'static {
     /// The channel's stream.
-    type Stream: AsyncRead + AsyncWrite + Send + 'static;
+    type Stream: Duplex;
 
     /// Connects to the server's worker socket.
     fn dial(&self) -> impl Future<Output = Result<Self::Stream, String>> + Send;
@@ -98,18 +99,18 @@ impl Dial for UnixDial {
     }
 }
 
-struct Channel<S> {
-    read: ReadHalf<S>,
-    write: Option<WriteHalf<S>>,
+struct Channel<S: Duplex> {
+    read: S::Read,
+    write: Option<S::Write>,
     decoder: FrameDecoder,
     ready: std::collections::VecDeque<WorkerFrame>,
     buf: Vec<u8>,
 }
 
-impl<S: AsyncRead + AsyncWrite + Send + 'static> Channel<S> {
+impl<S: Duplex> Channel<S> {
     async fn connect<D: Dial<Stream = S>>(dial: &D) -> Result<Self, String> {
         let stream = dial.dial().await?;
-        let (read, write) = tokio::io::split(stream);
+        let (read, write) = stream.into_halves();
         Ok(Self {
             read,
             write: Some(write),
@@ -315,7 +316,7 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
 }
 
 /// The next frame on the channel, if there is one; pending without one.
-async fn recv<S: AsyncRead + AsyncWrite + Send + 'static>(
+async fn recv<S: Duplex>(
     channel: &mut Option<Channel<S>>,
 ) -> Option<WorkerFrame> {
     match channel {

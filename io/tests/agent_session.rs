@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use pi_io::duplex::Locked;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 mod agent_common;
@@ -109,13 +110,14 @@ fn text_reply(text: &str) -> Reply {
 struct Pipe(Arc<Mutex<Option<DuplexStream>>>);
 
 impl Dial for Pipe {
-    type Stream = DuplexStream;
+    type Stream = Locked<DuplexStream>;
 
-    async fn dial(&self) -> Result<DuplexStream, String> {
+    async fn dial(&self) -> Result<Locked<DuplexStream>, String> {
         self.0
             .lock()
             .unwrap()
             .take()
+            .map(Locked)
             .ok_or_else(|| "the test's server end is gone".into())
     }
 

@@ -498,7 +498,7 @@ fn advance(world: &mut World, machines: &[Machine]) -> bool {
         .filter_map(|m| m.client.next_deadline())
         .min();
     match (world.next_event(), machine) {
-        (_, Some(at)) if world.next_event().is_none_or(|w| at < w) => {
+        (next, Some(at)) if next.is_none_or(|w| at < w) => {
             let wait = at.as_millis().saturating_sub(world.now.as_millis());
             world.advance(Duration::from_millis(wait));
             true

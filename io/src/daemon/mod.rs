@@ -29,6 +29,7 @@ use platform::advance;
 pub use platform::{ClientSocket, Conn, Listener, Native, NativeClients, Platform, Spawned};
 
 use crate::config::{self, new_uuid};
+use crate::duplex::Duplex;
 use crate::socket;
 use crate::store;
 use kernel::ids::{ChannelId, ConnId, WorkerId};
@@ -1183,7 +1184,7 @@ impl<P: Platform> Daemon<P> {
 
     /// Starts the reader and writer tasks of a worker's channel.
     fn bind_worker_channel(&mut self, worker: WorkerId, stream: P::Channel) {
-        let (mut read, mut write) = tokio::io::split(stream);
+        let (mut read, mut write) = stream.into_halves();
         let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
         tokio::spawn(async move {
             while let Some(bytes) = wrx.recv().await {

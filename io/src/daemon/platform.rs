@@ -14,7 +14,7 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use tokio::io::{AsyncRead, AsyncWrite};
+use crate::duplex::Duplex;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::AbortHandle;
 
@@ -62,7 +62,7 @@ pub trait Platform: Send + 'static {
     /// A client connection.
     type Conn: Conn;
     /// A worker channel (length-prefixed worker frames both ways).
-    type Channel: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Channel: Duplex;
     /// Accepts client connections.
     type Clients: Listener<Self::Conn>;
     /// Accepts worker channels.

@@ -30,6 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::AbortHandle;
 use tracing_subscriber::layer::SubscriberExt;
 use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use pi_io::duplex::Locked;
 use turmoil::net::{TcpListener, TcpStream};
 
 /// The port the server listens on for clients.
@@ -163,7 +164,7 @@ fn sim_clock() -> Instant {
 
 impl Platform for Simulated {
     type Conn = SimConn;
-    type Channel = TcpStream;
+    type Channel = Locked<TcpStream>;
     type Clients = Clients;
     type Workers = Workers;
 
@@ -225,11 +226,12 @@ impl Platform for Simulated {
 struct Loopback;
 
 impl Dial for Loopback {
-    type Stream = TcpStream;
+    type Stream = Locked<TcpStream>;
 
-    async fn dial(&self) -> Result<TcpStream, String> {
+    async fn dial(&self) -> Result<Locked<TcpStream>, String> {
         TcpStream::connect((Ipv4Addr::LOCALHOST, WORKER_PORT))
             .await
+            .map(Locked)
             .map_err(|e| format!("cannot reach the server: {e}"))
     }
 
@@ -255,9 +257,9 @@ impl Listener<SimConn> for Clients {
 /// Accepts worker channels.
 struct Workers(TcpListener);
 
-impl Listener<TcpStream> for Workers {
-    async fn accept(&mut self) -> io::Result<TcpStream> {
-        Ok(self.0.accept().await?.0)
+impl Listener<Locked<TcpStream>> for Workers {
+    async fn accept(&mut self) -> io::Result<Locked<TcpStream>> {
+        Ok(Locked(self.0.accept().await?.0))
     }
 }
 

@@ -177,26 +177,29 @@ impl World {
 
     /// Opens a connection; returns its id.
     pub fn connect(&mut self) -> ConnId {
-        let conn = ConnId(self.next_conn);
-        self.next_conn += 1;
-        self.clients.insert(conn, Client::new());
-        self.active.insert(conn);
-        trace!(self, "{conn} connects");
-        self.accepted(conn);
-        self.run();
-        conn
+        self.connect_with(false)
     }
 
     /// Opens a connection for a client machine: the frames it reads are kept
     /// for [`World::take_read`].
     pub fn connect_tapped(&mut self) -> ConnId {
+        self.connect_with(true)
+    }
+
+    fn connect_with(&mut self, tapped: bool) -> ConnId {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         let mut client = Client::new();
-        client.tap = Some(Vec::new());
+        if tapped {
+            client.tap = Some(Vec::new());
+        }
         self.clients.insert(conn, client);
         self.active.insert(conn);
-        trace!(self, "{conn} connects (a client machine)");
+        if tapped {
+            trace!(self, "{conn} connects (a client machine)");
+        } else {
+            trace!(self, "{conn} connects");
+        }
         self.accepted(conn);
         self.run();
         conn
