@@ -145,7 +145,7 @@ impl Fan {
 
     /// Accepts `conn` and completes its handshake.
     fn connect(&mut self, conn: ConnId) {
-        self.step(Input::Accepted { conn });
+        self.step(Input::Accepted { conn, peer: None });
         self.step(Input::Received {
             conn,
             bytes: frame(&ClientMessage::Hello(ClientHello {

@@ -98,7 +98,7 @@ impl Bench {
 
     fn round(&mut self, n: u64) {
         let conn = ConnId(n);
-        self.step(Input::Accepted { conn });
+        self.step(Input::Accepted { conn, peer: None });
         let hello = frame(&ClientMessage::Hello(ClientHello {
             version: 1,
             token: None,
@@ -241,7 +241,7 @@ fn ack_all(server: &mut Server, now: Instant, outputs: Vec<Output>) -> Vec<Outpu
 
 /// Accepts `conn` and completes its handshake.
 fn connect(server: &mut Server, now: Instant, conn: ConnId) {
-    let out = server.step(now, Input::Accepted { conn });
+    let out = server.step(now, Input::Accepted { conn, peer: None });
     ack_all(server, now, out);
     let out = server.step(
         now,
@@ -528,7 +528,7 @@ fn bench_hello(n: u64) {
     let (ms, runs) = time_ms(|| {
         c += 1;
         let conn = ConnId(c);
-        let out = server.step(now, Input::Accepted { conn });
+        let out = server.step(now, Input::Accepted { conn, peer: None });
         ack_all(&mut server, now, out);
         let hello = hello_frame();
         let t = std::time::Instant::now();

@@ -24,5 +24,6 @@ pub mod rng;
 pub mod runtime;
 pub mod server;
 pub mod time;
+pub mod web;
 pub mod wire;
 pub mod worker;

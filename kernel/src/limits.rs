@@ -52,6 +52,13 @@ pub struct Limits {
     /// How long a starting server waits for the running server with its id
     /// to hand over (release its workers and free its sockets).
     pub handoff_timeout: Duration,
+    /// A wrong or missing token from a remote peer locks that address out
+    /// for this long, doubling with each further failure...
+    pub auth_backoff_base: Duration,
+    /// ...up to this long.
+    pub auth_backoff_max: Duration,
+    /// Remote peers whose failed tokens are remembered at once.
+    pub auth_throttle_peers: usize,
 }
 
 impl Default for Limits {
@@ -78,6 +85,9 @@ impl Default for Limits {
             adoption_wait: Duration::from_secs(10),
             adoption_grace: Duration::from_secs(30),
             handoff_timeout: Duration::from_secs(15),
+            auth_backoff_base: Duration::from_millis(250),
+            auth_backoff_max: Duration::from_secs(30),
+            auth_throttle_peers: 4096,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::ids::ConnId;
 use crate::protocol::Request;
 use crate::wire::FrameDecoder;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::IpAddr;
 
 /// Stage of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -46,10 +47,12 @@ pub(crate) struct Connection {
     /// Highest session snapshot revision sent to this connection, per session,
     /// so that the snapshots it sees strictly increase.
     pub(crate) revisions: BTreeMap<String, u64>,
+    /// The remote peer's address; `None` for a local client.
+    pub(crate) peer: Option<IpAddr>,
 }
 
 impl Connection {
-    pub(crate) fn new(id: ConnId, max_frame_len: u32) -> Self {
+    pub(crate) fn new(id: ConnId, max_frame_len: u32, peer: Option<IpAddr>) -> Self {
         Self {
             id,
             stage: Stage::AwaitingHello,
@@ -59,6 +62,7 @@ impl Connection {
             in_flight: 0,
             attached: BTreeSet::new(),
             revisions: BTreeMap::new(),
+            peer,
         }
     }
 
@@ -110,7 +114,7 @@ mod tests {
 
     #[test]
     fn revisions_strictly_increase_per_session() {
-        let mut c = Connection::new(ConnId(1), 16);
+        let mut c = Connection::new(ConnId(1), 16, None);
         assert!(c.take_revision("s", 3));
         assert!(!c.take_revision("s", 3));
         assert!(!c.take_revision("s", 2));

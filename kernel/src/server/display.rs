@@ -16,7 +16,11 @@ impl fmt::Display for Input {
             Self::CatalogScanned { scan, sessions } => {
                 write!(f, "catalog scan {scan} ({})", sessions.len())
             }
-            Self::Accepted { conn } => write!(f, "{conn} accepted"),
+            Self::Accepted { conn, peer: None } => write!(f, "{conn} accepted"),
+            Self::Accepted {
+                conn,
+                peer: Some(peer),
+            } => write!(f, "{conn} accepted from {peer}"),
             Self::Received { conn, bytes } => write!(f, "{conn} received {}B", bytes.len()),
             Self::Written { conn, bytes } => write!(f, "{conn} wrote {bytes}B"),
             Self::Disconnected { conn } => write!(f, "{conn} disconnected"),

@@ -20,6 +20,7 @@ mod catalog;
 mod connection;
 mod display;
 mod sessions;
+mod throttle;
 mod timers;
 
 pub use connection::Stage;
@@ -44,6 +45,7 @@ use sessions::Live;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use throttle::AuthThrottle;
 use timers::{Timer, Timers};
 
 /// An encoded frame (length header included), shared between recipients.
@@ -143,8 +145,13 @@ pub enum Input {
         scan: u64,
         sessions: Vec<SessionMetadata>,
     },
-    /// A client connected. `conn` is fresh for this server's lifetime.
-    Accepted { conn: ConnId },
+    /// A client connected. `conn` is fresh for this server's lifetime;
+    /// `peer` is a remote client's address (failed tokens back off per
+    /// address), `None` for a local one.
+    Accepted {
+        conn: ConnId,
+        peer: Option<std::net::IpAddr>,
+    },
     /// Bytes arrived from a client, in stream order.
     Received { conn: ConnId, bytes: Vec<u8> },
     /// The driver wrote `bytes` of this connection's queued output.
@@ -283,6 +290,8 @@ pub struct Server {
     list_cache: Option<ListCache>,
     /// CBOR of the models array of server snapshots (the models never change).
     models_cbor: Result<Vec<u8>, SchemaError>,
+    /// Failed tokens, per remote address.
+    auth_throttle: AuthThrottle,
 }
 
 impl Server {
@@ -295,7 +304,14 @@ impl Server {
         );
         let rng = Rng::new(config.seed);
         let models_cbor = spliced::encode_list(&config.models).map_err(cbor_error);
+        let limits = &config.limits;
+        let auth_throttle = AuthThrottle::new(
+            limits.auth_backoff_base,
+            limits.auth_backoff_max,
+            limits.auth_throttle_peers,
+        );
         Self {
+            auth_throttle,
             config,
             now: Instant(0),
             rng,
@@ -348,7 +364,7 @@ impl Server {
                 self.catalog.unwatched(self.now, poll);
             }
             Input::CatalogScanned { scan, sessions } => self.on_catalog_scanned(scan, sessions),
-            Input::Accepted { conn } => self.on_accepted(conn),
+            Input::Accepted { conn, peer } => self.on_accepted(conn, peer),
             Input::Received { conn, bytes } => self.on_received(conn, &bytes),
             Input::Written { conn, bytes } => self.on_written(conn, bytes),
             Input::Disconnected { conn } => self.on_disconnected(conn),
@@ -469,10 +485,10 @@ impl Server {
 
     // ---- connections -------------------------------------------------------
 
-    fn on_accepted(&mut self, id: ConnId) {
+    fn on_accepted(&mut self, id: ConnId, peer: Option<std::net::IpAddr>) {
         assert!(!self.conns.contains_key(&id), "connection id {id} reused");
         let limits = &self.config.limits;
-        let conn = Connection::new(id, limits.max_frame_len);
+        let conn = Connection::new(id, limits.max_frame_len, peer);
         if self.shutting_down || self.conns.len() >= limits.max_connections {
             self.conns.insert(id, conn);
             let (code, message, reason) = if self.shutting_down {
@@ -561,6 +577,14 @@ impl Server {
 
     fn on_hello(&mut self, id: ConnId, hello: ClientHello) {
         if let Some(expected) = &self.config.token {
+            let peer = self.conns.get(&id).expect("checked").peer;
+            if let Some(wait) = peer.and_then(|p| self.auth_throttle.locked(p, self.now)) {
+                let message = format!(
+                    "Too many failed tokens from this address; retry in {} s",
+                    wait.as_millis().div_ceil(1000)
+                );
+                return self.fail_protocol(id, ErrorCode::Auth, message);
+            }
             let given = hello.token.as_deref().unwrap_or("");
             if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
                 let message = if hello.token.is_none() {
@@ -568,7 +592,13 @@ impl Server {
                 } else {
                     "Invalid token"
                 };
+                if let Some(p) = peer {
+                    self.auth_throttle.failed(p, self.now);
+                }
                 return self.fail_protocol(id, ErrorCode::Auth, message.into());
+            }
+            if let Some(p) = peer {
+                self.auth_throttle.succeeded(p);
             }
         }
         if hello.version != PROTOCOL_VERSION {
@@ -991,7 +1021,7 @@ impl Server {
     /// looked up while the worker is still indexed.
     fn scope_of(&self, input: &Input) -> Scope {
         match input {
-            Input::Accepted { conn }
+            Input::Accepted { conn, .. }
             | Input::Received { conn, .. }
             | Input::Written { conn, .. }
             | Input::Disconnected { conn } => Scope::Touched {

@@ -122,7 +122,7 @@ impl Harness {
     }
 
     fn connect(&mut self, conn: ConnId) {
-        self.step(Input::Accepted { conn });
+        self.step(Input::Accepted { conn, peer: None });
         let hello = client_frame(&ClientMessage::Hello(ClientHello {
             version: PROTOCOL_VERSION,
             token: None,
@@ -526,7 +526,7 @@ fn a_list_larger_than_a_frame_closes_the_connection() {
         sessions: (0..1000).map(stored).collect(),
     });
     let conn = ConnId(1);
-    h.step(Input::Accepted { conn });
+    h.step(Input::Accepted { conn, peer: None });
     let hello = client_frame(&ClientMessage::Hello(ClientHello {
         version: PROTOCOL_VERSION,
         token: None,
@@ -932,4 +932,50 @@ fn status_reports_each_live_session_and_its_clients() {
     );
     h.step(Input::WorkerExited { worker });
     assert!(status(&mut h, a).is_empty(), "no worker, not live");
+}
+
+/// Wrong tokens from one address lock it out, doubling; the lock holds even
+/// for the right token; other addresses and local clients are not affected;
+/// after the lock, the right token is accepted and the failures forgotten.
+#[test]
+fn failed_tokens_back_off_per_address() {
+    let mut config = config();
+    config.token = Some("secret".into());
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded { sessions: vec![] });
+    let guesser = Some(std::net::IpAddr::from([192, 0, 2, 7]));
+    let other = Some(std::net::IpAddr::from([192, 0, 2, 8]));
+    let mut next = 0;
+    let mut hello = |h: &mut Harness, peer, token: &str| {
+        next += 1;
+        let conn = ConnId(next);
+        h.step(Input::Accepted { conn, peer });
+        let frame = client_frame(&ClientMessage::Hello(ClientHello {
+            version: PROTOCOL_VERSION,
+            token: Some(token.into()),
+        }));
+        h.step(Input::Received { conn, bytes: frame });
+        match h.last(conn) {
+            ServerMessage::Hello(_) => Ok(()),
+            ServerMessage::HelloError(e) => {
+                assert_eq!(e.code, ErrorCode::Auth);
+                Err(e.message)
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
+    let locked = hello(&mut h, guesser, "secret").unwrap_err();
+    assert!(locked.starts_with("Too many failed tokens"), "{locked}");
+    assert_eq!(hello(&mut h, other, "secret"), Ok(()));
+    assert_eq!(hello(&mut h, None, "secret"), Ok(()));
+    h.now += 250;
+    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
+    h.now += 250;
+    assert!(hello(&mut h, guesser, "secret").is_err(), "the second lock is 500 ms");
+    h.now += 250;
+    assert_eq!(hello(&mut h, guesser, "secret"), Ok(()));
+    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
+    h.now += 250;
+    assert_eq!(hello(&mut h, guesser, "secret"), Ok(()), "forgotten after a success: 250 ms again");
 }

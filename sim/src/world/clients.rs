@@ -225,7 +225,7 @@ impl World {
             let at = self.now;
             self.fact(Fact::Accepted { conn, at });
         }
-        self.push(Input::Accepted { conn });
+        self.push(Input::Accepted { conn, peer: None });
     }
 
     /// The frames a tapped client read since the last call.

@@ -1,0 +1,270 @@
+//! Who may use the web endpoint: the rules for an HTTP request before it
+//! reaches the page or becomes a WebSocket carrying pi protocol v1.
+//!
+//! The endpoint may be reachable from other machines, and a browser visiting
+//! any other site can be made to send requests to it. So:
+//!
+//! - **`Host` on an allow-list**, against DNS rebinding: a hostile name that
+//!   resolves to this machine reaches us with its own name in `Host`.
+//! - **`Origin` matching the page's origin** (`scheme://Host`) or an
+//!   allow-list, for the socket: a page of another site may open a WebSocket
+//!   to any address, and the browser says whose page it is. A request with
+//!   no `Origin` is not from a browser page; it still needs the token.
+//! - The token is checked in the protocol's hello (the server machine),
+//!   never here and never in a URL; failed tokens back off per address there.
+//! - `X-Forwarded-*` is believed only from a configured proxy: then the
+//!   scheme, host and client address are the proxy's report of them.
+//!
+//! A pure function of the request's facts; the driver (`io/src/web/`) only
+//! reads the headers and carries out the verdict.
+
+use std::net::{IpAddr, SocketAddr};
+
+/// The path of the WebSocket.
+pub const SOCKET_PATH: &str = "/ws";
+
+/// What is allowed, fixed when the listener is bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebPolicy {
+    /// `Host` values accepted, lowercase, `host` or `host:port`.
+    pub hosts: Vec<String>,
+    /// Origins accepted besides the page's own, lowercase `scheme://host[:port]`.
+    pub origins: Vec<String>,
+    /// Peers whose `X-Forwarded-Proto`, `-Host` and `-For` are believed.
+    pub proxies: Vec<IpAddr>,
+    /// Whether the listener itself speaks TLS (the page's scheme is `https`).
+    pub tls: bool,
+}
+
+impl WebPolicy {
+    /// The policy of a listener bound at `addr`: its own address, and on a
+    /// loopback or unspecified address also `localhost` and the loopback
+    /// addresses, each with its port; then `hosts` and `origins` given by the
+    /// user (normalised to lowercase).
+    pub fn for_listener(
+        addr: SocketAddr,
+        tls: bool,
+        hosts: &[String],
+        origins: &[String],
+        proxies: &[IpAddr],
+    ) -> Self {
+        let port = addr.port();
+        let mut allowed = vec![host_port(&addr.ip().to_string(), addr.ip().is_ipv6(), port)];
+        if addr.ip().is_loopback() || addr.ip().is_unspecified() {
+            for name in ["localhost", "127.0.0.1", "::1"] {
+                allowed.push(host_port(name, name.contains(':'), port));
+            }
+        }
+        allowed.extend(hosts.iter().map(|h| h.trim().to_ascii_lowercase()));
+        allowed.dedup();
+        Self {
+            hosts: allowed,
+            origins: origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            proxies: proxies.to_vec(),
+            tls,
+        }
+    }
+}
+
+fn host_port(host: &str, v6: bool, port: u16) -> String {
+    if v6 {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The facts of one request the rules look at.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The connection's peer.
+    pub peer: IpAddr,
+    /// The `Host` header.
+    pub host: Option<&'a str>,
+    /// The `Origin` header.
+    pub origin: Option<&'a str>,
+    /// `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-For`.
+    pub forwarded_proto: Option<&'a str>,
+    pub forwarded_host: Option<&'a str>,
+    pub forwarded_for: Option<&'a str>,
+    /// Whether it asks for the socket (as opposed to the page and its assets).
+    pub socket: bool,
+}
+
+/// A request that may proceed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The client's address (the proxy's report of it behind a proxy): the
+    /// address failed tokens back off by.
+    pub client: IpAddr,
+}
+
+/// A refused request: the status and a plain-text reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub reason: String,
+}
+
+/// The first of a header's comma-separated values.
+fn first(value: Option<&str>) -> Option<&str> {
+    value.and_then(|v| v.split(',').next()).map(str::trim)
+}
+
+/// Judges `request` by `policy`.
+pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refusal> {
+    let proxied = policy.proxies.contains(&request.peer);
+    let (scheme, host, client) = if proxied {
+        let scheme = first(request.forwarded_proto).unwrap_or(if policy.tls { "https" } else { "http" });
+        let host = first(request.forwarded_host).or(request.host);
+        // The proxy appends the address it saw last: the one it vouches for.
+        let client = request
+            .forwarded_for
+            .and_then(|v| v.rsplit(',').next())
+            .and_then(|v| v.trim().parse::<IpAddr>().ok())
+            .unwrap_or(request.peer);
+        (scheme.to_ascii_lowercase(), host, client)
+    } else {
+        let scheme = if policy.tls { "https" } else { "http" };
+        (scheme.to_string(), request.host, request.peer)
+    };
+    let Some(host) = host.map(|h| h.trim().to_ascii_lowercase()) else {
+        return Err(refuse(400, "a Host header is required".into()));
+    };
+    if !policy.hosts.iter().any(|h| *h == host) {
+        return Err(refuse(
+            403,
+            format!("Host {host} is not allowed; start the server with --allow-host {host} to allow it"),
+        ));
+    }
+    if request.socket
+        && let Some(origin) = request.origin
+    {
+        let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+        let own = format!("{scheme}://{host}");
+        if origin != own && !policy.origins.contains(&origin) {
+            return Err(refuse(
+                403,
+                format!(
+                    "Origin {origin} is not allowed (the page's origin is {own}); start the server with --allow-origin {origin} to allow it"
+                ),
+            ));
+        }
+    }
+    Ok(Admitted { client })
+}
+
+fn refuse(status: u16, reason: String) -> Refusal {
+    Refusal { status, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local() -> WebPolicy {
+        WebPolicy::for_listener("127.0.0.1:8080".parse().unwrap(), false, &[], &[], &[])
+    }
+
+    fn req<'a>(host: Option<&'a str>, origin: Option<&'a str>) -> Request<'a> {
+        Request {
+            peer: IpAddr::from([127, 0, 0, 1]),
+            host,
+            origin,
+            forwarded_proto: None,
+            forwarded_host: None,
+            forwarded_for: None,
+            socket: true,
+        }
+    }
+
+    #[test]
+    fn the_page_origin_and_loopback_names_are_allowed() {
+        let p = local();
+        for host in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080"] {
+            let origin = format!("http://{}", host.to_ascii_lowercase());
+            assert!(admit(&p, &req(Some(host), Some(&origin))).is_ok(), "{host}");
+        }
+        assert!(admit(&p, &req(Some("localhost:8080"), None)).is_ok(), "no Origin: not a browser page");
+    }
+
+    #[test]
+    fn a_rebound_host_is_refused() {
+        let p = local();
+        let r = admit(&p, &req(Some("evil.example:8080"), Some("http://evil.example:8080"))).unwrap_err();
+        assert_eq!(r.status, 403);
+        assert!(r.reason.contains("--allow-host evil.example:8080"), "{}", r.reason);
+        assert_eq!(admit(&p, &req(None, None)).unwrap_err().status, 400);
+        assert!(admit(&p, &req(Some("localhost:9999"), None)).is_err(), "another port");
+    }
+
+    #[test]
+    fn a_foreign_origin_is_refused_for_the_socket_only() {
+        let p = local();
+        let foreign = req(Some("localhost:8080"), Some("http://evil.example"));
+        let r = admit(&p, &foreign).unwrap_err();
+        assert_eq!(r.status, 403);
+        assert!(r.reason.contains("Origin http://evil.example"), "{}", r.reason);
+        assert!(admit(&p, &Request { socket: false, ..foreign }).is_ok(), "assets are not secret");
+        assert!(
+            admit(&p, &req(Some("localhost:8080"), Some("https://localhost:8080"))).is_err(),
+            "the scheme is part of the origin"
+        );
+        let allowed = WebPolicy::for_listener(
+            "127.0.0.1:8080".parse().unwrap(),
+            false,
+            &[],
+            &["http://evil.example/".into()],
+            &[],
+        );
+        assert!(admit(&allowed, &foreign).is_ok());
+    }
+
+    #[test]
+    fn an_unspecified_address_needs_its_names_allowed() {
+        let p = WebPolicy::for_listener(
+            "0.0.0.0:80".parse().unwrap(),
+            false,
+            &["Laptop.lan:80".into()],
+            &[],
+            &[],
+        );
+        assert!(admit(&p, &req(Some("laptop.lan:80"), Some("http://laptop.lan:80"))).is_ok());
+        assert!(admit(&p, &req(Some("192.168.1.9:80"), None)).is_err());
+    }
+
+    #[test]
+    fn forwarded_headers_count_only_from_a_configured_proxy() {
+        let proxy = IpAddr::from([10, 0, 0, 1]);
+        let p = WebPolicy::for_listener(
+            "127.0.0.1:8080".parse().unwrap(),
+            false,
+            &["pi.example.com".into()],
+            &[],
+            &[proxy],
+        );
+        let behind = Request {
+            peer: proxy,
+            host: Some("127.0.0.1:8080"),
+            origin: Some("https://pi.example.com"),
+            forwarded_proto: Some("https"),
+            forwarded_host: Some("pi.example.com"),
+            forwarded_for: Some("203.0.113.9, 198.51.100.4"),
+            socket: true,
+        };
+        assert_eq!(
+            admit(&p, &behind),
+            Ok(Admitted {
+                client: IpAddr::from([198, 51, 100, 4])
+            })
+        );
+        let spoofed = Request {
+            peer: IpAddr::from([10, 0, 0, 2]),
+            ..behind
+        };
+        assert!(admit(&p, &spoofed).is_err(), "not a proxy: its X-Forwarded-* are ignored");
+    }
+}
