@@ -121,15 +121,24 @@ impl Audience {
     /// Connects `k` clients, says hello and attaches each to `session_id`.
     pub(crate) async fn attach(socket: &Path, session_id: &str, k: usize) -> Result<Self, String> {
         let mut conns = Vec::with_capacity(k);
-        let mut revisions = Vec::with_capacity(k);
+        for _ in 0..k {
+            conns.push(RawConn::connect(socket).await.map_err(|e| e.to_string())?);
+        }
+        Self::join(conns, session_id).await
+    }
+
+    /// Says hello on each of `fresh` (connected, nothing sent yet) and
+    /// attaches it to `session_id`.
+    pub(crate) async fn join(fresh: Vec<RawConn>, session_id: &str) -> Result<Self, String> {
+        let mut conns = Vec::with_capacity(fresh.len());
+        let mut revisions = Vec::with_capacity(fresh.len());
         let attach = v1_request(
             "a",
             Command::Attach {
                 session_id: session_id.into(),
             },
         );
-        for _ in 0..k {
-            let mut conn = RawConn::connect(socket).await.map_err(|e| e.to_string())?;
+        for mut conn in fresh {
             conn.hello_v1().await.map_err(|e| e.to_string())?;
             conn.send(&attach).await.map_err(|e| e.to_string())?;
             let payload = conn.until_response().await.map_err(|e| e.to_string())?;

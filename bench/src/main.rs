@@ -8,7 +8,8 @@
 //! `scale` (5), `node` (6), `kernel` (7), `encode` (the cost of the encoder's
 //! schema check), `tui` (the terminal UI's delta → screen and keystroke →
 //! echo latency in a pty), `acp` (the ACP adapter against pi v1, and a
-//! 500-item `session/load`), or `all`. Each pair is measured in the same run,
+//! 500-item `session/load`), `web` (the web listener's WebSocket against the Unix
+//! socket: `list` round trips and a 100-client fan-out), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -36,6 +37,7 @@ mod scale;
 mod server;
 mod tui;
 mod util;
+mod web;
 
 use std::process::ExitCode;
 use util::{Env, Report};
@@ -54,6 +56,7 @@ const ALL: &[&str] = &[
     "acp",
     "killloop",
     "checkpoint",
+    "web",
 ];
 
 fn main() -> ExitCode {
@@ -111,6 +114,7 @@ fn main() -> ExitCode {
             "acp" => acp::run(&env, &mut report),
             "killloop" => killloop::run(&env, &mut report),
             "checkpoint" => checkpoint::run(&env, &mut report),
+            "web" => web::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

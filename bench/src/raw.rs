@@ -5,6 +5,7 @@
 //! TypeScript server, so client-side costs are equal on both sides of every
 //! ratio.
 
+use futures_util::{SinkExt, StreamExt};
 use kernel::protocol::{
     ClientHello, ClientMessage, Command, PROTOCOL_VERSION, Request, ServerMessage,
     decode_server_message, encode_client_message,
@@ -14,18 +15,31 @@ use kernel::wire::{CborLimits, Value, cbor};
 use std::io;
 use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::net::{TcpStream, UnixStream};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 /// Bytes the read buffer keeps free before a read.
 const READ_SPACE: usize = 64 * 1024;
 
-/// A framed Unix-socket connection.
+/// What a [`RawConn`] carries its frames over.
+#[derive(Debug)]
+enum Transport {
+    Unix(UnixStream),
+    /// The web listener's WebSocket: one frame per binary message.
+    Web(Box<WebSocketStream<MaybeTlsStream<TcpStream>>>),
+}
+
+/// A framed connection (a Unix socket or the web listener's WebSocket).
 #[derive(Debug)]
 pub(crate) struct RawConn {
-    pub(crate) stream: UnixStream,
+    stream: Transport,
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// Sent in hello (the web listener requires one).
+    token: Option<String>,
 }
 
 impl RawConn {
@@ -34,19 +48,50 @@ impl RawConn {
         Ok(Self::new(UnixStream::connect(path).await?))
     }
 
+    /// Connects to the WebSocket of the web listener at `addr` (`host:port`)
+    /// as the served page does (its `Origin`), with `token` for the hello.
+    pub(crate) async fn connect_web(addr: &str, token: &str) -> io::Result<Self> {
+        let mut request = format!("ws://{addr}/ws")
+            .into_client_request()
+            .map_err(io::Error::other)?;
+        let origin = format!("http://{addr}").parse().map_err(io::Error::other)?;
+        request.headers_mut().insert("origin", origin);
+        let (socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .map_err(io::Error::other)?;
+        if let MaybeTlsStream::Plain(tcp) = socket.get_ref() {
+            tcp.set_nodelay(true)?;
+        }
+        let mut conn = Self::with(Transport::Web(Box::new(socket)));
+        conn.token = Some(token.into());
+        Ok(conn)
+    }
+
     /// Wraps a stream.
     pub(crate) fn new(stream: UnixStream) -> Self {
+        Self::with(Transport::Unix(stream))
+    }
+
+    fn with(stream: Transport) -> Self {
         Self {
             stream,
             buf: vec![0; READ_SPACE],
             start: 0,
             end: 0,
+            token: None,
         }
     }
 
-    /// Writes already framed bytes.
+    /// Writes already framed bytes (on a WebSocket: one message per call,
+    /// so callers send one frame at a time).
     pub(crate) async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes).await
+        match &mut self.stream {
+            Transport::Unix(s) => s.write_all(bytes).await,
+            Transport::Web(ws) => ws
+                .send(Message::binary(bytes.to_vec()))
+                .await
+                .map_err(io::Error::other),
+        }
     }
 
     /// The range of the next complete payload in the buffer, if any.
@@ -75,7 +120,23 @@ impl RawConn {
         if self.buf.len() - self.end < READ_SPACE {
             self.buf.resize(self.end + READ_SPACE, 0);
         }
-        let n = self.stream.read(&mut self.buf[self.end..]).await?;
+        let n = match &mut self.stream {
+            Transport::Unix(s) => s.read(&mut self.buf[self.end..]).await?,
+            Transport::Web(ws) => loop {
+                match ws.next().await {
+                    Some(Ok(Message::Binary(bytes))) => {
+                        if self.buf.len() - self.end < bytes.len() {
+                            self.buf.resize(self.end + bytes.len(), 0);
+                        }
+                        self.buf[self.end..self.end + bytes.len()].copy_from_slice(&bytes);
+                        break bytes.len();
+                    }
+                    Some(Ok(Message::Close(_))) | None => break 0,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(io::Error::other(e)),
+                }
+            },
+        };
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
@@ -116,7 +177,7 @@ impl RawConn {
     pub(crate) async fn hello_v1(&mut self) -> io::Result<ServerMessage> {
         self.send(&v1_frame(&ClientMessage::Hello(ClientHello {
             version: PROTOCOL_VERSION,
-            token: None,
+            token: self.token.clone(),
         })))
         .await?;
         let payload = self.frame().await?;

@@ -51,14 +51,68 @@ impl Server {
         Self::spawn_as(env, &identity, session_dir, vars, &dir.join("server.log"))
     }
 
+    /// Spawns a server that also serves the web listener on a free loopback
+    /// port, with a token; waits until it is bound. Returns the server, the
+    /// listener's `host:port` and the token.
+    pub(crate) fn start_web(
+        env: &Env,
+        session_dir: &Path,
+        vars: &[(&str, String)],
+    ) -> Result<(Self, String, String), String> {
+        let dir = env.fresh_dir("srv");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let token = pi_io::config::new_uuid();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
+        let args = [
+            "--listen".to_string(),
+            format!("http://{addr}"),
+            "--token-file".to_string(),
+            token_file.display().to_string(),
+        ];
+        let identity = (dir.join("s"), pi_io::config::new_uuid());
+        let mut server = Self::spawn_with(
+            env,
+            &identity,
+            session_dir,
+            vars,
+            &dir.join("server.log"),
+            &args,
+        )?;
+        server.wait_bound(Duration::from_secs(60))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("the web listener at {addr} never answered"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok((server, addr, token))
+    }
+
     /// Spawns a server with this `(server dir, server id)`, as a restart or
     /// a replacement does, logging to `log` (appended).
     pub(crate) fn spawn_as(
+        env: &Env,
+        identity: &(PathBuf, String),
+        session_dir: &Path,
+        vars: &[(&str, String)],
+        log: &Path,
+    ) -> Result<Self, String> {
+        Self::spawn_with(env, identity, session_dir, vars, log, &[])
+    }
+
+    fn spawn_with(
         env: &Env,
         (server_dir, server_id): &(PathBuf, String),
         session_dir: &Path,
         vars: &[(&str, String)],
         log: &Path,
+        args: &[String],
     ) -> Result<Self, String> {
         let log = log.to_owned();
         let stderr = std::fs::OpenOptions::new()
@@ -74,6 +128,7 @@ impl Server {
             .arg(session_dir)
             .arg("--server-id")
             .arg(server_id)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);

@@ -12,4 +12,5 @@ pub mod settings;
 pub mod socket;
 pub mod store;
 mod tui;
+pub mod web;
 pub mod worker;

@@ -9,6 +9,7 @@
 //! durable before any frame that mentions it leaves the process.
 
 use crate::agent::{self, CancellationToken, ModelRegistry};
+use crate::duplex::Duplex;
 use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, WorkerHost};
@@ -22,7 +23,6 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use crate::duplex::Duplex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -316,9 +316,7 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
 }
 
 /// The next frame on the channel, if there is one; pending without one.
-async fn recv<S: Duplex>(
-    channel: &mut Option<Channel<S>>,
-) -> Option<WorkerFrame> {
+async fn recv<S: Duplex>(channel: &mut Option<Channel<S>>) -> Option<WorkerFrame> {
     match channel {
         Some(ch) => ch.recv().await,
         None => std::future::pending().await,

@@ -13,13 +13,13 @@ use kernel::protocol::{
 };
 use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::{CreateSpec, FromWorker, Operation, ToWorker};
+use pi_io::duplex::Locked;
 use pi_io::store::SessionStore;
 use pi_io::worker::{Dial, WorkerSetup};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use pi_io::duplex::Locked;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 mod agent_common;

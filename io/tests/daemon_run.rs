@@ -24,6 +24,8 @@ fn options(root: &std::path::Path) -> ServeOptions {
         token: None,
         idle_exit: None,
         listen_tcp: None,
+        listen_web: None,
+        web_access: Default::default(),
     }
 }
 

@@ -118,7 +118,8 @@ fn first(value: Option<&str>) -> Option<&str> {
 pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refusal> {
     let proxied = policy.proxies.contains(&request.peer);
     let (scheme, host, client) = if proxied {
-        let scheme = first(request.forwarded_proto).unwrap_or(if policy.tls { "https" } else { "http" });
+        let scheme =
+            first(request.forwarded_proto).unwrap_or(if policy.tls { "https" } else { "http" });
         let host = first(request.forwarded_host).or(request.host);
         // The proxy appends the address it saw last: the one it vouches for.
         let client = request
@@ -137,7 +138,9 @@ pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refu
     if !policy.hosts.iter().any(|h| *h == host) {
         return Err(refuse(
             403,
-            format!("Host {host} is not allowed; start the server with --allow-host {host} to allow it"),
+            format!(
+                "Host {host} is not allowed; start the server with --allow-host {host} to allow it"
+            ),
         ));
     }
     if request.socket
@@ -184,21 +187,40 @@ mod tests {
     #[test]
     fn the_page_origin_and_loopback_names_are_allowed() {
         let p = local();
-        for host in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080", "[::1]:8080"] {
+        for host in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST:8080",
+            "[::1]:8080",
+        ] {
             let origin = format!("http://{}", host.to_ascii_lowercase());
             assert!(admit(&p, &req(Some(host), Some(&origin))).is_ok(), "{host}");
         }
-        assert!(admit(&p, &req(Some("localhost:8080"), None)).is_ok(), "no Origin: not a browser page");
+        assert!(
+            admit(&p, &req(Some("localhost:8080"), None)).is_ok(),
+            "no Origin: not a browser page"
+        );
     }
 
     #[test]
     fn a_rebound_host_is_refused() {
         let p = local();
-        let r = admit(&p, &req(Some("evil.example:8080"), Some("http://evil.example:8080"))).unwrap_err();
+        let r = admit(
+            &p,
+            &req(Some("evil.example:8080"), Some("http://evil.example:8080")),
+        )
+        .unwrap_err();
         assert_eq!(r.status, 403);
-        assert!(r.reason.contains("--allow-host evil.example:8080"), "{}", r.reason);
+        assert!(
+            r.reason.contains("--allow-host evil.example:8080"),
+            "{}",
+            r.reason
+        );
         assert_eq!(admit(&p, &req(None, None)).unwrap_err().status, 400);
-        assert!(admit(&p, &req(Some("localhost:9999"), None)).is_err(), "another port");
+        assert!(
+            admit(&p, &req(Some("localhost:9999"), None)).is_err(),
+            "another port"
+        );
     }
 
     #[test]
@@ -207,10 +229,28 @@ mod tests {
         let foreign = req(Some("localhost:8080"), Some("http://evil.example"));
         let r = admit(&p, &foreign).unwrap_err();
         assert_eq!(r.status, 403);
-        assert!(r.reason.contains("Origin http://evil.example"), "{}", r.reason);
-        assert!(admit(&p, &Request { socket: false, ..foreign }).is_ok(), "assets are not secret");
         assert!(
-            admit(&p, &req(Some("localhost:8080"), Some("https://localhost:8080"))).is_err(),
+            r.reason.contains("Origin http://evil.example"),
+            "{}",
+            r.reason
+        );
+        assert!(
+            admit(
+                &p,
+                &Request {
+                    socket: false,
+                    ..foreign
+                }
+            )
+            .is_ok(),
+            "assets are not secret"
+        );
+        assert!(
+            admit(
+                &p,
+                &req(Some("localhost:8080"), Some("https://localhost:8080"))
+            )
+            .is_err(),
             "the scheme is part of the origin"
         );
         let allowed = WebPolicy::for_listener(
@@ -232,7 +272,13 @@ mod tests {
             &[],
             &[],
         );
-        assert!(admit(&p, &req(Some("laptop.lan:80"), Some("http://laptop.lan:80"))).is_ok());
+        assert!(
+            admit(
+                &p,
+                &req(Some("laptop.lan:80"), Some("http://laptop.lan:80"))
+            )
+            .is_ok()
+        );
         assert!(admit(&p, &req(Some("192.168.1.9:80"), None)).is_err());
     }
 
@@ -265,6 +311,9 @@ mod tests {
             peer: IpAddr::from([10, 0, 0, 2]),
             ..behind
         };
-        assert!(admit(&p, &spoofed).is_err(), "not a proxy: its X-Forwarded-* are ignored");
+        assert!(
+            admit(&p, &spoofed).is_err(),
+            "not a proxy: its X-Forwarded-* are ignored"
+        );
     }
 }

@@ -202,16 +202,58 @@ pub(super) enum Commands {
 /// Options of `serve`.
 #[derive(Debug, Args)]
 pub(super) struct ServeArgs {
-    /// Also accept remote clients over TCP at this address, e.g.
-    /// `tcp://0.0.0.0:7447`. Requires `--token-file`: remote clients must send
+    /// Also accept remote clients: `tcp://HOST:PORT` for pi protocol over
+    /// TCP, `http://HOST:PORT` for the web client and its WebSocket (at
+    /// most one of each). Requires `--token-file`: remote clients must send
     /// the token in hello.
-    #[arg(long, value_name = "tcp://HOST:PORT", value_parser = parse_listen)]
-    pub(super) listen: Option<String>,
+    #[arg(long, value_name = "tcp://HOST:PORT|http://HOST:PORT", value_parser = parse_serve_listen)]
+    pub(super) listen: Vec<Listen>,
+
+    /// Also accept this `Host` header on the web listener (`name:port`, or
+    /// just `name` behind a proxy on the default port). The listener's own
+    /// address, and `localhost` on a loopback one, are always accepted.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub(super) allow_host: Vec<String>,
+
+    /// Also accept WebSocket connections from pages of this origin
+    /// (`https://example.com`); the served page's own origin always is.
+    #[arg(long, value_name = "ORIGIN")]
+    pub(super) allow_origin: Vec<String>,
+
+    /// Believe `X-Forwarded-Proto`, `-Host` and `-For` from this proxy's
+    /// address (a TLS-terminating reverse proxy in front of the web listener).
+    #[arg(long, value_name = "IP")]
+    pub(super) trusted_proxy: Vec<std::net::IpAddr>,
 
     /// Internal (cold activation): retire this long after the last client
     /// left and no worker is busy.
     #[arg(long, hide = true, value_name = "MS")]
     pub(super) idle_exit_ms: Option<u64>,
+}
+
+/// A `serve --listen` address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Listen {
+    /// `tcp://HOST:PORT`: pi protocol over TCP.
+    Tcp(String),
+    /// `http://HOST:PORT`: the web client and its WebSocket.
+    Web(String),
+}
+
+fn parse_serve_listen(s: &str) -> Result<Listen, String> {
+    if let Some(rest) = s.strip_prefix("http://") {
+        return parse_listen(&format!("tcp://{rest}"))
+            .map(Listen::Web)
+            .map_err(|_| format!("expected http://HOST:PORT, got {s:?}"));
+    }
+    if s.starts_with("https://") {
+        return Err(format!(
+            "{s:?}: the web listener speaks plain HTTP; put a TLS proxy in front of it (see the README) and pass --trusted-proxy"
+        ));
+    }
+    parse_listen(s)
+        .map(Listen::Tcp)
+        .map_err(|_| format!("expected tcp://HOST:PORT or http://HOST:PORT, got {s:?}"))
 }
 
 /// `tcp://HOST:PORT` → `HOST:PORT`.

@@ -3,7 +3,7 @@
 
 use super::Failure;
 use super::activate::{Target, connect};
-use super::args::{CreateArgs, GlobalArgs, ServeArgs, absolute};
+use super::args::{CreateArgs, GlobalArgs, Listen, ServeArgs, absolute};
 use super::attach;
 use super::discover::{Found, close_all, servers, session_server};
 use crate::config;
@@ -34,13 +34,39 @@ pub(super) async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(),
         .as_deref()
         .map(config::read_token_file)
         .transpose()?;
+    let mut listen_tcp = None;
+    let mut listen_web = None;
+    for listen in &args.listen {
+        let (slot, address, scheme) = match listen {
+            Listen::Tcp(a) => (&mut listen_tcp, a, "tcp"),
+            Listen::Web(a) => (&mut listen_web, a, "http"),
+        };
+        if slot.replace(address.clone()).is_some() {
+            return Err(format!("--listen {scheme}://… may be given once"));
+        }
+    }
+    if listen_web.is_none()
+        && !(args.allow_host.is_empty()
+            && args.allow_origin.is_empty()
+            && args.trusted_proxy.is_empty())
+    {
+        return Err(
+            "--allow-host, --allow-origin and --trusted-proxy are for the web listener: add --listen http://HOST:PORT".into(),
+        );
+    }
     let options = crate::daemon::ServeOptions {
         server_dir,
         server_id,
         session_dir,
         token,
         idle_exit: args.idle_exit_ms.map(Duration::from_millis),
-        listen_tcp: args.listen.clone(),
+        listen_tcp,
+        listen_web,
+        web_access: crate::daemon::WebAccess {
+            hosts: args.allow_host.clone(),
+            origins: args.allow_origin.clone(),
+            proxies: args.trusted_proxy.clone(),
+        },
     };
     crate::daemon::serve(options).await
 }

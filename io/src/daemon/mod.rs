@@ -63,6 +63,22 @@ pub struct ServeOptions {
     pub idle_exit: Option<Duration>,
     /// Also accept remote clients on this TCP address (`host:port`). Needs a token.
     pub listen_tcp: Option<String>,
+    /// Also serve the web client and its WebSocket on this TCP address
+    /// (`host:port`). Needs a token.
+    pub listen_web: Option<String>,
+    /// Who may use the web listener besides its own address.
+    pub web_access: WebAccess,
+}
+
+/// The user's additions to the web listener's rules ([`kernel::web::WebPolicy`]).
+#[derive(Debug, Clone, Default)]
+pub struct WebAccess {
+    /// `Host` values accepted besides the listener's own.
+    pub hosts: Vec<String>,
+    /// Page origins accepted besides the served page's own.
+    pub origins: Vec<String>,
+    /// Reverse proxies whose `X-Forwarded-*` headers are believed.
+    pub proxies: Vec<std::net::IpAddr>,
 }
 
 /// The tracing target of the kernel's steps (`input → [outputs]`, at trace
@@ -282,6 +298,7 @@ pub struct Bound {
     public: UnixListener,
     workers: UnixListener,
     tcp: Option<tokio::net::TcpListener>,
+    web: Option<tokio::net::TcpListener>,
     public_path: PathBuf,
     worker_path: PathBuf,
     /// Sessions whose workers the predecessor released to us.
@@ -292,11 +309,16 @@ pub struct Bound {
 /// server with this id (hand-off) and binds every socket. On failure no
 /// socket is left behind.
 pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
-    if opts.listen_tcp.is_some() && opts.token.is_none() {
+    if (opts.listen_tcp.is_some() || opts.listen_web.is_some()) && opts.token.is_none() {
         // Refused before anything is bound or created.
-        return Err(
-            "a TCP listener is reachable by other users and machines: it needs --token-file".into(),
-        );
+        let what = if opts.listen_tcp.is_some() {
+            "a TCP"
+        } else {
+            "a web"
+        };
+        return Err(format!(
+            "{what} listener is reachable by other users and machines: it needs --token-file"
+        ));
     }
     config::ensure_private_dir(&opts.server_dir)?;
     std::fs::create_dir_all(&opts.session_dir).map_err(|e| {
@@ -323,23 +345,30 @@ pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
     };
     let public = UnixListener::from_std(public).map_err(|e| e.to_string())?;
     let workers = UnixListener::from_std(workers).map_err(|e| e.to_string())?;
-    let tcp = match &opts.listen_tcp {
-        None => None,
-        Some(addr) => match tokio::net::TcpListener::bind(addr.as_str()).await {
-            Ok(listener) => Some(listener),
+    let mut remote = Vec::new();
+    for (addr, scheme) in [(&opts.listen_tcp, "tcp"), (&opts.listen_web, "http")] {
+        let Some(addr) = addr else {
+            remote.push(None);
+            continue;
+        };
+        match tokio::net::TcpListener::bind(addr.as_str()).await {
+            Ok(listener) => remote.push(Some(listener)),
             Err(e) => {
                 // Leave no socket behind that nobody serves.
                 let _ = std::fs::remove_file(&public_path);
                 let _ = std::fs::remove_file(&worker_path);
-                return Err(format!("cannot listen on tcp://{addr}: {e}"));
+                return Err(format!("cannot listen on {scheme}://{addr}: {e}"));
             }
-        },
-    };
+        }
+    }
+    let web = remote.pop().flatten();
+    let tcp = remote.pop().flatten();
     Ok(Bound {
         opts,
         public,
         workers,
         tcp,
+        web,
         public_path,
         worker_path,
         released,
@@ -355,6 +384,7 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
         public,
         workers,
         tcp,
+        web,
         public_path,
         worker_path,
         released,
@@ -365,6 +395,23 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(address = %local, "accepting remote clients (token required)");
         clients.push(NativeClients::Tcp(listener));
+    }
+    if let Some(listener) = web {
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        let policy = kernel::web::WebPolicy::for_listener(
+            local,
+            false,
+            &opts.web_access.hosts,
+            &opts.web_access.origins,
+            &opts.web_access.proxies,
+        );
+        tracing::info!(address = %local, "serving the web client (token required)");
+        let max_frame_len = Limits::default().max_frame_len;
+        clients.push(NativeClients::Web(crate::web::serve(
+            listener,
+            policy,
+            max_frame_len,
+        )));
     }
     let config = Config {
         server_id: opts.server_id.clone(),
@@ -898,6 +945,7 @@ impl<P: Platform> Daemon<P> {
     fn on_accepted(&mut self, socket: P::Conn) {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
+        let peer = socket.peer();
         let socket = Arc::new(socket);
         let tx = self.events.clone();
         let read_socket = Arc::clone(&socket);
@@ -970,7 +1018,7 @@ impl<P: Platform> Daemon<P> {
                 writer_task,
             },
         );
-        self.step(Input::Accepted { conn });
+        self.step(Input::Accepted { conn, peer });
     }
 
     /// The connection is gone: stop its tasks and tell the kernel (once).

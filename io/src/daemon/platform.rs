@@ -9,12 +9,12 @@
 //! tasks running the real worker loop, jobs inline), so the loop they drive
 //! is [`super::run`]'s own.
 
+use crate::duplex::Duplex;
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use crate::duplex::Duplex;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::AbortHandle;
 
@@ -39,6 +39,12 @@ pub trait Conn: Send + Sync + 'static {
 
     /// Ends our direction of the stream (the peer reads end-of-file).
     fn shutdown_write(&self) -> impl Future<Output = ()> + Send;
+
+    /// A remote peer's address (failed tokens back off by it); `None` for
+    /// a local client.
+    fn peer(&self) -> Option<std::net::IpAddr> {
+        None
+    }
 }
 
 /// Something that accepts connections of type `S`.
@@ -109,6 +115,8 @@ pub enum ClientSocket {
     Unix(UnixStream),
     /// A remote client (token required).
     Tcp(tokio::net::TcpStream),
+    /// A WebSocket of the web listener, one frame per message (token required).
+    Web(crate::web::WebConn),
 }
 
 /// The most a connection's reader takes from its socket at once.
@@ -143,6 +151,7 @@ impl ClientSocket {
         match self {
             Self::Unix(s) => s.readable().await,
             Self::Tcp(s) => s.readable().await,
+            Self::Web(_) => unreachable!("a WebSocket is read by messages"),
         }
     }
 
@@ -150,6 +159,7 @@ impl ClientSocket {
         match self {
             Self::Unix(s) => s.writable().await,
             Self::Tcp(s) => s.writable().await,
+            Self::Web(_) => unreachable!("a WebSocket is written by messages"),
         }
     }
 
@@ -169,6 +179,7 @@ impl ClientSocket {
                 Self::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || {
                     read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
                 }),
+                Self::Web(_) => unreachable!("a WebSocket is read by messages"),
             };
             match result {
                 Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
@@ -185,6 +196,9 @@ impl ClientSocket {
 
 impl Conn for ClientSocket {
     async fn read(&self) -> io::Result<Option<Vec<u8>>> {
+        if let Self::Web(web) = self {
+            return Ok(web.read().await);
+        }
         loop {
             self.readable().await?;
             match self.read_ready() {
@@ -197,6 +211,9 @@ impl Conn for ClientSocket {
     }
 
     fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize> {
+        if let Self::Web(web) = self {
+            return web.try_write_frames(frames, skip);
+        }
         let slices: Vec<io::IoSlice<'_>> = frames
             .iter()
             .take(MAX_SLICES)
@@ -206,10 +223,14 @@ impl Conn for ClientSocket {
         match self {
             Self::Unix(s) => s.try_write_vectored(&slices),
             Self::Tcp(s) => s.try_write_vectored(&slices),
+            Self::Web(_) => unreachable!("handled above"),
         }
     }
 
     async fn write_frames(&self, mut frames: Vec<Frame>, mut skip: usize) -> io::Result<()> {
+        if let Self::Web(web) = self {
+            return web.write_frames(frames, skip).await;
+        }
         while !frames.is_empty() {
             self.writable().await?;
             match self.try_write_frames(&frames, skip) {
@@ -225,9 +246,18 @@ impl Conn for ClientSocket {
         let result = match self {
             Self::Unix(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
             Self::Tcp(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+            Self::Web(web) => return web.shutdown_write().await,
         };
         if let Err(e) = result {
             tracing::debug!(error = %e, "shutdown of a client connection failed");
+        }
+    }
+
+    fn peer(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Self::Unix(_) => None,
+            Self::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Self::Web(web) => Some(web.peer()),
         }
     }
 }
@@ -254,6 +284,8 @@ pub enum NativeClients {
     Unix(UnixListener),
     /// `--listen tcp://…`.
     Tcp(tokio::net::TcpListener),
+    /// `--listen http://…`: the WebSockets the web server upgraded.
+    Web(tokio::sync::mpsc::Receiver<crate::web::WebConn>),
 }
 
 impl Listener<ClientSocket> for NativeClients {
@@ -269,6 +301,13 @@ impl Listener<ClientSocket> for NativeClients {
                 }
                 Ok(ClientSocket::Tcp(stream))
             }
+            Self::Web(upgraded) => match upgraded.recv().await {
+                Some(conn) => Ok(ClientSocket::Web(conn)),
+                None => {
+                    tracing::error!("the web server stopped; no more web clients are accepted");
+                    std::future::pending().await
+                }
+            },
         }
     }
 }

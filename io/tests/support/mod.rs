@@ -17,6 +17,7 @@ use kernel::limits::{Limits, WorkerLimits};
 use kernel::server::{Config, Frame};
 use kernel::time::Instant;
 use pi_io::daemon::{Conn, Listener, Platform, Serving, Spawned, run_on};
+use pi_io::duplex::Locked;
 use pi_io::worker::{Dial, WorkerSetup};
 use std::future::Future;
 use std::io;
@@ -30,7 +31,6 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::AbortHandle;
 use tracing_subscriber::layer::SubscriberExt;
 use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use pi_io::duplex::Locked;
 use turmoil::net::{TcpListener, TcpStream};
 
 /// The port the server listens on for clients.

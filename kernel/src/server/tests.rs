@@ -972,10 +972,17 @@ fn failed_tokens_back_off_per_address() {
     h.now += 250;
     assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
     h.now += 250;
-    assert!(hello(&mut h, guesser, "secret").is_err(), "the second lock is 500 ms");
+    assert!(
+        hello(&mut h, guesser, "secret").is_err(),
+        "the second lock is 500 ms"
+    );
     h.now += 250;
     assert_eq!(hello(&mut h, guesser, "secret"), Ok(()));
     assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
     h.now += 250;
-    assert_eq!(hello(&mut h, guesser, "secret"), Ok(()), "forgotten after a success: 250 ms again");
+    assert_eq!(
+        hello(&mut h, guesser, "secret"),
+        Ok(()),
+        "forgotten after a success: 250 ms again"
+    );
 }

@@ -1,0 +1,144 @@
+//! One WebSocket as a client connection of the daemon's loop.
+//!
+//! Each binary message carries one whole pi protocol v1 frame (length
+//! prefix included), both ways, so the kernel sees the bytes it sees on a
+//! socket. The socket itself is served by a task of its own
+//! ([`bridge`]): messages in become [`WebConn::read`]'s bytes, frames the
+//! loop writes go out one per message. The outgoing queue is bounded in
+//! frames; when it is full a write takes nothing (`WouldBlock`), and the
+//! kernel's output bound then decides, as for a socket whose buffer is full.
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use kernel::server::Frame;
+use std::io;
+use std::net::IpAddr;
+use tokio::sync::{Mutex, mpsc};
+
+/// Frames queued for one WebSocket before a write takes nothing.
+const OUT_FRAMES: usize = 256;
+
+/// Messages received and not yet read by the loop.
+const IN_MESSAGES: usize = 64;
+
+enum Out {
+    Frame(Frame),
+    /// Our direction ends: a close frame, then nothing.
+    Close,
+}
+
+/// The loop's side of one WebSocket.
+pub struct WebConn {
+    peer: IpAddr,
+    incoming: Mutex<mpsc::Receiver<Vec<u8>>>,
+    outgoing: mpsc::Sender<Out>,
+}
+
+impl WebConn {
+    /// The client's address (behind a trusted proxy, the one it reported).
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// The next message's bytes; `None` once the socket closed.
+    pub(crate) async fn read(&self) -> Option<Vec<u8>> {
+        self.incoming.lock().await.recv().await
+    }
+
+    /// Queues the whole frames the queue takes now.
+    pub(crate) fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize> {
+        // Frames are taken whole, so a first frame is never part-written.
+        debug_assert_eq!(skip, 0, "a WebSocket frame was split");
+        let mut taken = 0;
+        for frame in frames {
+            match self.outgoing.try_send(Out::Frame(frame.clone())) {
+                Ok(()) => taken += frame.len(),
+                Err(mpsc::error::TrySendError::Full(_)) => break,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+            }
+        }
+        if taken == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(taken - skip)
+    }
+
+    /// Queues every frame, waiting for room.
+    pub(crate) async fn write_frames(&self, frames: Vec<Frame>, skip: usize) -> io::Result<()> {
+        debug_assert_eq!(skip, 0, "a WebSocket frame was split");
+        for frame in frames {
+            self.outgoing
+                .send(Out::Frame(frame))
+                .await
+                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(())
+    }
+
+    /// Sends a close frame after what is queued.
+    pub(crate) async fn shutdown_write(&self) {
+        let _ = self.outgoing.send(Out::Close).await;
+    }
+}
+
+/// A connection for the loop and the task that serves `socket` for it.
+pub(super) fn bridge(
+    socket: WebSocket,
+    peer: IpAddr,
+) -> (WebConn, impl Future<Output = ()> + Send) {
+    let (in_tx, in_rx) = mpsc::channel(IN_MESSAGES);
+    let (out_tx, out_rx) = mpsc::channel(OUT_FRAMES);
+    let conn = WebConn {
+        peer,
+        incoming: Mutex::new(in_rx),
+        outgoing: out_tx,
+    };
+    (conn, serve(socket, in_tx, out_rx))
+}
+
+/// Moves messages both ways until either side ends.
+async fn serve(
+    mut socket: WebSocket,
+    in_tx: mpsc::Sender<Vec<u8>>,
+    mut out_rx: mpsc::Receiver<Out>,
+) {
+    // Dropped when the peer is done sending: the loop then reads the end.
+    let mut in_tx = Some(in_tx);
+    loop {
+        tokio::select! {
+            received = socket.recv(), if in_tx.is_some() => match received {
+                Some(Ok(Message::Binary(bytes))) => {
+                    let tx = in_tx.as_ref().expect("reading");
+                    if tx.send(bytes.into()).await.is_err() {
+                        break; // the loop dropped the connection
+                    }
+                }
+                Some(Ok(Message::Text(_))) => {
+                    let _ = socket
+                        .send(Message::Close(Some(CloseFrame {
+                            code: close_code::UNSUPPORTED,
+                            reason: "pi protocol frames are binary messages".into(),
+                        })))
+                        .await;
+                    break;
+                }
+                // Pings are answered by the socket itself.
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Close(_)) | Err(_)) | None => in_tx = None,
+            },
+            queued = out_rx.recv() => match queued {
+                Some(Out::Frame(frame)) => {
+                    let message = Message::Binary(axum::body::Bytes::from_owner(frame));
+                    if socket.send(message).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::Close) | None => {
+                    let _ = socket.send(Message::Close(None)).await;
+                    break;
+                }
+            },
+        }
+    }
+}

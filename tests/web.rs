@@ -1,0 +1,153 @@
+//! The web client in a real browser: `tests/web/web.mjs` starts
+//! `pi-server serve --listen http://…` and drives the served page in Debian's
+//! headless `chromium` with `playwright-core` (installed from the npm
+//! registry by `tests/web/install.sh` on first use). Each scenario saves a
+//! screenshot under the test root's `screens/` (kept with
+//! `PI_WEB_SCREENS=DIR`). The codec and connection unit tests
+//! (`tests/web/*.test.mjs`, `node --test`) run here too.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Six scenarios, one of which replaces the server, on a loaded two-core machine.
+const BOUND: Duration = Duration::from_secs(600);
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn available(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Node and npm are needed; so is chromium, which `.ci/run` installs: on CI
+/// its absence fails the test, elsewhere it skips with a message.
+fn prerequisites(chromium: bool) -> bool {
+    let mut missing = Vec::new();
+    if !available("node") || !available("npm") {
+        missing.push("`node` and `npm` (Node 20+)");
+    }
+    if chromium && !Path::new(CHROMIUM).exists() {
+        missing.push("Debian's chromium (`apt-get install chromium`)");
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let message = format!("the web tests need {}", missing.join(" and "));
+    assert!(std::env::var_os("CI").is_none(), "{message}");
+    eprintln!("SKIPPED: {message}");
+    false
+}
+
+async fn run_bounded(command: Command, bound: Duration, what: &str) -> CliOutput {
+    let mut command = tokio::process::Command::from(command);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let output = match tokio::time::timeout(bound, child.wait_with_output()).await {
+        Ok(output) => output.unwrap_or_else(|e| panic!("wait for {what}: {e}")),
+        Err(_) => panic!("{what} did not finish within {bound:?}"),
+    };
+    CliOutput {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/web")
+}
+
+/// The codec against the kernel's vectors, and the connection against a
+/// fake socket.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_browser_codec_and_connection_pass_their_unit_tests() {
+    if !prerequisites(false) {
+        return;
+    }
+    let mut node = Command::new("node");
+    node.arg("--test").arg(".").current_dir(dir());
+    let output = run_bounded(node, Duration::from_secs(120), "node --test tests/web").await;
+    assert!(
+        output.status.success(),
+        "node --test failed:\n{}\n{}",
+        output.stdout,
+        output.stderr
+    );
+    assert!(output.stdout.contains("# fail 0"), "{}", output.stdout);
+}
+
+/// Every scenario of the script: token entry, create, prompt with
+/// streaming, the phone-sized list; a second browser watching; steer,
+/// abort, model and thinking; a reload mid-turn; a server replacement
+/// mid-turn; a wrong token, a foreign origin and host.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_web_client_works_in_a_real_browser() {
+    if !prerequisites(true) {
+        return;
+    }
+    let install = run_bounded(
+        Command::new(dir().join("install.sh")),
+        Duration::from_secs(300),
+        "tests/web/install.sh",
+    )
+    .await;
+    assert!(
+        install.status.success(),
+        "tests/web/install.sh failed: {install:#?}"
+    );
+
+    let root = TestRoot::new("web");
+    let screens = std::env::var_os("PI_WEB_SCREENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.path.join("screens"));
+    let config = serde_json::json!({
+        "bin": bin(),
+        "serverDir": root.path.join("server"),
+        "serverId": SERVER_ID,
+        "sessionDir": root.path.join("sessions"),
+        "screens": screens,
+    });
+    let config_path = root.path.join("web-config.json");
+    std::fs::write(&config_path, config.to_string()).expect("write the web config");
+    let mut node = Command::new("node");
+    node.arg(dir().join("web.mjs"))
+        .arg(&config_path)
+        .current_dir(dir());
+    root.isolate(&mut node);
+    let output = run_bounded(node, BOUND, "node tests/web/web.mjs").await;
+    println!("{}", output.stdout);
+    eprintln!("{}", output.stderr);
+    if !output.status.success() {
+        let log = std::fs::read_to_string(root.path.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(80).collect();
+        eprintln!("---- server log, last lines ----");
+        for line in tail.iter().rev() {
+            eprintln!("{line}");
+        }
+    }
+    assert!(
+        output.status.success(),
+        "web.mjs failed ({}):\n{}",
+        output.status,
+        output.stdout
+    );
+    assert!(output.stdout.contains("web: all checks passed"));
+    for name in ["a-session-mid-turn", "a-list-phone", "f-wrong-token"] {
+        assert!(
+            screens.join(format!("{name}.png")).exists(),
+            "screenshot {name}.png saved"
+        );
+    }
+}

@@ -1,0 +1,366 @@
+// Drives the web client served by `pi-server serve --listen http://…` in a
+// real headless Chromium (Debian's `chromium`, through playwright-core's
+// executablePath), the way a user does: token entry, the session list,
+// create, prompt with streaming, a second browser watching, steer, abort,
+// model and thinking changes, a reload mid-turn, a server replacement
+// mid-turn, a wrong token and a page of a foreign origin.
+//
+// Usage: node web.mjs <config.json> [scenarios]
+//   config: {"bin", "serverDir", "serverId", "sessionDir", "screens"}
+//   scenarios: optional comma-separated letters (default: all)
+// Environment: WEB_CHROMIUM overrides /usr/bin/chromium; WEB_WAIT_MS the
+// per-wait bound.
+//
+// The script starts and replaces its own `pi-server serve` processes (env
+// PI_FAUX_DELAY_MS=40, output appended to <serverDir>/../server.log). Each
+// scenario saves a screenshot to <screens>/<letter>-<what>.png. It prints
+// `ok - <what>` per check and `web: all checks passed` at the end.
+
+import { chromium } from "playwright-core";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import net from "node:net";
+import path from "node:path";
+
+const cfg = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+const only = process.argv[3] ? new Set(process.argv[3].split(",")) : null;
+const WAIT = Number(process.env.WEB_WAIT_MS) || 20_000;
+const CHROMIUM = process.env.WEB_CHROMIUM || "/usr/bin/chromium";
+const root = path.dirname(path.resolve(cfg.serverDir));
+const work = path.join(root, "work");
+const tokenFile = path.join(root, "token");
+const TOKEN = "web-test-token-0123456789";
+fs.mkdirSync(cfg.serverDir, { recursive: true, mode: 0o700 });
+fs.mkdirSync(cfg.sessionDir, { recursive: true });
+fs.mkdirSync(work, { recursive: true });
+fs.mkdirSync(cfg.screens, { recursive: true });
+fs.writeFileSync(tokenFile, TOKEN + "\n", { mode: 0o600 });
+const globalArgs = ["--server-dir", cfg.serverDir, "--server-id", cfg.serverId, "--session-dir", cfg.sessionDir];
+
+class CheckFailed extends Error {}
+const check = (cond, what, detail) => {
+  if (!cond) throw new CheckFailed(`check failed: ${what}${detail === undefined ? "" : `\n  detail: ${JSON.stringify(detail)?.slice(0, 1500)}`}`);
+  console.log(`ok - ${what}`);
+};
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const until = async (cond, what, ms = WAIT) => {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > end) throw new CheckFailed(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(25);
+  }
+};
+const longText = (words) => Array.from({ length: words }, (_, i) => `word${String(i).padStart(4, "0")}`).join(" ");
+const fauxReply = (prompt) => `You said: ${prompt}. This is the faux model answering offline, word by word.`;
+
+// ---------------------------------------------------------------------------
+// Servers
+
+const freePort = () =>
+  new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+    s.on("error", reject);
+  });
+
+const PORT = await freePort();
+const BASE = `http://127.0.0.1:${PORT}`;
+const servers = new Set();
+
+/** Starts a server (a successor takes over from the running one). */
+const startServer = async () => {
+  const log = fs.openSync(path.join(root, "server.log"), "a");
+  const child = spawn(
+    cfg.bin,
+    ["serve", ...globalArgs, "--listen", `http://127.0.0.1:${PORT}`, "--token-file", tokenFile],
+    { stdio: ["ignore", log, log], env: { ...process.env, PI_FAUX_DELAY_MS: "40", RUST_LOG: "info" } },
+  );
+  fs.closeSync(log);
+  child.exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  servers.add(child);
+  await until(async () => (await get("/", { host: `127.0.0.1:${PORT}` })).status === 200, "the web listener");
+  return child;
+};
+
+/** A raw HTTP GET with chosen headers: {status, body}. */
+const get = (pathname, headers) =>
+  new Promise((resolve) => {
+    const req = http.request({ host: "127.0.0.1", port: PORT, path: pathname, headers, setHost: false }, (res) => {
+      let body = "";
+      res.on("data", (c) => (body += c));
+      res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, body }));
+    });
+    req.on("upgrade", (res, socket) => {
+      socket.destroy();
+      resolve({ status: res.statusCode, headers: res.headers, body: "" });
+    });
+    req.on("error", (e) => resolve({ status: 0, body: String(e) }));
+    req.end();
+  });
+
+// ---------------------------------------------------------------------------
+// The page
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  args: [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+
+const tid = (page, id) => page.locator(`[data-testid="${id}"]`);
+
+/** A new browser context (its own session storage) on the page, token entered. */
+const openPage = async (opts = {}, token = TOKEN) => {
+  const context = await browser.newContext(opts);
+  const page = await context.newPage();
+  page.on("pageerror", (e) => console.log(`# page error: ${e}`));
+  await page.goto(BASE + "/");
+  await tid(page, "token-input").fill(token);
+  await tid(page, "token-submit").click();
+  return { context, page };
+};
+
+const shot = async (page, name) => {
+  await page.screenshot({ path: path.join(cfg.screens, `${name}.png`), fullPage: false });
+};
+
+/** Creates a session named `name` from the list and opens it; its id. */
+const createSession = async (page, name) => {
+  await tid(page, "session-list").waitFor({ timeout: WAIT });
+  const cwd = path.join(work, name);
+  fs.mkdirSync(cwd, { recursive: true });
+  await tid(page, "create-cwd").fill(cwd);
+  await tid(page, "create-name").fill(name);
+  await tid(page, "create-submit").click();
+  await until(async () => /#\/s\//.test(page.url()) || (await tid(page, "transcript").count()) > 0, `session ${name} opened`);
+  const id = decodeURIComponent(page.url().split("#/s/")[1] ?? "");
+  check(id.length > 0, `creating ${name} opens its view (#/s/<id>)`, page.url());
+  await tid(page, "phase").waitFor({ timeout: WAIT });
+  return id;
+};
+
+const assistantTexts = (page) => tid(page, "item-assistant").evaluateAll((els) => els.map((e) => ({ status: e.dataset.status, text: e.innerText })));
+const lastAssistant = async (page) => (await assistantTexts(page)).at(-1);
+
+/** Sends `text` with the input and the send button. */
+const send = async (page, text) => {
+  await tid(page, "prompt-input").fill(text);
+  await tid(page, "send").click();
+};
+
+const waitIdle = (page) =>
+  until(async () => (await tid(page, "phase").innerText()).trim() === "idle", "phase idle");
+
+const words = (s) => s.replace(/\s+/g, " ").trim();
+
+// ---------------------------------------------------------------------------
+// Scenarios
+
+const scenarios = {
+  /** Token entry, create, prompt with streaming; the phone-sized list. */
+  async a() {
+    const { context, page } = await openPage();
+    const id = await createSession(page, "web-a");
+    const text = longText(80);
+    await send(page, text);
+    const lengths = [];
+    await until(async () => {
+      const last = await lastAssistant(page);
+      if (last?.status === "streaming") lengths.push(last.text.length);
+      return new Set(lengths).size >= 3;
+    }, "the reply streams in several steps");
+    check(lengths.every((n, i) => i === 0 || n >= lengths[i - 1]), "the streamed text only grows", lengths);
+    check((await tid(page, "send").innerText()).trim() === "Steer", "while a turn runs, Send is Steer");
+    await shot(page, "a-session-mid-turn");
+    await waitIdle(page);
+    const last = await lastAssistant(page);
+    check(last.status === "complete", "the reply completes", last);
+    check(words(last.text).includes(words(fauxReply(text))), "the whole faux reply is shown", last.text.slice(0, 200));
+    check(words(last.text).split(fauxReply("").slice(0, 9)).length === 2, "shown once");
+    check(/\d/.test(await tid(page, "usage-total").innerText()), "usage and cost are shown");
+    await tid(page, "back").click();
+    await until(async () => (await tid(page, "session-row").count()) > 0, "the list");
+    const row = page.locator(`[data-testid="session-row"][data-session-id="${id}"]`);
+    check((await row.innerText()).includes("web-a"), "the list shows the session by name");
+    await context.close();
+
+    const phone = await openPage({ viewport: { width: 360, height: 740 }, isMobile: true, hasTouch: true });
+    await tid(phone.page, "session-list").waitFor({ timeout: WAIT });
+    await until(async () => (await tid(phone.page, "session-row").count()) > 0, "rows on the phone");
+    const width = await phone.page.evaluate(() => document.documentElement.scrollWidth);
+    check(width <= 360, "the list fits a phone-sized screen without horizontal scrolling", width);
+    await shot(phone.page, "a-list-phone");
+    await phone.context.close();
+  },
+
+  /** A second browser context watches the same turn and sees the same text. */
+  async b() {
+    const one = await openPage();
+    const id = await createSession(one.page, "web-b");
+    const two = await openPage();
+    await two.page.goto(`${BASE}/#/s/${encodeURIComponent(id)}`);
+    await tid(two.page, "phase").waitFor({ timeout: WAIT });
+    const text = longText(60);
+    await send(one.page, text);
+    await until(async () => (await lastAssistant(two.page))?.status === "streaming", "the watcher sees the reply stream");
+    await shot(two.page, "b-watcher-mid-turn");
+    await waitIdle(one.page);
+    await until(async () => (await lastAssistant(two.page))?.status === "complete", "the watcher sees it complete");
+    const [a, b] = [await lastAssistant(one.page), await lastAssistant(two.page)];
+    check(words(a.text) === words(b.text), "both browsers show the same reply", { a: a.text.slice(0, 80), b: b.text.slice(0, 80) });
+    const users = await tid(two.page, "item-user").allInnerTexts();
+    check(users.length === 1 && users[0].includes("word0000"), "the watcher shows the other client's prompt", users);
+    await one.context.close();
+    await two.context.close();
+  },
+
+  /** Steer and abort mid-turn; a model and thinking change, kept across a reload. */
+  async c() {
+    const { context, page } = await openPage();
+    await createSession(page, "web-c");
+    await send(page, longText(200));
+    await until(async () => (await lastAssistant(page))?.status === "streaming", "streaming");
+    await send(page, "steered: please stop soon");
+    await until(async () => (await tid(page, "item-user").allInnerTexts()).some((t) => t.includes("steered")), "the steer is shown");
+    check(true, "a steer is accepted mid-turn");
+    await until(async () => (await lastAssistant(page))?.status === "streaming", "the steered reply streams");
+    await tid(page, "abort").click();
+    await until(async () => (await assistantTexts(page)).some((a) => a.status === "aborted"), "an aborted reply");
+    await waitIdle(page);
+    await shot(page, "c-aborted");
+    check(true, "abort ends the turn");
+
+    const models = await tid(page, "model-picker").locator("option").evaluateAll((os) => os.map((o) => ({ value: o.value, label: o.textContent })));
+    const reasoner = models.find((m) => /reasoner/i.test(m.value + m.label));
+    check(reasoner, "the model picker offers the reasoning model", models);
+    await tid(page, "model-picker").selectOption(reasoner.value);
+    await until(async () => (await tid(page, "thinking-picker").locator("option").count()) > 1, "thinking levels of the reasoning model");
+    await until(async () => !(await tid(page, "thinking-picker").isDisabled()), "the thinking picker enabled");
+    await tid(page, "thinking-picker").selectOption("high");
+    await sleep(300);
+    await page.reload();
+    await tid(page, "phase").waitFor({ timeout: WAIT });
+    await until(async () => (await tid(page, "thinking-picker").inputValue()) === "high", "thinking high after a reload");
+    check((await tid(page, "model-picker").inputValue()) === reasoner.value, "the model is kept across a reload");
+    await send(page, "think about it");
+    await waitIdle(page);
+    check((await tid(page, "item-thinking").count()) > 0, "a reasoning reply shows its thinking");
+    await context.close();
+  },
+
+  /** A reload mid-turn loses and duplicates nothing. */
+  async d() {
+    const { context, page } = await openPage();
+    await createSession(page, "web-d");
+    const text = longText(120);
+    await send(page, text);
+    await until(async () => (await lastAssistant(page))?.text.length > 40, "some of the reply");
+    await page.reload();
+    await tid(page, "phase").waitFor({ timeout: WAIT });
+    await until(async () => (await lastAssistant(page))?.status === "streaming", "the reply streams on after the reload");
+    await waitIdle(page);
+    const all = await assistantTexts(page);
+    check(all.length === 1 && all[0].status === "complete", "one reply, complete", all.map((a) => a.status));
+    check(words(all[0].text).includes(words(fauxReply(text))), "its whole text, once, after the reload");
+    await context.close();
+  },
+
+  /** The server is replaced mid-turn: "reconnecting…", then the whole reply, once. */
+  async e() {
+    const { context, page } = await openPage();
+    await createSession(page, "web-e");
+    const text = longText(150);
+    await send(page, text);
+    await until(async () => (await lastAssistant(page))?.text.length > 40, "some of the reply");
+    const old = [...servers].at(-1);
+    const successor = startServer();
+    const banner = until(async () => /reconnect/i.test(await tid(page, "conn-banner").innerText().catch(() => "")), "the reconnecting banner", WAIT).then(
+      () => true,
+      () => false,
+    );
+    await successor;
+    await old.exited;
+    servers.delete(old);
+    check(await banner, "the page says it is reconnecting");
+    await waitIdle(page);
+    const all = await assistantTexts(page);
+    check(all.length === 1 && all[0].status === "complete", "the turn completed across the replacement", all.map((a) => a.status));
+    check(words(all[0].text).includes(words(fauxReply(text))), "its text is whole and shown once");
+    await shot(page, "e-after-replacement");
+    await context.close();
+  },
+
+  /** A wrong token is refused and asked for again; a foreign origin and host are refused. */
+  async f() {
+    const { context, page } = await openPage({}, "not-the-token");
+    await tid(page, "error").waitFor({ timeout: WAIT });
+    await until(async () => /token/i.test(await tid(page, "error").innerText()), "the error names the token");
+    check(await tid(page, "token-input").isVisible(), "a wrong token: the form asks again");
+    await shot(page, "f-wrong-token");
+    await context.close();
+
+    // A page of another origin opening the socket.
+    const foreign = http.createServer((_, res) => {
+      res.setHeader("content-type", "text/html");
+      res.end("<!doctype html><title>elsewhere</title>");
+    });
+    await new Promise((r) => foreign.listen(0, "127.0.0.1", r));
+    const other = await browser.newContext();
+    const evil = await other.newPage();
+    await evil.goto(`http://127.0.0.1:${foreign.address().port}/`);
+    const outcome = await evil.evaluate(
+      (url) =>
+        new Promise((resolve) => {
+          const ws = new WebSocket(url);
+          ws.onopen = () => resolve("open");
+          ws.onclose = (e) => resolve(`closed ${e.code}`);
+        }),
+      `ws://127.0.0.1:${PORT}/ws`,
+    );
+    check(outcome.startsWith("closed"), "a socket from a page of another origin never opens", outcome);
+    await shot(evil, "f-foreign-origin");
+    await other.close();
+    foreign.close();
+    const upgrade = { host: `127.0.0.1:${PORT}`, origin: "http://evil.example", connection: "Upgrade", upgrade: "websocket", "sec-websocket-version": "13", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==" };
+    const refused = await get("/ws", upgrade);
+    check(refused.status === 403 && /Origin/.test(refused.body), "the upgrade from a foreign origin is a 403", refused);
+    const rebound = await get("/", { host: `rebound.example:${PORT}` });
+    check(rebound.status === 403, "a page requested under a foreign Host is a 403", rebound);
+    const plain = await get("/ws", { host: `127.0.0.1:${PORT}` });
+    check(plain.status === 426, "a plain GET of the socket path is a 426", plain.status);
+  },
+};
+
+// ---------------------------------------------------------------------------
+
+let failed = false;
+try {
+  await startServer();
+  for (const [letter, run] of Object.entries(scenarios)) {
+    if (only && !only.has(letter)) continue;
+    console.log(`# scenario ${letter}`);
+    await run();
+  }
+} catch (e) {
+  failed = true;
+  console.log(e instanceof CheckFailed ? e.message : e.stack);
+} finally {
+  await browser.close().catch(() => {});
+  for (const s of servers) s.kill("SIGTERM");
+  await Promise.all([...servers].map((s) => Promise.race([s.exited, sleep(5000)])));
+}
+if (failed) process.exit(1);
+console.log("web: all checks passed");
