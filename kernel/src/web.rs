@@ -135,7 +135,7 @@ pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refu
     let Some(host) = host.map(|h| h.trim().to_ascii_lowercase()) else {
         return Err(refuse(400, "a Host header is required".into()));
     };
-    if !policy.hosts.iter().any(|h| *h == host) {
+    if !policy.hosts.contains(&host) {
         return Err(refuse(
             403,
             format!(
