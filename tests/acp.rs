@@ -8,41 +8,12 @@ mod common;
 
 use common::*;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The whole script (about a dozen scenarios, several of which replace or
 /// crash the server) on a loaded two-core machine.
 const BOUND: Duration = Duration::from_secs(900);
-
-fn available(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Runs `command` to completion, capturing its output; killed after `bound`.
-async fn run_bounded(command: Command, bound: Duration, what: &str) -> CliOutput {
-    let mut command = tokio::process::Command::from(command);
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let output = match tokio::time::timeout(bound, child.wait_with_output()).await {
-        Ok(output) => output.unwrap_or_else(|e| panic!("wait for {what}: {e}")),
-        Err(_) => panic!("{what} did not finish within {bound:?}"),
-    };
-    CliOutput {
-        status: output.status,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
 
 /// Every scenario of the script but `i`: new, prompt, tool call, thinking,
 /// cancel and steer, list, load after the adapter was killed, two adapters,
@@ -99,13 +70,7 @@ async fn run_script(scenarios: &str) {
     println!("{}", output.stdout);
     eprintln!("{}", output.stderr);
     if !output.status.success() {
-        let log = std::fs::read_to_string(root.path.join("server.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(80).collect();
-        eprintln!("---- server log, last lines ----");
-        for line in tail.iter().rev() {
-            eprintln!("{line}");
-        }
-        eprintln!("---- end of server log ----");
+        print_server_log_tail(&root.path);
     }
     assert!(
         output.status.success(),

@@ -10,20 +10,13 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// Six scenarios, one of which replaces the server, on a loaded two-core machine.
 const BOUND: Duration = Duration::from_secs(600);
 
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-fn available(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 /// Node and npm are needed; so is chromium, which `.ci/run` installs: on CI
 /// its absence fails the test, elsewhere it skips with a message.
@@ -42,27 +35,6 @@ fn prerequisites(chromium: bool) -> bool {
     assert!(std::env::var_os("CI").is_none(), "{message}");
     eprintln!("SKIPPED: {message}");
     false
-}
-
-async fn run_bounded(command: Command, bound: Duration, what: &str) -> CliOutput {
-    let mut command = tokio::process::Command::from(command);
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let output = match tokio::time::timeout(bound, child.wait_with_output()).await {
-        Ok(output) => output.unwrap_or_else(|e| panic!("wait for {what}: {e}")),
-        Err(_) => panic!("{what} did not finish within {bound:?}"),
-    };
-    CliOutput {
-        status: output.status,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
 }
 
 fn dir() -> PathBuf {
@@ -130,12 +102,7 @@ async fn the_web_client_works_in_a_real_browser() {
     println!("{}", output.stdout);
     eprintln!("{}", output.stderr);
     if !output.status.success() {
-        let log = std::fs::read_to_string(root.path.join("server.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(80).collect();
-        eprintln!("---- server log, last lines ----");
-        for line in tail.iter().rev() {
-            eprintln!("{line}");
-        }
+        print_server_log_tail(&root.path);
     }
     assert!(
         output.status.success(),

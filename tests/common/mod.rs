@@ -810,6 +810,48 @@ impl Drop for TestServer {
     }
 }
 
+/// Whether `program --version` runs and exits 0.
+pub(crate) fn available(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `command` to completion off the test's runtime, capturing its
+/// output; killed after `bound` (a script with its own budget).
+pub(crate) async fn run_bounded(command: Command, bound: Duration, what: &str) -> CliOutput {
+    let mut command = tokio::process::Command::from(command);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let output = match tokio::time::timeout(bound, child.wait_with_output()).await {
+        Ok(output) => output.unwrap_or_else(|e| panic!("wait for {what}: {e}")),
+        Err(_) => panic!("{what} did not finish within {bound:?}"),
+    };
+    CliOutput {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Prints the last 80 lines of the server log under `root` to stderr.
+pub(crate) fn print_server_log_tail(root: &Path) {
+    let log = std::fs::read_to_string(root.join("server.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(80).collect();
+    eprintln!("---- server log, last lines ----");
+    for line in tail.iter().rev() {
+        eprintln!("{line}");
+    }
+    eprintln!("---- end of server log ----");
+}
+
 /// What a finished command printed.
 #[derive(Debug)]
 pub(crate) struct CliOutput {
