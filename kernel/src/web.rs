@@ -49,14 +49,25 @@ impl WebPolicy {
         proxies: &[IpAddr],
     ) -> Self {
         let port = addr.port();
-        let mut allowed = vec![host_port(&addr.ip().to_string(), addr.ip().is_ipv6(), port)];
-        if addr.ip().is_loopback() || addr.ip().is_unspecified() {
-            for name in ["localhost", "127.0.0.1", "::1"] {
-                allowed.push(host_port(name, name.contains(':'), port));
+        let ip = addr.ip();
+        let loopback_names: &[&str] = if ip.is_loopback() || ip.is_unspecified() {
+            &["localhost", "127.0.0.1", "::1"]
+        } else {
+            &[]
+        };
+        let candidates = std::iter::once(host_port(&ip.to_string(), ip.is_ipv6(), port))
+            .chain(
+                loopback_names
+                    .iter()
+                    .map(|name| host_port(name, name.contains(':'), port)),
+            )
+            .chain(hosts.iter().map(|h| h.trim().to_ascii_lowercase()));
+        let mut allowed: Vec<String> = Vec::new();
+        for host in candidates {
+            if !allowed.contains(&host) {
+                allowed.push(host);
             }
         }
-        allowed.extend(hosts.iter().map(|h| h.trim().to_ascii_lowercase()));
-        allowed.dedup();
         Self {
             hosts: allowed,
             origins: origins
@@ -187,6 +198,11 @@ mod tests {
     #[test]
     fn the_page_origin_and_loopback_names_are_allowed() {
         let p = local();
+        assert_eq!(
+            p.hosts,
+            ["127.0.0.1:8080", "localhost:8080", "[::1]:8080"],
+            "each once"
+        );
         for host in [
             "127.0.0.1:8080",
             "localhost:8080",

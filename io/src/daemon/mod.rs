@@ -345,24 +345,20 @@ pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
     };
     let public = UnixListener::from_std(public).map_err(|e| e.to_string())?;
     let workers = UnixListener::from_std(workers).map_err(|e| e.to_string())?;
-    let mut remote = Vec::new();
-    for (addr, scheme) in [(&opts.listen_tcp, "tcp"), (&opts.listen_web, "http")] {
-        let Some(addr) = addr else {
-            remote.push(None);
-            continue;
-        };
-        match tokio::net::TcpListener::bind(addr.as_str()).await {
-            Ok(listener) => remote.push(Some(listener)),
-            Err(e) => {
-                // Leave no socket behind that nobody serves.
-                let _ = std::fs::remove_file(&public_path);
-                let _ = std::fs::remove_file(&worker_path);
-                return Err(format!("cannot listen on {scheme}://{addr}: {e}"));
-            }
+    let bound = async {
+        let tcp = bind_remote(opts.listen_tcp.as_deref(), "tcp").await?;
+        let web = bind_remote(opts.listen_web.as_deref(), "http").await?;
+        Ok::<_, String>((tcp, web))
+    };
+    let (tcp, web) = match bound.await {
+        Ok(listeners) => listeners,
+        Err(e) => {
+            // Leave no socket behind that nobody serves.
+            let _ = std::fs::remove_file(&public_path);
+            let _ = std::fs::remove_file(&worker_path);
+            return Err(e);
         }
-    }
-    let web = remote.pop().flatten();
-    let tcp = remote.pop().flatten();
+    };
     Ok(Bound {
         opts,
         public,
@@ -373,6 +369,20 @@ pub async fn bind(opts: ServeOptions) -> Result<Bound, String> {
         worker_path,
         released,
     })
+}
+
+/// Binds a remote listener (`tcp` or `http`) at `addr`, if one is asked for.
+async fn bind_remote(
+    addr: Option<&str>,
+    scheme: &str,
+) -> Result<Option<tokio::net::TcpListener>, String> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|e| format!("cannot listen on {scheme}://{addr}: {e}"))
 }
 
 /// Serves on `bound` until the kernel completes a shutdown. Each message on
@@ -396,23 +406,6 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
         tracing::info!(address = %local, "accepting remote clients (token required)");
         clients.push(NativeClients::Tcp(listener));
     }
-    if let Some(listener) = web {
-        let local = listener.local_addr().map_err(|e| e.to_string())?;
-        let policy = kernel::web::WebPolicy::for_listener(
-            local,
-            false,
-            &opts.web_access.hosts,
-            &opts.web_access.origins,
-            &opts.web_access.proxies,
-        );
-        tracing::info!(address = %local, "serving the web client (token required)");
-        let max_frame_len = Limits::default().max_frame_len;
-        clients.push(NativeClients::Web(crate::web::serve(
-            listener,
-            policy,
-            max_frame_len,
-        )));
-    }
     let config = Config {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
@@ -433,6 +426,22 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
         },
         idle_exit: opts.idle_exit,
     };
+    if let Some(listener) = web {
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        let policy = kernel::web::WebPolicy::for_listener(
+            local,
+            false,
+            &opts.web_access.hosts,
+            &opts.web_access.origins,
+            &opts.web_access.proxies,
+        );
+        tracing::info!(address = %local, "serving the web client (token required)");
+        clients.push(NativeClients::Web(crate::web::serve(
+            listener,
+            policy,
+            config.limits.max_frame_len,
+        )));
+    }
     let serving = Serving {
         platform: Native {
             worker_path: worker_path.clone(),
