@@ -18,7 +18,7 @@
 //! A pure function of the request's facts; the driver (`io/src/web/`) only
 //! reads the headers and carries out the verdict.
 
-use std::net::{IpAddr, SocketAddr};
+use crate::ids::PeerAddr;
 
 /// The path of the WebSocket.
 pub const SOCKET_PATH: &str = "/ws";
@@ -31,9 +31,21 @@ pub struct WebPolicy {
     /// Origins accepted besides the page's own, lowercase `scheme://host[:port]`.
     pub origins: Vec<String>,
     /// Peers whose `X-Forwarded-Proto`, `-Host` and `-For` are believed.
-    pub proxies: Vec<IpAddr>,
+    pub proxies: Vec<PeerAddr>,
     /// Whether the listener itself speaks TLS (the page's scheme is `https`).
     pub tls: bool,
+}
+
+/// Where a listener is bound, as the driver read it off its socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    /// The address in canonical text form (`127.0.0.1`, `::`).
+    pub ip: String,
+    /// Whether it is an IPv6 address (written in brackets before a port).
+    pub v6: bool,
+    /// Whether it is a loopback or the unspecified address.
+    pub local: bool,
+    pub port: u16,
 }
 
 impl WebPolicy {
@@ -42,20 +54,19 @@ impl WebPolicy {
     /// addresses, each with its port; then `hosts` and `origins` given by the
     /// user (normalised to lowercase).
     pub fn for_listener(
-        addr: SocketAddr,
+        addr: &ListenAddr,
         tls: bool,
         hosts: &[String],
         origins: &[String],
-        proxies: &[IpAddr],
+        proxies: &[PeerAddr],
     ) -> Self {
-        let port = addr.port();
-        let ip = addr.ip();
-        let loopback_names: &[&str] = if ip.is_loopback() || ip.is_unspecified() {
+        let port = addr.port;
+        let loopback_names: &[&str] = if addr.local {
             &["localhost", "127.0.0.1", "::1"]
         } else {
             &[]
         };
-        let candidates = std::iter::once(host_port(&ip.to_string(), ip.is_ipv6(), port))
+        let candidates = std::iter::once(host_port(&addr.ip, addr.v6, port))
             .chain(
                 loopback_names
                     .iter()
@@ -92,7 +103,7 @@ fn host_port(host: &str, v6: bool, port: u16) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     /// The connection's peer.
-    pub peer: IpAddr,
+    pub peer: &'a PeerAddr,
     /// The `Host` header.
     pub host: Option<&'a str>,
     /// The `Origin` header.
@@ -110,7 +121,7 @@ pub struct Request<'a> {
 pub struct Admitted {
     /// The client's address (the proxy's report of it behind a proxy): the
     /// address failed tokens back off by.
-    pub client: IpAddr,
+    pub client: PeerAddr,
 }
 
 /// A refused request: the status and a plain-text reason.
@@ -127,7 +138,7 @@ fn first(value: Option<&str>) -> Option<&str> {
 
 /// Judges `request` by `policy`.
 pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refusal> {
-    let proxied = policy.proxies.contains(&request.peer);
+    let proxied = policy.proxies.contains(request.peer);
     let (scheme, host, client) = if proxied {
         let scheme =
             first(request.forwarded_proto).unwrap_or(if policy.tls { "https" } else { "http" });
@@ -136,12 +147,12 @@ pub fn admit(policy: &WebPolicy, request: &Request<'_>) -> Result<Admitted, Refu
         let client = request
             .forwarded_for
             .and_then(|v| v.rsplit(',').next())
-            .and_then(|v| v.trim().parse::<IpAddr>().ok())
-            .unwrap_or(request.peer);
+            .and_then(PeerAddr::parse)
+            .unwrap_or_else(|| request.peer.clone());
         (scheme.to_ascii_lowercase(), host, client)
     } else {
         let scheme = if policy.tls { "https" } else { "http" };
-        (scheme.to_string(), request.host, request.peer)
+        (scheme.to_string(), request.host, request.peer.clone())
     };
     let Some(host) = host.map(|h| h.trim().to_ascii_lowercase()) else {
         return Err(refuse(400, "a Host header is required".into()));
@@ -179,13 +190,28 @@ fn refuse(status: u16, reason: String) -> Refusal {
 mod tests {
     use super::*;
 
-    fn local() -> WebPolicy {
-        WebPolicy::for_listener("127.0.0.1:8080".parse().unwrap(), false, &[], &[], &[])
+    fn at(ip: &str, port: u16) -> ListenAddr {
+        ListenAddr {
+            ip: ip.into(),
+            v6: false,
+            local: ip.starts_with("127.") || ip == "0.0.0.0",
+            port,
+        }
     }
+
+    fn peer(ip: &str) -> PeerAddr {
+        PeerAddr(ip.into())
+    }
+
+    fn local() -> WebPolicy {
+        WebPolicy::for_listener(&at("127.0.0.1", 8080), false, &[], &[], &[])
+    }
+
+    static LOOPBACK: std::sync::LazyLock<PeerAddr> = std::sync::LazyLock::new(|| peer("127.0.0.1"));
 
     fn req<'a>(host: Option<&'a str>, origin: Option<&'a str>) -> Request<'a> {
         Request {
-            peer: IpAddr::from([127, 0, 0, 1]),
+            peer: &LOOPBACK,
             host,
             origin,
             forwarded_proto: None,
@@ -270,7 +296,7 @@ mod tests {
             "the scheme is part of the origin"
         );
         let allowed = WebPolicy::for_listener(
-            "127.0.0.1:8080".parse().unwrap(),
+            &at("127.0.0.1", 8080),
             false,
             &[],
             &["http://evil.example/".into()],
@@ -282,7 +308,7 @@ mod tests {
     #[test]
     fn an_unspecified_address_needs_its_names_allowed() {
         let p = WebPolicy::for_listener(
-            "0.0.0.0:80".parse().unwrap(),
+            &at("0.0.0.0", 80),
             false,
             &["Laptop.lan:80".into()],
             &[],
@@ -300,16 +326,16 @@ mod tests {
 
     #[test]
     fn forwarded_headers_count_only_from_a_configured_proxy() {
-        let proxy = IpAddr::from([10, 0, 0, 1]);
+        let proxy = peer("10.0.0.1");
         let p = WebPolicy::for_listener(
-            "127.0.0.1:8080".parse().unwrap(),
+            &at("127.0.0.1", 8080),
             false,
             &["pi.example.com".into()],
             &[],
-            &[proxy],
+            std::slice::from_ref(&proxy),
         );
         let behind = Request {
-            peer: proxy,
+            peer: &proxy,
             host: Some("127.0.0.1:8080"),
             origin: Some("https://pi.example.com"),
             forwarded_proto: Some("https"),
@@ -320,11 +346,21 @@ mod tests {
         assert_eq!(
             admit(&p, &behind),
             Ok(Admitted {
-                client: IpAddr::from([198, 51, 100, 4])
+                client: peer("198.51.100.4")
             })
         );
+        let unreadable = Request {
+            forwarded_for: Some("unknown"),
+            ..behind
+        };
+        assert_eq!(
+            admit(&p, &unreadable).map(|a| a.client),
+            Ok(proxy.clone()),
+            "an address that does not read as one is not believed"
+        );
+        let stranger = peer("10.0.0.2");
         let spoofed = Request {
-            peer: IpAddr::from([10, 0, 0, 2]),
+            peer: &stranger,
             ..behind
         };
         assert!(

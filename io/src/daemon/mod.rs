@@ -428,12 +428,18 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
     };
     if let Some(listener) = web {
         let local = listener.local_addr().map_err(|e| e.to_string())?;
+        let proxies: Vec<kernel::ids::PeerAddr> = opts
+            .web_access
+            .proxies
+            .iter()
+            .map(|ip| kernel::ids::PeerAddr(ip.to_string()))
+            .collect();
         let policy = kernel::web::WebPolicy::for_listener(
-            local,
+            &crate::web::listen_addr(local),
             false,
             &opts.web_access.hosts,
             &opts.web_access.origins,
-            &opts.web_access.proxies,
+            &proxies,
         );
         tracing::info!(address = %local, "serving the web client (token required)");
         clients.push(NativeClients::Web(crate::web::serve(

@@ -42,7 +42,7 @@ pub trait Conn: Send + Sync + 'static {
 
     /// A remote peer's address (failed tokens back off by it); `None` for
     /// a local client.
-    fn peer(&self) -> Option<std::net::IpAddr> {
+    fn peer(&self) -> Option<kernel::ids::PeerAddr> {
         None
     }
 }
@@ -253,10 +253,13 @@ impl Conn for ClientSocket {
         }
     }
 
-    fn peer(&self) -> Option<std::net::IpAddr> {
+    fn peer(&self) -> Option<kernel::ids::PeerAddr> {
         match self {
             Self::Unix(_) => None,
-            Self::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Self::Tcp(s) => s
+                .peer_addr()
+                .ok()
+                .map(|a| kernel::ids::PeerAddr(a.ip().to_string())),
             Self::Web(web) => Some(web.peer()),
         }
     }

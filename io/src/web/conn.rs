@@ -9,9 +9,9 @@
 //! kernel's output bound then decides, as for a socket whose buffer is full.
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use kernel::ids::PeerAddr;
 use kernel::server::Frame;
 use std::io;
-use std::net::IpAddr;
 use tokio::sync::{Mutex, mpsc};
 
 /// Frames queued for one WebSocket before a write takes nothing.
@@ -28,15 +28,15 @@ enum Out {
 
 /// The loop's side of one WebSocket.
 pub struct WebConn {
-    peer: IpAddr,
+    peer: PeerAddr,
     incoming: Mutex<mpsc::Receiver<Vec<u8>>>,
     outgoing: mpsc::Sender<Out>,
 }
 
 impl WebConn {
     /// The client's address (behind a trusted proxy, the one it reported).
-    pub fn peer(&self) -> IpAddr {
-        self.peer
+    pub fn peer(&self) -> PeerAddr {
+        self.peer.clone()
     }
 
     /// The next message's bytes; `None` once the socket closed.
@@ -85,7 +85,7 @@ impl WebConn {
 /// A connection for the loop and the task that serves `socket` for it.
 pub(super) fn bridge(
     socket: WebSocket,
-    peer: IpAddr,
+    peer: PeerAddr,
 ) -> (WebConn, impl Future<Output = ()> + Send) {
     let (in_tx, in_rx) = mpsc::channel(IN_MESSAGES);
     let (out_tx, out_rx) = mpsc::channel(OUT_FRAMES);

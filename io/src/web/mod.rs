@@ -23,7 +23,8 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use kernel::web::{Admitted, SOCKET_PATH, WebPolicy, admit};
+use kernel::ids::PeerAddr;
+use kernel::web::{Admitted, ListenAddr, SOCKET_PATH, WebPolicy, admit};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -65,6 +66,17 @@ pub fn serve(
     rx
 }
 
+/// The kernel's view of where a listener is bound.
+pub fn listen_addr(addr: SocketAddr) -> ListenAddr {
+    let ip = addr.ip();
+    ListenAddr {
+        ip: ip.to_string(),
+        v6: ip.is_ipv6(),
+        local: ip.is_loopback() || ip.is_unspecified(),
+        port: addr.port(),
+    }
+}
+
 fn router(policy: WebPolicy, upgraded: mpsc::Sender<WebConn>, max_frame_len: u32) -> Router {
     let state = Web {
         policy: Arc::new(policy),
@@ -87,8 +99,9 @@ async fn guard(
 ) -> Response {
     let headers = request.headers();
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let peer_addr = PeerAddr(peer.ip().to_string());
     let facts = kernel::web::Request {
-        peer: peer.ip(),
+        peer: &peer_addr,
         host: text(header::HOST.as_str()),
         origin: text(header::ORIGIN.as_str()),
         forwarded_proto: text("x-forwarded-proto"),

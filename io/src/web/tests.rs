@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn listener() -> (SocketAddr, mpsc::Receiver<WebConn>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let policy = WebPolicy::for_listener(addr, false, &[], &[], &[]);
+    let policy = WebPolicy::for_listener(&listen_addr(addr), false, &[], &[], &[]);
     (addr, serve(listener, policy, 1 << 20))
 }
 
@@ -113,7 +113,7 @@ async fn a_socket_from_a_foreign_origin_is_refused_and_the_page_origin_upgrades(
         .await
         .expect("the upgraded socket reaches the loop")
         .unwrap();
-    assert_eq!(conn.peer(), std::net::IpAddr::from([127, 0, 0, 1]));
+    assert_eq!(conn.peer(), PeerAddr("127.0.0.1".into()));
 }
 
 /// One message is one frame, both ways, and the end of the socket is the

@@ -13,10 +13,10 @@
 //! runs from accept until the server hello is sent.
 
 use crate::ids::ConnId;
+use crate::ids::PeerAddr;
 use crate::protocol::Request;
 use crate::wire::FrameDecoder;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::IpAddr;
 
 /// Stage of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -48,11 +48,11 @@ pub(crate) struct Connection {
     /// so that the snapshots it sees strictly increase.
     pub(crate) revisions: BTreeMap<String, u64>,
     /// The remote peer's address; `None` for a local client.
-    pub(crate) peer: Option<IpAddr>,
+    pub(crate) peer: Option<PeerAddr>,
 }
 
 impl Connection {
-    pub(crate) fn new(id: ConnId, max_frame_len: u32, peer: Option<IpAddr>) -> Self {
+    pub(crate) fn new(id: ConnId, max_frame_len: u32, peer: Option<PeerAddr>) -> Self {
         Self {
             id,
             stage: Stage::AwaitingHello,

@@ -25,7 +25,7 @@ mod timers;
 
 pub use connection::Stage;
 
-use crate::ids::{ChannelId, ConnId, OpId, WorkerId};
+use crate::ids::{ChannelId, ConnId, OpId, PeerAddr, WorkerId};
 use crate::limits::Limits;
 use crate::protocol::codec::cbor_error;
 use crate::protocol::codec::spliced::{self, EncodedSnapshot, ListBuilder, Spliced};
@@ -150,7 +150,7 @@ pub enum Input {
     /// address), `None` for a local one.
     Accepted {
         conn: ConnId,
-        peer: Option<std::net::IpAddr>,
+        peer: Option<PeerAddr>,
     },
     /// Bytes arrived from a client, in stream order.
     Received { conn: ConnId, bytes: Vec<u8> },
@@ -485,7 +485,7 @@ impl Server {
 
     // ---- connections -------------------------------------------------------
 
-    fn on_accepted(&mut self, id: ConnId, peer: Option<std::net::IpAddr>) {
+    fn on_accepted(&mut self, id: ConnId, peer: Option<PeerAddr>) {
         assert!(!self.conns.contains_key(&id), "connection id {id} reused");
         let limits = &self.config.limits;
         let conn = Connection::new(id, limits.max_frame_len, peer);
@@ -577,8 +577,11 @@ impl Server {
 
     fn on_hello(&mut self, id: ConnId, hello: ClientHello) {
         if let Some(expected) = &self.config.token {
-            let peer = self.conns.get(&id).expect("checked").peer;
-            if let Some(wait) = peer.and_then(|p| self.auth_throttle.locked(p, self.now)) {
+            let peer = self.conns.get(&id).expect("checked").peer.clone();
+            if let Some(wait) = peer
+                .as_ref()
+                .and_then(|p| self.auth_throttle.locked(p, self.now))
+            {
                 let message = format!(
                     "Too many failed tokens from this address; retry in {} s",
                     wait.as_millis().div_ceil(1000)
@@ -597,7 +600,7 @@ impl Server {
                 }
                 return self.fail_protocol(id, ErrorCode::Auth, message.into());
             }
-            if let Some(p) = peer {
+            if let Some(p) = &peer {
                 self.auth_throttle.succeeded(p);
             }
         }

@@ -943,8 +943,8 @@ fn failed_tokens_back_off_per_address() {
     config.token = Some("secret".into());
     let mut h = Harness::with(config);
     h.step(Input::CatalogLoaded { sessions: vec![] });
-    let guesser = Some(std::net::IpAddr::from([192, 0, 2, 7]));
-    let other = Some(std::net::IpAddr::from([192, 0, 2, 8]));
+    let guesser = Some(crate::ids::PeerAddr("192.0.2.7".into()));
+    let other = Some(crate::ids::PeerAddr("192.0.2.8".into()));
     let mut next = 0;
     let mut hello = |h: &mut Harness, peer, token: &str| {
         next += 1;
@@ -964,24 +964,33 @@ fn failed_tokens_back_off_per_address() {
             other => panic!("{other:?}"),
         }
     };
-    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
-    let locked = hello(&mut h, guesser, "secret").unwrap_err();
+    assert_eq!(
+        hello(&mut h, guesser.clone(), "guess"),
+        Err("Invalid token".into())
+    );
+    let locked = hello(&mut h, guesser.clone(), "secret").unwrap_err();
     assert!(locked.starts_with("Too many failed tokens"), "{locked}");
-    assert_eq!(hello(&mut h, other, "secret"), Ok(()));
+    assert_eq!(hello(&mut h, other.clone(), "secret"), Ok(()));
     assert_eq!(hello(&mut h, None, "secret"), Ok(()));
     h.now += 250;
-    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
+    assert_eq!(
+        hello(&mut h, guesser.clone(), "guess"),
+        Err("Invalid token".into())
+    );
     h.now += 250;
     assert!(
-        hello(&mut h, guesser, "secret").is_err(),
+        hello(&mut h, guesser.clone(), "secret").is_err(),
         "the second lock is 500 ms"
     );
     h.now += 250;
-    assert_eq!(hello(&mut h, guesser, "secret"), Ok(()));
-    assert_eq!(hello(&mut h, guesser, "guess"), Err("Invalid token".into()));
+    assert_eq!(hello(&mut h, guesser.clone(), "secret"), Ok(()));
+    assert_eq!(
+        hello(&mut h, guesser.clone(), "guess"),
+        Err("Invalid token".into())
+    );
     h.now += 250;
     assert_eq!(
-        hello(&mut h, guesser, "secret"),
+        hello(&mut h, guesser.clone(), "secret"),
         Ok(()),
         "forgotten after a success: 250 ms again"
     );

@@ -15,9 +15,9 @@
 //! Invariant: at most `capacity` peers are tracked; when full, the peer whose
 //! lock ends first is forgotten (it is the least dangerous to forget).
 
+use crate::ids::PeerAddr;
 use crate::time::Instant;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,7 @@ pub(crate) struct AuthThrottle {
     base: Duration,
     max: Duration,
     capacity: usize,
-    peers: BTreeMap<IpAddr, Entry>,
+    peers: BTreeMap<PeerAddr, Entry>,
 }
 
 impl AuthThrottle {
@@ -46,19 +46,19 @@ impl AuthThrottle {
     }
 
     /// How long `peer` must still wait before its token is looked at, if at all.
-    pub(crate) fn locked(&self, peer: IpAddr, now: Instant) -> Option<Duration> {
-        let entry = self.peers.get(&peer)?;
+    pub(crate) fn locked(&self, peer: &PeerAddr, now: Instant) -> Option<Duration> {
+        let entry = self.peers.get(peer)?;
         (entry.locked_until > now).then(|| entry.locked_until - now)
     }
 
     /// `peer` sent a wrong or no token at `now`; returns its new lock.
-    pub(crate) fn failed(&mut self, peer: IpAddr, now: Instant) -> Duration {
+    pub(crate) fn failed(&mut self, peer: PeerAddr, now: Instant) -> Duration {
         if !self.peers.contains_key(&peer) && self.peers.len() >= self.capacity {
             let first_free = self
                 .peers
                 .iter()
                 .min_by_key(|(_, e)| e.locked_until)
-                .map(|(p, _)| *p);
+                .map(|(p, _)| p.clone());
             if let Some(p) = first_free {
                 self.peers.remove(&p);
             }
@@ -77,8 +77,8 @@ impl AuthThrottle {
     }
 
     /// `peer` proved the token: its failures are forgotten.
-    pub(crate) fn succeeded(&mut self, peer: IpAddr) {
-        self.peers.remove(&peer);
+    pub(crate) fn succeeded(&mut self, peer: &PeerAddr) {
+        self.peers.remove(peer);
     }
 
     #[cfg(test)]
@@ -91,15 +91,15 @@ impl AuthThrottle {
 mod tests {
     use super::*;
 
-    fn peer(n: u8) -> IpAddr {
-        IpAddr::from([10, 0, 0, n])
+    fn peer(n: u8) -> PeerAddr {
+        PeerAddr(format!("10.0.0.{n}"))
     }
 
     #[test]
     fn locks_double_up_to_the_cap_and_a_success_forgets() {
         let mut t = AuthThrottle::new(Duration::from_millis(250), Duration::from_secs(30), 8);
         let now = Instant(1_000);
-        assert_eq!(t.locked(peer(1), now), None);
+        assert_eq!(t.locked(&peer(1), now), None);
         let locks: Vec<u64> = (0..10)
             .map(|_| t.failed(peer(1), now).as_millis() as u64)
             .collect();
@@ -107,10 +107,14 @@ mod tests {
             locks,
             [250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
         );
-        assert_eq!(t.locked(peer(1), now), Some(Duration::from_secs(30)));
-        assert_eq!(t.locked(peer(1), Instant(31_000)), None);
-        assert_eq!(t.locked(peer(2), now), None, "other peers are not affected");
-        t.succeeded(peer(1));
+        assert_eq!(t.locked(&peer(1), now), Some(Duration::from_secs(30)));
+        assert_eq!(t.locked(&peer(1), Instant(31_000)), None);
+        assert_eq!(
+            t.locked(&peer(2), now),
+            None,
+            "other peers are not affected"
+        );
+        t.succeeded(&peer(1));
         assert_eq!(t.failed(peer(1), now), Duration::from_millis(250));
     }
 
@@ -121,8 +125,8 @@ mod tests {
         t.failed(peer(2), Instant(100));
         t.failed(peer(3), Instant(200));
         assert_eq!(t.len(), 2);
-        assert_eq!(t.locked(peer(1), Instant(200)), None);
-        assert!(t.locked(peer(2), Instant(200)).is_some());
-        assert!(t.locked(peer(3), Instant(200)).is_some());
+        assert_eq!(t.locked(&peer(1), Instant(200)), None);
+        assert!(t.locked(&peer(2), Instant(200)).is_some());
+        assert!(t.locked(&peer(3), Instant(200)).is_some());
     }
 }
