@@ -1112,8 +1112,12 @@ impl<P: Platform> Daemon<P> {
                 });
             }
             Output::StopAccepting => {
+                // An accept task owns its listener (the web listener runs
+                // its HTTP server inside it): a successor binds only after
+                // these tasks are gone, awaited with the dropped connections.
                 for task in std::mem::take(&mut self.client_accepts) {
                     task.abort();
+                    self.dropped.push(task);
                 }
                 if let Some(task) = self.worker_accept.take() {
                     task.abort();

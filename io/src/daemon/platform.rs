@@ -288,7 +288,7 @@ pub enum NativeClients {
     /// `--listen tcp://…`.
     Tcp(tokio::net::TcpListener),
     /// `--listen http://…`: the WebSockets the web server upgraded.
-    Web(tokio::sync::mpsc::Receiver<crate::web::WebConn>),
+    Web(crate::web::WebListener),
 }
 
 impl Listener<ClientSocket> for NativeClients {
@@ -304,13 +304,7 @@ impl Listener<ClientSocket> for NativeClients {
                 }
                 Ok(ClientSocket::Tcp(stream))
             }
-            Self::Web(upgraded) => match upgraded.recv().await {
-                Some(conn) => Ok(ClientSocket::Web(conn)),
-                None => {
-                    tracing::error!("the web server stopped; no more web clients are accepted");
-                    std::future::pending().await
-                }
-            },
+            Self::Web(listener) => Ok(ClientSocket::Web(listener.accept().await)),
         }
     }
 }

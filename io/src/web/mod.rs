@@ -25,7 +25,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use kernel::ids::PeerAddr;
 use kernel::web::{Admitted, ListenAddr, SOCKET_PATH, WebPolicy, admit};
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -47,23 +49,59 @@ struct Web {
     max_message: usize,
 }
 
-/// Serves `listener` from a task of its own; the sockets it upgrades arrive
-/// on the returned receiver. `max_frame_len` bounds a message as a frame is
+/// A bound web listener: the HTTP server and the sockets it upgraded.
+///
+/// The server runs inside [`WebListener::accept`], not in a task of its
+/// own, so whoever owns the listener owns the port: dropping it (the daemon
+/// aborting its accept task at hand-off) closes the listening socket, and
+/// the successor can bind the same address. Connections already accepted
+/// run in tasks of their own and end when the loop drops their [`WebConn`].
+pub struct WebListener {
+    server: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>,
+    upgraded: mpsc::Receiver<WebConn>,
+    failed: bool,
+}
+
+impl WebListener {
+    /// The next upgraded socket. The HTTP server makes progress only while
+    /// this is awaited; if it fails, no more sockets arrive.
+    pub async fn accept(&mut self) -> WebConn {
+        loop {
+            if self.failed {
+                if let Some(conn) = self.upgraded.recv().await {
+                    return conn;
+                }
+                std::future::pending::<()>().await;
+            }
+            tokio::select! {
+                Some(conn) = self.upgraded.recv() => return conn,
+                result = &mut self.server => {
+                    self.failed = true;
+                    match result {
+                        Ok(()) => tracing::error!("the web server stopped; no more web clients are accepted"),
+                        Err(e) => tracing::error!(error = %e, "the web server failed; no more web clients are accepted"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves `listener`. `max_frame_len` bounds a message as a frame is
 /// bounded on the socket (plus its 4-byte prefix).
 pub fn serve(
     listener: tokio::net::TcpListener,
     policy: WebPolicy,
     max_frame_len: u32,
-) -> mpsc::Receiver<WebConn> {
-    let (tx, rx) = mpsc::channel(ACCEPT_BACKLOG);
+) -> WebListener {
+    let (tx, upgraded) = mpsc::channel(ACCEPT_BACKLOG);
     let app = router(policy, tx, max_frame_len);
-    tokio::spawn(async move {
-        let service = app.into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(e) = axum::serve(listener, service).await {
-            tracing::error!(error = %e, "the web listener failed");
-        }
-    });
-    rx
+    let service = app.into_make_service_with_connect_info::<SocketAddr>();
+    WebListener {
+        server: Box::pin(axum::serve(listener, service).into_future()),
+        upgraded,
+        failed: false,
+    }
 }
 
 /// The kernel's view of where a listener is bound.

@@ -10,7 +10,10 @@ async fn listener() -> (SocketAddr, mpsc::Receiver<WebConn>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let policy = WebPolicy::for_listener(&listen_addr(addr), false, &[], &[], &[]);
-    (addr, serve(listener, policy, 1 << 20))
+    let mut web = serve(listener, policy, 1 << 20);
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move { while tx.send(web.accept().await).await.is_ok() {} });
+    (addr, rx)
 }
 
 /// Sends `head` (request line and headers, without the blank line) and
