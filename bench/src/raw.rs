@@ -67,6 +67,13 @@ impl RawConn {
         Ok(conn)
     }
 
+    /// Connects to a Unix socket whose server wants `token` in the hello.
+    pub(crate) async fn connect_with_token(path: &Path, token: &str) -> io::Result<Self> {
+        let mut conn = Self::connect(path).await?;
+        conn.token = Some(token.into());
+        Ok(conn)
+    }
+
     /// Wraps a stream.
     pub(crate) fn new(stream: UnixStream) -> Self {
         Self::with(Transport::Unix(stream))

@@ -31,7 +31,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let err = |e: std::io::Error| e.to_string();
     runtime.block_on(async {
         // `list` round trips.
-        let mut unix = RawConn::connect(&server.socket).await.map_err(err)?;
+        let mut unix = RawConn::connect_with_token(&server.socket, &token).await.map_err(err)?;
         unix.hello_v1().await.map_err(err)?;
         let mut web = RawConn::connect_web(&addr, &token).await.map_err(err)?;
         web.hello_v1().await.map_err(err)?;
@@ -66,7 +66,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         let rounds = env.rounds.min(5);
         let mut fresh = Vec::with_capacity(CLIENTS);
         for _ in 0..CLIENTS {
-            fresh.push(RawConn::connect(&server.socket).await.map_err(err)?);
+            fresh.push(RawConn::connect_with_token(&server.socket, &token).await.map_err(err)?);
         }
         let mut unix = Audience::join(fresh, &ids[0]).await?;
         let mut fresh = Vec::with_capacity(CLIENTS);

@@ -9,6 +9,7 @@
 //! kernel's output bound then decides, as for a socket whose buffer is full.
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use futures_util::SinkExt;
 use kernel::ids::PeerAddr;
 use kernel::server::Frame;
 use std::io;
@@ -127,14 +128,36 @@ async fn serve(
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 Some(Ok(Message::Close(_)) | Err(_)) | None => in_tx = None,
             },
-            queued = out_rx.recv() => match queued {
-                Some(Out::Frame(frame)) => {
-                    let message = Message::Binary(axum::body::Bytes::from_owner(frame));
-                    if socket.send(message).await.is_err() {
-                        break;
+            queued = out_rx.recv() => {
+                // Everything queued goes out in one flush: a burst to many
+                // sockets costs a write per socket per batch, as on a socket,
+                // not one per frame.
+                let mut next = queued;
+                let mut fed = 0;
+                let closing = loop {
+                    match next {
+                        Some(Out::Frame(frame)) => {
+                            let message = Message::Binary(axum::body::Bytes::from_owner(frame));
+                            if socket.feed(message).await.is_err() {
+                                return;
+                            }
+                            fed += 1;
+                        }
+                        Some(Out::Close) | None => break true,
                     }
+                    if fed == OUT_FRAMES {
+                        break false;
+                    }
+                    match out_rx.try_recv() {
+                        Ok(out) => next = Some(out),
+                        Err(mpsc::error::TryRecvError::Empty) => break false,
+                        Err(mpsc::error::TryRecvError::Disconnected) => next = None,
+                    }
+                };
+                if socket.flush().await.is_err() {
+                    break;
                 }
-                Some(Out::Close) | None => {
+                if closing {
                     let _ = socket.send(Message::Close(None)).await;
                     break;
                 }
