@@ -111,7 +111,17 @@ async fn the_web_client_works_in_a_real_browser() {
         output.stdout
     );
     assert!(output.stdout.contains("web: all checks passed"));
-    for name in ["a-session-mid-turn", "a-list-phone", "f-wrong-token"] {
+    for name in [
+        "a-session-mid-turn",
+        "a-list-phone",
+        "b-watcher-mid-turn",
+        "c-aborted",
+        "d-after-reload",
+        "e-after-replacement",
+        "f-wrong-token",
+        "f-foreign-origin",
+        "g-keyboard",
+    ] {
         assert!(
             screens.join(format!("{name}.png")).exists(),
             "screenshot {name}.png saved"

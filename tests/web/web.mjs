@@ -3,7 +3,8 @@
 // executablePath), the way a user does: token entry, the session list,
 // create, prompt with streaming, a second browser watching, steer, abort,
 // model and thinking changes, a reload mid-turn, a server replacement
-// mid-turn, a wrong token and a page of a foreign origin.
+// mid-turn, keyboard-only use with WCAG AA contrast, a wrong token and a
+// page of a foreign origin.
 //
 // Usage: node web.mjs <config.json> [scenarios]
 //   config: {"bin", "serverDir", "serverId", "sessionDir", "screens"}
@@ -166,6 +167,63 @@ const waitIdle = (page) =>
 
 const words = (s) => s.replace(/\s+/g, " ").trim();
 
+
+/**
+ * Every visible text on the page has a WCAG AA contrast against its
+ * effective background: 4.5:1, or 3:1 for large text (24 px, or 18.66 px bold).
+ */
+const contrast = async (page, what) => {
+  const failures = await page.evaluate(() => {
+    const rgba = (s) => {
+      const m = s.match(/rgba?\(([^)]+)\)/);
+      if (!m) return [0, 0, 0, 0];
+      const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    };
+    const over = (top, under) => {
+      const a = top[3];
+      return [0, 1, 2].map((i) => top[i] * a + under[i] * (1 - a)).concat(1);
+    };
+    const background = (el) => {
+      const layers = [];
+      for (let e = el; e; e = e.parentElement) {
+        const c = rgba(getComputedStyle(e).backgroundColor);
+        if (c[3] > 0) layers.push(c);
+        if (c[3] >= 1) break;
+      }
+      return layers.reverse().reduce((under, top) => over(top, under), [255, 255, 255, 1]);
+    };
+    const lum = ([r, g, b]) => {
+      const f = (v) => {
+        v /= 255;
+        return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+      };
+      return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const out = [];
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    const seen = new Set();
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const el = n.parentElement;
+      if (!el || seen.has(el) || !n.textContent.trim()) continue;
+      seen.add(el);
+      const style = getComputedStyle(el);
+      const box = el.getBoundingClientRect();
+      if (box.width === 0 || box.height === 0 || style.visibility === "hidden") continue;
+      const bg = background(el);
+      const fg = over(rgba(style.color), bg);
+      const [l1, l2] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+      const ratio = (l1 + 0.05) / (l2 + 0.05);
+      const size = parseFloat(style.fontSize);
+      const bold = Number(style.fontWeight) >= 700;
+      const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+      if (ratio < need) out.push({ text: n.textContent.trim().slice(0, 40), ratio: ratio.toFixed(2), need, color: style.color, bg: bg.map(Math.round).join(",") });
+    }
+    return out;
+  });
+  check(failures.length === 0, `every text in ${what} meets WCAG AA contrast`, failures);
+};
+
 // ---------------------------------------------------------------------------
 // Scenarios
 
@@ -235,13 +293,15 @@ const scenarios = {
     await until(async () => (await lastAssistant(page))?.status === "streaming", "streaming");
     await send(page, "steered: please stop soon");
     await until(async () => (await tid(page, "item-user").allInnerTexts()).some((t) => t.includes("steered")), "the steer is shown");
-    check(true, "a steer is accepted mid-turn");
+    const steers = (await tid(page, "item-user").allInnerTexts()).filter((t) => t.includes("steered"));
+    check(steers.length === 1, "the steer is accepted mid-turn and shown once", steers);
     await until(async () => (await lastAssistant(page))?.status === "streaming", "the steered reply streams");
     await tid(page, "abort").click();
     await until(async () => (await assistantTexts(page)).some((a) => a.status === "aborted"), "an aborted reply");
     await waitIdle(page);
     await shot(page, "c-aborted");
-    check(true, "abort ends the turn");
+    const after = await assistantTexts(page);
+    check(after.at(-1).status === "aborted" && (await tid(page, "send").innerText()).trim() === "Send", "abort ends the turn: the last reply is aborted and Send is back", after.map((a) => a.status));
 
     const models = await tid(page, "model-picker").locator("option").evaluateAll((os) => os.map((o) => ({ value: o.value, label: o.textContent })));
     const reasoner = models.find((m) => /reasoner/i.test(m.value + m.label));
@@ -275,6 +335,7 @@ const scenarios = {
     const all = await assistantTexts(page);
     check(all.length === 1 && all[0].status === "complete", "one reply, complete", all.map((a) => a.status));
     check(words(all[0].text).includes(words(fauxReply(text))), "its whole text, once, after the reload");
+    await shot(page, "d-after-reload");
     await context.close();
   },
 
@@ -300,6 +361,53 @@ const scenarios = {
     check(all.length === 1 && all[0].status === "complete", "the turn completed across the replacement", all.map((a) => a.status));
     check(words(all[0].text).includes(words(fauxReply(text))), "its text is whole and shown once");
     await shot(page, "e-after-replacement");
+    await context.close();
+  },
+
+  /** By keyboard alone: token, create, prompt; every text meets WCAG AA contrast. */
+  async g() {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    await page.goto(BASE + "/");
+    const focusOn = async (id, what) => {
+      for (let i = 0; i < 40; i++) {
+        if (await page.evaluate((id) => document.activeElement?.dataset?.testid === id, id)) return;
+        await page.keyboard.press("Tab");
+      }
+      throw new CheckFailed(`Tab never reaches ${what}`);
+    };
+    await focusOn("token-input", "the token input");
+    await page.keyboard.type(TOKEN);
+    await page.keyboard.press("Enter");
+    await tid(page, "session-list").waitFor({ timeout: WAIT });
+    check((await tid(page, "token-input").count()) === 0, "Enter in the token field signs in");
+    const cwd = path.join(work, "web-g");
+    fs.mkdirSync(cwd, { recursive: true });
+    await focusOn("create-cwd", "the working directory field");
+    await page.keyboard.type(cwd);
+    await focusOn("create-name", "the name field");
+    await page.keyboard.type("web-g");
+    await page.keyboard.press("Enter");
+    await tid(page, "phase").waitFor({ timeout: WAIT });
+    check(/#\/s\//.test(page.url()), "Enter in the create form creates and opens the session", page.url());
+    await focusOn("prompt-input", "the prompt input");
+    await page.keyboard.type("hello by keyboard");
+    await page.keyboard.press("Enter");
+    await until(async () => (await lastAssistant(page))?.status === "streaming", "the keyboard prompt streams");
+    await contrast(page, "the session view mid-turn");
+    await waitIdle(page);
+    check(words((await lastAssistant(page)).text).includes(words(fauxReply("hello by keyboard"))), "the keyboard prompt is answered");
+    await focusOn("back", "the link back to the list");
+    await page.keyboard.press("Enter");
+    await until(async () => (await tid(page, "session-row").count()) > 0, "the list by keyboard");
+    await contrast(page, "the session list");
+    await focusOn("remove-button", "a Remove button");
+    await page.keyboard.press("Enter");
+    await tid(page, "confirm-remove").waitFor({ timeout: WAIT });
+    await page.keyboard.press("Escape");
+    await until(async () => (await tid(page, "confirm-remove").count()) === 0, "Escape cancels the removal");
+    check(await page.evaluate(() => document.activeElement?.dataset?.testid === "remove-button"), "focus returns to Remove after Escape");
+    await shot(page, "g-keyboard");
     await context.close();
   },
 
