@@ -497,6 +497,16 @@ impl Runtime {
     pub fn step(&mut self, now: Instant, input: RuntimeInput) -> Vec<RuntimeOutput> {
         self.now = self.now.max(now);
         if self.finished {
+            // The last writes of a finished runtime failed (the mark of an
+            // interrupted reply, the state row a full store left behind).
+            // What was committed stays, and the next worker repairs the
+            // rest at open: the exit that waited behind them still happens.
+            // Without it an orphan retiring on a failing disk lived forever.
+            if let RuntimeInput::StorageFailed { dropped, .. } = &input
+                && dropped.iter().any(|o| matches!(o, RuntimeOutput::Exit))
+            {
+                return vec![RuntimeOutput::Exit];
+            }
             return Vec::new();
         }
         match input {

@@ -891,3 +891,34 @@ fn overflow_errors_are_recognised_and_rate_limits_are_not() {
         assert!(!is_context_overflow(other), "{other}");
     }
 }
+
+#[test]
+fn a_dispose_whose_last_write_fails_still_exits() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "hi".into() });
+    let (call, _) = t.started_call().expect("a model call");
+    t.model(call, text("hel"));
+    let out = t.step(RuntimeInput::Dispose).to_vec();
+    let exit = out
+        .iter()
+        .position(|o| matches!(o, RuntimeOutput::Exit))
+        .expect("dispose exits");
+    let write = out
+        .iter()
+        .position(|o| matches!(o, RuntimeOutput::Persist(_)))
+        .expect("the interrupted reply is written");
+    assert!(write < exit, "the exit waits behind the write");
+    // The host could not write: it hands back what it held, the exit included.
+    let out = t.step(RuntimeInput::StorageFailed {
+        message: "disk gone".into(),
+        fault: StorageFault::Fatal,
+        dropped: out[write + 1..].to_vec(),
+        stored: None,
+    });
+    assert!(
+        matches!(out, [RuntimeOutput::Exit]),
+        "the runtime still exits: {out:?}"
+    );
+    // Anything after that is ignored.
+    assert!(t.step(RuntimeInput::Tick).is_empty());
+}
