@@ -241,7 +241,7 @@ pub enum HostStage {
 }
 
 /// A commit in flight, and what waits behind it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Writing {
     /// Nothing in flight.
     Idle,
@@ -252,7 +252,7 @@ enum Writing {
 }
 
 /// The worker-host machine. See the module documentation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct WorkerHost {
     config: HostConfig,
     stage: HostStage,

@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run -p sim -- --seed S [--trace]           replay one run exactly
 //! cargo run -p sim -- --seeds N [--from S]         a swarm of N seeds
-//! cargo run --release -p sim -- --model [large]    model-check the small configurations
+//! cargo run --release -p sim -- --model [large|KEY] model-check the configurations
+//! cargo run --release -p sim -- --replay KEY 'PATH' replay a model path, with its trace
 //! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
 //! ```
 //!
@@ -14,7 +15,8 @@ use sim::swarm::{self, Report};
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large]] \
+const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large|KEY] \
+| --replay KEY PATH] \
 [--steps N] [--clients N] [--faults kind,kind | --no-faults]";
 
 #[derive(Debug, Default)]
@@ -23,7 +25,8 @@ struct Args {
     seeds: Option<u64>,
     from: Option<u64>,
     trace: bool,
-    model: Option<bool>,
+    model: Option<Option<String>>,
+    replay: Option<(String, String)>,
     overrides: Overrides,
 }
 
@@ -46,8 +49,17 @@ fn parse_args() -> Result<Args, String> {
             "--faults" => args.overrides.faults = Some(parse_faults(&value()?)?),
             "--no-faults" => args.overrides.faults = Some(Vec::new()),
             "--trace" => args.trace = true,
-            "--model" => args.model = Some(false),
-            "large" if args.model.is_some() => args.model = Some(true),
+            "--model" => args.model = Some(None),
+            "--replay" => {
+                let key = value()?;
+                let path = it
+                    .next()
+                    .ok_or("--replay needs a configuration key and a path")?;
+                args.replay = Some((key, path));
+            }
+            key if matches!(args.model, Some(None)) && !key.starts_with('-') => {
+                args.model = Some(Some(key.to_string()))
+            }
             "--help" | "-h" => return Err(help()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -78,8 +90,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(large) = args.model {
-        return run_model(large);
+    if let Some((key, path)) = &args.replay {
+        return replay_model(key, path);
+    }
+    if let Some(which) = &args.model {
+        return run_model(which.as_deref());
     }
     match args.seeds {
         Some(count) => run_swarm(&args, count),
@@ -87,28 +102,74 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_model(large: bool) -> ExitCode {
-    let mut configs = vec![
-        sim::model::two_clients_one_session(),
-        sim::model::crash_and_restart(),
-    ];
-    if large {
-        configs.push(sim::model::two_clients_one_session_large());
-        configs.push(sim::model::crash_and_restart_large());
-    }
+fn run_model(which: Option<&str>) -> ExitCode {
+    let configs = match which {
+        None => sim::model::configs(false),
+        Some("large") => sim::model::configs(true),
+        Some(key) => match sim::model::config_named(key) {
+            Some(config) => vec![config],
+            None => {
+                let keys: Vec<&str> = sim::model::configs(true)
+                    .iter()
+                    .map(sim::model::key)
+                    .collect();
+                eprintln!(
+                    "no model configuration {key} (there are {})",
+                    keys.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
     for config in configs {
-        match sim::model::explore(&config) {
+        let name = sim::model::key(&config);
+        let mut progress = |stats: &sim::model::Stats| {
+            let rate = stats.states as f64 / stats.elapsed.as_secs_f64().max(1e-9);
+            eprintln!("({name}) {stats} ({rate:.0} states/s)");
+        };
+        match sim::model::explore_with(&config, &mut progress) {
             Ok(stats) => println!("{}: {stats}", config.name),
             Err(found) => {
+                let path = sim::model::path_text(&found.path);
                 println!(
-                    "{}: {}\npath: {:?}\n{}",
-                    config.name, found.message, found.path, found.trace
+                    "{}: {}\nshortest path ({} actions): {path}\nreplay: cargo run --release -p sim -- --replay {} '{path}'\n{}",
+                    config.name,
+                    found.message,
+                    found.path.len(),
+                    sim::model::key(&config),
+                    found.trace
                 );
                 return ExitCode::from(129);
             }
         }
     }
     ExitCode::SUCCESS
+}
+
+fn replay_model(key: &str, path: &str) -> ExitCode {
+    let Some(config) = sim::model::config_named(key) else {
+        eprintln!("no model configuration {key}");
+        return ExitCode::from(2);
+    };
+    let path = match sim::model::parse_path(path) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (model, verdict) = sim::model::replay(&config, &path, true);
+    print!("{}", model.world.trace_text());
+    match verdict {
+        Ok(()) => {
+            println!("{}: the path breaks nothing", config.name);
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            println!("{}: {message}", config.name);
+            ExitCode::from(129)
+        }
+    }
 }
 
 fn random_seed() -> u64 {

@@ -5,21 +5,21 @@
 //!
 //! stateright explores states it can clone, hash and compare: the whole
 //! model state must be `Clone + Hash + Eq`. Ours is the real kernel
-//! (`kernel::server::Server`, which is neither `Clone` nor `Hash`), real
-//! runtimes and the fake world around them; wrapping them in a stateright
-//! `Model` would mean either changing the kernel for the checker's sake or
-//! re-modelling it — and checking the model instead of the code.
+//! (`kernel::server::Server`) inside the fake world. Both are `Clone` (plain
+//! data: a copy is a snapshot), but deriving `Hash + Eq` through the kernel
+//! would bind its every type to the checker — and wrapping them in a
+//! stateright `Model` any other way means re-modelling the kernel, and
+//! checking the model instead of the code.
 //!
-//! The world is deterministic, so a state is fully described by the actions
-//! that led to it. The explorer therefore walks **action sequences**
-//! depth-first and rebuilds each state by **replaying its prefix** from a
-//! fresh world. Equal states reached in different orders are merged through
-//! a **fingerprint**: a 64-bit FNV hash of everything that decides the
-//! future — the kernel's `Debug` text, the store, every fake worker and
-//! client with their queues (without the sequence numbers that merely order
-//! them), the checkers' own state (requests owed, running prompts, revisions
-//! seen) and the remaining budgets. Replay costs a factor of the depth;
-//! the configurations are small, so that is cheap.
+//! The explorer walks **action sequences** depth-first; a state with several
+//! successors is cloned for each but the last. Equal states reached in
+//! different orders are merged through a **fingerprint**: a 64-bit hash
+//! ([`WordHash`]) of everything that decides the future — the kernel's
+//! `Debug` text, the store, every fake worker and client with their queues
+//! (without the sequence numbers that merely order them), the checkers' own
+//! state (requests owed, running prompts, revisions seen) and the remaining
+//! budgets. The world is deterministic, so a counterexample's path replays
+//! it exactly, with a trace.
 //!
 //! # What is explored
 //!
@@ -40,8 +40,10 @@
 
 use crate::checkers::busy::prompt_text;
 use crate::checkers::{self, Checkers};
-use crate::prng::Fnv;
-use crate::world::{Amount, Delivery, Holds, Options, Store, WorkerStage, World};
+use crate::prng::WordHash;
+use crate::world::{
+    Amount, Delivery, Holds, Milestone, Options, Reached, Store, WorkerStage, World,
+};
 use kernel::ids::{ConnId, WorkerId};
 use kernel::protocol::{Command, ThinkingLevel};
 use kernel::runtime::StoredSession;
@@ -63,6 +65,16 @@ pub enum ClientAction {
     Abort,
     /// Steer its turn.
     Steer,
+    /// Switch the session to the second model.
+    SetModel,
+    /// Set the thinking level to high.
+    SetThinking,
+    /// Remove the session.
+    Remove,
+    /// Stop reading (a slow consumer: the server's output to it queues up).
+    StopReading,
+    /// Read again.
+    ResumeReading,
     /// Close the connection.
     Disconnect,
     /// Open a new connection (when the last one is closed) and say hello.
@@ -80,8 +92,141 @@ pub enum Action {
     Time,
     /// A worker process dies.
     Crash(WorkerId),
-    /// The server crashes and restarts.
+    /// The server crashes and restarts (its workers die with it).
     Restart,
+    /// A new server replaces the running one; the workers are handed over.
+    Handoff,
+    /// The server crashes; its workers live on as orphans.
+    CrashKeepWorkers,
+    /// A new server starts after [`Action::CrashKeepWorkers`]: the orphans
+    /// announce themselves (those past their grace have retired).
+    StartServer,
+    /// Every store write fails from now on.
+    StoreFails,
+    /// Store writes succeed again.
+    StoreHeals,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Client(client, action) => write!(f, "{client}.{action:?}"),
+            Self::Deliver(delivery) => match delivery {
+                Delivery::ToServer(c) => write!(f, "to_server.{}", c.0),
+                Delivery::ToClient(c) => write!(f, "to_client.{}", c.0),
+                Delivery::Boot(w) => write!(f, "boot.{}", w.0),
+                Delivery::ToWorker(w) => write!(f, "to_worker.{}", w.0),
+                Delivery::FromWorker(w) => write!(f, "from_worker.{}", w.0),
+                Delivery::Exit(w) => write!(f, "exit.{}", w.0),
+                Delivery::Catalog => write!(f, "catalog"),
+                Delivery::Removal(session) => write!(f, "removal.{session}"),
+            },
+            Self::Time => write!(f, "time"),
+            Self::Crash(w) => write!(f, "crash.{}", w.0),
+            Self::Restart => write!(f, "restart"),
+            Self::Handoff => write!(f, "handoff"),
+            Self::CrashKeepWorkers => write!(f, "crash_keep_workers"),
+            Self::StartServer => write!(f, "start_server"),
+            Self::StoreFails => write!(f, "store_fails"),
+            Self::StoreHeals => write!(f, "store_heals"),
+        }
+    }
+}
+
+impl std::str::FromStr for Action {
+    type Err = String;
+
+    /// Reads what [`Action`]'s `Display` writes.
+    fn from_str(text: &str) -> Result<Self, String> {
+        use ClientAction::*;
+        let (head, arg) = text.split_once('.').unwrap_or((text, ""));
+        let num = || {
+            arg.parse::<u64>()
+                .map_err(|_| format!("{text}: expected a number after '.'"))
+        };
+        Ok(match head {
+            "time" => Self::Time,
+            "restart" => Self::Restart,
+            "handoff" => Self::Handoff,
+            "crash_keep_workers" => Self::CrashKeepWorkers,
+            "start_server" => Self::StartServer,
+            "store_fails" => Self::StoreFails,
+            "store_heals" => Self::StoreHeals,
+            "catalog" => Self::Deliver(Delivery::Catalog),
+            "removal" => Self::Deliver(Delivery::Removal(arg.to_string())),
+            "to_server" => Self::Deliver(Delivery::ToServer(ConnId(num()?))),
+            "to_client" => Self::Deliver(Delivery::ToClient(ConnId(num()?))),
+            "boot" => Self::Deliver(Delivery::Boot(WorkerId(num()?))),
+            "to_worker" => Self::Deliver(Delivery::ToWorker(WorkerId(num()?))),
+            "from_worker" => Self::Deliver(Delivery::FromWorker(WorkerId(num()?))),
+            "exit" => Self::Deliver(Delivery::Exit(WorkerId(num()?))),
+            "crash" => Self::Crash(WorkerId(num()?)),
+            client => {
+                let client = client
+                    .parse::<usize>()
+                    .map_err(|_| format!("{text}: not an action"))?;
+                let action = [
+                    Attach,
+                    Detach,
+                    Prompt,
+                    Abort,
+                    Steer,
+                    SetModel,
+                    SetThinking,
+                    Remove,
+                    StopReading,
+                    ResumeReading,
+                    Disconnect,
+                    Reconnect,
+                ]
+                .into_iter()
+                .find(|a| format!("{a:?}") == arg)
+                .ok_or_else(|| format!("{text}: not a client action"))?;
+                Self::Client(client, action)
+            }
+        })
+    }
+}
+
+/// A path as one replayable argument: actions separated by spaces.
+pub fn path_text(path: &[Action]) -> String {
+    path.iter()
+        .map(Action::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Reads [`path_text`]'s output.
+pub fn parse_path(text: &str) -> Result<Vec<Action>, String> {
+    text.split_whitespace().map(str::parse).collect()
+}
+
+/// What one client may do: every listed action once, in any order or in
+/// the order listed. A script in order keeps the state space to the
+/// interleavings that matter when the orders of one client's own commands
+/// do not (a steer before its prompt is configuration (a)'s business).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Budget {
+    /// The actions not taken yet.
+    pub actions: Vec<ClientAction>,
+    /// Only the first action is enabled.
+    pub in_order: bool,
+}
+
+/// A budget whose actions may be taken in any order.
+pub fn any_order(actions: Vec<ClientAction>) -> Budget {
+    Budget {
+        actions,
+        in_order: false,
+    }
+}
+
+/// A budget whose actions are taken in the order listed.
+pub fn in_order(actions: Vec<ClientAction>) -> Budget {
+    Budget {
+        actions,
+        in_order: true,
+    }
 }
 
 /// A configuration to explore.
@@ -89,14 +234,26 @@ pub enum Action {
 pub struct Config {
     /// Name for reports.
     pub name: &'static str,
-    /// Each client's budget: every listed action can be taken once.
-    pub clients: Vec<Vec<ClientAction>>,
+    /// Each client's budget of actions.
+    pub clients: Vec<Budget>,
     /// Worker crashes allowed.
     pub crashes: u32,
     /// Server restarts allowed.
     pub restarts: u32,
+    /// Graceful replacements allowed.
+    pub handoffs: u32,
+    /// Server crashes that keep the workers, each followed by a new server.
+    pub orphan_crashes: u32,
+    /// Times the store may start failing (it may heal after each).
+    pub storage_faults: u32,
+    /// The kernel's per-connection output bound (`None`: the default), small
+    /// so that a client that stops reading reaches it.
+    pub max_output_bytes: Option<usize>,
     /// An exit notice may overtake the worker's messages.
     pub exit_overtakes: bool,
+    /// The milestones this configuration exists to reach: its test fails
+    /// when some path does not reach each of them.
+    pub reaches: Vec<Milestone>,
     /// Longest action sequence explored (deeper states are counted as truncated).
     pub depth_max: usize,
 }
@@ -116,19 +273,22 @@ pub struct Stats {
     pub truncated: u64,
     /// Wall time.
     pub elapsed: Duration,
+    /// The milestones some path reached.
+    pub reached: Reached,
 }
 
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} states, {} transitions, {} quiescent, depth {}, {} truncated, {:.2}s",
+            "{} states, {} transitions, {} quiescent, depth {}, {} truncated, {:.2}s; reached {:?}",
             self.states,
             self.transitions,
             self.quiescent,
             self.depth,
             self.truncated,
-            self.elapsed.as_secs_f64()
+            self.elapsed.as_secs_f64(),
+            self.reached.milestones()
         )
     }
 }
@@ -145,6 +305,7 @@ pub struct Counterexample {
 }
 
 /// One state: the world, its checkers, and the remaining budgets.
+#[derive(Clone)]
 pub struct Model {
     /// The world.
     pub world: World,
@@ -153,19 +314,18 @@ pub struct Model {
     /// The session all clients act on.
     pub session_id: String,
     conns: Vec<ConnId>,
-    budgets: Vec<Vec<ClientAction>>,
+    budgets: Vec<Budget>,
     crashes: u32,
     restarts: u32,
+    handoffs: u32,
+    orphan_crashes: u32,
+    storage_faults: u32,
 }
 
 impl Model {
     /// The initial state: a stored session that is not live, and every
     /// client connected and past its handshake.
     pub fn new(config: &Config, trace: bool) -> Self {
-        Self::with_facts(config, trace, true)
-    }
-
-    fn with_facts(config: &Config, trace: bool, record_facts: bool) -> Self {
         let holds = Holds {
             boot: true,
             to_worker: true,
@@ -177,10 +337,19 @@ impl Model {
         let options = Options {
             trace,
             keep_received: false,
-            record_facts,
+            record_facts: true,
             skip_unchecked: !trace,
             holds,
-            models: kernel::faux::models().into_iter().take(1).collect(),
+            models: kernel::faux::models().into_iter().take(2).collect(),
+            // A small output bound comes with the largest frame it can hold.
+            limits: match config.max_output_bytes {
+                Some(bytes) => kernel::limits::Limits {
+                    max_output_bytes_per_connection: bytes,
+                    max_frame_len: (bytes - 4) as u32,
+                    ..kernel::limits::Limits::default()
+                },
+                None => kernel::limits::Limits::default(),
+            },
             ..Options::default()
         };
         let session_id = SESSION_ID.to_string();
@@ -191,10 +360,8 @@ impl Model {
             .map(|_| world.connect_ready())
             .collect();
         let mut checkers = Checkers::new();
-        if record_facts {
-            let setup = checkers.observe(&mut world);
-            setup.expect("the setup breaks nothing");
-        }
+        let setup = checkers.observe(&mut world);
+        setup.expect("the setup breaks nothing");
         Self {
             world,
             checkers,
@@ -203,17 +370,33 @@ impl Model {
             budgets: config.clients.clone(),
             crashes: config.crashes,
             restarts: config.restarts,
+            handoffs: config.handoffs,
+            orphan_crashes: config.orphan_crashes,
+            storage_faults: config.storage_faults,
         }
     }
 
     /// The actions enabled here, in a fixed order.
     pub fn enabled(&self) -> Vec<Action> {
         let mut out = Vec::new();
+        let down = self.world.is_server_down();
         for (client, budget) in self.budgets.iter().enumerate() {
-            let closed = self.world.client(self.conns[client]).closed;
-            let distinct: BTreeSet<ClientAction> = budget.iter().copied().collect();
+            if down {
+                break;
+            }
+            let state = self.world.client(self.conns[client]);
+            let distinct: BTreeSet<ClientAction> = match budget.in_order {
+                true => budget.actions.iter().take(1).copied().collect(),
+                false => budget.actions.iter().copied().collect(),
+            };
             for action in distinct {
-                if (action == ClientAction::Reconnect) == closed {
+                let enabled = match action {
+                    ClientAction::Reconnect => state.closed,
+                    ClientAction::StopReading => !state.closed && state.reading,
+                    ClientAction::ResumeReading => !state.closed && !state.reading,
+                    _ => !state.closed,
+                };
+                if enabled {
                     out.push(Action::Client(client, action));
                 }
             }
@@ -230,18 +413,38 @@ impl Model {
                 }
             }
         }
-        if self.restarts > 0 {
-            out.push(Action::Restart);
+        if down {
+            out.push(Action::StartServer);
+        } else {
+            if self.restarts > 0 {
+                out.push(Action::Restart);
+            }
+            if self.handoffs > 0 && !self.world.is_shut_down() {
+                out.push(Action::Handoff);
+            }
+            if self.orphan_crashes > 0 {
+                out.push(Action::CrashKeepWorkers);
+            }
+        }
+        if self.world.store.fail_writes {
+            out.push(Action::StoreHeals);
+        } else if self.storage_faults > 0 {
+            out.push(Action::StoreFails);
         }
         out
     }
 
-    /// Takes one action, then runs the checkers.
+    /// Takes one action, then runs the checkers. A panic (the kernel's or
+    /// the world's) is a violation like any other, with its message.
     pub fn apply(&mut self, action: &Action) -> Result<(), String> {
-        self.act(action);
-        self.checkers
-            .observe(&mut self.world)
-            .map_err(|v| v.to_string())
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.act(action);
+            self.checkers.observe(&mut self.world)
+        }));
+        match step {
+            Ok(result) => result.map_err(|v| v.to_string()),
+            Err(payload) => Err(format!("[panic] {}", panic_text(payload.as_ref()))),
+        }
     }
 
     fn act(&mut self, action: &Action) {
@@ -257,11 +460,25 @@ impl Model {
                 self.restarts -= 1;
                 self.world.restart_server();
             }
+            Action::Handoff => {
+                self.handoffs -= 1;
+                self.world.replace_server();
+            }
+            Action::CrashKeepWorkers => {
+                self.orphan_crashes -= 1;
+                self.world.crash_server_keep_workers();
+            }
+            Action::StartServer => self.world.start_server(),
+            Action::StoreFails => {
+                self.storage_faults -= 1;
+                self.world.store.fail_writes = true;
+            }
+            Action::StoreHeals => self.world.store.fail_writes = false,
         }
     }
 
     fn client(&mut self, client: usize, action: ClientAction) {
-        let budget = &mut self.budgets[client];
+        let budget = &mut self.budgets[client].actions;
         let index = budget.iter().position(|a| *a == action).expect("enabled");
         budget.remove(index);
         let conn = self.conns[client];
@@ -278,6 +495,17 @@ impl Model {
                 let text = format!("steer {conn}#{}", self.world.next_request_id(conn));
                 Command::Steer { session_id, text }
             }
+            ClientAction::SetModel => Command::SetModel {
+                session_id,
+                model: second_model(),
+            },
+            ClientAction::SetThinking => Command::SetThinking {
+                session_id,
+                thinking_level: ThinkingLevel::High,
+            },
+            ClientAction::Remove => Command::Remove { session_id },
+            ClientAction::StopReading => return self.world.set_reading(conn, false),
+            ClientAction::ResumeReading => return self.world.set_reading(conn, true),
             ClientAction::Disconnect => return self.world.disconnect(conn),
             ClientAction::Reconnect => {
                 self.conns[client] = self.world.connect_ready();
@@ -287,25 +515,51 @@ impl Model {
         self.world.request(conn, command);
     }
 
-    /// True when nothing is in flight and no deadline is pending.
+    /// True when nothing is in flight, no deadline is pending and no fault
+    /// is still to end: a server that is down is always followed by a new
+    /// one, failing store writes heal, and a client that stopped reading
+    /// reads again.
     pub fn is_quiescent(&self) -> bool {
-        self.world.deliveries().is_empty() && self.world.next_event().is_none()
+        self.world.deliveries().is_empty()
+            && self.world.next_event().is_none()
+            && !self.world.is_server_down()
+            && !self.world.store.fail_writes
+            && self.conns.iter().all(|&conn| {
+                let client = self.world.client(conn);
+                client.closed || client.reading
+            })
     }
 
     /// The fingerprint of this state (see the module documentation).
     pub fn fingerprint(&self) -> u64 {
-        let mut hasher = Fnv::default();
+        let mut hasher = WordHash::default();
         self.world.fingerprint(&mut hasher);
         self.checkers.fingerprint(&mut hasher);
         self.budgets.hash(&mut hasher);
         self.conns.hash(&mut hasher);
-        (self.crashes, self.restarts).hash(&mut hasher);
+        (
+            self.crashes,
+            self.restarts,
+            self.handoffs,
+            self.orphan_crashes,
+            self.storage_faults,
+        )
+            .hash(&mut hasher);
         hasher.finish()
     }
 }
 
 /// The session every model starts with (stored, not live).
 pub const SESSION_ID: &str = "00000000-0000-4000-8000-00000000cafe";
+
+/// The model [`ClientAction::SetModel`] switches to: the second one offered.
+fn second_model() -> kernel::protocol::ModelRef {
+    let model = &kernel::faux::models()[1];
+    kernel::protocol::ModelRef {
+        provider: model.provider.clone(),
+        id: model.id.clone(),
+    }
+}
 
 /// A store holding one empty session.
 fn stored_session(session_id: &str) -> Store {
@@ -339,6 +593,48 @@ fn time(world: &mut World) {
     }
 }
 
+/// What a caught panic said.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    match LAST_PANIC.with(|last| last.borrow_mut().take()) {
+        Some(location) => format!("{message} at {location}"),
+        None => message.to_string(),
+    }
+}
+
+thread_local! {
+    /// Where the last panic on this thread happened (kept by the explorer's hook).
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// While it lives, panics are kept for [`panic_text`] instead of printed:
+/// the explorer reports them with their path.
+struct QuietPanics(Option<Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send>>);
+
+impl QuietPanics {
+    fn install() -> Self {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|info| {
+            let location = info.location().map(ToString::to_string);
+            LAST_PANIC.with(|last| *last.borrow_mut() = location);
+        }));
+        Self(Some(previous))
+    }
+}
+
+impl Drop for QuietPanics {
+    fn drop(&mut self) {
+        // A panicking thread may not touch the hook; the process is ending then.
+        if let Some(previous) = self.0.take().filter(|_| !std::thread::panicking()) {
+            std::panic::set_hook(previous);
+        }
+    }
+}
+
 /// Replays `path` from the initial state, checking every step.
 pub fn replay(config: &Config, path: &[Action], trace: bool) -> (Model, Result<(), String>) {
     let mut model = Model::new(config, trace);
@@ -350,33 +646,35 @@ pub fn replay(config: &Config, path: &[Action], trace: bool) -> (Model, Result<(
     (model, Ok(()))
 }
 
-/// Rebuilds the state `path` leads to without checking it again (it was
-/// checked when first reached) and gives it the checkers it had then.
-fn rebuild(config: &Config, path: &[Action], checkers: &Checkers) -> Model {
-    let mut model = Model::with_facts(config, false, false);
-    for action in path {
-        model.act(action);
-    }
-    model.world.set_record_facts(true);
-    model.world.store.take_dirty();
-    model.checkers = checkers.clone();
-    model
+/// Explores every interleaving of `config` depth-first. Returns the
+/// statistics, or a counterexample: the shortest path to a violation
+/// (searched breadth-first once depth-first search found one), with its
+/// replayed trace.
+pub fn explore(config: &Config) -> Result<Stats, Box<Counterexample>> {
+    explore_with(config, &mut |_| {})
 }
 
-/// Explores every interleaving of `config` depth-first. Returns the
-/// statistics, or the first counterexample (with its replayed trace).
-pub fn explore(config: &Config) -> Result<Stats, Box<Counterexample>> {
+/// [`explore`], calling `progress` with the statistics so far every
+/// [`PROGRESS_EVERY`] states.
+pub fn explore_with(
+    config: &Config,
+    progress: &mut dyn FnMut(&Stats),
+) -> Result<Stats, Box<Counterexample>> {
     let started = Instant::now();
+    let _quiet = QuietPanics::install();
     let mut explorer = Explorer {
         config,
         seen: BTreeSet::new(),
         stats: empty_stats(),
+        started,
+        progress,
     };
     let root = Model::new(config, false);
     explorer.seen.insert(root.fingerprint());
     explorer.stats.states = 1;
     let mut path = Vec::new();
-    explorer.visit(root, &mut path).map_err(|(path, message)| {
+    explorer.visit(root, &mut path).map_err(|found| {
+        let (path, message) = shortest(config, found.0.len()).unwrap_or(found);
         let (model, _) = replay(config, &path, true);
         Box::new(Counterexample {
             path,
@@ -388,6 +686,44 @@ pub fn explore(config: &Config) -> Result<Stats, Box<Counterexample>> {
     Ok(explorer.stats)
 }
 
+/// A violation reached in fewer than `than` actions, if any, by a
+/// breadth-first search (queued states are kept as paths and replayed).
+fn shortest(config: &Config, than: usize) -> Option<Found> {
+    let root = Model::new(config, false);
+    let mut seen = BTreeSet::from([root.fingerprint()]);
+    let mut queue = std::collections::VecDeque::from([Vec::<Action>::new()]);
+    while let Some(path) = queue.pop_front() {
+        if path.len() + 1 >= than {
+            continue;
+        }
+        let (model, _) = replay(config, &path, false);
+        for action in model.enabled() {
+            let mut next = model.clone();
+            let mut longer = path.clone();
+            longer.push(action.clone());
+            if let Err(message) = next.apply(&action) {
+                return Some((longer, message));
+            }
+            if seen.insert(next.fingerprint()) {
+                if let Some(message) = unsettled(&next) {
+                    return Some((longer, message));
+                }
+                queue.push_back(longer);
+            }
+        }
+    }
+    None
+}
+
+/// The liveness verdict of a quiescent state.
+fn unsettled(model: &Model) -> Option<String> {
+    if !model.is_quiescent() {
+        return None;
+    }
+    checkers::pending(&model.world, &model.checkers)
+        .map(|reason| format!("[liveness] not settled: {reason}"))
+}
+
 fn empty_stats() -> Stats {
     Stats {
         states: 0,
@@ -396,13 +732,19 @@ fn empty_stats() -> Stats {
         depth: 0,
         truncated: 0,
         elapsed: Duration::ZERO,
+        reached: Reached::default(),
     }
 }
+
+/// States between two calls of [`explore_with`]'s `progress`.
+pub const PROGRESS_EVERY: u64 = 1 << 16;
 
 struct Explorer<'a> {
     config: &'a Config,
     seen: BTreeSet<u64>,
     stats: Stats,
+    started: Instant,
+    progress: &'a mut dyn FnMut(&Stats),
 }
 
 type Found = (Vec<Action>, String);
@@ -413,8 +755,8 @@ impl Explorer<'_> {
         self.stats.depth = self.stats.depth.max(path.len());
         if model.is_quiescent() {
             self.stats.quiescent += 1;
-            if let Some(reason) = checkers::pending(&model.world, &model.checkers) {
-                return Err((path.clone(), format!("[liveness] not settled: {reason}")));
+            if let Some(message) = unsettled(&model) {
+                return Err((path.clone(), message));
             }
         }
         if path.len() >= self.config.depth_max {
@@ -422,14 +764,13 @@ impl Explorer<'_> {
             return Ok(());
         }
         let actions = model.enabled();
-        let checkers = model.checkers.clone();
         let mut current = Some(model);
         for (index, action) in actions.iter().enumerate() {
-            // The last successor reuses this state; the others rebuild it.
+            // The last successor takes this state; the others branch from a copy.
             let mut next = if index + 1 == actions.len() {
                 current.take().expect("kept for the last action")
             } else {
-                rebuild(self.config, path, &checkers)
+                current.as_ref().expect("kept for the last action").clone()
             };
             self.stats.transitions += 1;
             path.push(action.clone());
@@ -438,6 +779,11 @@ impl Explorer<'_> {
             }
             if self.seen.insert(next.fingerprint()) {
                 self.stats.states += 1;
+                self.stats.reached = self.stats.reached.union(next.world.reached);
+                if self.stats.states % PROGRESS_EVERY == 0 {
+                    self.stats.elapsed = self.started.elapsed();
+                    (self.progress)(&self.stats);
+                }
                 self.visit(next, path)?;
             }
             path.pop();
@@ -455,12 +801,21 @@ pub fn two_clients_one_session() -> Config {
     Config {
         name: "(a) 2 clients x 1 session: attach, detach, prompt, abort, disconnect",
         clients: vec![
-            vec![Attach, Prompt, Abort, Disconnect],
-            vec![Attach, Detach],
+            any_order(vec![Attach, Prompt, Abort, Disconnect]),
+            any_order(vec![Attach, Detach]),
         ],
         crashes: 0,
         restarts: 0,
+        handoffs: 0,
+        orphan_crashes: 0,
+        storage_faults: 0,
+        max_output_bytes: None,
         exit_overtakes: false,
+        reaches: vec![
+            Milestone::Busy,
+            Milestone::InvalidRequest,
+            Milestone::WorkerKilled,
+        ],
         depth_max: 200,
     }
 }
@@ -473,10 +828,15 @@ pub fn crash_and_restart() -> Config {
     use ClientAction::*;
     Config {
         name: "(b) 1 client x 1 session: worker crash and server restart",
-        clients: vec![vec![Attach, Prompt, Detach, Reconnect, Attach]],
+        clients: vec![any_order(vec![Attach, Prompt, Detach, Reconnect, Attach])],
         crashes: 1,
         restarts: 1,
+        handoffs: 0,
+        orphan_crashes: 0,
+        storage_faults: 0,
+        max_output_bytes: None,
         exit_overtakes: true,
+        reaches: vec![Milestone::InvalidRequest],
         depth_max: 200,
     }
 }
@@ -488,8 +848,8 @@ pub fn two_clients_one_session_large() -> Config {
     Config {
         name: "(a+) 2 clients x 1 session: both prompt",
         clients: vec![
-            vec![Attach, Prompt, Abort, Disconnect],
-            vec![Attach, Detach, Prompt],
+            any_order(vec![Attach, Prompt, Abort, Disconnect]),
+            any_order(vec![Attach, Detach, Prompt]),
         ],
         ..two_clients_one_session()
     }
@@ -500,7 +860,114 @@ pub fn crash_and_restart_large() -> Config {
     use ClientAction::*;
     Config {
         name: "(b+) 1 client x 1 session: crash, restart, prompt again",
-        clients: vec![vec![Attach, Prompt, Detach, Reconnect, Attach, Prompt]],
+        clients: vec![any_order(vec![
+            Attach, Prompt, Detach, Reconnect, Attach, Prompt,
+        ])],
         ..crash_and_restart()
     }
+}
+
+/// Configuration (c): every command on one session. One client attaches,
+/// prompts, steers, switches the model and the thinking level and prompts
+/// again; another attaches and removes the session, at any point of that.
+pub fn every_command() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(c) 2 clients x 1 session: steer, set_model, set_thinking, a second prompt, remove",
+        clients: vec![
+            in_order(vec![Attach, Prompt, Steer, SetModel, SetThinking, Prompt]),
+            any_order(vec![Remove]),
+        ],
+        reaches: vec![Milestone::Busy, Milestone::NotFound, Milestone::Removed],
+        ..two_clients_one_session()
+    }
+}
+
+/// Configuration (d): a slow consumer, a failing store and a hand-off
+/// around one turn. The client attaches, prompts, stops reading (its output
+/// bound is small, so the server may close it) and reads again, and
+/// reconnects and attaches again if it was closed; one graceful
+/// replacement and one stretch of failing store writes, each at any point.
+pub fn slow_consumer_storage_handoff() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(d) 1 client x 1 session: slow consumer, storage failure, hand-off",
+        clients: vec![in_order(vec![
+            Attach,
+            Prompt,
+            StopReading,
+            ResumeReading,
+            Reconnect,
+            Attach,
+        ])],
+        crashes: 0,
+        restarts: 0,
+        handoffs: 1,
+        orphan_crashes: 0,
+        storage_faults: 1,
+        max_output_bytes: Some(2048),
+        exit_overtakes: false,
+        reaches: vec![
+            Milestone::SlowConsumerClosed,
+            Milestone::StoreFailed,
+            Milestone::HandOff,
+            Milestone::OrphanAdopted,
+        ],
+        depth_max: 200,
+    }
+}
+
+/// Configuration (e): a server crash that keeps the workers. The client
+/// attaches and prompts; the server dies at any point, its worker lives on
+/// as an orphan, and a new server starts before or after the orphan's
+/// grace (it is adopted, or it has retired); the client reconnects and
+/// attaches again. The store may fail once, at any point, so an orphan may
+/// retire on a failing disk.
+pub fn crash_keeping_workers() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(e) 1 client x 1 session: server crash keeping workers, adoption or retirement",
+        clients: vec![in_order(vec![Attach, Prompt, Reconnect, Attach])],
+        crashes: 0,
+        restarts: 0,
+        handoffs: 0,
+        orphan_crashes: 1,
+        storage_faults: 1,
+        max_output_bytes: None,
+        exit_overtakes: false,
+        reaches: vec![
+            Milestone::StoreFailed,
+            Milestone::OrphanAdopted,
+            Milestone::OrphanRetired,
+        ],
+        depth_max: 200,
+    }
+}
+
+/// The configurations `sim --model` checks (and CI, in `sim/tests/model.rs`);
+/// with `large`, also those too slow for CI.
+pub fn configs(large: bool) -> Vec<Config> {
+    let mut all = vec![
+        two_clients_one_session(),
+        crash_and_restart(),
+        every_command(),
+        slow_consumer_storage_handoff(),
+        crash_keeping_workers(),
+    ];
+    if large {
+        all.push(two_clients_one_session_large());
+        all.push(crash_and_restart_large());
+    }
+    all
+}
+
+/// A configuration's key: the letter its name starts with (`a`, `b+`, …).
+pub fn key(config: &Config) -> &'static str {
+    let name = config.name.strip_prefix('(').unwrap_or(config.name);
+    name.split(')').next().unwrap_or(name)
+}
+
+/// The configuration with that key.
+pub fn config_named(wanted: &str) -> Option<Config> {
+    configs(true).into_iter().find(|c| key(c) == wanted)
 }

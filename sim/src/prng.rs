@@ -148,6 +148,88 @@ impl std::hash::Hasher for Fnv {
     }
 }
 
+/// A hasher for model-checking fingerprints: like [`Fnv`], its output
+/// depends only on the bytes fed, but it mixes eight bytes at a time. The
+/// fingerprint hashes megabytes of `Debug` text per thousand states, in
+/// pieces of a few bytes, and FNV's one multiply per byte was a third of
+/// the explorer's time.
+///
+/// Bytes are gathered in a 64-byte block (in order, whatever the split of
+/// the calls); each full block is folded in as eight words, each with a
+/// multiply and a rotation; the result is finished with the SplitMix64
+/// avalanche.
+#[derive(Debug, Clone)]
+pub struct WordHash {
+    state: u64,
+    block: [u8; 64],
+    /// Bytes gathered in `block`.
+    filled: usize,
+    len: u64,
+}
+
+impl Default for WordHash {
+    fn default() -> Self {
+        Self {
+            state: 0,
+            block: [0; 64],
+            filled: 0,
+            len: 0,
+        }
+    }
+}
+
+impl WordHash {
+    fn fold(&mut self, word: u64) {
+        self.state = (self.state ^ word)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(31);
+    }
+
+    fn fold_words(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks_exact(8) {
+            self.fold(u64::from_le_bytes(chunk.try_into().expect("eight bytes")));
+        }
+    }
+}
+
+impl std::hash::Hasher for WordHash {
+    fn finish(&self) -> u64 {
+        let mut copy = self.clone();
+        let filled = copy.filled;
+        copy.block[filled..].fill(0);
+        let block = copy.block;
+        copy.fold_words(&block[..filled.div_ceil(8) * 8]);
+        copy.fold(copy.len);
+        let mut z = copy.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, mut bytes: &[u8]) {
+        self.len = self.len.wrapping_add(bytes.len() as u64);
+        if bytes.len() <= 8 && self.filled + bytes.len() < 64 {
+            // Most pieces of `Debug` text are a few bytes: no copy call.
+            for &byte in bytes {
+                self.block[self.filled] = byte;
+                self.filled += 1;
+            }
+            return;
+        }
+        while !bytes.is_empty() {
+            let take = bytes.len().min(64 - self.filled);
+            self.block[self.filled..self.filled + take].copy_from_slice(&bytes[..take]);
+            self.filled += take;
+            bytes = &bytes[take..];
+            if self.filled == 64 {
+                let block = self.block;
+                self.fold_words(&block);
+                self.filled = 0;
+            }
+        }
+    }
+}
+
 /// The FNV-1a hash of a string.
 pub fn fnv(text: &str) -> u64 {
     use std::hash::Hasher;
@@ -159,6 +241,30 @@ pub fn fnv(text: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_hash_depends_on_the_bytes_not_their_split() {
+        use std::hash::Hasher;
+        let text = b"the quick brown fox jumps over the lazy dog, twice over";
+        let whole = {
+            let mut h = WordHash::default();
+            h.write(text);
+            h.finish()
+        };
+        for split in [1, 3, 7, 8, 9, 20] {
+            let mut h = WordHash::default();
+            for piece in text.chunks(split) {
+                h.write(piece);
+            }
+            assert_eq!(h.finish(), whole, "split into pieces of {split}");
+        }
+        let mut other = WordHash::default();
+        other.write(b"the quick brown fox jumps over the lazy dog, twice over!");
+        assert_ne!(other.finish(), whole);
+        let mut shorter = WordHash::default();
+        shorter.write(&text[..text.len() - 1]);
+        assert_ne!(shorter.finish(), whole);
+    }
 
     #[test]
     fn same_seed_same_sequence_and_ranges_hold() {

@@ -522,7 +522,7 @@ struct Pending {
 }
 
 /// The lease machine of one client connection. See the [module docs](self).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Leases {
     connected: bool,
     /// Between [`LeaseInput::Suspend`] and the next `Connected` (or the

@@ -274,7 +274,7 @@ struct Resuming {
 }
 
 /// The client-connection machine. See the [module docs](self).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Client {
     config: ClientConfig,
     phase: Phase,

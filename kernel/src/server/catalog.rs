@@ -23,6 +23,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// One stored session.
+#[derive(Clone)]
 pub(crate) struct Stored {
     pub(crate) meta: SessionMetadata,
     /// Its list entry's CBOR (or why it cannot be encoded).
@@ -51,7 +52,7 @@ impl fmt::Debug for Stored {
 }
 
 /// The session catalog. Until [`Catalog::load`] it is not loaded and empty.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Catalog {
     sessions: Option<BTreeMap<String, Stored>>,
     revision: u64,
@@ -65,7 +66,7 @@ pub(crate) struct Catalog {
 /// Invariant: at most one scan is out; while it is, every session this
 /// server changes is in `touched`, and the scan's view of those sessions
 /// (taken before or during the change) is ignored.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Sync {
     /// A scan is wanted at this time (changes settle until then).
     due: Option<Instant>,

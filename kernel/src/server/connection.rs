@@ -31,7 +31,7 @@ pub enum Stage {
     Closing,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Connection {
     pub(crate) id: ConnId,
     pub(crate) stage: Stage,

@@ -51,7 +51,7 @@ pub(crate) struct PendingOp {
     name: &'static str,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Live {
     pub(crate) id: String,
     pub(crate) worker: Worker,
@@ -78,7 +78,7 @@ pub(crate) struct Live {
 }
 
 /// The start of a spawned worker that has not said hello yet.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct PendingStart {
     token: Option<String>,
     create: Option<CreateSpec>,
@@ -222,6 +222,7 @@ fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
 /// with the same revision, which [`Server::update_snapshot`] accepts. The
 /// rest of what determines the bytes (`locked` is always true) is the
 /// audience's `attached`, which indexes the encodings.
+#[derive(Clone)]
 pub(crate) struct LiveSnapshot {
     snapshot: SessionSnapshot,
     /// CBOR of `normalised(snapshot, attached)` at index `attached as usize`

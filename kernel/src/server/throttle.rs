@@ -27,7 +27,7 @@ struct Entry {
 }
 
 /// Per-peer failed-token state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct AuthThrottle {
     base: Duration,
     max: Duration,

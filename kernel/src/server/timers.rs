@@ -32,7 +32,7 @@ pub(crate) enum Timer {
 }
 
 /// The table. See the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Timers {
     due: BTreeMap<Timer, Instant>,
     order: BTreeSet<(Instant, Timer)>,

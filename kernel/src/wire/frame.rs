@@ -89,7 +89,7 @@ enum State {
 
 /// Incremental frame decoder. Accepts any split or coalescing of the stream.
 /// Once it has failed it stays failed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct FrameDecoder {
     max_frame_len: u32,
     header: [u8; FRAME_HEADER_LEN],

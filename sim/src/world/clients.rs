@@ -7,8 +7,8 @@ use super::{Fact, World, is_delta};
 use crate::summary;
 use kernel::ids::ConnId;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, CommandResult, Request, ServerMessage,
-    encode_client_message,
+    ClientHello, ClientMessage, Command, CommandResult, ErrorCode, Request, Response,
+    ServerMessage, encode_client_message,
 };
 use kernel::server::{CloseReason, Frame, Input};
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
@@ -30,7 +30,7 @@ pub(super) enum Incoming {
 }
 
 /// One client: a byte-level peer of the server.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Client {
     /// Every message received, in order (when
     /// [`Options::keep_received`](super::Options::keep_received)).
@@ -100,6 +100,22 @@ impl World {
     ) {
         let len = frame.len();
         if let Some(message) = &message
+            && let ServerMessage::Response(Response {
+                outcome: Err(error),
+                ..
+            }) = &**message
+        {
+            let milestone = match error.code {
+                ErrorCode::Busy => Some(super::Milestone::Busy),
+                ErrorCode::InvalidRequest => Some(super::Milestone::InvalidRequest),
+                ErrorCode::NotFound => Some(super::Milestone::NotFound),
+                _ => None,
+            };
+            if let Some(milestone) = milestone {
+                self.reached.insert(milestone);
+            }
+        }
+        if let Some(message) = &message
             && self.options.trace
             && (!is_delta(message) || self.options.trace_deltas)
         {
@@ -145,6 +161,9 @@ impl World {
 
     pub(super) fn on_close(&mut self, conn: ConnId, reason: CloseReason) {
         trace!(self, "{conn} closed by server ({reason})");
+        if reason == CloseReason::SlowConsumer {
+            self.reached.insert(super::Milestone::SlowConsumerClosed);
+        }
         if self.options.holds.to_client && reason.flushes_first() {
             let seq = self.next_seq();
             if let Some(c) = self.clients.get_mut(&conn).filter(|c| !c.closed) {

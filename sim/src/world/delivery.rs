@@ -295,6 +295,7 @@ impl World {
             }
         };
         if result.is_ok() {
+            self.reached.insert(super::Milestone::Removed);
             self.fact(Fact::StoreRemoved {
                 session_id: session_id.clone(),
             });

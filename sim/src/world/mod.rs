@@ -254,10 +254,86 @@ pub enum Fact {
     },
 }
 
-/// The world. See the module documentation.
+/// Something worth reaching: the model checker reports which of these its
+/// paths reached, and its tests require those each configuration is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Milestone {
+    /// A request was answered `busy`.
+    Busy,
+    /// A request was answered `invalid_request`.
+    InvalidRequest,
+    /// A request was answered `not_found`.
+    NotFound,
+    /// A session was removed from the store.
+    Removed,
+    /// The server closed a connection that did not read (output bound).
+    SlowConsumerClosed,
+    /// A store write failed.
+    StoreFailed,
+    /// A graceful replacement took place.
+    HandOff,
+    /// A new server adopted an orphan.
+    OrphanAdopted,
+    /// An orphan retired after its grace.
+    OrphanRetired,
+    /// The server killed a worker (its deadline passed).
+    WorkerKilled,
+}
+
+impl Milestone {
+    /// Every milestone, in order.
+    pub const ALL: [Milestone; 10] = [
+        Self::Busy,
+        Self::InvalidRequest,
+        Self::NotFound,
+        Self::Removed,
+        Self::SlowConsumerClosed,
+        Self::StoreFailed,
+        Self::HandOff,
+        Self::OrphanAdopted,
+        Self::OrphanRetired,
+        Self::WorkerKilled,
+    ];
+}
+
+/// A set of [`Milestone`]s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reached(u32);
+
+impl Reached {
+    /// Adds one.
+    pub fn insert(&mut self, milestone: Milestone) {
+        self.0 |= 1 << milestone as u32;
+    }
+
+    /// Whether it holds one.
+    pub fn contains(self, milestone: Milestone) -> bool {
+        self.0 & (1 << milestone as u32) != 0
+    }
+
+    /// Both sets together.
+    pub fn union(self, other: Reached) -> Reached {
+        Reached(self.0 | other.0)
+    }
+
+    /// The milestones it holds, in order.
+    pub fn milestones(self) -> Vec<Milestone> {
+        Milestone::ALL
+            .into_iter()
+            .filter(|m| self.contains(*m))
+            .collect()
+    }
+}
+
+/// The world. See the module documentation. `Clone` is a snapshot: the
+/// model checker branches from a state by cloning it.
+#[derive(Clone)]
 pub struct World {
     /// Virtual now.
     pub now: Instant,
+    /// The milestones this run reached (not part of the state: the model
+    /// checker unites them over every path, for its coverage report).
+    pub reached: Reached,
     /// The real kernel under test.
     pub server: Server,
     /// Durable state.
@@ -330,6 +406,7 @@ impl World {
             inbox: VecDeque::new(),
             next_conn: 1,
             generation: 0,
+            reached: Reached::default(),
             catalog_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
@@ -658,6 +735,7 @@ impl World {
             }
             Output::KillWorker { worker } => {
                 trace!(self, "server kill {worker}");
+                self.reached.insert(Milestone::WorkerKilled);
                 self.exit_worker(worker);
             }
             Output::RemoveSession { session_id } => {
@@ -817,7 +895,7 @@ impl World {
                 c.unread
             );
             for (_, bytes) in &c.outbox {
-                let _ = write!(out, " {bytes:?}");
+                out.0.write(bytes);
             }
             for (_, incoming) in &c.inbox {
                 let _ = write!(out, " {incoming:?}");

@@ -58,6 +58,7 @@ impl World {
     /// [`World::replace_server`], running `between` after the new server
     /// expects the adoptions and before any orphan announces itself.
     pub fn replace_server_then(&mut self, between: impl FnOnce(&mut World)) {
+        self.reached.insert(super::Milestone::HandOff);
         trace!(self, "server replacement requested");
         self.push(Input::HandoffRequested);
         self.run();
@@ -189,6 +190,19 @@ impl World {
     /// The worker loses its server: it keeps its session (and model stream)
     /// under an orphan key, and its host starts counting the grace.
     pub(super) fn orphan(&mut self, worker: WorkerId) {
+        // A socket is read to its end before its loss is seen: what the old
+        // server wrote reaches the runtime first.
+        while let Some(w) = self.workers.get_mut(&worker)
+            && w.stage == WorkerStage::Running
+            && let Some((_, message)) = w.to_runtime.pop_front()
+        {
+            trace!(
+                self,
+                "server ⇒ {worker} {} (before the channel ends)",
+                super::summary::to_worker(&message)
+            );
+            self.worker_receive(worker, message);
+        }
         let Some(mut w) = self.workers.remove(&worker) else {
             return;
         };
@@ -278,6 +292,7 @@ impl World {
             return;
         };
         let w = self.workers.remove(&key).expect("orphan");
+        self.reached.insert(super::Milestone::OrphanAdopted);
         trace!(
             self,
             "server adopts orphan pid {} as {worker}",

@@ -48,7 +48,7 @@ pub enum WorkerStage {
     Dead,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct FakeWorker {
     pub(super) session_id: String,
     /// The secret it was spawned with (its hello proves it).
@@ -75,7 +75,7 @@ impl FakeWorker {
 }
 
 /// An operation being given to a worker while facts are recorded.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct WatchedOp {
     op: OpId,
     /// The outcome the worker answered within the same step.
@@ -223,6 +223,7 @@ impl World {
         for p in batch {
             if let Err(message) = self.store.apply(&id, p) {
                 trace!(self, "{worker} storage write failed: {message}");
+                self.reached.insert(super::Milestone::StoreFailed);
                 if let Some(watched) = self.watched_op.as_mut() {
                     watched.store_failed = true;
                 }
@@ -391,7 +392,10 @@ impl World {
                 HostOutput::SwitchChannel | HostOutput::DropAnnouncement => None,
                 HostOutput::Exit(_) => {
                     match self.orphans.get(&worker) {
-                        Some(pid) => trace!(self, "orphan pid {} retires", pid - ORPHAN_BASE),
+                        Some(pid) => {
+                            trace!(self, "orphan pid {} retires", pid - ORPHAN_BASE);
+                            self.reached.insert(super::Milestone::OrphanRetired);
+                        }
                         None => trace!(self, "{worker} exits"),
                     }
                     return self.exit_worker(worker);

@@ -41,7 +41,7 @@ pub struct EncodedSnapshot<'a> {
 
 /// One encoded message in three pieces: `head`, then `item` (encoded
 /// earlier, borrowed), then `tail`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Spliced<'a> {
     head: Vec<u8>,
     item: &'a [u8],
@@ -86,7 +86,7 @@ fn encode_nested<T: Schema>(item: &T, depth: usize) -> Result<Vec<u8>, CborError
 }
 
 /// Builds the CBOR of an array from items encoded now or earlier.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ListBuilder {
     out: Vec<u8>,
 }
