@@ -225,3 +225,11 @@ fn admission_that_closes_a_slow_consumer_keeps_the_other_waiters() {
 fn seed_866_attached_while_disposing() {
     seed_passes(866);
 }
+
+/// A catalog change due while the server shut down left a scan deadline in
+/// the past for good (no scan starts during a shutdown): the liveness check
+/// saw a deadline pending forever, and the daemon's loop would have spun.
+#[test]
+fn seed_1796558075540946358_scan_deadline_during_shutdown() {
+    seed_passes(1_796_558_075_540_946_358);
+}

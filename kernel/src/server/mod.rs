@@ -430,14 +430,17 @@ impl Server {
 
     /// The earliest time at which [`Input::Tick`] has work to do.
     pub fn next_deadline(&self) -> Option<Instant> {
-        [
-            self.timers.next(),
-            self.idle_deadline(),
-            self.catalog.scan_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // A shutting-down server starts no scan (see `on_tick`): a due scan
+        // reported here would be a deadline in the past for good, and the
+        // driver's loop would spin until the shutdown completed.
+        let scan = match self.shutting_down {
+            true => None,
+            false => self.catalog.scan_deadline(),
+        };
+        [self.timers.next(), self.idle_deadline(), scan]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// When an idle server started on demand retires.

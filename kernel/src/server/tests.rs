@@ -995,3 +995,23 @@ fn failed_tokens_back_off_per_address() {
         "forgotten after a success: 250 ms again"
     );
 }
+
+/// A catalog change that is due when the shutdown begins is never scanned,
+/// and so is no deadline: one left in the past would spin the driver's loop.
+#[test]
+fn a_shutting_down_server_reports_no_scan_deadline() {
+    let a = ConnId(1);
+    let mut h = Harness::serving(vec![stored(1)], a);
+    let (_worker, _session) = h.create(a);
+    h.step(Input::CatalogChanged);
+    let due = h.server.next_deadline().expect("the scan settles");
+    h.step(Input::Shutdown);
+    h.now = due.0 + 1;
+    h.step(Input::Tick);
+    assert!(
+        h.server.next_deadline().is_none_or(|d| d.0 > h.now),
+        "a deadline in the past after the tick: {:?} at {}",
+        h.server.next_deadline(),
+        h.now
+    );
+}
