@@ -897,3 +897,292 @@ async fn summarize_requests_carry_no_tools_and_the_serialised_conversation() {
         "{text}"
     );
 }
+
+// ---- OpenAI Responses ----------------------------------------------------------------------
+
+fn responses(mock: &Mock) -> ProviderConfig {
+    let mut p = ProviderConfig::new(
+        Api::OpenAiResponses,
+        &format!("{}/v1", mock.base),
+        model("openai", "gpt-5"),
+    );
+    p.api_key = Some("sk-test".into());
+    p
+}
+
+#[tokio::test]
+async fn responses_text_stream_with_cached_usage_and_request_shape() {
+    let mock = Mock::start(sse("openai-responses-text.sse")).await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    assert_eq!(joined(&events, DeltaKind::Text), "Hello, wörld — ready.");
+    assert_eq!(terminal_count(&events), 1);
+    let Some(ModelEvent::Done {
+        stop,
+        usage,
+        response_model,
+    }) = events.last()
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*stop, StopReason::Stop);
+    assert_eq!(response_model.as_deref(), Some("gpt-5-2025-08-07"));
+    let u = usage.clone().expect("usage");
+    assert_eq!(
+        (u.input, u.cache_read, u.output, u.total_tokens),
+        (300, 1200, 12, 1512)
+    );
+    // gpt-5: $1.25 in, $10 out, $0.125 cached, per million tokens.
+    let want = (300.0 * 1.25 + 12.0 * 10.0 + 1200.0 * 0.125) / 1e6;
+    assert!((u.cost.total - want).abs() < 1e-12, "{:?}", u.cost);
+
+    let req = mock.request();
+    assert_eq!(req.path, "/v1/responses");
+    assert_eq!(req.header("authorization"), Some("Bearer sk-test"));
+    let body = &req.body;
+    assert_eq!(body["model"], "gpt-5");
+    assert_eq!(
+        (body["stream"].clone(), body["store"].clone()),
+        (true.into(), false.into())
+    );
+    assert!(
+        body["instructions"]
+            .as_str()
+            .unwrap()
+            .contains("Available tools")
+    );
+    assert_eq!(
+        body["input"],
+        serde_json::json!([{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}])
+    );
+    assert_eq!(body["tools"][0]["type"], "function");
+    assert_eq!(body["tools"][0]["name"], "read");
+    assert!(body["tools"][0]["parameters"]["properties"]["path"].is_object());
+    assert!(body.get("reasoning").is_none() && body.get("previous_response_id").is_none());
+}
+
+#[tokio::test]
+async fn responses_reasoning_then_a_tool_call_then_the_result_and_the_answer() {
+    let mock = Mock::sequence(vec![
+        sse("openai-responses-reasoning-tools.sse"),
+        sse("openai-responses-text.sse"),
+    ])
+    .await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(
+            &p,
+            ThinkingLevel::Medium,
+            vec![user("item-1", "fix lib.rs")],
+        ),
+    )
+    .await;
+    let input = obj(&[
+        ("path", Value::text("src/lib.rs")),
+        ("offset", Value::Int(10)),
+    ]);
+    let want = [
+        ModelEvent::Delta {
+            kind: DeltaKind::Thinking,
+            text: "**Reading the file**".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::Thinking,
+            text: " before changing it.".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::Thinking,
+            text: "\n\n".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::Thinking,
+            text: "Then edit.".into(),
+        },
+        ModelEvent::ToolCall {
+            tool_call_id: "call_R3adF1le".into(),
+            tool_name: "read".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::ToolCall,
+            text: "{\"path\": \"src/li".into(),
+        },
+        ModelEvent::Delta {
+            kind: DeltaKind::ToolCall,
+            text: "b.rs\", \"offset\": 10}".into(),
+        },
+        ModelEvent::ToolInput {
+            input: input.clone(),
+        },
+    ];
+    assert_eq!(events[..want.len()], want[..]);
+    let [
+        ModelEvent::Done {
+            stop: StopReason::ToolUse,
+            usage: Some(u),
+            ..
+        },
+    ] = &events[want.len()..]
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!(u.reasoning, Some(128));
+    assert_eq!(
+        mock.request().body["reasoning"],
+        serde_json::json!({"effort": "medium", "summary": "auto"})
+    );
+
+    // The tool ran; the next call replays the whole turn, statelessly.
+    let reply = AssistantItem {
+        id: "item-2".into(),
+        content: vec![
+            Content::Thinking {
+                thinking: "**Reading the file** before changing it.".into(),
+                redacted: None,
+            },
+            Content::ToolCall {
+                tool_call_id: "call_R3adF1le".into(),
+                tool_name: "read".into(),
+                input,
+            },
+        ],
+        model: ModelRef {
+            provider: "openai".into(),
+            id: "gpt-5".into(),
+        },
+        response_model: None,
+        usage: None,
+        timestamp: 0,
+        status: AssistantStatus::Complete(StopReason::ToolUse),
+        error_message: None,
+    };
+    let tool = ToolItem {
+        id: "item-3".into(),
+        tool_call_id: "call_R3adF1le".into(),
+        tool_name: "read".into(),
+        input: Value::Map(vec![]),
+        content: vec![Content::Text {
+            text: "pub fn lib() {}".into(),
+        }],
+        details: None,
+        usage: None,
+        timestamp: 0,
+        status: ToolStatus::Complete,
+    };
+    let context = vec![
+        user("item-1", "fix lib.rs"),
+        TranscriptItem::Assistant(reply),
+        TranscriptItem::Tool(tool),
+    ];
+    let events = call(&p, &request(&p, ThinkingLevel::Medium, context)).await;
+    assert_eq!(joined(&events, DeltaKind::Text), "Hello, wörld — ready.");
+    assert!(matches!(
+        events.last(),
+        Some(ModelEvent::Done {
+            stop: StopReason::Stop,
+            ..
+        })
+    ));
+    let second = &mock.requests()[1].body;
+    assert_eq!(second["store"], false);
+    assert_eq!(
+        second["input"],
+        serde_json::json!([
+            {"role": "user", "content": [{"type": "input_text", "text": "fix lib.rs"}]},
+            {"type": "function_call", "call_id": "call_R3adF1le", "name": "read",
+             "arguments": "{\"path\":\"src/lib.rs\",\"offset\":10}"},
+            {"type": "function_call_output", "call_id": "call_R3adF1le", "output": "pub fn lib() {}"},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn responses_failed_mid_stream_is_retryable_for_a_server_error() {
+    let mock = Mock::start(sse("openai-responses-failed.sse")).await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    assert_eq!(joined(&events, DeltaKind::Text), "Partial");
+    let (message, retryable, _) = failure(&events);
+    assert!(retryable, "{message}");
+    assert_eq!(
+        message,
+        "openai: the provider reported an error: The server had an error while processing \
+         your request. (server_error)"
+    );
+    assert_eq!(terminal_count(&events), 1);
+}
+
+#[tokio::test]
+async fn responses_context_overflow_is_recognised_for_recovery() {
+    let mock = Mock::start(error(400, "openai-responses-overflow-400.json", vec![])).await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    let (message, retryable, _) = failure(&events);
+    assert!(!retryable, "{message}");
+    assert!(
+        message.starts_with("openai: HTTP 400 Bad Request: Your input exceeds the context window"),
+        "{message}"
+    );
+    assert!(
+        kernel::runtime::is_context_overflow(&message),
+        "the runtime compacts and retries on it: {message}"
+    );
+
+    // The same error inside the stream.
+    let failed = "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":\
+        {\"status\":\"failed\",\"error\":{\"code\":\"context_length_exceeded\",\
+        \"message\":\"Your input exceeds the context window of this model.\"}}}\n\n";
+    let mock = Mock::start(Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: Body::UntilClose(failed.as_bytes().to_vec()),
+    })
+    .await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    let (message, retryable, _) = failure(&events);
+    assert!(
+        !retryable && kernel::runtime::is_context_overflow(&message),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn responses_stream_without_completed_is_retryable() {
+    let cut: Vec<u8> = fixture("openai-responses-text.sse")
+        .split(|b| *b == b'\n')
+        .take(12)
+        .flat_map(|l| l.iter().copied().chain([b'\n']))
+        .collect();
+    let mock = Mock::start(Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: Body::UntilClose(cut),
+    })
+    .await;
+    let p = responses(&mock);
+    let events = call(
+        &p,
+        &request(&p, ThinkingLevel::Off, vec![user("item-1", "hi")]),
+    )
+    .await;
+    let (message, retryable, _) = failure(&events);
+    assert!(retryable, "{message}");
+    assert!(message.contains("no response.completed"), "{message}");
+}

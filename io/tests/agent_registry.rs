@@ -259,3 +259,42 @@ fn cost_is_usage_times_price_per_million() {
     assert!((usage.cost.cache_read - 0.003).abs() < 1e-12);
     assert!((usage.cost.total - 3.033).abs() < 1e-12);
 }
+
+#[test]
+fn openai_responses_per_provider_or_per_model() {
+    let dir = TempDir::new();
+    dir.write(
+        "models.json",
+        r#"{"providers": {
+            "openai": {"api": "openai-responses"},
+            "gateway": {"baseUrl": "http://127.0.0.1:9/v1", "api": "openai-completions",
+                "models": [
+                    {"id": "chat-model"},
+                    {"id": "codex-model", "api": "openai-responses"},
+                    {"id": "odd-model", "api": "openai-telepathy"}
+                ]}
+        }}"#,
+        0o644,
+    );
+    let reg = load(&dir, &[("OPENAI_API_KEY", "sk")]);
+    let api = |p: &str, id: &str| reg.provider_config(&r(p, id), "/p").unwrap().api;
+    assert_eq!(
+        api("openai", "gpt-5"),
+        Api::OpenAiResponses,
+        "built-ins follow their provider"
+    );
+    assert_eq!(
+        reg.find(&r("openai", "gpt-5")).unwrap().api,
+        "openai-responses"
+    );
+    assert_eq!(api("gateway", "chat-model"), Api::OpenAiCompletions);
+    assert_eq!(api("gateway", "codex-model"), Api::OpenAiResponses);
+    assert!(reg.find(&r("gateway", "odd-model")).is_none());
+    assert!(
+        reg.warnings()
+            .iter()
+            .any(|w| w.contains("unknown api \"openai-telepathy\"")),
+        "{:?}",
+        reg.warnings()
+    );
+}

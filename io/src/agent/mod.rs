@@ -6,9 +6,9 @@
 //! session's working directory and reports what happened.
 //!
 //! - [`stream`]: one model call against an OpenAI-compatible Chat
-//!   Completions server or the Anthropic Messages API, as a sequence of
-//!   [`ModelEvent`]s ending in exactly one `Done` or `Failed` (nothing more
-//!   after a cancellation).
+//!   Completions server, the OpenAI Responses API or the Anthropic Messages
+//!   API, as a sequence of [`ModelEvent`]s ending in exactly one `Done` or
+//!   `Failed` (nothing more after a cancellation).
 //! - [`registry::ModelRegistry`]: built-in OpenAI and Anthropic models, the
 //!   faux models, custom models from `<agentDir>/models.json`, keys from the
 //!   environment or `<agentDir>/auth.json`.
@@ -23,6 +23,7 @@ mod model;
 mod openai;
 mod prompt;
 pub mod registry;
+mod responses;
 mod sse;
 pub mod tools;
 mod transport;
@@ -50,6 +51,7 @@ pub async fn stream(
     let outcome = match provider.api {
         Api::OpenAiCompletions => openai::run(provider, request, &sink).await,
         Api::AnthropicMessages => anthropic::run(provider, request, &sink).await,
+        Api::OpenAiResponses => responses::run(provider, request, &sink).await,
     };
     if let Err(transport::Stop::Failed(failure)) = outcome {
         let _ = sink.send(failure.into_event()).await;

@@ -143,7 +143,7 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     body
 }
 
-fn arguments(input: &Value) -> String {
+pub(crate) fn arguments(input: &Value) -> String {
     match input {
         // Arguments that were not valid JSON are kept as the raw text.
         Value::Text(raw) => raw.clone(),
@@ -406,7 +406,7 @@ impl Translator {
     }
 }
 
-fn parse_arguments(args: &str) -> Value {
+pub(crate) fn parse_arguments(args: &str) -> Value {
     if args.trim().is_empty() {
         return Value::Map(Vec::new());
     }
@@ -439,8 +439,9 @@ fn parse_usage(u: &Json) -> Usage {
     }
 }
 
-/// An `{"error": ...}` chunk in the middle of a stream.
-fn stream_error(error: &Json) -> Failure {
+/// An `{"error": ...}` chunk in the middle of a stream (also the
+/// Responses API's error events).
+pub(crate) fn stream_error(error: &Json) -> Failure {
     let message = error
         .get("message")
         .and_then(Json::as_str)

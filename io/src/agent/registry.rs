@@ -35,17 +35,26 @@
 //! ```
 //!
 //! Provider fields: `baseUrl` and `api` (`openai-completions` — the base URL
-//! ends before `/chat/completions` — or `anthropic-messages` — before
-//! `/v1/messages`) are required for a new provider; naming a built-in provider
+//! ends before `/chat/completions` —, `openai-responses` — before
+//! `/responses` — or `anthropic-messages` — before `/v1/messages`) are
+//! required for a new provider; naming a built-in provider
 //! (`openai`, `anthropic`) overrides its settings and adds models. Optional:
 //! `apiKeyEnv` (the environment variable holding the key; declaring it makes
 //! the key required), `apiKey` (a literal key), `headers` (sent with every
 //! request), `maxTokensField` (`max_tokens` or `max_completion_tokens`: send
-//! the model's `maxTokens` under that name; omitted, none is sent), `timeouts`.
-//! Model fields: `id` is required; `name` defaults to the id, `reasoning` to
+//! the model's `maxTokens` under that name; omitted, none is sent; with
+//! `openai-responses` any value sends it as `max_output_tokens`), `timeouts`.
+//! Model fields: `id` is required; `api` overrides the provider's for this
+//! model (e.g. `"api": "openai-responses"` for a Codex model of a provider
+//! otherwise on Chat Completions); `name` defaults to the id, `reasoning` to
 //! false, `input` to `["text"]`, `contextWindow` to 128000, `maxTokens` to
 //! 16384, `cost` (USD per million tokens) to zero, `thinkingLevels` to
 //! `["off"]` (`["off","minimal","low","medium","high"]` for reasoning models).
+//!
+//! `openai-responses` calls are stateless: the transcript is replayed as
+//! `input` items with `store: false`; the thinking levels map to
+//! `reasoning.effort` (`xhigh` and `max` to `high`) with summaries streamed as
+//! thinking.
 //!
 //! Keys: `<agentDir>/auth.json`, `{ "openai": { "key": "sk-..." }, "anthropic":
 //! { "key": "..." } }` (any provider id), read only when it is private to its
@@ -69,6 +78,8 @@ pub enum Api {
     OpenAiCompletions,
     /// Anthropic Messages (`anthropic-messages`).
     AnthropicMessages,
+    /// OpenAI Responses (`openai-responses`).
+    OpenAiResponses,
 }
 
 impl Api {
@@ -77,14 +88,19 @@ impl Api {
         match self {
             Self::OpenAiCompletions => "openai-completions",
             Self::AnthropicMessages => "anthropic-messages",
+            Self::OpenAiResponses => "openai-responses",
         }
     }
 
     /// Parses a registry name.
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::OpenAiCompletions, Self::AnthropicMessages]
-            .into_iter()
-            .find(|a| a.as_str() == s)
+        [
+            Self::OpenAiCompletions,
+            Self::AnthropicMessages,
+            Self::OpenAiResponses,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
     }
 }
 
@@ -320,7 +336,7 @@ impl ModelRegistry {
         }
         Ok(ProviderConfig {
             provider: p.id.clone(),
-            api: p.api,
+            api: Api::parse(&meta.api).unwrap_or(p.api),
             base_url: p.base_url.clone(),
             api_key: p.key.clone(),
             headers: p.headers.clone(),
@@ -606,6 +622,7 @@ struct TimeoutsFile {
 struct ModelFile {
     id: String,
     name: Option<String>,
+    api: Option<String>,
     #[serde(default)]
     reasoning: bool,
     input: Option<Vec<String>>,
@@ -647,7 +664,8 @@ fn add_custom(
             Some((other, None)) => {
                 warnings.push(format!(
                     "models.json: provider {id}: unknown api {other:?} \
-                     (expected openai-completions or anthropic-messages); ignored"
+                     (expected openai-completions, openai-responses or \
+                     anthropic-messages); ignored"
                 ));
                 continue;
             }
@@ -690,6 +708,10 @@ fn add_custom(
         };
         if let Some(api) = api {
             provider.api = api;
+            // The provider's models so far (built-in ones) follow it.
+            for m in models.iter_mut().filter(|m| m.provider == id) {
+                m.api = api.as_str().to_string();
+            }
         }
         if let Some(url) = &p.base_url {
             provider.base_url = url.trim_end_matches('/').to_string();
@@ -736,6 +758,12 @@ fn custom_model(provider: &str, api: Api, m: ModelFile) -> Result<ModelMetadata,
         return Err("a model has an empty id".into());
     }
     let id = m.id;
+    let api = match m.api.as_deref() {
+        None => api,
+        Some(name) => {
+            Api::parse(name).ok_or_else(|| format!("model {id}: unknown api {name:?}"))?
+        }
+    };
     let input = match m.input {
         None => vec![InputKind::Text],
         Some(kinds) => {
