@@ -1,6 +1,12 @@
 //! `<agentDir>/settings.json`: user settings shared by every session. The
-//! daemon writes only `defaultProvider` and `defaultModel`, reads those and
-//! `contextFiles`, and keeps every other key as it is.
+//! daemon writes only `defaultProvider` and `defaultModel`, reads those,
+//! `contextFiles` and `tools`, and keeps every other key as it is.
+//!
+//! A session's own `settings.json`, in its directory
+//! (`<sessionDir>/<id>/settings.json`), overrides `contextFiles` and `tools`
+//! for that session alone ([`session`]). It lives beside the store and not
+//! in the protocol: v1's `create` takes no options, and `meta.json` holds
+//! exactly `createdAt` and `cwd`.
 
 use kernel::protocol::ModelRef;
 use std::path::{Path, PathBuf};
@@ -10,8 +16,11 @@ fn file(agent_dir: &Path) -> PathBuf {
 }
 
 fn read(agent_dir: &Path) -> serde_json::Map<String, serde_json::Value> {
-    let path = file(agent_dir);
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    read_file(&file(agent_dir))
+}
+
+fn read_file(path: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let Ok(text) = std::fs::read_to_string(path) else {
         return Default::default();
     };
     match serde_json::from_str::<serde_json::Value>(&text) {
@@ -23,9 +32,60 @@ fn read(agent_dir: &Path) -> serde_json::Map<String, serde_json::Value> {
     }
 }
 
-/// A boolean setting, if the settings give one.
-pub fn flag(agent_dir: &Path, key: &str) -> Option<bool> {
-    read(agent_dir).get(key)?.as_bool()
+/// What one session's model calls are given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// Whether the project's context files go in the system prompt.
+    pub context_files: bool,
+    /// The tools offered, by name, in order.
+    pub tools: Vec<String>,
+}
+
+/// The settings of the session whose directory is `session`: each key from
+/// the session's `settings.json`, else (for `contextFiles`) from
+/// `PI_CONTEXT_FILES`, else from `<agentDir>/settings.json`, else the
+/// default (context files on; [`crate::agent::tools::DEFAULT_TOOLS`]).
+/// Read for every model call, so a change takes effect at the next one.
+pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, String> {
+    let path = session.join("settings.json");
+    let own = read_file(&path);
+    let global = read(agent_dir);
+    let env = std::env::var("PI_CONTEXT_FILES")
+        .ok()
+        .map(|v| !matches!(v.trim(), "0" | "false" | "off" | "no"));
+    let context_files = match own.get("contextFiles") {
+        Some(v) => Some(v.as_bool().ok_or_else(|| {
+            format!("{}: \"contextFiles\" must be true or false", path.display())
+        })?),
+        None => None,
+    }
+    .or(env)
+    .or_else(|| global.get("contextFiles").and_then(|v| v.as_bool()))
+    .unwrap_or(true);
+    let (source, list) = match own.get("tools") {
+        Some(list) => (path.clone(), Some(list)),
+        None => (file(agent_dir), global.get("tools")),
+    };
+    let tools: Vec<String> = match list {
+        None => crate::agent::tools::DEFAULT_TOOLS
+            .iter()
+            .map(|t| t.to_string())
+            .collect(),
+        Some(list) => list
+            .as_array()
+            .and_then(|l| l.iter().map(|t| t.as_str().map(str::to_string)).collect())
+            .ok_or_else(|| {
+                format!(
+                    "{}: \"tools\" must be a list of tool names",
+                    source.display()
+                )
+            })?,
+    };
+    crate::agent::tools::select_tools(&tools).map_err(|e| format!("{}: {e}", source.display()))?;
+    Ok(SessionSettings {
+        context_files,
+        tools,
+    })
 }
 
 /// The model new sessions start with, if the settings name one.
@@ -54,6 +114,44 @@ pub fn set_default_model(agent_dir: &Path, model: &ModelRef) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sessions_own_settings_override_the_global_ones() {
+        let dir = std::env::temp_dir().join(format!("pi-settings-s-{}", std::process::id()));
+        let (agent, session) = (dir.join("agent"), dir.join("session"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&agent).unwrap();
+        std::fs::create_dir_all(&session).unwrap();
+        let s = self::session(&agent, &session).unwrap();
+        assert_eq!(s.tools, crate::agent::tools::DEFAULT_TOOLS);
+        let write =
+            |path: &Path, text: &str| std::fs::write(path.join("settings.json"), text).unwrap();
+        write(&agent, r#"{"tools": ["read", "bash"]}"#);
+        assert_eq!(
+            self::session(&agent, &session).unwrap().tools,
+            ["read", "bash"]
+        );
+        write(&session, r#"{"tools": [], "contextFiles": false}"#);
+        let s = self::session(&agent, &session).unwrap();
+        assert!(s.tools.is_empty());
+        if std::env::var_os("PI_CONTEXT_FILES").is_none() {
+            assert!(!s.context_files);
+        }
+        write(&session, r#"{"tools": "read"}"#);
+        let e = self::session(&agent, &session).unwrap_err();
+        assert!(e.contains("must be a list of tool names"), "{e}");
+        write(&session, r#"{"contextFiles": "no"}"#);
+        let e = self::session(&agent, &session).unwrap_err();
+        assert!(e.contains("must be true or false"), "{e}");
+        write(&session, "{}");
+        write(&agent, r#"{"tools": ["read", "Bash"]}"#);
+        let e = self::session(&agent, &session).unwrap_err();
+        assert!(
+            e.contains("unknown tool \"Bash\"") && e.contains("the tools are read, write, edit"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn default_model_round_trips_and_keeps_other_keys() {

@@ -365,7 +365,8 @@ struct Worker<D: Dial> {
     model_task: Option<(u64, JoinHandle<()>, CancellationToken)>,
     tool_task: Option<(String, JoinHandle<()>, CancellationToken)>,
     agent_dir: PathBuf,
-    /// The session's directory: whole outputs of cut `bash` commands go there.
+    /// The session's directory: its own `settings.json` (tools, context
+    /// files), and the whole outputs of cut `bash` commands.
     outputs: PathBuf,
     delay: Duration,
     clock: fn() -> Instant,
@@ -518,10 +519,13 @@ impl<D: Dial> Worker<D> {
             // Context files are read again for every call: edits take effect.
             let date = crate::cli::format_utc(clock().as_millis());
             let date = date.split(' ').next().unwrap_or_default().to_owned();
-            Some(
-                self.registry
-                    .call_config(&request.model, &self.cwd, &self.agent_dir, &date),
-            )
+            Some(self.registry.call_config(
+                &request.model,
+                &self.cwd,
+                &self.agent_dir,
+                &self.outputs,
+                &date,
+            ))
         };
         let token = cancel.clone();
         let task = tokio::spawn(async move {
@@ -573,9 +577,27 @@ impl<D: Dial> Worker<D> {
         let cancel = CancellationToken::new();
         let token = cancel.clone();
         let outputs = self.outputs.clone();
+        // A tool the session does not offer is not run, even when a model names it.
+        let offered = crate::settings::session(&self.agent_dir, &self.outputs).and_then(|s| {
+            if s.tools.contains(&tool_name) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{tool_name}: this session does not offer the tool (its tools are {})",
+                    s.tools.join(", ")
+                ))
+            }
+        });
         let task = tokio::spawn(async move {
             let cwd = std::path::Path::new(&cwd);
-            let done = agent::run_tool_in(&tool_name, &input, cwd, Some(&outputs), token).await;
+            let done = match offered {
+                Ok(()) => agent::run_tool_in(&tool_name, &input, cwd, Some(&outputs), token).await,
+                Err(message) => agent::ToolOutcome {
+                    content: vec![kernel::protocol::Content::Text { text: message }],
+                    details: None,
+                    is_error: true,
+                },
+            };
             let _ = events
                 .send(HostInput::ToolDone {
                     id,

@@ -569,6 +569,69 @@ async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
     assert!(!systems[1].contains("cargo test first"));
 }
 
+/// A session's own `settings.json` (in its directory) turns its context
+/// files off and picks its tools: only those are offered, a call to another
+/// is refused, and an unknown name fails the next prompt with a clear error.
+#[tokio::test]
+async fn a_sessions_own_settings_pick_its_tools_and_turn_context_files_off() {
+    let dir = TempDir::new();
+    std::fs::write(dir.0.join("project/AGENTS.md"), "Project: secret rules.").unwrap();
+    let mock = Mock::sequence(vec![
+        tool_reply("c1", "bash", serde_json::json!({"command": "echo hi"})),
+        text_reply("done"),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock).await;
+    let own = s.session_dir.join(SESSION).join("settings.json");
+    std::fs::write(&own, r#"{"contextFiles": false, "tools": ["read", "ls"]}"#).unwrap();
+    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    s.run_until("the prompt", |s| s.done(op)).await;
+
+    let first = &mock.requests()[0].body;
+    let tools: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["read", "ls"]);
+    let system = first["messages"][0]["content"].as_str().unwrap();
+    assert!(!system.contains("secret rules"), "{system}");
+    assert!(
+        !system.contains("- bash:") && system.contains("- ls:"),
+        "{system}"
+    );
+    let tool = s
+        .transcript()
+        .iter()
+        .find(|i| matches!(i, TranscriptItem::Tool(_)))
+        .expect("the call is answered");
+    assert!(
+        tool_text(tool).contains("this session does not offer the tool"),
+        "{}",
+        tool_text(tool)
+    );
+
+    // An unknown tool name: the prompt fails before any model call, saying why.
+    std::fs::write(&own, r#"{"tools": ["read", "grp"]}"#).unwrap();
+    let op = s
+        .operation(Operation::Prompt {
+            text: "again".into(),
+        })
+        .await;
+    s.run_until("the second prompt", |s| s.done(op)).await;
+    assert_eq!(mock.requests().len(), 2, "no call with a bad setting");
+    let Some(TranscriptItem::Assistant(last)) = s.transcript().last() else {
+        panic!("{:?}", s.transcript())
+    };
+    assert_eq!(last.status, AssistantStatus::Error);
+    let error = last.error_message.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("unknown tool \"grp\"") && error.contains(&own.display().to_string()),
+        "{error}"
+    );
+}
+
 /// OpenAI's answer to a request over the model's window.
 fn overflow_reply() -> Reply {
     let body = serde_json::json!({"error": {

@@ -5,7 +5,6 @@ use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, ThinkingSignatures, apply_cost};
 use super::sse::SseEvent;
-use super::tools::tool_specs;
 use super::transport::{Failure, Sink, Stop, excerpt, post_events};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
@@ -154,7 +153,7 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     {
         block["cache_control"] = cached.clone();
     }
-    let system = prompt::system_prompt(request, &p.cwd, &p.context);
+    let system = prompt::system_prompt(request, p);
     let mut body = json!({
         "model": p.model.id,
         "max_tokens": max_tokens,
@@ -162,9 +161,10 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
         "messages": messages,
         "stream": true,
     });
-    if request.purpose == Purpose::Reply {
-        let tools: Vec<Json> = tool_specs()
-            .into_iter()
+    if request.purpose == Purpose::Reply && !p.tools.is_empty() {
+        let tools: Vec<Json> = p
+            .tools
+            .iter()
             .map(|s| json!({"name": s.name, "description": s.description, "input_schema": s.parameters}))
             .collect();
         body["tools"] = Json::Array(tools);

@@ -5,8 +5,9 @@
 //!
 //! Read again for every model call, so an edit made by the agent or the
 //! user takes effect at once. The total is capped at [`MAX_BYTES`]; what is
-//! cut is said. `"contextFiles": false` in `<agentDir>/settings.json`, or
-//! `PI_CONTEXT_FILES=0`, turns the files off.
+//! cut is said. `"contextFiles": false` in `<agentDir>/settings.json` or
+//! `PI_CONTEXT_FILES=0` turns the files off, and a session's own
+//! `settings.json` for that session ([`crate::settings::session`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,14 +17,6 @@ pub const MAX_BYTES: usize = 64 * 1024;
 
 /// The file names looked for in each directory, in order of preference.
 const NAMES: [&str; 2] = ["AGENTS.md", "CLAUDE.md"];
-
-/// Whether context files are loaded: the environment overrides the settings.
-pub fn enabled(agent_dir: &Path) -> bool {
-    if let Ok(value) = std::env::var("PI_CONTEXT_FILES") {
-        return !matches!(value.trim(), "0" | "false" | "off" | "no");
-    }
-    crate::settings::flag(agent_dir, "contextFiles").unwrap_or(true)
-}
 
 /// The context files that apply to `cwd`, outermost first.
 pub fn files(agent_dir: &Path, cwd: &Path) -> Vec<PathBuf> {
@@ -44,8 +37,9 @@ pub fn files(agent_dir: &Path, cwd: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The section appended to the system prompt (empty when there is nothing).
-pub fn section(agent_dir: &Path, cwd: &Path, date: &str) -> String {
+/// The section appended to the system prompt: the date and the OS, then,
+/// with `files_on`, the context files.
+pub fn section(agent_dir: &Path, cwd: &Path, date: &str, files_on: bool) -> String {
     let mut text = String::new();
     let _ = write!(
         text,
@@ -53,7 +47,7 @@ pub fn section(agent_dir: &Path, cwd: &Path, date: &str) -> String {
         std::env::consts::OS,
         std::env::consts::ARCH
     );
-    if !enabled(agent_dir) {
+    if !files_on {
         return text;
     }
     let mut files_text = String::new();
@@ -123,7 +117,7 @@ mod tests {
                 sub.join("CLAUDE.md")
             ]
         );
-        let text = section(&agent, &sub, "2026-12-03");
+        let text = section(&agent, &sub, "2026-12-03", true);
         let (g, r, c) = (
             text.find("global rules").unwrap(),
             text.find("repo rules").unwrap(),
@@ -141,7 +135,7 @@ mod tests {
     fn the_total_is_capped_and_the_cut_is_said() {
         let root = scratch("cap");
         std::fs::write(root.join("AGENTS.md"), "x".repeat(MAX_BYTES + 500)).unwrap();
-        let text = section(&root.join("no-agent-dir"), &root, "d");
+        let text = section(&root.join("no-agent-dir"), &root, "d", true);
         assert!(text.len() < MAX_BYTES + 1000, "{}", text.len());
         assert!(
             text.contains("context files truncated"),
@@ -152,13 +146,12 @@ mod tests {
     }
 
     #[test]
-    fn settings_turn_the_files_off() {
+    fn off_leaves_only_the_date_and_os() {
         let root = scratch("off");
         std::fs::write(root.join("AGENTS.md"), "rules").unwrap();
-        std::fs::write(root.join("settings.json"), r#"{"contextFiles": false}"#).unwrap();
-        assert!(!section(&root, &root, "d").contains("rules"));
-        std::fs::write(root.join("settings.json"), "{}").unwrap();
-        assert!(section(&root, &root, "d").contains("rules"));
+        let text = section(&root, &root, "d", false);
+        assert!(!text.contains("rules") && text.contains("Current date: d"));
+        assert!(section(&root, &root, "d", true).contains("rules"));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

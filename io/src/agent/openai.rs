@@ -6,7 +6,6 @@ use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
-use super::tools::tool_specs;
 use super::transport::{Failure, Sink, Stop, excerpt, post_events};
 use kernel::protocol::{DeltaKind, InputKind, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
@@ -43,9 +42,8 @@ pub(crate) async fn run(
 /// The request body.
 pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     let images = p.model.input.contains(&InputKind::Image);
-    let mut messages = vec![
-        json!({"role": "system", "content": prompt::system_prompt(request, &p.cwd, &p.context)}),
-    ];
+    let mut messages =
+        vec![json!({"role": "system", "content": prompt::system_prompt(request, p)})];
     // Images of tool results go in a user message after the tool messages of that turn.
     let mut tool_images: Vec<Json> = Vec::new();
     for m in prompt::messages(request) {
@@ -117,9 +115,10 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    if request.purpose == Purpose::Reply {
-        let tools: Vec<Json> = tool_specs()
-            .into_iter()
+    if request.purpose == Purpose::Reply && !p.tools.is_empty() {
+        let tools: Vec<Json> = p
+            .tools
+            .iter()
             .map(|s| json!({"type": "function", "function": {"name": s.name, "description": s.description, "parameters": s.parameters}}))
             .collect();
         body["tools"] = Json::Array(tools);

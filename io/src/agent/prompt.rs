@@ -3,7 +3,7 @@
 //! their results, failed replies left out, the summary first).
 
 use super::model::{ModelRequest, Purpose};
-use super::tools::tool_specs;
+use super::registry::ProviderConfig;
 use kernel::protocol::{AssistantStatus, Content, ToolStatus, TranscriptItem};
 use kernel::wire::Value;
 use std::fmt::Write as _;
@@ -41,7 +41,7 @@ pub(crate) enum Message {
 
 /// The system prompt of a request; `context` (the date, the OS, the
 /// project's context files) goes last.
-pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str, context: &str) -> String {
+pub(crate) fn system_prompt(request: &ModelRequest, p: &ProviderConfig) -> String {
     if request.purpose == Purpose::Summarize {
         return SUMMARIZER.to_string();
     }
@@ -50,7 +50,10 @@ pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str, context: &str) ->
          reading files, running commands, editing code and writing new files, using the \
          tools below.\n\nAvailable tools:\n",
     );
-    for spec in tool_specs() {
+    if p.tools.is_empty() {
+        text.push_str("(none in this session)\n");
+    }
+    for spec in &p.tools {
         let _ = writeln!(text, "- {}: {}", spec.name, spec.description);
     }
     text.push_str(
@@ -62,8 +65,8 @@ pub(crate) fn system_prompt(request: &ModelRequest, cwd: &str, context: &str) ->
          - Relative paths are resolved against the working directory.\n\
          - Be concise, and name the files you change.\n",
     );
-    let _ = write!(text, "\nCurrent working directory: {cwd}");
-    text.push_str(context);
+    let _ = write!(text, "\nCurrent working directory: {}", p.cwd);
+    text.push_str(&p.context);
     text
 }
 

@@ -177,6 +177,8 @@ pub struct ProviderConfig {
     pub context: String,
     /// Anthropic thinking signatures (shared by the calls of a process).
     pub thinking_signatures: ThinkingSignatures,
+    /// The tools offered to the model (the session's `tools` setting).
+    pub tools: Vec<super::ToolSpec>,
 }
 
 impl ProviderConfig {
@@ -194,6 +196,7 @@ impl ProviderConfig {
             cwd: "/".to_string(),
             context: String::new(),
             thinking_signatures: ThinkingSignatures::default(),
+            tools: super::tool_specs(),
         }
     }
 }
@@ -295,19 +298,25 @@ impl ModelRegistry {
             .find(|m| m.provider == model.provider && m.id == model.id)
     }
 
-    /// [`ModelRegistry::provider_config`] for one model call of a session,
-    /// with the project context (read now, so edits take effect) for the
-    /// system prompt: the date (`YYYY-MM-DD`), the OS and the context files
-    /// of `agent_dir` and `cwd` ([`super::context`]).
+    /// [`ModelRegistry::provider_config`] for one model call of the session
+    /// whose directory is `session`, with its settings and project context
+    /// read now, so edits take effect: the tools it offers
+    /// ([`crate::settings::session`]) and, for the system prompt, the date
+    /// (`YYYY-MM-DD`), the OS and the context files of `agent_dir` and `cwd`
+    /// ([`super::context`]).
     pub fn call_config(
         &self,
         model: &ModelRef,
         cwd: &str,
         agent_dir: &Path,
+        session: &Path,
         date: &str,
     ) -> Result<ProviderConfig, String> {
         let mut config = self.provider_config(model, cwd)?;
-        config.context = super::context::section(agent_dir, Path::new(cwd), date);
+        let settings = crate::settings::session(agent_dir, session)?;
+        config.tools = super::tools::select_tools(&settings.tools)?;
+        config.context =
+            super::context::section(agent_dir, Path::new(cwd), date, settings.context_files);
         Ok(config)
     }
 
@@ -346,6 +355,7 @@ impl ModelRegistry {
             cwd: cwd.to_string(),
             context: String::new(),
             thinking_signatures: self.signatures.clone(),
+            tools: super::tool_specs(),
         })
     }
 }

@@ -13,7 +13,6 @@ use super::openai::{arguments, parse_arguments, stream_error};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
-use super::tools::tool_specs;
 use super::transport::{Failure, Sink, Stop, excerpt, post_events};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use serde_json::{Value as Json, json};
@@ -114,14 +113,15 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
     }
     let mut body = json!({
         "model": p.model.id,
-        "instructions": prompt::system_prompt(request, &p.cwd, &p.context),
+        "instructions": prompt::system_prompt(request, p),
         "input": input,
         "stream": true,
         "store": false,
     });
-    if request.purpose == Purpose::Reply {
-        let tools: Vec<Json> = tool_specs()
-            .into_iter()
+    if request.purpose == Purpose::Reply && !p.tools.is_empty() {
+        let tools: Vec<Json> = p
+            .tools
+            .iter()
             .map(|s| json!({"type": "function", "name": s.name, "description": s.description, "parameters": s.parameters, "strict": false}))
             .collect();
         body["tools"] = Json::Array(tools);

@@ -70,7 +70,31 @@ impl ToolOutcome {
     }
 }
 
-/// The tools, described for the providers.
+/// The tools a session offers when its settings name none: pi's four and
+/// the search tools.
+pub const DEFAULT_TOOLS: [&str; 7] = ["read", "write", "edit", "bash", "grep", "find", "ls"];
+
+/// The tools named in `names`, in that order, described for the providers;
+/// an unknown name is an error naming the known ones.
+pub fn select_tools(names: &[String]) -> Result<Vec<ToolSpec>, String> {
+    let all = tool_specs();
+    let mut out: Vec<ToolSpec> = Vec::new();
+    for name in names {
+        match all.iter().find(|s| s.name == name) {
+            Some(spec) if !out.iter().any(|s| s.name == spec.name) => out.push(spec.clone()),
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "unknown tool {name:?} in the \"tools\" setting; the tools are {}",
+                    DEFAULT_TOOLS.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every tool, described for the providers.
 pub fn tool_specs() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
@@ -136,7 +160,9 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "grep",
-            description: "Search file contents for a regular expression (ripgrep syntax),                           respecting .gitignore. Returns path:line: text, at most limit matches                           (default 100) or 50 KB.",
+            description: "Search file contents for a regular expression (ripgrep syntax), \
+                          respecting .gitignore. Returns path:line: text, at most limit matches \
+                          (default 100) or 50 KB.",
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -154,7 +180,8 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "find",
-            description: "Find files and directories whose path matches a glob (e.g. *.rs,                           **/test_*.py), respecting .gitignore. At most limit paths (default 1000).",
+            description: "Find files and directories whose path matches a glob (e.g. *.rs, \
+                          **/test_*.py), respecting .gitignore. At most limit paths (default 1000).",
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -168,7 +195,8 @@ pub fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "ls",
-            description: "List a directory's entries, sorted, directories with a trailing /,                           dotfiles included. At most limit entries (default 500).",
+            description: "List a directory's entries, sorted, directories with a trailing /, \
+                          dotfiles included. At most limit entries (default 500).",
             parameters: json!({
                 "type": "object",
                 "properties": {
