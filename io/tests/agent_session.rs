@@ -699,4 +699,11 @@ async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
         .summary
         .expect("a summary is kept");
     assert_eq!(summary.text, "Earlier the user said hello.");
+    let usage = summary.usage.expect("the summary call's usage is stored");
+    assert_eq!((usage.input, usage.output, usage.total_tokens), (50, 5, 55));
+    // models.json prices: $1 in, $2 out per million tokens.
+    assert!(
+        (usage.cost.total - (50.0 + 10.0) / 1e6).abs() < 1e-12,
+        "{usage:?}"
+    );
 }

@@ -55,6 +55,10 @@ pub struct Summary {
     pub text: String,
     /// Id of the last transcript item it covers.
     pub through: String,
+    /// Tokens and cost of every summary call of the session so far, this
+    /// one's included (the providers' reports summed): compaction is paid
+    /// for too, and no transcript item carries it.
+    pub usage: Option<Usage>,
 }
 
 /// Everything about a session that is stored.
@@ -984,13 +988,24 @@ impl Runtime {
                 ModelEvent::Delta { .. }
                 | ModelEvent::ToolCall { .. }
                 | ModelEvent::ToolInput { .. } => {}
-                ModelEvent::Done { .. } => {
-                    let summary = Summary {
-                        text: std::mem::take(text),
-                        through: std::mem::take(through),
+                ModelEvent::Done { usage, .. } => {
+                    let before = self.state.summary.as_ref().and_then(|s| s.usage.clone());
+                    let usage = match (before, usage) {
+                        (Some(mut total), Some(call)) => {
+                            add_usage(&mut total, &call);
+                            Some(total)
+                        }
+                        (total, call) => call.or(total),
                     };
-                    if !summary.text.trim().is_empty() {
-                        self.state.summary = Some(summary);
+                    let text = std::mem::take(text);
+                    if !text.trim().is_empty() {
+                        self.state.summary = Some(Summary {
+                            text,
+                            through: std::mem::take(through),
+                            usage,
+                        });
+                    } else if let Some(summary) = &mut self.state.summary {
+                        summary.usage = usage; // an empty summary was still paid for
                     }
                     turn.failures = 0;
                     self.start_reply();
@@ -1624,6 +1639,25 @@ pub fn is_context_overflow(message: &str) -> bool {
     ]
     .iter()
     .any(|needle| m.contains(needle))
+}
+
+/// Adds `more` to `total`, tokens and cost.
+fn add_usage(total: &mut Usage, more: &Usage) {
+    total.input += more.input;
+    total.output += more.output;
+    total.cache_read += more.cache_read;
+    total.cache_write += more.cache_write;
+    total.reasoning = match (total.reasoning, more.reasoning) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    };
+    total.total_tokens += more.total_tokens;
+    let (c, m) = (&mut total.cost, &more.cost);
+    c.input += m.input;
+    c.output += m.output;
+    c.cache_read += m.cache_read;
+    c.cache_write += m.cache_write;
+    c.total += m.total;
 }
 
 /// Rough token estimate of a text: four bytes per token.

@@ -4,7 +4,7 @@
 use super::{DB_FILE, StoreError, Synchronous};
 use kernel::protocol::codec::{Path as SchemaPath, Schema};
 use kernel::protocol::{
-    AssistantStatus, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, UserItem,
+    AssistantStatus, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, Usage, UserItem,
 };
 use kernel::runtime::{Persist, StoredSession, Summary};
 use kernel::wire::{CborLimits, Value, cbor};
@@ -59,6 +59,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
             ALTER TABLE state ADD COLUMN summary_text TEXT;
             ALTER TABLE state ADD COLUMN summary_through TEXT;
         ",
+    },
+    Migration {
+        version: 3,
+        description: "the usage and cost of the summary calls",
+        sql: "ALTER TABLE state ADD COLUMN summary_usage BLOB;",
     },
 ];
 
@@ -205,8 +210,8 @@ pub(super) fn write_initial(
     let updated_at = to_sql_int(initial.updated_at, "updatedAt", id)?;
     tx.execute(
         "INSERT INTO state (id, revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
-                            summary_text, summary_through)
-         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                            summary_text, summary_through, summary_usage)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
             revision,
             updated_at,
@@ -216,6 +221,7 @@ pub(super) fn write_initial(
             steer,
             initial.summary.as_ref().map(|s| s.text.as_str()),
             initial.summary.as_ref().map(|s| s.through.as_str()),
+            encode_summary_usage(initial.summary.as_ref(), id)?,
         ],
     )
     .map_err(sqlite_error(dir, id, "write the initial state"))?;
@@ -250,13 +256,14 @@ pub(super) fn apply(
                 summary,
             } => {
                 let steer = encode_steer(queued_steer, id)?;
+                let summary_usage = encode_summary_usage(summary.as_ref(), id)?;
                 let revision = to_sql_int(*revision, "revision", id)?;
                 let updated_at = to_sql_int(*updated_at, "updatedAt", id)?;
                 let changed = tx
                     .prepare_cached(
                         "UPDATE state SET revision = ?1, updated_at = ?2, model_provider = ?3,
                          model_id = ?4, thinking_level = ?5, queued_steer = ?6,
-                         summary_text = ?7, summary_through = ?8 WHERE id = 1",
+                         summary_text = ?7, summary_through = ?8, summary_usage = ?9 WHERE id = 1",
                     )
                     .and_then(|mut stmt| {
                         stmt.execute(params![
@@ -268,6 +275,7 @@ pub(super) fn apply(
                             steer,
                             summary.as_ref().map(|s| s.text.as_str()),
                             summary.as_ref().map(|s| s.through.as_str()),
+                            summary_usage,
                         ])
                     })
                     .map_err(sqlite_error(dir, id, "write the state row"))?;
@@ -336,7 +344,7 @@ pub(super) fn load(
     let row = conn
         .query_row(
             "SELECT revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
-                    summary_text, summary_through
+                    summary_text, summary_through, summary_usage
              FROM state WHERE id = 1",
             [],
             |row| {
@@ -349,6 +357,7 @@ pub(super) fn load(
                     row.get::<_, Vec<u8>>(5)?,
                     row.get::<_, Option<String>>(6)?,
                     row.get::<_, Option<String>>(7)?,
+                    row.get::<_, Option<Vec<u8>>>(8)?,
                 ))
             },
         )
@@ -363,6 +372,7 @@ pub(super) fn load(
         steer,
         summary_text,
         summary_through,
+        summary_usage,
     )) = row
     else {
         return Err(corrupt(dir, id, "its state row is missing"));
@@ -392,6 +402,10 @@ pub(super) fn load(
             format!("negative updated_at {updated_at} in the state row"),
         )
     })?;
+    let summary_usage = summary_usage
+        .map(|blob| decode_usage(&blob))
+        .transpose()
+        .map_err(|problem| corrupt(dir, id, problem))?;
     let state = StateRow {
         revision,
         updated_at,
@@ -402,7 +416,11 @@ pub(super) fn load(
         thinking_level,
         queued_steer,
         summary: match (summary_text, summary_through) {
-            (Some(text), Some(through)) => Some(Summary { text, through }),
+            (Some(text), Some(through)) => Some(Summary {
+                text,
+                through,
+                usage: summary_usage,
+            }),
             _ => None,
         },
     };
@@ -475,6 +493,32 @@ fn encode_steer(steer: &[UserItem], id: &str) -> Result<Vec<u8>, StoreError> {
     to_cbor(&Value::Array(values)).map_err(|e| {
         StoreError::Invalid(format!("Session {id}: cannot store the steer queue: {e}"))
     })
+}
+
+/// The summary calls' usage as CBOR (the protocol's `Usage` schema).
+fn encode_summary_usage(
+    summary: Option<&Summary>,
+    id: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(usage) = summary.and_then(|s| s.usage.as_ref()) else {
+        return Ok(None);
+    };
+    let value = usage.to_checked_value().map_err(|e| {
+        StoreError::Invalid(format!(
+            "Session {id}: cannot store the summary's usage: {e}"
+        ))
+    })?;
+    to_cbor(&value).map(Some).map_err(|e| {
+        StoreError::Invalid(format!(
+            "Session {id}: cannot store the summary's usage: {e}"
+        ))
+    })
+}
+
+fn decode_usage(blob: &[u8]) -> Result<Usage, String> {
+    let value = cbor::decode(blob, &CborLimits::default())
+        .map_err(|e| format!("the summary's usage is invalid CBOR: {e}"))?;
+    Usage::from_value_at(&value, &SchemaPath::Root("summaryUsage")).map_err(|e| e.to_string())
 }
 
 fn decode_steer(blob: &[u8]) -> Result<Vec<UserItem>, String> {

@@ -764,10 +764,32 @@ fn the_compaction_summary_round_trips() {
     s.summary = Some(kernel::runtime::Summary {
         text: "they said hello".into(),
         through: "u0".into(),
+        usage: None,
+    });
+    store.apply(&[state_of(&s)]).unwrap();
+    store.close().unwrap();
+    let (mut store, loaded) = SessionStore::open(&dir, "with-summary").unwrap();
+    assert_eq!(loaded.summary, s.summary);
+    assert_eq!(loaded.revision, 2);
+
+    // With the summary calls' usage and cost.
+    s.revision = 3;
+    s.summary.as_mut().unwrap().usage = Some(kernel::protocol::Usage {
+        input: 900,
+        output: 40,
+        cache_read: 100,
+        total_tokens: 1040,
+        cost: kernel::protocol::UsageCost {
+            input: 0.0027,
+            output: 0.0006,
+            cache_read: 0.00003,
+            total: 0.00333,
+            ..Default::default()
+        },
+        ..Default::default()
     });
     store.apply(&[state_of(&s)]).unwrap();
     store.close().unwrap();
     let (_store, loaded) = SessionStore::open(&dir, "with-summary").unwrap();
     assert_eq!(loaded.summary, s.summary);
-    assert_eq!(loaded.revision, 2);
 }

@@ -511,16 +511,43 @@ fn compaction_summarises_older_items_when_the_window_fills() {
     let mut t = T::new("faux-tiny");
     let long = "word ".repeat(60);
     let mut op = 1;
-    let mut compacted = false;
-    for _ in 0..6 {
+    let mut compactions = 0;
+    // Each summary call reports its usage, as a provider does.
+    let call_usage = Usage {
+        input: 300,
+        output: 20,
+        total_tokens: 320,
+        cost: crate::protocol::UsageCost {
+            input: 0.25,
+            total: 0.25,
+            ..Default::default()
+        },
+        ..Usage::default()
+    };
+    let mut persisted = None;
+    for _ in 0..12 {
         t.op(op, Operation::Prompt { text: long.clone() });
         loop {
             let (call, request) = t.started_call().expect("a call");
             if request.purpose == Purpose::Summarize {
                 assert_eq!(t.rt.phase(), SessionPhase::Compaction);
-                compacted = true;
+                compactions += 1;
                 t.model(call, text("the user kept saying word"));
-                t.model(call, done(StopReason::Stop));
+                let out = t.model(
+                    call,
+                    ModelEvent::Done {
+                        stop: StopReason::Stop,
+                        usage: Some(call_usage.clone()),
+                        response_model: None,
+                    },
+                );
+                persisted = out
+                    .iter()
+                    .find_map(|o| match o {
+                        RuntimeOutput::Persist(Persist::State { summary, .. }) => summary.clone(),
+                        _ => None,
+                    })
+                    .or(persisted);
                 continue;
             }
             t.model(call, text("ok"));
@@ -530,12 +557,21 @@ fn compaction_summarises_older_items_when_the_window_fills() {
         assert!(t.done(op).unwrap().is_ok());
         op += 1;
     }
-    assert!(compacted, "the tiny window forced a compaction");
+    assert!(compactions >= 2, "the tiny window forced compactions");
     let summary = t.rt.state().summary.clone().expect("a summary is kept");
     assert_eq!(summary.text, "the user kept saying word");
+    // The summary calls are paid for: their usage adds up on the summary,
+    // which is stored.
+    let usage = summary.usage.clone().expect("the summary calls' usage");
+    assert_eq!(
+        (usage.input, usage.output, usage.total_tokens),
+        (300 * compactions, 20 * compactions, 320 * compactions)
+    );
+    assert!((usage.cost.total - 0.25 * compactions as f64).abs() < 1e-9);
+    assert_eq!(persisted.as_ref(), Some(&summary), "stored with the state");
     assert_eq!(
         t.rt.state().transcript.len(),
-        12,
+        24,
         "compaction never drops transcript items"
     );
     t.op(
