@@ -752,3 +752,41 @@ async fn demo_shows_two_clients_sharing_a_session() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// Issue #17, item 8: `create` with a hosted model that has no key warns at
+/// once, and the first prompt's error names the variable and the
+/// `auth.json` entry to set.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_without_credentials_warns_at_create_and_the_prompt_says_what_to_set() {
+    let mut server = TestServer::new("nokey", Default::default());
+    let agent = server.root.path.join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let var = "PI_TEST_UNSET_HOSTED_KEY_51C7";
+    let models = serde_json::json!({"providers": {"hosted": {
+        "baseUrl": "http://127.0.0.1:9/v1", "api": "openai-responses", "apiKeyEnv": var,
+        "models": [{"id": "big"}]
+    }}});
+    std::fs::write(agent.join("models.json"), models.to_string()).unwrap();
+    server.spawn();
+    server.wait_ready().await;
+    let created = server
+        .run_cli(&["create", "--cwd", "/tmp", "--model", "hosted/big"])
+        .await
+        .success();
+    assert!(
+        created
+            .stderr
+            .contains("model hosted/big has no credentials"),
+        "{created:?}"
+    );
+    let id = created.stdout.trim().to_owned();
+    let output = server.run_cli(&["prompt", &id, "hi"]).await;
+    let all = format!("{}{}", output.stdout, output.stderr);
+    assert!(
+        all.contains(&format!(
+            "no API key for provider hosted: set {var} or add {{\"hosted\": {{\"key\": \"...\"}}}} to {}",
+            agent.join("auth.json").display()
+        )),
+        "{output:?}"
+    );
+}

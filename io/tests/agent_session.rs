@@ -145,11 +145,20 @@ struct Session {
 
 impl Session {
     async fn open(dir: &TempDir, mock: &Mock) -> Self {
-        let models_json = serde_json::json!({"providers": {"mock": {
+        Self::open_with(dir, mock, serde_json::json!({})).await
+    }
+
+    /// [`Session::open`] with `extra` fields on the mock provider of `models.json`.
+    async fn open_with(dir: &TempDir, mock: &Mock, extra: serde_json::Value) -> Self {
+        let mut provider = serde_json::json!({
             "baseUrl": format!("{}/v1", mock.base),
             "api": "openai-completions",
             "models": [{"id": "coder", "contextWindow": 100000, "maxTokens": 4096, "cost": {"input": 1, "output": 2}}]
-        }}});
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            provider[k] = v.clone();
+        }
+        let models_json = serde_json::json!({"providers": {"mock": provider}});
         std::fs::write(dir.0.join("agent/models.json"), models_json.to_string()).unwrap();
         let session_dir = dir.0.join("sessions");
         let (channel, worker_end) = tokio::io::duplex(1 << 20);
@@ -629,6 +638,35 @@ async fn a_sessions_own_settings_pick_its_tools_and_turn_context_files_off() {
     assert!(
         error.contains("unknown tool \"grp\"") && error.contains(&own.display().to_string()),
         "{error}"
+    );
+}
+
+/// A hosted model without a key: the first prompt fails at once, without a
+/// call, and its error names the variable and the `auth.json` entry to set.
+#[tokio::test]
+async fn the_first_prompt_without_a_key_says_which_variable_or_auth_entry_to_set() {
+    let dir = TempDir::new();
+    let mock = Mock::start(text_reply("never sent")).await;
+    let var = "PI_TEST_UNSET_MOCK_KEY_8F3A";
+    let mut s = Session::open_with(&dir, &mock, serde_json::json!({"apiKeyEnv": var})).await;
+    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    s.run_until("the prompt", |s| s.done(op)).await;
+    assert!(mock.requests().is_empty(), "no call without a key");
+    let Some(TranscriptItem::Assistant(reply)) = s.transcript().last() else {
+        panic!("{:?}", s.transcript())
+    };
+    assert_eq!(reply.status, AssistantStatus::Error);
+    let auth = dir.0.join("agent/auth.json");
+    assert_eq!(
+        reply.error_message.as_deref(),
+        Some(
+            format!(
+                "no API key for provider mock: set {var} or add {{\"mock\": {{\"key\": \"...\"}}}} \
+                 to {} (mode 0600)",
+                auth.display()
+            )
+            .as_str()
+        )
     );
 }
 

@@ -232,6 +232,8 @@ pub struct ModelRegistry {
     models: Vec<ModelMetadata>,
     warnings: Vec<String>,
     signatures: ThinkingSignatures,
+    /// `<agentDir>/auth.json`, named when a key is missing.
+    auth_path: std::path::PathBuf,
 }
 
 impl ModelRegistry {
@@ -248,7 +250,8 @@ impl ModelRegistry {
     pub fn load_with(agent_dir: &Path, env: &dyn Fn(&str) -> Option<String>) -> Self {
         let env = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         let mut warnings = Vec::new();
-        let auth = read_auth(&agent_dir.join("auth.json"), &mut warnings);
+        let auth_path = agent_dir.join("auth.json");
+        let auth = read_auth(&auth_path, &mut warnings);
         let mut providers = builtin_providers(&env);
         let mut models = kernel::faux::models();
         models.extend(builtin_models());
@@ -278,6 +281,7 @@ impl ModelRegistry {
             models,
             warnings,
             signatures: ThinkingSignatures::default(),
+            auth_path,
         }
     }
 
@@ -339,8 +343,10 @@ impl ModelRegistry {
                 .unwrap_or("the provider's key variable");
             return Err(format!(
                 "no API key for provider {}: set {env} or add {{\"{}\": {{\"key\": \"...\"}}}} \
-                 to auth.json in the agent directory (mode 0600)",
-                p.id, p.id
+                 to {} (mode 0600)",
+                p.id,
+                p.id,
+                self.auth_path.display()
             ));
         }
         Ok(ProviderConfig {
