@@ -9,7 +9,8 @@
 //! schema check), `tui` (the terminal UI's delta → screen and keystroke →
 //! echo latency in a pty), `acp` (the ACP adapter against pi v1, and a
 //! 500-item `session/load`), `web` (the web listener's WebSocket against the Unix
-//! socket: `list` round trips and a 100-client fan-out), or `all`. Each pair is measured in the same run,
+//! socket: `list` round trips and a 100-client fan-out), `caching` (Anthropic
+//! prompt caching against a mock that honours `cache_control`), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -22,6 +23,7 @@
 //! Nothing here asserts a time: the targets are reported as met or missed.
 
 mod acp;
+mod caching;
 mod checkpoint;
 mod coldstart;
 mod commit;
@@ -57,6 +59,7 @@ const ALL: &[&str] = &[
     "killloop",
     "checkpoint",
     "web",
+    "caching",
 ];
 
 fn main() -> ExitCode {
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
             "killloop" => killloop::run(&env, &mut report),
             "checkpoint" => checkpoint::run(&env, &mut report),
             "web" => web::run(&env, &mut report),
+            "caching" => caching::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

@@ -13,8 +13,8 @@
 //!   faux models, custom models from `<agentDir>/models.json`, keys from the
 //!   environment or `<agentDir>/auth.json`.
 //! - [`tools::run_tool`]: `read`, `write`, `edit`, `bash`, `grep`, `find`
-//!   and `ls`, run in the session's cwd; [`tools::tool_specs`] describes
-//!   them to the providers.
+//!   and `ls`, run in the session's cwd; [`tools::select_tools`] describes
+//!   the ones a session offers (its `tools` setting) to the providers.
 
 mod anthropic;
 pub mod context;
