@@ -5,6 +5,7 @@
 //! cargo run -p sim -- --seeds N [--from S]         a swarm of N seeds
 //! cargo run --release -p sim -- --model [large|KEY] model-check the configurations
 //! cargo run --release -p sim -- --replay KEY 'PATH' replay a model path, with its trace
+//! cargo run --release -p sim -- --lease N [--from S] the lease swarm (client machines), N seeds
 //! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
 //! ```
 //!
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large|KEY] \
-| --replay KEY PATH] \
+| --replay KEY PATH | --lease N [--from S]] \
 [--steps N] [--clients N] [--faults kind,kind | --no-faults]";
 
 #[derive(Debug, Default)]
@@ -27,6 +28,7 @@ struct Args {
     trace: bool,
     model: Option<Option<String>>,
     replay: Option<(String, String)>,
+    lease: Option<u64>,
     overrides: Overrides,
 }
 
@@ -50,6 +52,7 @@ fn parse_args() -> Result<Args, String> {
             "--no-faults" => args.overrides.faults = Some(Vec::new()),
             "--trace" => args.trace = true,
             "--model" => args.model = Some(None),
+            "--lease" => args.lease = Some(value()?.parse().map_err(|e| format!("--lease: {e}"))?),
             "--replay" => {
                 let key = value()?;
                 let path = it
@@ -95,6 +98,9 @@ fn main() -> ExitCode {
     }
     if let Some(which) = &args.model {
         return run_model(which.as_deref());
+    }
+    if let Some(count) = args.lease {
+        return run_lease(args.from.unwrap_or(1), count);
     }
     match args.seeds {
         Some(count) => run_swarm(&args, count),
@@ -143,6 +149,24 @@ fn run_model(which: Option<&str>) -> ExitCode {
             }
         }
     }
+    ExitCode::SUCCESS
+}
+
+/// The lease swarm of `sim/tests/lease_swarm.rs` over any range of seeds.
+fn run_lease(from: u64, count: u64) -> ExitCode {
+    const STEPS: u64 = 3000;
+    let started = Instant::now();
+    for seed in from..from + count {
+        if let Err(e) = sim::machines::run(seed, STEPS) {
+            println!("FAILED lease seed={seed}: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "{count} lease seeds from {from} in {seconds:.2}s: {:.1} seeds/s",
+        count as f64 / seconds.max(1e-9)
+    );
     ExitCode::SUCCESS
 }
 
