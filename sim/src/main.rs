@@ -5,7 +5,7 @@
 //! cargo run -p sim -- --seeds N [--from S]         a swarm of N seeds
 //! cargo run --release -p sim -- --model [large|KEY] model-check the configurations
 //! cargo run --release -p sim -- --replay KEY 'PATH' replay a model path, with its trace
-//! cargo run --release -p sim -- --lease N [--from S] the lease swarm (client machines), N seeds
+//! cargo run --release -p sim -- --lease N [--from S] [--trace] the lease swarm (client machines)
 //! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
 //! ```
 //!
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         return run_model(which.as_deref());
     }
     if let Some(count) = args.lease {
-        return run_lease(args.from.unwrap_or(1), count);
+        return run_lease(args.from.unwrap_or(1), count, args.trace);
     }
     match args.seeds {
         Some(count) => run_swarm(&args, count),
@@ -153,11 +153,16 @@ fn run_model(which: Option<&str>) -> ExitCode {
 }
 
 /// The lease swarm of `sim/tests/lease_swarm.rs` over any range of seeds.
-fn run_lease(from: u64, count: u64) -> ExitCode {
+fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
     const STEPS: u64 = 3000;
     let started = Instant::now();
     for seed in from..from + count {
-        if let Err(e) = sim::machines::run(seed, STEPS) {
+        let mut lines = Vec::new();
+        let result = sim::machines::run_traced(seed, STEPS, trace.then_some(&mut lines));
+        for line in &lines {
+            println!("{line}");
+        }
+        if let Err(e) = result {
             println!("FAILED lease seed={seed}: {e}");
             return ExitCode::from(1);
         }

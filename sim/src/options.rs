@@ -53,13 +53,16 @@ pub enum FaultKind {
     /// The server shuts down gracefully (every runtime disposed, every
     /// connection closed); once it has, a new server starts on the store.
     Shutdown,
+    /// A worker told to dispose hangs instead (stuck in its last write): it
+    /// stays alive and silent until the server kills it at its deadline.
+    WorkerHang,
 }
 
 impl FaultKind {
     /// Every kind. They are drawn in this order, except that kinds added
     /// after the first release of the swarm ([`FaultKind::Shutdown`]) are
     /// drawn after every other option, so that old seeds keep their options.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Split,
         Self::Reorder,
         Self::Delay,
@@ -76,6 +79,7 @@ impl FaultKind {
         Self::ExitRace,
         Self::CatalogDelay,
         Self::Shutdown,
+        Self::WorkerHang,
     ];
 
     /// The command-line name.
@@ -97,6 +101,7 @@ impl FaultKind {
             Self::ExitRace => "exit-race",
             Self::CatalogDelay => "catalog-delay",
             Self::Shutdown => "shutdown",
+            Self::WorkerHang => "worker-hang",
         }
     }
 
@@ -122,6 +127,8 @@ impl FaultKind {
             // Per step, lasting `stability` steps.
             Self::SlowConsumer => (per_mille(prng, 20), prng.range_inclusive(5, 2000) as u32),
             Self::WorkerCrash => (per_mille(prng, 15), 0),
+            // Per dispose.
+            Self::WorkerHang => (Ratio::new(prng.range_inclusive(50, 500) as u32, 1000), 0),
             Self::WorkerHold => (per_mille(prng, 600), prng.range_inclusive(5, 400) as u32),
             Self::SpawnFailure => (per_mille(prng, 8), prng.range_inclusive(2, 50) as u32),
             Self::StorageFailure => (per_mille(prng, 8), prng.range_inclusive(2, 80) as u32),
@@ -159,6 +166,7 @@ impl FaultKind {
             Self::ExitRace => "a worker's exit notice may overtake its messages",
             Self::CatalogDelay => "after a (re)start the catalog loads late",
             Self::Shutdown => "graceful shutdown, then a new server (per step)",
+            Self::WorkerHang => "a worker told to dispose hangs until killed (per dispose)",
         }
     }
 }
@@ -215,6 +223,8 @@ pub struct SwarmOptions {
     pub world_seed: u64,
     /// Sub-seed of the driver's choices.
     pub driver_seed: u64,
+    /// Seeds the draws of [`FaultKind::WorkerHang`] (their own generator).
+    pub hang_seed: u64,
 }
 
 impl SwarmOptions {
@@ -229,7 +239,7 @@ impl SwarmOptions {
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL
             .into_iter()
-            .filter(|k| *k != FaultKind::Shutdown)
+            .filter(|k| !matches!(k, FaultKind::Shutdown | FaultKind::WorkerHang))
         {
             let enabled = prng.coin();
             let fault = kind.draw(&mut prng);
@@ -245,6 +255,12 @@ impl SwarmOptions {
         if prng.coin() {
             faults.insert(FaultKind::Shutdown, FaultKind::Shutdown.draw(&mut prng));
         }
+        // Drawn last, with a generator of its own: seeds from before it keep
+        // their options and, where no worker hangs, their runs.
+        if prng.coin() {
+            faults.insert(FaultKind::WorkerHang, FaultKind::WorkerHang.draw(&mut prng));
+        }
+        let hang_seed = prng.fork();
         let mut options = Self {
             seed,
             steps: 1000,
@@ -260,6 +276,7 @@ impl SwarmOptions {
             tool_delay,
             world_seed,
             driver_seed,
+            hang_seed,
         };
         options.apply(overrides, &mut prng);
         options
@@ -314,6 +331,9 @@ impl SwarmOptions {
             skip_unchecked: !trace,
             holds,
             models: kernel::faux::models(),
+            hang_on_dispose: self
+                .fault(FaultKind::WorkerHang)
+                .map(|f| (self.hang_seed, f.probability)),
         }
     }
 

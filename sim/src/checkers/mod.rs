@@ -94,6 +94,7 @@ impl Checkers {
         self.store.check(&mut world.store)?;
         self.shown.check(world)?;
         self.rules.check_handshakes(world)?;
+        self.rules.check_disposals(world)?;
         processes::check(world)?;
         bounds::check(world)
     }

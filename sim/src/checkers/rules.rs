@@ -16,6 +16,10 @@
 //!   `hello`, or a `hello_error` or close, within `handshake_timeout` of its
 //!   accept, whatever became of the client's hello on the way.
 //!
+//! - **Dispose deadline.** A worker told to dispose is gone (it exited, or
+//!   the server killed it) within `worker_dispose_timeout` of the dispose,
+//!   even when it hangs instead of exiting.
+//!
 //! - **Token.** A clean stream whose first frame is a hello without the
 //!   token the server is configured with (none, or a wrong one) never gets
 //!   `hello`; one with the right token (or to a server without one) never
@@ -57,6 +61,8 @@ pub struct Rules {
     token_right: BTreeMap<ConnId, bool>,
     /// Accepted connections with no hello, hello_error or close yet, by accept time.
     handshaking: BTreeMap<ConnId, kernel::time::Instant>,
+    /// Workers told to dispose and not seen gone yet, by the time they were told.
+    disposing: BTreeMap<kernel::ids::WorkerId, kernel::time::Instant>,
     /// Session commands judged.
     pub judged: u64,
 }
@@ -107,6 +113,25 @@ impl Rules {
         Ok(())
     }
 
+    /// Every worker told to dispose longer ago than the dispose deadline
+    /// is gone. Call after each step, with the world's time.
+    pub fn check_disposals(&mut self, world: &crate::world::World) -> Check {
+        self.disposing
+            .retain(|worker, _| world.worker_runs(*worker));
+        let bound = world.server.config().limits.worker_dispose_timeout;
+        let now = world.now;
+        for (worker, at) in &self.disposing {
+            if now.as_millis() > at.as_millis() + bound.as_millis() as u64 {
+                return violation(format!(
+                    "{worker}: told to dispose at {at} and still running at {now} \
+                     (dispose timeout {} ms)",
+                    bound.as_millis()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn bump(&mut self, key: (ConnId, String)) {
         *self.generation.entry(key).or_default() += 1;
     }
@@ -141,15 +166,25 @@ impl Rules {
                 phase,
                 queued,
                 shutting_down: false,
+                ..
             } if *phase != Some(SessionPhase::Idle) || *queued > 0 => violation(format!(
                 "{session_id}: disposed with its runtime {phase:?} and {queued} operations on their way"
             )),
+            Fact::DisposeSent { worker, at, .. } => {
+                self.disposing.entry(*worker).or_insert(*at);
+                Ok(())
+            }
             Fact::Accepted { conn, at } => {
                 self.handshaking.insert(*conn, *at);
                 Ok(())
             }
+            Fact::NewServer => {
+                self.disposing.clear();
+                Ok(())
+            }
             Fact::ServerRestarted => {
                 self.handshaking.clear();
+                self.disposing.clear();
                 self.token_right.clear();
                 Ok(())
             }

@@ -151,6 +151,9 @@ pub struct Options {
     pub holds: Holds,
     /// The models offered (the model checker offers one, to keep states small).
     pub models: Vec<kernel::protocol::ModelMetadata>,
+    /// A worker told to dispose hangs with this probability (drawn from a
+    /// generator of this seed): alive and silent until killed.
+    pub hang_on_dispose: Option<(u64, crate::prng::Ratio)>,
 }
 
 impl Default for Options {
@@ -168,6 +171,7 @@ impl Default for Options {
             skip_unchecked: false,
             holds: Holds::none(),
             models: faux::models(),
+            hang_on_dispose: None,
         }
     }
 }
@@ -235,6 +239,8 @@ pub enum Fact {
     /// runtime's phase then (`None`: not open yet), `queued` the operations
     /// on their way to it, `shutting_down` whether the server is closing.
     DisposeSent {
+        worker: WorkerId,
+        at: Instant,
         session_id: String,
         phase: Option<SessionPhase>,
         queued: usize,
@@ -242,6 +248,10 @@ pub enum Fact {
     },
     /// The server process was replaced; every connection and worker is gone.
     ServerRestarted,
+    /// A new server generation starts after a hand-off or a crash that kept
+    /// the workers: the old one's deadlines are gone with it, and worker ids
+    /// start again (orphans are adopted under new ones).
+    NewServer,
     /// The kernel told `conn` the session list `listed` (a `list` response or
     /// a server snapshot) while the store held `stored`, of which `settling`
     /// the kernel cannot know yet (a worker creating it has not reported
@@ -278,11 +288,13 @@ pub enum Milestone {
     OrphanRetired,
     /// The server killed a worker (its deadline passed).
     WorkerKilled,
+    /// A worker told to dispose hung.
+    WorkerHung,
 }
 
 impl Milestone {
     /// Every milestone, in order.
-    pub const ALL: [Milestone; 10] = [
+    pub const ALL: [Milestone; 11] = [
         Self::Busy,
         Self::InvalidRequest,
         Self::NotFound,
@@ -293,6 +305,7 @@ impl Milestone {
         Self::OrphanAdopted,
         Self::OrphanRetired,
         Self::WorkerKilled,
+        Self::WorkerHung,
     ];
 }
 
@@ -331,6 +344,8 @@ impl Reached {
 pub struct World {
     /// Virtual now.
     pub now: Instant,
+    /// Draws [`Options::hang_on_dispose`]'s hangs.
+    hang: Option<(crate::prng::Prng, crate::prng::Ratio)>,
     /// The milestones this run reached (not part of the state: the model
     /// checker unites them over every path, for its coverage report).
     pub reached: Reached,
@@ -391,6 +406,9 @@ impl World {
     /// A world whose server starts on `store` (its catalog is loaded).
     pub fn with_store(options: Options, store: Store) -> Self {
         let server = Server::new(Self::config(&options, 0));
+        let hang = options
+            .hang_on_dispose
+            .map(|(seed, ratio)| (crate::prng::Prng::new(seed), ratio));
         let mut world = Self {
             now: Instant(0),
             server,
@@ -407,6 +425,7 @@ impl World {
             next_conn: 1,
             generation: 0,
             reached: Reached::default(),
+            hang,
             catalog_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
@@ -487,6 +506,13 @@ impl World {
     /// Number of [`Server::step`] calls so far, across server restarts.
     pub fn kernel_steps(&self) -> u64 {
         self.kernel_steps
+    }
+
+    /// True while the worker's process lives (a hung one included).
+    pub fn worker_runs(&self, worker: WorkerId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.stage != WorkerStage::Dead)
     }
 
     /// True while no server process runs ([`World::crash_server_keep_workers`]).
@@ -715,6 +741,8 @@ impl World {
                         .filter(|(_, m)| matches!(m, kernel::worker::ToWorker::Operation { .. }))
                         .count();
                     let fact = Fact::DisposeSent {
+                        worker,
+                        at: self.now,
                         session_id: w.session_id.clone(),
                         phase: w.runtime().map(kernel::runtime::Runtime::phase),
                         queued,

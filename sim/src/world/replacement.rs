@@ -156,6 +156,7 @@ impl World {
     }
 
     fn next_server(&mut self) {
+        self.fact(Fact::NewServer);
         // Workers the old server did not hand over (it killed those that
         // were still starting) died with it: none of them reaches the new one.
         let orphans = &self.orphans;

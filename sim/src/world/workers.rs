@@ -273,6 +273,22 @@ impl World {
         if let ToWorker::Operation { op, operation } = message {
             return self.worker_operation(worker, op, operation);
         }
+        if matches!(message, ToWorker::Dispose)
+            && let Some((prng, ratio)) = self.hang.as_mut()
+            && prng.chance(*ratio)
+            && let Some(w) = self.workers.get_mut(&worker)
+            && w.host.is_some()
+        {
+            // Stuck in its last write: no more reads, answers or deadlines,
+            // but the process lives until the server kills it.
+            w.host = None;
+            w.stream = None;
+            w.tools.clear();
+            w.to_runtime.clear();
+            trace!(self, "{worker} hangs instead of disposing");
+            self.reached.insert(super::Milestone::WorkerHung);
+            return;
+        }
         self.host_step(worker, HostInput::Frame(WorkerFrame::ToWorker(message)));
     }
 
