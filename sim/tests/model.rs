@@ -63,13 +63,13 @@ fn every_command() {
 /// (d) A slow consumer, a failing store and a graceful hand-off.
 #[test]
 fn slow_consumer_storage_handoff() {
-    check(model::slow_consumer_storage_handoff(), 60_000);
+    check(model::slow_consumer_storage_handoff(), 250_000);
 }
 
 /// (e) A server crash that keeps its workers: adoption or retirement.
 #[test]
 fn crash_keeping_workers() {
-    check(model::crash_keeping_workers(), 40_000);
+    check(model::crash_keeping_workers(), 200_000);
 }
 
 /// A replayed path reproduces what the explorer saw, and the path's text

@@ -1,6 +1,8 @@
-//! At most one live runtime and one worker per session, and the kernel's
-//! view of its workers is the truth: every worker process the kernel has not
-//! yet seen exit is one the kernel tracks, for the same session, and back.
+//! At most one live runtime and one worker per session (orphans included:
+//! a server that spawns a worker beside a live orphan breaks it), and the
+//! kernel's view of its workers is the truth: every worker process the
+//! kernel has not yet seen exit, but for orphans not adopted yet, is one the
+//! kernel tracks, for the same session, and back.
 
 use super::{Check, Violation};
 use crate::world::World;
@@ -37,7 +39,12 @@ pub fn check(world: &World) -> Check {
             ));
         }
     }
-    let ours: Vec<(WorkerId, &str)> = workers.iter().map(|(w, s, _, _)| (*w, *s)).collect();
+    // An orphan is no server's until it is adopted: it announces itself.
+    let ours: Vec<(WorkerId, &str)> = workers
+        .iter()
+        .filter(|(w, _, _, _)| !world.is_orphan(*w))
+        .map(|(w, s, _, _)| (*w, *s))
+        .collect();
     let theirs: Vec<(WorkerId, &str)> = {
         let mut v: Vec<(WorkerId, &str)> =
             kernel.iter().map(|(s, w, _)| (*w, s.as_str())).collect();

@@ -508,6 +508,11 @@ impl World {
         self.kernel_steps
     }
 
+    /// True for an orphan no server has adopted.
+    pub fn is_orphan(&self, worker: WorkerId) -> bool {
+        self.orphans.contains_key(&worker)
+    }
+
     /// True while the worker's process lives (a hung one included).
     pub fn worker_runs(&self, worker: WorkerId) -> bool {
         self.workers

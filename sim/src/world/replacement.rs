@@ -58,14 +58,21 @@ impl World {
     /// [`World::replace_server`], running `between` after the new server
     /// expects the adoptions and before any orphan announces itself.
     pub fn replace_server_then(&mut self, between: impl FnOnce(&mut World)) {
+        self.replace_server_quietly();
+        between(self);
+        self.announce_orphans();
+    }
+
+    /// [`World::replace_server`] up to the new server expecting the
+    /// adoptions: the orphans announce themselves at their next retry, or
+    /// when [`World::announce_orphans`] says the server appeared.
+    pub fn replace_server_quietly(&mut self) {
         self.reached.insert(super::Milestone::HandOff);
         trace!(self, "server replacement requested");
         self.push(Input::HandoffRequested);
         self.run();
         self.next_server();
         self.expect_orphans();
-        between(self);
-        self.announce_orphans();
     }
 
     /// The server process dies; its workers survive as orphans (no server
@@ -107,10 +114,17 @@ impl World {
     /// [`World::start_server`], running `between` after the new server read
     /// the session locks and before any orphan announces itself.
     pub fn start_server_then(&mut self, between: impl FnOnce(&mut World)) {
-        self.next_server();
-        self.expect_orphans();
+        self.start_server_quietly();
         between(self);
         self.announce_orphans();
+    }
+
+    /// [`World::start_server`] up to the new server expecting the orphans'
+    /// sessions: they announce themselves at their next retry, or when
+    /// [`World::announce_orphans`] says the server appeared.
+    pub fn start_server_quietly(&mut self) {
+        self.next_server();
+        self.expect_orphans();
     }
 
     /// What a starting server learns from the session locks (or, after a
@@ -232,7 +246,7 @@ impl World {
     }
 
     /// A new server listens: every orphan announces itself to it now.
-    fn announce_orphans(&mut self) {
+    pub fn announce_orphans(&mut self) {
         let keys: Vec<WorkerId> = self.orphans.keys().copied().collect();
         for key in keys {
             self.host_step(key, HostInput::ServerAppeared);
