@@ -104,7 +104,7 @@ impl Checkers {
         self.snapshots.observe(world, fact)?;
         self.store.observe(fact);
         self.shown.observe(world, fact);
-        self.rules.observe(fact)?;
+        self.rules.observe(world, fact)?;
         listed::observe(fact)?;
         self.busy.observe(fact)
     }

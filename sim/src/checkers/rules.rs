@@ -20,6 +20,10 @@
 //!   the server killed it) within `worker_dispose_timeout` of the dispose,
 //!   even when it hangs instead of exiting.
 //!
+//! - **Adoption grace.** A session adopted from an orphan is not disposed
+//!   for idleness within `adoption_grace` of its adoption (its clients have
+//!   that long to come back); a remove or a shutdown may end it sooner.
+//!
 //! - **Token.** A clean stream whose first frame is a hello without the
 //!   token the server is configured with (none, or a wrong one) never gets
 //!   `hello`; one with the right token (or to a server without one) never
@@ -61,6 +65,10 @@ pub struct Rules {
     token_right: BTreeMap<ConnId, bool>,
     /// Accepted connections with no hello, hello_error or close yet, by accept time.
     handshaking: BTreeMap<ConnId, kernel::time::Instant>,
+    /// Adopted sessions, by adoption time (until a new server starts).
+    adopted: BTreeMap<String, kernel::time::Instant>,
+    /// Sessions some client asked to remove.
+    removes: BTreeSet<String>,
     /// Workers told to dispose and not seen gone yet, by the time they were told.
     disposing: BTreeMap<kernel::ids::WorkerId, kernel::time::Instant>,
     /// Session commands judged.
@@ -137,9 +145,12 @@ impl Rules {
     }
 
     /// Applies one fact.
-    pub fn observe(&mut self, fact: &Fact) -> Check {
+    pub fn observe(&mut self, world: &crate::world::World, fact: &Fact) -> Check {
         match fact {
             Fact::RequestSent { conn, id, command } => {
+                if let Command::Remove { session_id } = command {
+                    self.removes.insert(session_id.clone());
+                }
                 let mut unattached_at = None;
                 if let Some(session_id) = changes(command) {
                     let key = (*conn, session_id.to_owned());
@@ -170,8 +181,32 @@ impl Rules {
             } if *phase != Some(SessionPhase::Idle) || *queued > 0 => violation(format!(
                 "{session_id}: disposed with its runtime {phase:?} and {queued} operations on their way"
             )),
-            Fact::DisposeSent { worker, at, .. } => {
+            Fact::DisposeSent {
+                worker,
+                at,
+                session_id,
+                shutting_down,
+                ..
+            } => {
                 self.disposing.entry(*worker).or_insert(*at);
+                let grace = world.server.config().limits.adoption_grace;
+                match self.adopted.get(session_id) {
+                    Some(adopted)
+                        if !shutting_down
+                            && !self.removes.contains(session_id)
+                            && at.as_millis() < adopted.as_millis() + grace.as_millis() as u64 =>
+                    {
+                        violation(format!(
+                            "{session_id}: adopted at {adopted} and disposed at {at}, \
+                             within its adoption grace ({} ms)",
+                            grace.as_millis()
+                        ))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Fact::Adopted { session_id, at } => {
+                self.adopted.insert(session_id.clone(), *at);
                 Ok(())
             }
             Fact::Accepted { conn, at } => {
@@ -180,11 +215,13 @@ impl Rules {
             }
             Fact::NewServer => {
                 self.disposing.clear();
+                self.adopted.clear();
                 Ok(())
             }
             Fact::ServerRestarted => {
                 self.handshaking.clear();
                 self.disposing.clear();
+                self.adopted.clear();
                 self.token_right.clear();
                 Ok(())
             }
@@ -270,6 +307,7 @@ impl Rules {
                 (Command::Attach { .. }, Ok(_)) => {
                     self.attached.insert(key);
                 }
+
                 (Command::Detach { .. }, Ok(_)) => {
                     self.attached.remove(&key);
                 }

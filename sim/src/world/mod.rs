@@ -248,6 +248,9 @@ pub enum Fact {
     },
     /// The server process was replaced; every connection and worker is gone.
     ServerRestarted,
+    /// The server adopted an orphan holding `session_id` at `at`: idle
+    /// disposal waits out the adoption grace.
+    Adopted { session_id: String, at: Instant },
     /// A new server generation starts after a hand-off or a crash that kept
     /// the workers: the old one's deadlines are gone with it, and worker ids
     /// start again (orphans are adopted under new ones).

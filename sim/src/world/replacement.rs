@@ -308,6 +308,12 @@ impl World {
         };
         let w = self.workers.remove(&key).expect("orphan");
         self.reached.insert(super::Milestone::OrphanAdopted);
+        if self.options.record_facts {
+            self.fact(Fact::Adopted {
+                session_id: w.session_id.clone(),
+                at: self.now,
+            });
+        }
         trace!(
             self,
             "server adopts orphan pid {} as {worker}",
