@@ -20,6 +20,10 @@
 //!   the server killed it) within `worker_dispose_timeout` of the dispose,
 //!   even when it hangs instead of exiting.
 //!
+//! - **Kill and retirement not early.** The server kills a worker told to
+//!   dispose only once its dispose deadline passed; an orphan retires only
+//!   once `orphan_grace` passed since it lost its server.
+//!
 //! - **Adoption grace.** A session adopted from an orphan is not disposed
 //!   for idleness within `adoption_grace` of its adoption (its clients have
 //!   that long to come back); a remove or a shutdown may end it sooner.
@@ -204,6 +208,34 @@ impl Rules {
                     }
                     _ => Ok(()),
                 }
+            }
+            Fact::Killed { worker } => match self.disposing.get(worker) {
+                Some(at)
+                    if world.now.as_millis()
+                        < at.as_millis()
+                            + world
+                                .server
+                                .config()
+                                .limits
+                                .worker_dispose_timeout
+                                .as_millis() as u64 =>
+                {
+                    violation(format!(
+                        "{worker}: told to dispose at {at} and killed at {}, before its deadline",
+                        world.now
+                    ))
+                }
+                _ => Ok(()),
+            },
+            Fact::OrphanRetired { orphaned_at, at } => {
+                let grace = kernel::limits::WorkerLimits::default().orphan_grace;
+                if at.as_millis() < orphaned_at.as_millis() + grace.as_millis() as u64 {
+                    return violation(format!(
+                        "an orphan since {orphaned_at} retired at {at}, within its grace ({} ms)",
+                        grace.as_millis()
+                    ));
+                }
+                Ok(())
             }
             Fact::Adopted { session_id, at } => {
                 self.adopted.insert(session_id.clone(), *at);

@@ -251,6 +251,10 @@ pub enum Fact {
     /// The server adopted an orphan holding `session_id` at `at`: idle
     /// disposal waits out the adoption grace.
     Adopted { session_id: String, at: Instant },
+    /// The server killed `worker`.
+    Killed { worker: WorkerId },
+    /// An orphan that lost its server at `orphaned_at` retired at `at`.
+    OrphanRetired { orphaned_at: Instant, at: Instant },
     /// A new server generation starts after a hand-off or a crash that kept
     /// the workers: the old one's deadlines are gone with it, and worker ids
     /// start again (orphans are adopted under new ones).
@@ -347,6 +351,8 @@ impl Reached {
 pub struct World {
     /// Virtual now.
     pub now: Instant,
+    /// When each orphan lost its server.
+    orphaned_at: BTreeMap<WorkerId, Instant>,
     /// Draws [`Options::hang_on_dispose`]'s hangs.
     hang: Option<(crate::prng::Prng, crate::prng::Ratio)>,
     /// The milestones this run reached (not part of the state: the model
@@ -429,6 +435,7 @@ impl World {
             generation: 0,
             reached: Reached::default(),
             hang,
+            orphaned_at: BTreeMap::new(),
             catalog_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
@@ -772,6 +779,9 @@ impl World {
             Output::KillWorker { worker } => {
                 trace!(self, "server kill {worker}");
                 self.reached.insert(Milestone::WorkerKilled);
+                if self.options.record_facts {
+                    self.fact(Fact::Killed { worker });
+                }
                 self.exit_worker(worker);
             }
             Output::RemoveSession { session_id } => {
@@ -937,6 +947,7 @@ impl World {
                 let _ = write!(out, " {incoming:?}");
             }
         }
+        let _ = write!(out, "|{:?}", self.orphaned_at);
         let removals: Vec<&String> = self.removals.keys().collect();
         let _ = write!(
             out,

@@ -242,6 +242,7 @@ impl World {
         }
         self.workers.insert(key, w);
         self.orphans.insert(key, pid);
+        self.orphaned_at.insert(key, now);
         self.apply_host(key, outputs);
     }
 
@@ -306,6 +307,7 @@ impl World {
         let Some(pid) = self.orphans.remove(&key) else {
             return;
         };
+        self.orphaned_at.remove(&key);
         let w = self.workers.remove(&key).expect("orphan");
         self.reached.insert(super::Milestone::OrphanAdopted);
         if self.options.record_facts {

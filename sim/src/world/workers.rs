@@ -411,6 +411,14 @@ impl World {
                         Some(pid) => {
                             trace!(self, "orphan pid {} retires", pid - ORPHAN_BASE);
                             self.reached.insert(super::Milestone::OrphanRetired);
+                            if self.options.record_facts
+                                && let Some(&orphaned_at) = self.orphaned_at.get(&worker)
+                            {
+                                self.fact(Fact::OrphanRetired {
+                                    orphaned_at,
+                                    at: self.now,
+                                });
+                            }
                         }
                         None => trace!(self, "{worker} exits"),
                     }
@@ -456,6 +464,7 @@ impl World {
     /// once; the server learns it from the exit notice.
     pub(super) fn exit_worker(&mut self, worker: WorkerId) {
         if self.orphans.remove(&worker).is_some() {
+            self.orphaned_at.remove(&worker);
             self.workers.remove(&worker);
             return;
         }
