@@ -154,27 +154,43 @@ def main():
     summary = (f"{len(killed)} of {len(viable)} viable mutants killed ({score:.0f} %), "
                f"{len(rows) - len(viable)} unviable or stale, in {minutes:.0f} min")
     print(summary)
-    if not wanted:
-        write_results(rows, summary, all_checks)
+    write_results(rows, minutes)
 
 
-def write_results(rows, summary, all_checks):
-    lines = [
-        "# Mutation results",
-        "",
-        "Written by `sim/mutation/run.py`" + (" --all-checks" if all_checks else "") + ".",
-        "",
-        summary + ".",
-        "",
-        "| mutant | file | bug | verdict | first failure |",
-        "|---|---|---|---|---|",
-    ]
+def write_results(rows, minutes):
+    """Writes the table; a run of some mutants updates their rows only."""
+    path = os.path.join(HERE, "RESULTS.md")
+    table = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                cells = line.split(" | ")
+                if line.startswith("| ") and len(cells) >= 5 and not line.startswith("| mutant"):
+                    table[cells[0][2:]] = line.rstrip("\n")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
     for m, verdict, said, _ in rows:
         file = m["file"].removeprefix("kernel/src/")
         said = said.replace("|", "\\|")
-        lines.append(f"| {m['id']} | {file} | {m['what']} | {verdict} | {said} |")
-    with open(os.path.join(HERE, "RESULTS.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+        table[m["id"]] = f"| {m['id']} | {file} | {m['what']} | {verdict} | {commit} | {said} |"
+    order = [m["id"] for m in parse(os.path.join(HERE, "mutants.txt"))]
+    lines = [table[i] for i in order if i in table]
+    viable = [l for l in lines if "| killed by " in l or "| SURVIVED |" in l]
+    killed = [l for l in viable if "| killed by " in l]
+    score = 100.0 * len(killed) / max(len(viable), 1)
+    out = [
+        "# Mutation results",
+        "",
+        "Written by `sim/mutation/run.py`; each row gives the commit of the",
+        "simulator that judged it. The last run took " + f"{minutes:.0f} min.",
+        "",
+        f"{len(killed)} of {len(viable)} viable mutants killed ({score:.0f} %).",
+        "",
+        "| mutant | file | bug | verdict | judged at | first failure |",
+        "|---|---|---|---|---|---|",
+    ] + lines
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":
