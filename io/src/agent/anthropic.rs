@@ -5,7 +5,7 @@ use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, ThinkingSignatures, apply_cost};
 use super::sse::SseEvent;
-use super::transport::{Failure, Sink, Stop, excerpt, post_events};
+use super::transport::{Failure, Sink, Stop, Translate, excerpt, stream};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
 use serde_json::{Value as Json, json};
@@ -25,21 +25,15 @@ pub(crate) async fn run(
     if let Some(key) = &p.api_key {
         headers.push(("x-api-key".into(), key.clone()));
     }
-    let mut events = post_events(p, &url, &headers, &body, sink).await?;
-    let mut t = Translator::new(p.model.cost, p.thinking_signatures.clone());
-    let label = |f: Failure| Stop::Failed(f.with_label(&p.provider));
-    while let Some(event) = events.next(sink).await? {
-        for e in t.on_event(&event).map_err(label)? {
-            sink.send(e).await?;
-        }
-        if t.stopped {
-            break;
-        }
-    }
-    for e in t.finish().map_err(label)? {
-        sink.send(e).await?;
-    }
-    Ok(())
+    stream(
+        p,
+        &url,
+        &headers,
+        &body,
+        sink,
+        Translator::new(p.model.cost, p.thinking_signatures.clone()),
+    )
+    .await
 }
 
 /// Thinking budget (tokens) for a level.
@@ -223,6 +217,20 @@ pub(crate) struct Translator {
     response_model: Option<String>,
     started: bool,
     stopped: bool,
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::on_event(self, event)
+    }
+
+    fn ended(&self) -> bool {
+        self.stopped
+    }
+
+    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::finish(self)
+    }
 }
 
 impl Translator {

@@ -6,7 +6,7 @@ use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
-use super::transport::{Failure, Sink, Stop, excerpt, post_events};
+use super::transport::{Failure, Sink, Stop, Translate, excerpt, stream};
 use kernel::protocol::{DeltaKind, InputKind, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
 use serde_json::{Value as Json, json};
@@ -22,21 +22,7 @@ pub(crate) async fn run(
     if let Some(key) = &p.api_key {
         headers.push(("authorization".into(), format!("Bearer {key}")));
     }
-    let mut events = post_events(p, &url, &headers, &body, sink).await?;
-    let mut t = Translator::new(p);
-    let label = |f: Failure| Stop::Failed(f.with_label(&p.provider));
-    while let Some(event) = events.next(sink).await? {
-        for e in t.on_event(&event).map_err(label)? {
-            sink.send(e).await?;
-        }
-        if t.done_seen {
-            break;
-        }
-    }
-    for e in t.finish().map_err(label)? {
-        sink.send(e).await?;
-    }
-    Ok(())
+    stream(p, &url, &headers, &body, sink, Translator::new(p)).await
 }
 
 /// The request body.
@@ -197,6 +183,20 @@ pub(crate) struct Translator {
     usage: Option<Usage>,
     response_model: Option<String>,
     done_seen: bool,
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::on_event(self, event)
+    }
+
+    fn ended(&self) -> bool {
+        self.done_seen
+    }
+
+    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::finish(self)
+    }
 }
 
 impl Translator {

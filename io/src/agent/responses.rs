@@ -13,7 +13,7 @@ use super::openai::{arguments, parse_arguments, stream_error};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
-use super::transport::{Failure, Sink, Stop, excerpt, post_events};
+use super::transport::{Failure, Sink, Stop, Translate, excerpt, stream};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use serde_json::{Value as Json, json};
 
@@ -28,21 +28,15 @@ pub(crate) async fn run(
     if let Some(key) = &p.api_key {
         headers.push(("authorization".into(), format!("Bearer {key}")));
     }
-    let mut events = post_events(p, &url, &headers, &body, sink).await?;
-    let mut t = Translator::new(p.model.cost);
-    let label = |f: Failure| Stop::Failed(f.with_label(&p.provider));
-    while let Some(event) = events.next(sink).await? {
-        for e in t.on_event(&event).map_err(label)? {
-            sink.send(e).await?;
-        }
-        if t.ended {
-            break;
-        }
-    }
-    for e in t.finish().map_err(label)? {
-        sink.send(e).await?;
-    }
-    Ok(())
+    stream(
+        p,
+        &url,
+        &headers,
+        &body,
+        sink,
+        Translator::new(p.model.cost),
+    )
+    .await
 }
 
 /// The request body.
@@ -182,6 +176,20 @@ pub(crate) struct Translator {
     stop: Option<StopReason>,
     usage: Option<Usage>,
     ended: bool,
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::on_event(self, event)
+    }
+
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
+        Translator::finish(self)
+    }
 }
 
 impl Translator {

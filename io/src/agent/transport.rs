@@ -160,6 +160,42 @@ impl Failure {
     }
 }
 
+/// A provider's stream translator: SSE events in, model events out.
+pub(crate) trait Translate {
+    /// One event of the stream.
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure>;
+    /// The provider said its last word: the rest of the body is not read.
+    fn ended(&self) -> bool;
+    /// The stream ended (or the provider said its last word).
+    fn finish(self) -> Result<Vec<ModelEvent>, Failure>;
+}
+
+/// Posts `body` and streams the reply through `translator` into `sink`:
+/// the one loop every provider runs.
+pub(crate) async fn stream(
+    provider: &ProviderConfig,
+    url: &str,
+    headers: &[(String, String)],
+    body: &serde_json::Value,
+    sink: &Sink,
+    mut translator: impl Translate,
+) -> Result<(), Stop> {
+    let mut events = post_events(provider, url, headers, body, sink).await?;
+    let label = |f: Failure| Stop::Failed(f.with_label(&provider.provider));
+    while let Some(event) = events.next(sink).await? {
+        for e in translator.on_event(&event).map_err(label)? {
+            sink.send(e).await?;
+        }
+        if translator.ended() {
+            break;
+        }
+    }
+    for e in translator.finish().map_err(label)? {
+        sink.send(e).await?;
+    }
+    Ok(())
+}
+
 /// POSTs `body` to `url` and returns the event stream of a successful answer.
 pub(crate) async fn post_events(
     provider: &ProviderConfig,
