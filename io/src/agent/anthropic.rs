@@ -219,20 +219,6 @@ pub(crate) struct Translator {
     stopped: bool,
 }
 
-impl Translate for Translator {
-    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::on_event(self, event)
-    }
-
-    fn ended(&self) -> bool {
-        self.stopped
-    }
-
-    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::finish(self)
-    }
-}
-
 impl Translator {
     pub(crate) fn new(cost: ModelCost, signatures: ThinkingSignatures) -> Self {
         Self {
@@ -249,7 +235,22 @@ impl Translator {
         }
     }
 
-    pub(crate) fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+    fn read_usage(&mut self, u: &Json) {
+        let mut set = |field: &str, slot: &mut u64| {
+            if let Some(n) = u.get(field).and_then(Json::as_u64) {
+                *slot = n;
+                self.usage_seen = true;
+            }
+        };
+        set("input_tokens", &mut self.usage.input);
+        set("output_tokens", &mut self.usage.output);
+        set("cache_read_input_tokens", &mut self.usage.cache_read);
+        set("cache_creation_input_tokens", &mut self.usage.cache_write);
+    }
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
         let mut out = Vec::new();
         let data: Json = serde_json::from_str(&event.data).map_err(|e| {
             Failure::malformed(format!(
@@ -418,21 +419,12 @@ impl Translator {
         Ok(out)
     }
 
-    fn read_usage(&mut self, u: &Json) {
-        let mut set = |field: &str, slot: &mut u64| {
-            if let Some(n) = u.get(field).and_then(Json::as_u64) {
-                *slot = n;
-                self.usage_seen = true;
-            }
-        };
-        set("input_tokens", &mut self.usage.input);
-        set("output_tokens", &mut self.usage.output);
-        set("cache_read_input_tokens", &mut self.usage.cache_read);
-        set("cache_creation_input_tokens", &mut self.usage.cache_write);
+    fn ended(&self) -> bool {
+        self.stopped
     }
 
     /// The stream ended.
-    pub(crate) fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
+    fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
         if !self.stopped {
             let what = if self.started {
                 "no message_stop"

@@ -185,20 +185,6 @@ pub(crate) struct Translator {
     done_seen: bool,
 }
 
-impl Translate for Translator {
-    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::on_event(self, event)
-    }
-
-    fn ended(&self) -> bool {
-        self.done_seen
-    }
-
-    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::finish(self)
-    }
-}
-
 impl Translator {
     pub(crate) fn new(p: &ProviderConfig) -> Self {
         Self {
@@ -209,73 +195,6 @@ impl Translator {
             response_model: None,
             done_seen: false,
         }
-    }
-
-    pub(crate) fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
-        let mut out = Vec::new();
-        let data = event.data.trim();
-        if data == "[DONE]" {
-            self.done_seen = true;
-            return Ok(out);
-        }
-        if data.is_empty() {
-            return Ok(out);
-        }
-        let chunk: Json = serde_json::from_str(data).map_err(|e| {
-            Failure::malformed(format!(
-                "invalid JSON in an event ({e}): {}",
-                excerpt(data, 200)
-            ))
-        })?;
-        if let Some(error) = chunk.get("error") {
-            return Err(stream_error(error));
-        }
-        if let Some(model) = chunk
-            .get("model")
-            .and_then(Json::as_str)
-            .filter(|m| !m.is_empty())
-        {
-            self.response_model = Some(model.to_string());
-        }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(parse_usage(usage));
-        }
-        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
-            return Ok(out);
-        };
-        if let Some(delta) = choice.get("delta") {
-            let thinking = ["reasoning_content", "reasoning"].iter().find_map(|k| {
-                delta
-                    .get(*k)
-                    .and_then(Json::as_str)
-                    .filter(|t| !t.is_empty())
-            });
-            if let Some(text) = thinking {
-                out.push(ModelEvent::Delta {
-                    kind: DeltaKind::Thinking,
-                    text: text.to_string(),
-                });
-            }
-            if let Some(text) = delta
-                .get("content")
-                .and_then(Json::as_str)
-                .filter(|t| !t.is_empty())
-            {
-                out.push(ModelEvent::Delta {
-                    kind: DeltaKind::Text,
-                    text: text.to_string(),
-                });
-            }
-            if let Some(calls) = delta.get("tool_calls").and_then(Json::as_array) {
-                for call in calls {
-                    self.on_tool_call(call, &mut out)?;
-                }
-            }
-        }
-        if let Some(reason) = choice.get("finish_reason").and_then(Json::as_str) {
-            self.finish_reason = Some(reason.to_string());
-        }
-        Ok(out)
     }
 
     fn on_tool_call(&mut self, call: &Json, out: &mut Vec<ModelEvent>) -> Result<(), Failure> {
@@ -360,9 +279,82 @@ impl Translator {
             });
         }
     }
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+        let mut out = Vec::new();
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            self.done_seen = true;
+            return Ok(out);
+        }
+        if data.is_empty() {
+            return Ok(out);
+        }
+        let chunk: Json = serde_json::from_str(data).map_err(|e| {
+            Failure::malformed(format!(
+                "invalid JSON in an event ({e}): {}",
+                excerpt(data, 200)
+            ))
+        })?;
+        if let Some(error) = chunk.get("error") {
+            return Err(stream_error(error));
+        }
+        if let Some(model) = chunk
+            .get("model")
+            .and_then(Json::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            self.response_model = Some(model.to_string());
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(parse_usage(usage));
+        }
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+            return Ok(out);
+        };
+        if let Some(delta) = choice.get("delta") {
+            let thinking = ["reasoning_content", "reasoning"].iter().find_map(|k| {
+                delta
+                    .get(*k)
+                    .and_then(Json::as_str)
+                    .filter(|t| !t.is_empty())
+            });
+            if let Some(text) = thinking {
+                out.push(ModelEvent::Delta {
+                    kind: DeltaKind::Thinking,
+                    text: text.to_string(),
+                });
+            }
+            if let Some(text) = delta
+                .get("content")
+                .and_then(Json::as_str)
+                .filter(|t| !t.is_empty())
+            {
+                out.push(ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text: text.to_string(),
+                });
+            }
+            if let Some(calls) = delta.get("tool_calls").and_then(Json::as_array) {
+                for call in calls {
+                    self.on_tool_call(call, &mut out)?;
+                }
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Json::as_str) {
+            self.finish_reason = Some(reason.to_string());
+        }
+        Ok(out)
+    }
+
+    fn ended(&self) -> bool {
+        self.done_seen
+    }
 
     /// The stream ended (`[DONE]` or the end of the body).
-    pub(crate) fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
+    fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
         let mut out = Vec::new();
         if let Some(call) = self.calls.last().filter(|c| !c.announced) {
             return Err(Failure::malformed(format!(

@@ -178,20 +178,6 @@ pub(crate) struct Translator {
     ended: bool,
 }
 
-impl Translate for Translator {
-    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::on_event(self, event)
-    }
-
-    fn ended(&self) -> bool {
-        self.ended
-    }
-
-    fn finish(self) -> Result<Vec<ModelEvent>, Failure> {
-        Translator::finish(self)
-    }
-}
-
 impl Translator {
     pub(crate) fn new(cost: ModelCost) -> Self {
         Self {
@@ -205,7 +191,31 @@ impl Translator {
         }
     }
 
-    pub(crate) fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
+    fn read_response(&mut self, data: &Json) {
+        if let Some(model) = data
+            .pointer("/response/model")
+            .and_then(Json::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            self.response_model = Some(model.to_string());
+        }
+    }
+
+    /// Emits the complete input of the streaming call, once; `args` are the
+    /// complete arguments when the provider repeats them.
+    fn close_call(&mut self, args: Option<&str>, out: &mut Vec<ModelEvent>) {
+        if let Some(call) = self.call.as_mut().filter(|c| !c.closed) {
+            call.closed = true;
+            let args = args.unwrap_or(&call.args);
+            out.push(ModelEvent::ToolInput {
+                input: parse_arguments(args),
+            });
+        }
+    }
+}
+
+impl Translate for Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Vec<ModelEvent>, Failure> {
         let mut out = Vec::new();
         let data = event.data.trim();
         if data.is_empty() || data == "[DONE]" {
@@ -362,30 +372,12 @@ impl Translator {
         Ok(out)
     }
 
-    fn read_response(&mut self, data: &Json) {
-        if let Some(model) = data
-            .pointer("/response/model")
-            .and_then(Json::as_str)
-            .filter(|m| !m.is_empty())
-        {
-            self.response_model = Some(model.to_string());
-        }
-    }
-
-    /// Emits the complete input of the streaming call, once; `args` are the
-    /// complete arguments when the provider repeats them.
-    fn close_call(&mut self, args: Option<&str>, out: &mut Vec<ModelEvent>) {
-        if let Some(call) = self.call.as_mut().filter(|c| !c.closed) {
-            call.closed = true;
-            let args = args.unwrap_or(&call.args);
-            out.push(ModelEvent::ToolInput {
-                input: parse_arguments(args),
-            });
-        }
+    fn ended(&self) -> bool {
+        self.ended
     }
 
     /// The stream ended.
-    pub(crate) fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
+    fn finish(mut self) -> Result<Vec<ModelEvent>, Failure> {
         let Some(stop) = self.stop else {
             return Err(Failure::transient(
                 "stream ended unexpectedly (no response.completed)",
