@@ -53,10 +53,12 @@
 //!
 //! # Model checking
 //!
-//! [`model`] explores every interleaving of small configurations (two
-//! clients on one session; one client with a worker crash and a server
-//! restart) depth-first, replaying action prefixes and merging equal states
-//! by fingerprint, with the same checkers and liveness at every quiescent state.
+//! [`model`] explores every interleaving of five small configurations (two
+//! clients on one session; a worker crash and a server restart; every
+//! command; a slow consumer, a failing store and a hand-off; a server crash
+//! keeping its workers) depth-first, branching by cloning states and merging
+//! equal ones by fingerprint, with the same checkers and liveness at every
+//! quiescent state.
 //!
 //! # Reproducing a failure
 //!

@@ -228,7 +228,7 @@ impl Rules {
                 _ => Ok(()),
             },
             Fact::OrphanRetired { orphaned_at, at } => {
-                let grace = kernel::limits::WorkerLimits::default().orphan_grace;
+                let grace = crate::world::World::worker_limits().orphan_grace;
                 if at.as_millis() < orphaned_at.as_millis() + grace.as_millis() as u64 {
                     return violation(format!(
                         "an orphan since {orphaned_at} retired at {at}, within its grace ({} ms)",

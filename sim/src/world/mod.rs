@@ -518,6 +518,11 @@ impl World {
         self.kernel_steps
     }
 
+    /// The limits every fake worker's host runs with.
+    pub fn worker_limits() -> kernel::limits::WorkerLimits {
+        kernel::limits::WorkerLimits::default()
+    }
+
     /// True for an orphan no server has adopted.
     pub fn is_orphan(&self, worker: WorkerId) -> bool {
         self.orphans.contains_key(&worker)

@@ -10,7 +10,6 @@ use crate::summary;
 use kernel::faux::FauxStream;
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
 use kernel::ids::{ChannelId, OpId, WorkerId};
-use kernel::limits::WorkerLimits;
 use kernel::protocol::worker::WorkerFrame;
 use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase};
 use kernel::runtime::{ModelEvent, Persist, Policy, Runtime, StoredSession};
@@ -155,7 +154,7 @@ impl World {
                     default_model: self.store.default_model.clone(),
                     cwd: Some("/home/sim".into()),
                     policy: Policy::default(),
-                    limits: WorkerLimits::default(),
+                    limits: Self::worker_limits(),
                 };
                 let (host, hello) = WorkerHost::new(config, self.now);
                 let w = self.workers.get_mut(&worker).expect("booting");
