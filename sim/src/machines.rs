@@ -31,7 +31,7 @@ use crate::prng::{Prng, Ratio};
 use crate::world::{Amount, Holds, Options, World};
 use kernel::client::{
     Call, CallId, Client, ClientConfig, ClientError, ClientInput, ClientOutput, Completion,
-    LeaseId, LeaseMode, ReleaseKind, SessionCommand,
+    LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand,
 };
 use kernel::ids::ConnId;
 use kernel::protocol::{
@@ -79,6 +79,21 @@ pub struct MachineStats {
     pub prompts_done: u64,
     /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
     pub errors: BTreeMap<String, u64>,
+}
+
+impl MachineStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &MachineStats) {
+        self.calls += other.calls;
+        self.ok += other.ok;
+        self.disconnected += other.disconnected;
+        self.failed += other.failed;
+        self.reconnects += other.reconnects;
+        self.prompts_done += other.prompts_done;
+        for (kind, n) in &other.errors {
+            *self.errors.entry(kind.clone()).or_insert(0) += n;
+        }
+    }
 }
 
 impl Machine {
@@ -268,13 +283,31 @@ impl Machine {
             return Ok(());
         };
         let attached = world.server.attachments(conn);
+        let granted =
+            |lease: &LeaseId| self.client.leases().status(*lease) == Some(LeaseStatus::Active);
+        // Attached exactly where a granted lease holds: a re-attach after a
+        // reconnection that never went out, or a last release that sent no
+        // detach, leaves the two apart.
+        for session_id in &attached {
+            if !self
+                .leases
+                .iter()
+                .any(|(l, s)| s == session_id && granted(l))
+            {
+                return Err(violation(format!(
+                    "{name}: {conn} is attached to {session_id}, which no granted lease holds \
+                     (leases: {:?})",
+                    self.leases
+                )));
+            }
+        }
         for (lease, session_id) in &self.leases {
-            if !self.client.leases().is_active(*lease) {
+            if !granted(lease) {
                 continue;
             }
             if !attached.iter().any(|s| s == session_id) {
                 return Err(violation(format!(
-                    "{name}: lease {lease} is active but {conn} is not attached to {session_id} \
+                    "{name}: lease {lease} is granted but {conn} is not attached to {session_id} \
                      (attached: {attached:?})"
                 )));
             }
@@ -402,16 +435,7 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     settle(world, &mut machines, &mut checkers).map_err(|e| format!("settling: {e}"))?;
     report.kernel_steps = world.kernel_steps();
     for m in &machines {
-        let t = &mut report.totals;
-        t.calls += m.stats.calls;
-        t.ok += m.stats.ok;
-        t.disconnected += m.stats.disconnected;
-        t.failed += m.stats.failed;
-        t.reconnects += m.stats.reconnects;
-        t.prompts_done += m.stats.prompts_done;
-        for (kind, n) in &m.stats.errors {
-            *t.errors.entry(kind.clone()).or_insert(0) += n;
-        }
+        report.totals.add(&m.stats);
     }
     Ok(report)
 }

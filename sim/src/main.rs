@@ -156,15 +156,19 @@ fn run_model(which: Option<&str>) -> ExitCode {
 fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
     const STEPS: u64 = 3000;
     let started = Instant::now();
+    let mut totals = sim::machines::MachineStats::default();
     for seed in from..from + count {
         let mut lines = Vec::new();
         let result = sim::machines::run_traced(seed, STEPS, trace.then_some(&mut lines));
         for line in &lines {
             println!("{line}");
         }
-        if let Err(e) = result {
-            println!("FAILED lease seed={seed}: {e}");
-            return ExitCode::from(1);
+        match result {
+            Ok(report) => totals.add(&report.totals),
+            Err(e) => {
+                println!("FAILED lease seed={seed}: {e}");
+                return ExitCode::from(1);
+            }
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -172,6 +176,18 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
         "{count} lease seeds from {from} in {seconds:.2}s: {:.1} seeds/s",
         count as f64 / seconds.max(1e-9)
     );
+    println!(
+        "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}",
+        totals.calls,
+        totals.ok,
+        totals.failed,
+        totals.disconnected,
+        totals.reconnects,
+        totals.prompts_done
+    );
+    for (kind, n) in &totals.errors {
+        println!("  {kind}: {n}");
+    }
     ExitCode::SUCCESS
 }
 
