@@ -28,6 +28,11 @@
 //!   for idleness within `adoption_grace` of its adoption (its clients have
 //!   that long to come back); a remove or a shutdown may end it sooner.
 //!
+//! - **Runtime error.** When the worker of a ready session dies, every
+//!   connection attached to the session is closed in that step (a runtime
+//!   error closes them; detaching them would leave clients waiting for a
+//!   session that is gone).
+//!
 //! - **Token.** A clean stream whose first frame is a hello without the
 //!   token the server is configured with (none, or a wrong one) never gets
 //!   `hello`; one with the right token (or to a server without one) never
@@ -237,6 +242,15 @@ impl Rules {
                 }
                 Ok(())
             }
+            Fact::WorkerLost {
+                worker,
+                session_id,
+                attached,
+                open_after,
+            } if !open_after.is_empty() => violation(format!(
+                "{worker} of {session_id} died; of the {attached} connections attached to it, \
+                 {open_after:?} stayed open (a runtime error closes them)"
+            )),
             Fact::Adopted { session_id, at } => {
                 self.adopted.insert(session_id.clone(), *at);
                 Ok(())

@@ -233,6 +233,16 @@ pub enum Fact {
         /// The worker's session, as the kernel knew it.
         session_id: Option<String>,
     },
+    /// The worker of a ready session (idle or busy, not told to dispose)
+    /// died; `open_after` are the connections attached to the session before
+    /// the kernel learnt it that are still open after: a runtime error
+    /// closes them.
+    WorkerLost {
+        worker: WorkerId,
+        session_id: String,
+        attached: usize,
+        open_after: Vec<ConnId>,
+    },
     /// The kernel asked the store to delete a session, and it was deleted.
     StoreRemoved { session_id: String },
     /// The kernel told a worker to dispose its session: `phase` is its
@@ -580,8 +590,31 @@ impl World {
                 Input::CatalogLoaded { .. } => Ambiguous::All,
                 _ => Ambiguous::None,
             };
+            let lost = match &input {
+                Input::WorkerExited { worker } if self.options.record_facts => {
+                    self.attached_to_ready(*worker)
+                }
+                _ => None,
+            };
             let outputs = self.server.step(self.now, input);
             self.kernel_steps += 1;
+            if let Some((worker, session_id, attached)) = lost {
+                let open_after = attached
+                    .iter()
+                    .copied()
+                    .filter(|c| {
+                        self.server
+                            .connection_stage(*c)
+                            .is_some_and(|s| s != kernel::server::Stage::Closing)
+                    })
+                    .collect();
+                self.fact(Fact::WorkerLost {
+                    worker,
+                    session_id,
+                    attached: attached.len(),
+                    open_after,
+                });
+            }
             if self.options.record_facts && !self.unscanned.is_empty() {
                 // A session whose worker the kernel took as ready is listed.
                 for (id, _, state) in self.server.live_sessions() {
@@ -603,6 +636,26 @@ impl World {
                 self.carry_out(output, message);
             }
         }
+    }
+
+    /// If `worker` runs a ready session (idle or busy), that session and
+    /// the connections the kernel has attached to it.
+    fn attached_to_ready(&self, worker: WorkerId) -> Option<(WorkerId, String, Vec<ConnId>)> {
+        let session_id =
+            self.server
+                .live_sessions()
+                .into_iter()
+                .find_map(|(session, w, state)| {
+                    let ready = matches!(state, WorkerState::Idle | WorkerState::Busy);
+                    (w == worker && ready).then_some(session)
+                })?;
+        let attached = self
+            .clients
+            .keys()
+            .copied()
+            .filter(|c| self.server.attachments(*c).contains(&session_id))
+            .collect();
+        Some((worker, session_id, attached))
     }
 
     /// The session the kernel runs `worker` for.
