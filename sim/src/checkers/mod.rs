@@ -13,6 +13,7 @@
 //! | [`listed`] | every session list a client is sent names every stored session the kernel can know of |
 //! | [`rules`] | a session command from a connection not attached is `invalid_request`; disposal only of an idle runtime with nothing on its way; a dead worker's attached connections closed; every handshake answered by its deadline; no hello without the right token accepted, none with it refused |
 //! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
+//! | [`turns`] | a turn retries a failed model call no more and no less than `max_attempts` allows; acknowledged steer text reaches the model unless the reply failed |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
 //! | [`processes`] | at most one live runtime and one worker per session; world and kernel agree on workers |
 //! | [`bounds`] | no output queue passes its bound; the world and the kernel count the same bytes |
@@ -28,6 +29,7 @@ pub mod rules;
 pub mod shown;
 pub mod snapshots;
 pub mod store;
+pub mod turns;
 
 pub use liveness::pending;
 
@@ -74,6 +76,8 @@ pub struct Checkers {
     pub rules: rules::Rules,
     /// Busy rules.
     pub busy: busy::Busy,
+    /// Model attempts per turn, steer delivery.
+    pub turns: turns::Turns,
     /// Facts seen so far.
     pub facts_seen: u64,
 }
@@ -106,6 +110,8 @@ impl Checkers {
         self.shown.observe(world, fact);
         self.rules.observe(world, fact)?;
         listed::observe(fact)?;
+        let max_attempts = World::worker_policy().max_attempts;
+        self.turns.observe(fact, max_attempts)?;
         self.busy.observe(fact)
     }
 

@@ -243,6 +243,28 @@ pub enum Fact {
         attached: usize,
         open_after: Vec<ConnId>,
     },
+    /// A model call of `worker` failed (a fault); `live` says whether its
+    /// stream was still running (a finished call's failure changes
+    /// nothing), `phase_after` is the runtime's phase once it took it in.
+    ModelFailed {
+        worker: WorkerId,
+        session_id: String,
+        retryable: bool,
+        live: bool,
+        phase_after: Option<SessionPhase>,
+    },
+    /// A storage write of `session_id`'s worker failed: the runtime keeps
+    /// only what was stored (a reply in flight is dropped).
+    StoreFailed { session_id: String },
+    /// A model call of `worker` finished its stream; `phase_after` is the
+    /// runtime's phase once it took that in, `unanswered` the user items
+    /// after the last reply in its transcript then.
+    ModelDone {
+        worker: WorkerId,
+        session_id: String,
+        phase_after: Option<SessionPhase>,
+        unanswered: usize,
+    },
     /// The kernel asked the store to delete a session, and it was deleted.
     StoreRemoved { session_id: String },
     /// The kernel told a worker to dispose its session: `phase` is its
@@ -528,7 +550,12 @@ impl World {
         self.kernel_steps
     }
 
-    /// The limits every fake worker's host runs with.
+    /// The retry and compaction policy every fake worker's runtime runs with.
+    pub fn worker_policy() -> kernel::runtime::Policy {
+        kernel::runtime::Policy::default()
+    }
+
+    /// The limits every fake worker runs with.
     pub fn worker_limits() -> kernel::limits::WorkerLimits {
         kernel::limits::WorkerLimits::default()
     }

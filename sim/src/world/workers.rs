@@ -11,8 +11,8 @@ use kernel::faux::FauxStream;
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
 use kernel::ids::{ChannelId, OpId, WorkerId};
 use kernel::protocol::worker::WorkerFrame;
-use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase};
-use kernel::runtime::{ModelEvent, Persist, Policy, Runtime, StoredSession};
+use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase, TranscriptItem};
+use kernel::runtime::{ModelEvent, Persist, Runtime, StoredSession};
 use kernel::server::Input;
 use kernel::time::Instant;
 use kernel::worker::{FromWorker, Operation, ToWorker};
@@ -153,7 +153,7 @@ impl World {
                     models: self.options.models.clone(),
                     default_model: self.store.default_model.clone(),
                     cwd: Some("/home/sim".into()),
-                    policy: Policy::default(),
+                    policy: Self::worker_policy(),
                     limits: Self::worker_limits(),
                 };
                 let (host, hello) = WorkerHost::new(config, self.now);
@@ -225,6 +225,10 @@ impl World {
                 self.reached.insert(super::Milestone::StoreFailed);
                 if let Some(watched) = self.watched_op.as_mut() {
                     watched.store_failed = true;
+                }
+                if self.options.record_facts {
+                    let session_id = id.clone();
+                    self.fact(Fact::StoreFailed { session_id });
                 }
                 let kind = if self.store.sessions.contains_key(&id) {
                     StoreFailureKind::Full
@@ -511,9 +515,11 @@ impl World {
     /// The current model call of a worker fails (the stream stops). A
     /// `retryable` failure makes the runtime retry after a backoff.
     pub fn fail_model(&mut self, worker: WorkerId, retryable: bool) {
-        let Some((call, _)) = self.workers.get_mut(&worker).and_then(|w| w.stream.take()) else {
+        let Some((call, stream)) = self.workers.get_mut(&worker).and_then(|w| w.stream.take())
+        else {
             return;
         };
+        let live = stream.next_deadline().is_some();
         trace!(
             self,
             "{worker} model call {call} fails (retryable: {retryable})"
@@ -525,6 +531,17 @@ impl World {
             retry_after_ms: None,
         };
         self.host_step(worker, HostInput::Model { call, event });
+        if self.options.record_facts {
+            let phase_after = self.runtime_phase(worker);
+            let session_id = self.workers[&worker].session_id.clone();
+            self.fact(Fact::ModelFailed {
+                worker,
+                session_id,
+                retryable,
+                live,
+                phase_after,
+            });
+        }
         self.run();
     }
 
@@ -537,7 +554,11 @@ impl World {
         if let Some((call, stream)) = w.stream.as_mut() {
             let call = *call;
             for event in stream.step(now) {
+                let done = matches!(event, ModelEvent::Done { .. });
                 self.host_step(worker, HostInput::Model { call, event });
+                if done && self.options.record_facts {
+                    self.model_done(worker);
+                }
             }
         }
         let done: Vec<(String, String)> = match self.workers.get(&worker) {
@@ -575,6 +596,41 @@ impl World {
     }
 
     /// True when the worker has a model call streaming.
+    /// Records [`Fact::ModelDone`] for `worker`'s call that just finished.
+    fn model_done(&mut self, worker: WorkerId) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let session_id = w.session_id.clone();
+        let (phase_after, unanswered) = match w.runtime() {
+            Some(runtime) => {
+                let transcript = &runtime.state().transcript;
+                let last_reply = transcript
+                    .iter()
+                    .rposition(|i| matches!(i, TranscriptItem::Assistant(_)));
+                let after = last_reply.map_or(0, |i| i + 1);
+                let unanswered = transcript[after..]
+                    .iter()
+                    .filter(|i| matches!(i, TranscriptItem::User(_)))
+                    .count();
+                (Some(runtime.phase()), unanswered)
+            }
+            None => (None, 0),
+        };
+        self.fact(Fact::ModelDone {
+            worker,
+            session_id,
+            phase_after,
+            unanswered,
+        });
+    }
+
+    /// The phase of the runtime `worker` runs, once it opened its session.
+    pub fn runtime_phase(&self, worker: WorkerId) -> Option<SessionPhase> {
+        let host = self.workers.get(&worker)?.host.as_ref()?;
+        host.runtime().map(|r| r.phase())
+    }
+
     pub fn is_streaming(&self, worker: WorkerId) -> bool {
         self.workers
             .get(&worker)
