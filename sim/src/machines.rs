@@ -338,7 +338,7 @@ pub struct Report {
     pub kernel_steps: u64,
     /// Server replacements (hand-offs).
     pub replacements: u64,
-    /// Server crashes (with restart).
+    /// Server crashes (with restart; some keep their workers as orphans).
     pub crashes: u64,
     /// Dropped connections.
     pub drops: u64,
@@ -372,6 +372,14 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     let mut prng = Prng::new(seed ^ 0x1ea5e);
     // Half the seeds run a server that requires a token.
     let token = prng.coin().then(|| format!("token-{}", prng.below(1000)));
+    // Draws added later come from a generator of their own, so the others
+    // stay as they were. A quarter of the seeds give orphans a grace shorter
+    // than a turn: an orphan whose turn outlasts it must wait for the turn.
+    let mut side = Prng::new(seed ^ 0x0a9a);
+    let mut worker_limits = kernel::limits::WorkerLimits::default();
+    if side.below(4) == 0 {
+        worker_limits.orphan_grace = Duration::from_millis(20);
+    }
     let options = Options {
         seed,
         token,
@@ -380,6 +388,7 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         record_facts: true,
         holds: Holds::all(),
         faux_delay: Duration::from_millis(5),
+        worker_limits,
         ..Options::default()
     };
     let world = slot.insert(World::new(options));
@@ -402,6 +411,15 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
                 0 => {
                     world.replace_server();
                     report.replacements += 1;
+                }
+                1 if side.coin() => {
+                    // The server dies and its workers live on as orphans for
+                    // a while (their turns run, their grace may pass) until
+                    // a new server starts and adopts those still there.
+                    world.crash_server_keep_workers();
+                    world.advance(Duration::from_millis(side.range_inclusive(1, 100)));
+                    world.start_server();
+                    report.crashes += 1;
                 }
                 1 => {
                     world.restart_server();

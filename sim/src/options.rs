@@ -334,6 +334,7 @@ impl SwarmOptions {
             hang_on_dispose: self
                 .fault(FaultKind::WorkerHang)
                 .map(|f| (self.hang_seed, f.probability)),
+            worker_limits: Default::default(),
         }
     }
 

@@ -128,8 +128,17 @@ impl Busy {
             Fact::WorkerExitConsumed {
                 session_id: Some(session_id),
                 ..
-            } => self.running.retain(|(s, _), _| s != session_id),
+            }
+            | Fact::OrphanRetired { session_id, .. } => {
+                self.running.retain(|(s, _), _| s != session_id)
+            }
             Fact::ServerRestarted => self.running.clear(),
+            // An orphan's turn that ended while no server ran answered no one.
+            Fact::Adopted {
+                session_id,
+                phase: Some(SessionPhase::Idle),
+                ..
+            } => self.running.retain(|(s, _), _| s != session_id),
             Fact::Emitted { conn, message, .. } => return self.check_emitted(*conn, message),
             _ => {}
         }

@@ -22,7 +22,8 @@
 //!
 //! - **Kill and retirement not early.** The server kills a worker told to
 //!   dispose only once its dispose deadline passed; an orphan retires only
-//!   once `orphan_grace` passed since it lost its server.
+//!   once `orphan_grace` passed since it lost its server, and only idle
+//!   (never under a running turn).
 //!
 //! - **Adoption grace.** A session adopted from an orphan is not disposed
 //!   for idleness within `adoption_grace` of its adoption (its clients have
@@ -232,8 +233,17 @@ impl Rules {
                 }
                 _ => Ok(()),
             },
-            Fact::OrphanRetired { orphaned_at, at } => {
-                let grace = crate::world::World::worker_limits().orphan_grace;
+            Fact::OrphanRetired {
+                interrupted: true,
+                at,
+                ..
+            } => violation(format!(
+                "an orphan retired at {at} under a running turn (it marked an item interrupted)"
+            )),
+            Fact::OrphanRetired {
+                orphaned_at, at, ..
+            } => {
+                let grace = world.worker_limits().orphan_grace;
                 if at.as_millis() < orphaned_at.as_millis() + grace.as_millis() as u64 {
                     return violation(format!(
                         "an orphan since {orphaned_at} retired at {at}, within its grace ({} ms)",
@@ -251,7 +261,7 @@ impl Rules {
                 "{worker} of {session_id} died; of the {attached} connections attached to it, \
                  {open_after:?} stayed open (a runtime error closes them)"
             )),
-            Fact::Adopted { session_id, at } => {
+            Fact::Adopted { session_id, at, .. } => {
                 self.adopted.insert(session_id.clone(), *at);
                 Ok(())
             }

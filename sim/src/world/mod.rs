@@ -154,6 +154,8 @@ pub struct Options {
     /// A worker told to dispose hangs with this probability (drawn from a
     /// generator of this seed): alive and silent until killed.
     pub hang_on_dispose: Option<(u64, crate::prng::Ratio)>,
+    /// The limits every fake worker's host runs with (orphan grace, …).
+    pub worker_limits: kernel::limits::WorkerLimits,
 }
 
 impl Default for Options {
@@ -172,6 +174,7 @@ impl Default for Options {
             holds: Holds::none(),
             models: faux::models(),
             hang_on_dispose: None,
+            worker_limits: kernel::limits::WorkerLimits::default(),
         }
     }
 }
@@ -281,12 +284,25 @@ pub enum Fact {
     /// The server process was replaced; every connection and worker is gone.
     ServerRestarted,
     /// The server adopted an orphan holding `session_id` at `at`: idle
-    /// disposal waits out the adoption grace.
-    Adopted { session_id: String, at: Instant },
+    /// disposal waits out the adoption grace. `phase` is the orphan's
+    /// runtime's then (a turn that ended while no server ran told nobody).
+    Adopted {
+        session_id: String,
+        at: Instant,
+        phase: Option<SessionPhase>,
+    },
     /// The server killed `worker`.
     Killed { worker: WorkerId },
-    /// An orphan that lost its server at `orphaned_at` retired at `at`.
-    OrphanRetired { orphaned_at: Instant, at: Instant },
+    /// An orphan of `session_id` that lost its server at `orphaned_at`
+    /// retired at `at`;
+    /// `interrupted` says whether its retirement marked an item of a turn
+    /// that still ran as interrupted.
+    OrphanRetired {
+        session_id: String,
+        orphaned_at: Instant,
+        at: Instant,
+        interrupted: bool,
+    },
     /// A new server generation starts after a hand-off or a crash that kept
     /// the workers: the old one's deadlines are gone with it, and worker ids
     /// start again (orphans are adopted under new ones).
@@ -418,6 +434,9 @@ pub struct World {
     /// whose ready it has not taken, or changed by a sibling server, since
     /// the last catalog load or scan.
     unscanned: BTreeSet<String>,
+    /// Interrupted items in the transcript of the runtime a worker host
+    /// step began with (for facts about what that step did).
+    interrupted_before_step: usize,
     unwritten: BTreeMap<ConnId, usize>,
     /// Connections whose delivered bytes completed several frames at once.
     multi_frame: BTreeSet<ConnId>,
@@ -471,6 +490,7 @@ impl World {
             catalog_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
+            interrupted_before_step: 0,
             unwritten: BTreeMap::new(),
             multi_frame: BTreeSet::new(),
             facts: Vec::new(),
@@ -556,8 +576,8 @@ impl World {
     }
 
     /// The limits every fake worker runs with.
-    pub fn worker_limits() -> kernel::limits::WorkerLimits {
-        kernel::limits::WorkerLimits::default()
+    pub fn worker_limits(&self) -> kernel::limits::WorkerLimits {
+        self.options.worker_limits.clone()
     }
 
     /// True for an orphan no server has adopted.

@@ -305,6 +305,10 @@ impl World {
             return;
         };
         let Some(pid) = self.orphans.remove(&key) else {
+            // The orphan retired while its announcement was on the way: the
+            // server adopted a process that is gone, and learns it at once.
+            trace!(self, "{worker} was adopted gone");
+            self.push(Input::WorkerExited { worker });
             return;
         };
         self.orphaned_at.remove(&key);
@@ -314,6 +318,7 @@ impl World {
             self.fact(Fact::Adopted {
                 session_id: w.session_id.clone(),
                 at: self.now,
+                phase: w.runtime().map(|r| r.phase()),
             });
         }
         trace!(

@@ -154,7 +154,7 @@ impl World {
                     default_model: self.store.default_model.clone(),
                     cwd: Some("/home/sim".into()),
                     policy: Self::worker_policy(),
-                    limits: Self::worker_limits(),
+                    limits: self.worker_limits(),
                 };
                 let (host, hello) = WorkerHost::new(config, self.now);
                 let w = self.workers.get_mut(&worker).expect("booting");
@@ -331,10 +331,16 @@ impl World {
 
     pub(super) fn host_step(&mut self, worker: WorkerId, input: HostInput) {
         let now = self.now;
+        let orphan = self.orphans.contains_key(&worker);
         let Some(host) = self.workers.get_mut(&worker).and_then(|w| w.host.as_mut()) else {
             return;
         };
+        let before = match host.runtime() {
+            Some(runtime) if orphan && self.options.record_facts => interrupted_items(runtime),
+            _ => 0,
+        };
         let outputs = host.step(now, input);
+        self.interrupted_before_step = before;
         self.apply_host(worker, outputs);
     }
 
@@ -417,9 +423,14 @@ impl World {
                             if self.options.record_facts
                                 && let Some(&orphaned_at) = self.orphaned_at.get(&worker)
                             {
+                                let after =
+                                    self.workers[&worker].runtime().map_or(0, interrupted_items);
+                                let session_id = self.workers[&worker].session_id.clone();
                                 self.fact(Fact::OrphanRetired {
+                                    session_id,
                                     orphaned_at,
                                     at: self.now,
+                                    interrupted: after > self.interrupted_before_step,
                                 });
                             }
                         }
@@ -684,4 +695,26 @@ impl World {
             .map(|(id, w)| (*id, w.session_id.as_str(), w.stage, phase(w)))
             .collect()
     }
+}
+
+/// Transcript items a runtime marked interrupted (its worker stopped before
+/// they finished).
+fn interrupted_items(runtime: &Runtime) -> usize {
+    let interrupted = |content: &[Content]| {
+        content
+            .iter()
+            .any(|c| matches!(c, Content::Text { text } if text.starts_with(kernel::runtime::INTERRUPTED)))
+    };
+    runtime
+        .state()
+        .transcript
+        .iter()
+        .filter(|item| match item {
+            TranscriptItem::Assistant(a) => {
+                a.error_message.as_deref() == Some(kernel::runtime::INTERRUPTED)
+            }
+            TranscriptItem::Tool(t) => interrupted(&t.content),
+            _ => false,
+        })
+        .count()
 }
