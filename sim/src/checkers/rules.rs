@@ -34,6 +34,11 @@
 //!   error closes them; detaching them would leave clients waiting for a
 //!   session that is gone).
 //!
+//! - **Not found.** An attach of a session that is stored, that no client
+//!   asked to remove, and that the kernel can know of (not a session a
+//!   sibling or an unfinished create wrote since the last scan) is not
+//!   answered `not_found`, but by a server shutting down.
+//!
 //! - **Token.** A clean stream whose first frame is a hello without the
 //!   token the server is configured with (none, or a wrong one) never gets
 //!   `hello`; one with the right token (or to a server without one) never
@@ -83,6 +88,15 @@ pub struct Rules {
     disposing: BTreeMap<kernel::ids::WorkerId, kernel::time::Instant>,
     /// Session commands judged.
     pub judged: u64,
+}
+
+/// A response, as [`Rules::answered`] judges it.
+struct Answer<'a> {
+    conn: ConnId,
+    id: &'a str,
+    outcome: &'a Result<CommandResult, kernel::protocol::ProtocolError>,
+    /// The server was shutting down when it answered.
+    shutting_down: bool,
 }
 
 fn violation(message: String) -> Check {
@@ -311,12 +325,23 @@ impl Rules {
                     _ => Ok(()),
                 }
             }
-            Fact::Emitted { conn, message, .. } => match message.as_ref() {
+            Fact::Emitted {
+                conn,
+                message,
+                shutting_down,
+                ..
+            } => match message.as_ref() {
                 ServerMessage::Response(response) => {
                     let Some(sent) = self.pending.remove(&(*conn, response.id.clone())) else {
                         return Ok(());
                     };
-                    self.answered(*conn, &response.id, sent, &response.outcome)
+                    let answer = Answer {
+                        conn: *conn,
+                        id: &response.id,
+                        outcome: &response.outcome,
+                        shutting_down: *shutting_down,
+                    };
+                    self.answered(world, answer, sent)
                 }
                 ServerMessage::Event(ServerEvent::SessionRemoved { session_id }) => {
                     let gone: Vec<(ConnId, String)> = self
@@ -345,13 +370,13 @@ impl Rules {
         }
     }
 
-    fn answered(
-        &mut self,
-        conn: ConnId,
-        id: &str,
-        sent: Sent,
-        outcome: &Result<CommandResult, kernel::protocol::ProtocolError>,
-    ) -> Check {
+    fn answered(&mut self, world: &crate::world::World, answer: Answer<'_>, sent: Sent) -> Check {
+        let Answer {
+            conn,
+            id,
+            outcome,
+            shutting_down,
+        } = answer;
         let command = &sent.command;
         if let Some(session_id) = changes(command) {
             let key = (conn, session_id.to_owned());
@@ -362,6 +387,19 @@ impl Rules {
             match (command, outcome) {
                 (Command::Attach { .. }, Ok(_)) => {
                     self.attached.insert(key);
+                }
+                (Command::Attach { .. }, Err(e))
+                    if e.code == ErrorCode::NotFound
+                        && !shutting_down
+                        && world.store.sessions.contains_key(session_id)
+                        && world.kernel_can_know(session_id)
+                        && !self.removes.contains(session_id) =>
+                {
+                    return violation(format!(
+                        "{conn}#{id}: attach of {session_id}, which is stored and never removed, \
+                         answered not_found: {}",
+                        e.message
+                    ));
                 }
 
                 (Command::Detach { .. }, Ok(_)) => {

@@ -38,6 +38,7 @@ impl Snapshots {
             message,
             attached_after,
             open_after,
+            ..
         } = fact
         else {
             return Ok(());

@@ -198,6 +198,8 @@ pub enum Fact {
         message: Rc<ServerMessage>,
         attached_after: Option<bool>,
         open_after: bool,
+        /// The server was shutting down after that step.
+        shutting_down: bool,
     },
     /// A client's first frame was a hello with `token`, to a server
     /// configured with `expected`.
@@ -580,6 +582,13 @@ impl World {
         self.options.worker_limits.clone()
     }
 
+    /// False for a stored session the kernel cannot know of yet: a worker
+    /// creating it has not reported ready, or a sibling wrote it after the
+    /// last scan.
+    pub fn kernel_can_know(&self, session_id: &str) -> bool {
+        !self.unscanned.contains(session_id)
+    }
+
     /// True for an orphan no server has adopted.
     pub fn is_orphan(&self, worker: WorkerId) -> bool {
         self.orphans.contains_key(&worker)
@@ -813,11 +822,13 @@ impl World {
                             settling,
                         });
                     }
+                    let shutting_down = self.server.is_shutting_down();
                     self.fact(Fact::Emitted {
                         conn,
                         message,
                         attached_after,
                         open_after,
+                        shutting_down,
                     });
                 }
                 (Output::Close { conn, .. }, _) => self.fact(Fact::ConnClosed { conn: *conn }),
