@@ -789,7 +789,9 @@ impl Server {
         session_id: &str,
         progress: &TranscriptProgress,
     ) -> Result<Frame, String> {
-        let mut frame = vec![0; FRAME_HEADER_LEN];
+        let capacity = FRAME_HEADER_LEN + direct::progress_event_capacity(session_id, progress);
+        let mut frame = Vec::with_capacity(capacity);
+        frame.extend_from_slice(&[0; FRAME_HEADER_LEN]);
         let frame = direct::encode_progress_event(session_id, progress, &mut frame)
             .map_err(|e| cbor_error(e).to_string())
             .and_then(|()| {

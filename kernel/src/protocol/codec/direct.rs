@@ -170,20 +170,28 @@ pub fn encode_progress_event(
     progress: &TranscriptProgress,
     out: &mut Vec<u8>,
 ) -> Result<(), CborError> {
-    /// The constant runs and small values of an assistant delta event.
-    const DELTA_EVENT_LEN: usize = 110;
-    if let TranscriptProgress::AssistantDelta {
-        message_id, delta, ..
-    } = progress
-    {
-        out.reserve(DELTA_EVENT_LEN + session_id.len() + message_id.len() + delta.len());
-    }
+    out.reserve(progress_event_capacity(session_id, progress));
     let limits = CborLimits::default();
     let mut e = Encoder::new(out, &limits);
     e.raw(PROGRESS_EVENT.bytes());
     e.text(session_id)?;
     write_progress(&mut e, progress, PROGRESS_DEPTH)?;
     e.finish()
+}
+
+/// Room for the payload of [`encode_progress_event`]: exact for an assistant
+/// delta (at most a few bytes over), a first guess for an item.
+pub fn progress_event_capacity(session_id: &str, progress: &TranscriptProgress) -> usize {
+    /// The constant runs, heads and small values of an assistant delta event.
+    const DELTA_EVENT_LEN: usize = 110;
+    /// A first guess for an event carrying a transcript item.
+    const ITEM_EVENT_LEN: usize = 512;
+    match progress {
+        TranscriptProgress::AssistantDelta {
+            message_id, delta, ..
+        } => DELTA_EVENT_LEN + session_id.len() + message_id.len() + delta.len(),
+        _ => ITEM_EVENT_LEN + session_id.len(),
+    }
 }
 
 /// `progress:` and the progress map at `depth`.
