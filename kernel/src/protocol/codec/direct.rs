@@ -179,11 +179,15 @@ pub fn encode_progress_event(
     e.finish()
 }
 
-/// Room for the payload of [`encode_progress_event`]: exact for an assistant
-/// delta (at most a few bytes over), a first guess for an item.
+/// Room for the payload of [`encode_progress_event`]: enough for an
+/// assistant delta (at most 36 bytes over), a first guess for an item.
 pub fn progress_event_capacity(session_id: &str, progress: &TranscriptProgress) -> usize {
-    /// The constant runs, heads and small values of an assistant delta event.
-    const DELTA_EVENT_LEN: usize = 110;
+    /// The longest head of a text or integer.
+    const HEAD_LEN_MAX: usize = 9;
+    /// The constant runs of an assistant delta event (the longest kind), the
+    /// heads of its three texts and its content index.
+    const DELTA_EVENT_LEN: usize =
+        PROGRESS_EVENT.len + DELTA.len + CONTENT_INDEX.len + KIND_THINKING.len + 4 * HEAD_LEN_MAX;
     /// A first guess for an event carrying a transcript item.
     const ITEM_EVENT_LEN: usize = 512;
     match progress {
@@ -560,6 +564,25 @@ fn write_usage(e: &mut Encoder<'_, '_>, usage: &Usage) -> Result<(), CborError> 
 mod tests {
     use super::*;
     use crate::wire::Value;
+
+    /// A delta event fits the room reserved for it: one allocation.
+    #[test]
+    fn delta_events_fit_their_capacity() {
+        for kind in [DeltaKind::Text, DeltaKind::Thinking, DeltaKind::ToolCall] {
+            for len in [0, 23, 24, 255, 256, 70_000] {
+                let progress = TranscriptProgress::AssistantDelta {
+                    message_id: "m".repeat(len),
+                    content_index: u64::MAX >> 12,
+                    kind,
+                    delta: "d".repeat(len),
+                };
+                let session_id = "s".repeat(len + 1);
+                let mut out = Vec::new();
+                encode_progress_event(&session_id, &progress, &mut out).unwrap();
+                assert!(out.len() <= progress_event_capacity(&session_id, &progress));
+            }
+        }
+    }
 
     /// A constant run is what the encoder writes for the same pieces.
     #[test]
