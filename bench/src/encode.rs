@@ -1,3 +1,6 @@
+//! Issue 19 item 5 first: the direct writer of a delta event against a
+//! bare writer of the same bytes (its floor).
+//!
 //! The suspected cost: the kernel's encoder validates every message it
 //! builds (`encode_server_message` → `Schema::to_checked_value`, which
 //! parses the tree back). Measured three ways:
@@ -16,6 +19,7 @@ use kernel::faux;
 use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::codec::Schema;
+use kernel::protocol::codec::direct::encode_progress_event;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
 use kernel::protocol::{
     ClientHello, ClientMessage, Command, CommandResult, CreateParams, DeltaKind, Request, Response,
@@ -358,9 +362,145 @@ fn sent_bytes(outputs: &[Output]) -> usize {
         .sum()
 }
 
+/// Nanoseconds, from µs.
+fn ns(us: f64) -> String {
+    format!("{:.0} ns", us * 1000.0)
+}
+
+/// The bytes of `payload` split around `strings` (which occur in it in this
+/// order): the constant pieces before, between and after them.
+fn pieces_around<'a>(payload: &'a [u8], strings: &[&[u8]]) -> Vec<&'a [u8]> {
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for s in strings {
+        let found = payload[at..]
+            .windows(s.len())
+            .position(|w| w == *s)
+            .expect("the string is in the payload");
+        pieces.push(&payload[at..at + found]);
+        at += found + s.len();
+    }
+    pieces.push(&payload[at..]);
+    pieces
+}
+
+/// The floor of the direct writer: the same bytes from pieces computed
+/// beforehand, each appended with `extend_from_slice` (constant runs and
+/// heads, then each string), with nothing decided at run time.
+fn bare_writer(out: &mut Vec<u8>, pieces: &[&[u8]], strings: &[&[u8]]) {
+    for (piece, s) in pieces.iter().zip(strings) {
+        out.extend_from_slice(piece);
+        out.extend_from_slice(s);
+    }
+    out.extend_from_slice(pieces[strings.len()]);
+}
+
+/// Issue 19 item 5: one delta event by the direct writer
+/// (`codec::direct::encode_progress_event`) vs the bare writer of the same
+/// bytes, into a reused buffer and into a fresh one; alternating rounds.
+fn direct_vs_floor(env: &Env, report: &mut Report, reps: usize) {
+    let session_id = "0b7d3c2e-5f7a-4c1e-9a55-2f0d4b1c8e11";
+    let progress = progress(7);
+    let TranscriptProgress::AssistantDelta {
+        message_id, delta, ..
+    } = &progress
+    else {
+        unreachable!("a delta")
+    };
+    let mut direct = Vec::new();
+    encode_progress_event(session_id, &progress, &mut direct).expect("encodes");
+    let message = ServerMessage::Event(ServerEvent::SessionProgress {
+        session_id: session_id.into(),
+        progress: progress.clone(),
+    });
+    assert_eq!(direct, unchecked(&message), "the tree path's bytes");
+    let strings: [&[u8]; 3] = [
+        session_id.as_bytes(),
+        message_id.as_bytes(),
+        delta.as_bytes(),
+    ];
+    let pieces = pieces_around(&direct, &strings);
+    let mut bare = Vec::new();
+    bare_writer(&mut bare, &pieces, &strings);
+    assert_eq!(bare, direct, "the floor writes the same bytes");
+
+    let mut buffer = Vec::with_capacity(256);
+    let (mut reused, mut fresh) = (Vec::new(), Vec::new());
+    let (mut direct_us, mut bare_us, mut direct_fresh_us, mut bare_fresh_us, mut tree_us) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..env.rounds {
+        let d = per_call(reps, || {
+            buffer.clear();
+            let (id, p) = std::hint::black_box((session_id, &progress));
+            encode_progress_event(id, p, &mut buffer).expect("encodes");
+            std::hint::black_box(&buffer);
+        });
+        let b = per_call(reps, || {
+            buffer.clear();
+            let (p, s) = std::hint::black_box((&pieces, &strings));
+            bare_writer(&mut buffer, p, s);
+            std::hint::black_box(&buffer);
+        });
+        reused.push(d / b);
+        direct_us.push(d);
+        bare_us.push(b);
+        let d = per_call(reps, || {
+            let mut out = Vec::new();
+            let (id, p) = std::hint::black_box((session_id, &progress));
+            encode_progress_event(id, p, &mut out).expect("encodes");
+            std::hint::black_box(out);
+        });
+        let b = per_call(reps, || {
+            let mut out = Vec::with_capacity(direct.len());
+            let (p, s) = std::hint::black_box((&pieces, &strings));
+            bare_writer(&mut out, p, s);
+            std::hint::black_box(out);
+        });
+        fresh.push(d / b);
+        direct_fresh_us.push(d);
+        bare_fresh_us.push(b);
+        tree_us.push(per_call(reps, || {
+            std::hint::black_box(unchecked(std::hint::black_box(&message)));
+        }));
+    }
+    let ratio = median(&reused);
+    let spread = |r: &[f64]| {
+        let s = crate::util::sorted(r);
+        format!("rounds {:.2}–{:.2}", s[0], s[s.len() - 1])
+    };
+    report.push(
+        "19.5",
+        format!(
+            "one delta event ({} B): the direct writer vs a bare writer of the same precomputed pieces, into a reused buffer",
+            direct.len()
+        ),
+        format!(
+            "direct {} / bare {} → **{ratio:.2}×** ({}); the tree path (`to_value` + CBOR) {}",
+            ns(median(&direct_us)),
+            ns(median(&bare_us)),
+            spread(&reused),
+            ns(median(&tree_us)),
+        ),
+        "≤ 2×",
+        Some(ratio <= 2.0),
+    );
+    report.info(
+        "19.5",
+        "the same, each into a fresh buffer (allocation included)",
+        format!(
+            "direct {} / bare {} → {:.2}× ({})",
+            ns(median(&direct_fresh_us)),
+            ns(median(&bare_fresh_us)),
+            median(&fresh),
+            spread(&fresh),
+        ),
+    );
+}
+
 /// The encode check's cost.
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let reps = env.pick(2_000, 50_000);
+    direct_vs_floor(env, report, reps);
     let delta = ServerMessage::Event(ServerEvent::SessionProgress {
         session_id: "0b7d3c2e-5f7a-4c1e-9a55-2f0d4b1c8e11".into(),
         progress: progress(7),

@@ -2039,3 +2039,286 @@ fn spliced_session_snapshots_nest_like_the_normal_ones() {
     }
     assert!(failed > 0 && failed < 8, "the limit lies within: {failed}");
 }
+
+// ---------------------------------------------------------------------------
+// Property: the direct writers (`codec::direct`) write the tree path's bytes,
+// and fail where it fails, with the same error.
+// ---------------------------------------------------------------------------
+
+/// The tree path without the schema check (what a release server used to
+/// write), so that values the schema forbids but CBOR carries compare too.
+fn tree_payload(message: &ServerMessage) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    kernel::wire::cbor::encode(&message.to_value(), &mut out)
+        .map_err(|e| format!("cannot encode CBOR: {e}"))?;
+    Ok(out)
+}
+
+fn direct_progress(session_id: &str, progress: &TranscriptProgress) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    codec::direct::encode_progress_event(session_id, progress, &mut out)
+        .map_err(|e| format!("cannot encode CBOR: {e}"))?;
+    Ok(out)
+}
+
+fn progress_message(session_id: &str, progress: &TranscriptProgress) -> ServerMessage {
+    ServerMessage::Event(ServerEvent::SessionProgress {
+        session_id: session_id.into(),
+        progress: progress.clone(),
+    })
+}
+
+/// Every progress variant, every item kind and status, every content kind,
+/// with and without each optional field.
+fn every_progress() -> Vec<TranscriptProgress> {
+    let snapshot = snapshot_with_transcript();
+    let mut items = snapshot.transcript.clone();
+    let TranscriptItem::Assistant(complete) = &items[1] else {
+        unreachable!("the fixture's second item is the assistant's")
+    };
+    let TranscriptItem::Tool(tool) = &items[2] else {
+        unreachable!("the fixture's third item is the tool's")
+    };
+    let (complete, tool) = (complete.clone(), tool.clone());
+    for (status, error_message) in [
+        (AssistantStatus::Streaming, None),
+        (AssistantStatus::Complete(StopReason::Stop), None),
+        (AssistantStatus::Complete(StopReason::Length), None),
+        (AssistantStatus::Error, Some("overloaded")),
+        (AssistantStatus::Error, None),
+        (AssistantStatus::Aborted, Some("")),
+    ] {
+        items.push(TranscriptItem::Assistant(AssistantItem {
+            status,
+            error_message: error_message.map(String::from),
+            response_model: None,
+            usage: Some(Usage {
+                reasoning: None,
+                ..Usage::default()
+            }),
+            ..complete.clone()
+        }));
+    }
+    items.push(TranscriptItem::Assistant(AssistantItem {
+        content: vec![Content::Thinking {
+            thinking: "…".into(),
+            redacted: None,
+        }],
+        usage: None,
+        ..complete
+    }));
+    for status in [ToolStatus::Running, ToolStatus::Complete] {
+        items.push(TranscriptItem::Tool(ToolItem {
+            status,
+            details: None,
+            usage: Some(Usage::default()),
+            ..tool.clone()
+        }));
+    }
+    let mut progress: Vec<TranscriptProgress> = items
+        .into_iter()
+        .flat_map(|item| {
+            [
+                TranscriptProgress::ItemStarted { item: item.clone() },
+                TranscriptProgress::ItemUpdated { item: item.clone() },
+                TranscriptProgress::ItemFinished { item },
+            ]
+        })
+        .collect();
+    for kind in [DeltaKind::Text, DeltaKind::Thinking, DeltaKind::ToolCall] {
+        for delta in ["", "w", "Hé ✓", &"x".repeat(300)] {
+            progress.push(TranscriptProgress::AssistantDelta {
+                message_id: "a1".into(),
+                content_index: 70_000,
+                kind,
+                delta: delta.into(),
+            });
+        }
+    }
+    progress
+}
+
+#[test]
+fn direct_progress_events_equal_the_tree_path() {
+    assert_eq!(
+        hex(&direct_progress(
+            "s2",
+            &TranscriptProgress::AssistantDelta {
+                message_id: "a1".into(),
+                content_index: 1,
+                kind: DeltaKind::Text,
+                delta: "Hé ✓".into(),
+            }
+        )
+        .unwrap()),
+        ASSISTANT_DELTA_HEX
+    );
+    for progress in every_progress() {
+        let message = progress_message("s2", &progress);
+        let direct = direct_progress("s2", &progress);
+        assert_eq!(direct, tree_payload(&message), "{progress:?}");
+        // Item schemas differ by variant (a finished item is terminal): compare
+        // the strict decode where the message is valid.
+        if let Ok(checked) = encode_server_message(&message) {
+            let direct = direct.unwrap();
+            assert_eq!(direct, checked);
+            let limits = CborLimits::default();
+            assert_eq!(decode_server_message(&direct, &limits).unwrap(), message);
+        }
+    }
+}
+
+#[test]
+fn direct_snapshots_and_list_entries_equal_the_tree_path() {
+    use codec::direct::{Shown, encode_session_metadata, encode_session_snapshot};
+    let snapshot = snapshot_with_transcript();
+    for (attached, locked) in [(false, false), (false, true), (true, false), (true, true)] {
+        let shown = Shown { attached, locked };
+        let mut normalised = snapshot.clone();
+        normalised.attached = attached;
+        normalised.locked = locked;
+        for depth in [0, 2] {
+            let mut tree = Vec::new();
+            kernel::wire::cbor::Encoder::new(&mut tree, &CborLimits::default())
+                .nested_item(&normalised.to_value(), depth)
+                .unwrap();
+            assert_eq!(
+                hex(&encode_session_snapshot(&snapshot, shown, depth).unwrap()),
+                hex(&tree)
+            );
+        }
+    }
+    let meta = SessionMetadata {
+        id: "s1".into(),
+        created_at: 1,
+        updated_at: Some(2),
+        parent_session_id: Some("s0".into()),
+        session_name: Some("a name".into()),
+        cwd: Some("/p".into()),
+    };
+    assert_eq!(
+        encode_session_metadata(&meta).unwrap(),
+        codec::spliced::encode_item(&meta).unwrap()
+    );
+}
+
+/// Values CBOR cannot carry fail in the direct writer with the tree path's
+/// error: an integer beyond 2^53 − 1, a non-finite cost, JSON nested past
+/// the depth limit, a text past the length limit, a whole item past it.
+#[test]
+fn direct_writers_fail_like_the_tree_path() {
+    let delta = |content_index: u64, delta: String| TranscriptProgress::AssistantDelta {
+        message_id: "a1".into(),
+        content_index,
+        kind: DeltaKind::Text,
+        delta,
+    };
+    let TranscriptItem::Assistant(assistant) = snapshot_with_transcript().transcript[1].clone()
+    else {
+        unreachable!("the fixture's second item is the assistant's")
+    };
+    let mut nan_cost = assistant.clone();
+    nan_cost.usage.as_mut().unwrap().cost.total = f64::NAN;
+    let mut huge_usage = assistant.clone();
+    huge_usage.usage.as_mut().unwrap().total_tokens = u64::MAX;
+    let mut cases = vec![
+        delta(MAX_SAFE_INTEGER as u64 + 1, "x".into()),
+        delta(1, "x".repeat(16 * 1024 * 1024 + 1)),
+        delta(1, "x".repeat(16 * 1024 * 1024 - 100)),
+        TranscriptProgress::ItemUpdated {
+            item: TranscriptItem::Assistant(nan_cost),
+        },
+        TranscriptProgress::ItemUpdated {
+            item: TranscriptItem::Assistant(huge_usage),
+        },
+    ];
+    let mut failed_depths = 0;
+    for depth in 55..=62 {
+        let mut nested = assistant.clone();
+        nested.content[2] = Content::ToolCall {
+            tool_call_id: "c".into(),
+            tool_name: "t".into(),
+            input: nested_json(depth),
+        };
+        cases.push(TranscriptProgress::ItemUpdated {
+            item: TranscriptItem::Assistant(nested),
+        });
+        let TranscriptItem::Tool(mut tool) = snapshot_with_transcript().transcript[2].clone()
+        else {
+            unreachable!("the fixture's third item is the tool's")
+        };
+        tool.details = Some(nested_json(depth));
+        cases.push(TranscriptProgress::ItemFinished {
+            item: TranscriptItem::Tool(tool),
+        });
+    }
+    for progress in &cases {
+        let tree = tree_payload(&progress_message("s", progress));
+        let direct = direct_progress("s", progress);
+        assert_eq!(direct.is_ok(), tree.is_ok());
+        match (direct, tree) {
+            (Ok(direct), Ok(tree)) => assert!(direct == tree, "same bytes"),
+            (Err(direct), Err(tree)) => {
+                assert_eq!(direct, tree);
+                failed_depths += usize::from(direct.contains("depth"));
+            }
+            _ => unreachable!("compared above"),
+        }
+    }
+    assert!(
+        failed_depths > 0 && failed_depths < 16,
+        "the depth limit lies within: {failed_depths}"
+    );
+}
+
+proptest! {
+    #[test]
+    fn direct_progress_events_equal_the_tree_path_on_arbitrary_messages(
+        session_id in id(),
+        progress in progress(),
+    ) {
+        let message = progress_message(&session_id, &progress);
+        let direct = direct_progress(&session_id, &progress).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(hex(&direct), hex(&encode_server_message(&message)?));
+        let decoded = decode_server_message(&direct, &CborLimits::default())?;
+        prop_assert_eq!(decoded, message);
+    }
+
+    #[test]
+    fn direct_snapshots_and_list_entries_equal_the_tree_path_on_arbitrary_values(
+        snapshot in session_snapshot(),
+        attached in any::<bool>(),
+        sessions in prop::collection::vec(session_metadata(), 0..8),
+    ) {
+        use codec::direct::{Shown, encode_session_metadata};
+        use codec::spliced::{ListBuilder, encode_item, encode_session_snapshot_shown};
+        let mut normalised = snapshot.clone();
+        normalised.attached = attached;
+        normalised.locked = true;
+        let shown = Shown { attached, locked: true };
+        let mut tree = Vec::new();
+        kernel::wire::cbor::Encoder::new(&mut tree, &CborLimits::default())
+            .nested_item(&normalised.to_value(), 2)?;
+        prop_assert_eq!(hex(&encode_session_snapshot_shown(&snapshot, shown)?), hex(&tree));
+        let event = ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot: normalised });
+        let cbor = encode_session_snapshot_shown(&snapshot, shown)?;
+        let spliced = codec::spliced::encode_session_snapshot_event(&cbor)?.to_vec();
+        prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&event)?));
+
+        let mut direct = ListBuilder::new(sessions.len())?;
+        let mut tree = ListBuilder::new(sessions.len())?;
+        for meta in &sessions {
+            prop_assert_eq!(encode_session_metadata(meta)?, encode_item(meta)?);
+            direct.push_metadata(meta)?;
+            tree.push(meta)?;
+        }
+        let list = ServerMessage::Response(Response {
+            id: "l".into(),
+            outcome: Ok(CommandResult::List { sessions }),
+        });
+        let direct = direct.finish();
+        prop_assert_eq!(&direct, &tree.finish());
+        let spliced = codec::spliced::encode_list_response("l", &direct)?.to_vec();
+        prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&list)?));
+    }
+}

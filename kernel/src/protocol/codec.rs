@@ -14,6 +14,9 @@
 //! - [`Fields`] and the `read_*` helpers: the strict map reader the
 //!   implementations are built from, public for those other codecs.
 //! - [`encode_client_message`] and friends: schema plus CBOR in one call.
+//! - [`direct`]: writers of the hot server messages straight to bytes (the
+//!   same bytes, without the tree); [`spliced`]: messages around CBOR
+//!   encoded earlier.
 //!
 //! Encoding writes map keys in the reference's schema order (the struct field
 //! order of [`super::types`]), omits absent optionals, and validates the tree
@@ -21,6 +24,7 @@
 //! does: a typed value that the schema forbids (an empty id, `errorMessage` on
 //! a streaming item, a non-finite cost) is an error, never a bad frame.
 
+pub mod direct;
 mod fields;
 mod items;
 mod messages;

@@ -15,7 +15,7 @@
 //! with its own ([`Catalog::reconcile`]).
 
 use crate::protocol::SessionMetadata;
-use crate::protocol::codec::spliced::encode_item;
+use crate::protocol::codec::direct::encode_session_metadata;
 use crate::time::Instant;
 use crate::wire::CborError;
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +32,7 @@ pub(crate) struct Stored {
 
 impl Stored {
     fn new(meta: SessionMetadata) -> Self {
-        let cbor = encode_item(&meta).map(Vec::into_boxed_slice);
+        let cbor = encode_session_metadata(&meta).map(Vec::into_boxed_slice);
         Self { meta, cbor }
     }
 

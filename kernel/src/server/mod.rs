@@ -28,16 +28,18 @@ pub use connection::Stage;
 use crate::ids::{ChannelId, ConnId, OpId, PeerAddr, WorkerId};
 use crate::limits::Limits;
 use crate::protocol::codec::cbor_error;
+use crate::protocol::codec::direct;
 use crate::protocol::codec::spliced::{self, EncodedSnapshot, ListBuilder, Spliced};
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
     ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
-    SessionMetadata, SessionSnapshot, decode_client_message, encode_trusted_server_message,
+    SessionMetadata, SessionSnapshot, TranscriptProgress, decode_client_message,
+    encode_trusted_server_message,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::wire::CborError;
-use crate::wire::frame::{encode_frame, frame_pieces};
+use crate::wire::frame::{FRAME_HEADER_LEN, encode_frame, frame_pieces, write_header};
 use crate::worker::{CreateSpec, FromWorker, ToWorker};
 use catalog::Catalog;
 use connection::{Connection, constant_time_eq};
@@ -779,6 +781,32 @@ impl Server {
         Ok(Frame::from(frame))
     }
 
+    /// The `session_progress` event of a session, written directly into its
+    /// frame ([`direct`]); debug builds compare it with the checked tree
+    /// path ([`Self::checked`]).
+    fn progress_frame(
+        &self,
+        session_id: &str,
+        progress: &TranscriptProgress,
+    ) -> Result<Frame, String> {
+        let capacity = FRAME_HEADER_LEN + direct::progress_event_capacity(session_id, progress);
+        let mut frame = Vec::with_capacity(capacity);
+        frame.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+        let frame = direct::encode_progress_event(session_id, progress, &mut frame)
+            .map_err(|e| cbor_error(e).to_string())
+            .and_then(|()| {
+                write_header(&mut frame, self.config.limits.max_frame_len)
+                    .map_err(|e| e.to_string())?;
+                Ok(Frame::from(frame))
+            });
+        self.checked(frame, || {
+            ServerMessage::Event(ServerEvent::SessionProgress {
+                session_id: session_id.to_string(),
+                progress: progress.clone(),
+            })
+        })
+    }
+
     /// Encodes and queues one message; an unencodable message closes the connection.
     fn send(&mut self, id: ConnId, message: &ServerMessage) {
         let frame = self.encode(message);
@@ -1453,7 +1481,7 @@ impl ListCache {
                         }
                         _ => None,
                     };
-                    list.push(&listed_metadata(base, snap))?;
+                    list.push_metadata(&listed_metadata(base, snap))?;
                 }
             }
         }

@@ -6,6 +6,7 @@ use super::{Acquire, CloseReason, Frame, Output, Server, listed_metadata, metada
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::codec::cbor_error;
+use crate::protocol::codec::direct::Shown;
 use crate::protocol::codec::spliced;
 use crate::protocol::{
     AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, LiveState, LiveStatus,
@@ -202,7 +203,8 @@ impl Live {
 }
 
 /// Normalises a runtime snapshot for clients: a live runtime holds the lock,
-/// and `attached` is relative to the audience.
+/// and `attached` is relative to the audience. The encodings write these
+/// flags directly ([`Shown`]); debug builds compare them with this.
 fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
     let mut s = snapshot.clone();
     s.locked = true;
@@ -244,7 +246,11 @@ impl LiveSnapshot {
         let snapshot = &self.snapshot;
         self.encoded[usize::from(attached)]
             .get_or_insert_with(|| {
-                spliced::encode_session_snapshot(&normalised(snapshot, attached))
+                let shown = Shown {
+                    attached,
+                    locked: true,
+                };
+                spliced::encode_session_snapshot_shown(snapshot, shown)
                     .map(Arc::new)
                     .map_err(cbor_error)
             })
@@ -798,11 +804,10 @@ impl Server {
                 let live = &self.sessions[&session_id];
                 if live.phase == Phase::Ready {
                     let to: Vec<ConnId> = live.attached.iter().copied().collect();
-                    let event = ServerEvent::SessionProgress {
-                        session_id: session_id.clone(),
-                        progress,
-                    };
-                    self.broadcast(&to, &ServerMessage::Event(event));
+                    if !to.is_empty() {
+                        let frame = self.progress_frame(&session_id, &progress);
+                        self.broadcast_frame(&to, frame);
+                    }
                 }
             }
             FromWorker::OpDone { op, outcome } => self.on_op_done(&session_id, op, outcome),

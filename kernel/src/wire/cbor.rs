@@ -349,6 +349,30 @@ impl<'o, 'l> Encoder<'o, 'l> {
         Ok(())
     }
 
+    /// Writes an unsigned integer field as the schema layer maps it
+    /// (`uint_value`): an integer up to 2^53 − 1, and beyond that the float
+    /// it would become, which is an error.
+    pub fn uint(&mut self, n: u64) -> Result<(), CborError> {
+        if n <= MAX_SAFE_INTEGER as u64 {
+            self.head(0, n);
+            Ok(())
+        } else {
+            self.float(n as f64)
+        }
+    }
+
+    /// Writes a number as [`Value::number`] holds it: an integral value as
+    /// an integer, anything else as float64 (non-finite numbers and integral
+    /// ones beyond ±(2^53 − 1) are errors).
+    pub fn number(&mut self, n: f64) -> Result<(), CborError> {
+        self.float(n)
+    }
+
+    /// Writes `true` or `false`.
+    pub fn boolean(&mut self, b: bool) {
+        self.out.push(if b { 0xf5 } else { 0xf4 });
+    }
+
     /// Writes a text string (a map key, or a text item).
     pub fn text(&mut self, s: &str) -> Result<(), CborError> {
         if s.len() > self.limits.max_byte_len {

@@ -269,6 +269,20 @@ pub fn frame_pieces(pieces: &[&[u8]], max_frame_len: u32) -> Result<Arc<[u8]>, F
     Ok(frame)
 }
 
+/// Completes a frame whose payload was written after [`FRAME_HEADER_LEN`]
+/// placeholder bytes (a payload encoded straight into its frame, with no
+/// copy): writes the header. Fails as [`encode_frame`] does when the payload
+/// exceeds `max_frame_len`.
+pub fn write_header(frame: &mut [u8], max_frame_len: u32) -> Result<(), FrameError> {
+    assert!(
+        frame.len() >= FRAME_HEADER_LEN,
+        "a frame has room for its header"
+    );
+    let len = payload_len(frame.len() - FRAME_HEADER_LEN, max_frame_len)?;
+    frame[..FRAME_HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+    Ok(())
+}
+
 /// The header of a payload of `len` bytes, or why it cannot be sent.
 fn payload_len(len: usize, max_frame_len: u32) -> Result<u32, FrameError> {
     match u32::try_from(len) {

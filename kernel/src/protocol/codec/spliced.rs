@@ -13,14 +13,16 @@
 //! are exactly the bytes [`super::encode_payload`] writes for the same message
 //! (keys in the schema order of `messages.rs` and `items.rs`, numbers through
 //! the same [`uint_value`] mapping, the same CBOR limits, the same errors);
-//! the list comes from [`ListBuilder`] and [`encode_item`]. Like
+//! the list comes from [`ListBuilder`], [`encode_item`] and
+//! [`direct::encode_session_metadata`], snapshots from [`super::direct`]. Like
 //! [`super::encode_trusted_server_message`] in release builds they do not
 //! re-check the schema: they are for messages a server builds itself. The
 //! server compares them with the normal encoding in debug builds, and
 //! `kernel/tests/protocol.rs` does on arbitrary messages.
 
+use super::direct::{self, Shown};
 use super::{Schema, SchemaError, cbor_error, uint_value};
-use crate::protocol::SessionSnapshot;
+use crate::protocol::{SessionMetadata, SessionSnapshot};
 use crate::wire::cbor::{Encoder, check_item_len};
 use crate::wire::{CborError, CborLimits, Value};
 
@@ -75,7 +77,17 @@ const SESSION_SNAPSHOT_DEPTH: usize = 2;
 /// depth is counted from those messages, so that a transcript item's JSON
 /// nested too deeply fails here as the normal encoding fails.
 pub fn encode_session_snapshot(snapshot: &SessionSnapshot) -> Result<Vec<u8>, CborError> {
-    encode_nested(snapshot, SESSION_SNAPSHOT_DEPTH)
+    encode_session_snapshot_shown(snapshot, Shown::of(snapshot))
+}
+
+/// [`encode_session_snapshot`] with the flags `shown` instead of the
+/// snapshot's own (a server's normalisation for an audience), written
+/// directly ([`super::direct`]).
+pub fn encode_session_snapshot_shown(
+    snapshot: &SessionSnapshot,
+    shown: Shown,
+) -> Result<Vec<u8>, CborError> {
+    direct::encode_session_snapshot(snapshot, shown, SESSION_SNAPSHOT_DEPTH)
 }
 
 /// CBOR of one schema item that messages nest `depth` containers deep.
@@ -111,7 +123,16 @@ impl ListBuilder {
         Encoder::new(&mut self.out, &CborLimits::default()).item(&item.to_value())
     }
 
-    /// Appends an item encoded by [`encode_item`].
+    /// Appends a session list entry, written directly ([`super::direct`]).
+    pub fn push_metadata(&mut self, meta: &SessionMetadata) -> Result<(), CborError> {
+        direct::write_session_metadata(
+            &mut Encoder::new(&mut self.out, &CborLimits::default()),
+            meta,
+        )
+    }
+
+    /// Appends an item encoded by [`encode_item`] or
+    /// [`direct::encode_session_metadata`].
     pub fn push_encoded(&mut self, item: &[u8]) {
         self.out.extend_from_slice(item);
     }
