@@ -97,6 +97,11 @@ pub const STEPS: &str = "pi_server::steps";
 /// The most events handled before the output they cause is written.
 const EVENT_BATCH: usize = 64;
 
+/// Where consecutive flushes start in the list of connections to write: a
+/// stride prime to the usual audience sizes, so the start moves around the
+/// list.
+const FLUSH_STRIDE: usize = 61;
+
 /// The most reads of one client connection in one turn of the loop; a
 /// connection with more to read goes to the back of the queue, behind the
 /// others that are ready.
@@ -302,6 +307,8 @@ struct Daemon<P: Platform> {
     inputs: std::collections::VecDeque<Input>,
     /// Connections with gathered output to write (see `flush`).
     dirty: Vec<ConnId>,
+    /// Flushes so far: where each flush starts in `dirty` (see `flush`).
+    flushes: usize,
     /// Client connections ready to be read.
     readiness: Arc<Readiness>,
     /// Handling a batch of events: their output is written after the last.
@@ -661,6 +668,7 @@ pub async fn run_on<P: Platform>(
         dropped: Vec::new(),
         inputs: Default::default(),
         dirty: Vec::new(),
+        flushes: 0,
         readiness: Arc::default(),
         deferring: false,
         stepping: false,
@@ -888,8 +896,19 @@ impl<P: Platform> Daemon<P> {
     /// Writes each connection's gathered output: straight to the socket if
     /// its writer holds nothing and the socket takes it; the rest goes to
     /// the writer, behind what it holds.
+    ///
+    /// Each flush starts at another connection (a fixed stride through the
+    /// list): when the loop's thread loses its CPU in the middle of a flush
+    /// to many connections, the ones after that point wait, and with a fixed
+    /// order those would be the same connections every time.
     fn flush(&mut self) {
-        for conn in std::mem::take(&mut self.dirty) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        if dirty.len() > 1 {
+            let start = self.flushes.wrapping_mul(FLUSH_STRIDE) % dirty.len();
+            dirty.rotate_left(start);
+        }
+        self.flushes = self.flushes.wrapping_add(1);
+        for conn in dirty {
             let Some(c) = self.conns.get_mut(&conn) else {
                 continue;
             };
