@@ -43,12 +43,19 @@ pub(crate) struct FanoutResult {
     pub(crate) span: Duration,
     /// Per (client, event): arrival minus the event's earliest arrival, µs.
     pub(crate) skew: Vec<f64>,
+    /// The same, for the first and the last tenth of the clients in the
+    /// order they connected (at least one client each): whether the last
+    /// connections of a burst wait behind the first ones.
+    pub(crate) skew_first: Vec<f64>,
+    pub(crate) skew_last: Vec<f64>,
     /// Server (+ worker) CPU seconds during the round.
     pub(crate) server_cpu: f64,
     /// The bench's own CPU seconds during the round (the clients).
     pub(crate) client_cpu: f64,
     /// Seconds the server's (+ worker's) threads waited for a CPU.
     pub(crate) server_wait: f64,
+    /// Seconds the bench's own threads (the clients) waited for a CPU.
+    pub(crate) client_wait: f64,
 }
 
 impl FanoutResult {
@@ -59,26 +66,39 @@ impl FanoutResult {
 }
 
 /// Matches the same event across clients (hash + occurrence number).
+/// `per_client` is in the order the clients connected.
 pub(crate) fn analyze(per_client: &[Arrivals]) -> FanoutResult {
-    let mut by_event: HashMap<(u64, u32), Vec<Instant>> = HashMap::new();
+    let mut by_event: HashMap<(u64, u32), Vec<(usize, Instant)>> = HashMap::new();
     let mut first: Option<Instant> = None;
     let mut last: Option<Instant> = None;
     let mut deliveries = 0;
-    for arrivals in per_client {
+    for (client, arrivals) in per_client.iter().enumerate() {
         let mut seen: HashMap<u64, u32> = HashMap::new();
         for &(hash, at) in arrivals {
             let n = seen.entry(hash).or_insert(0);
-            by_event.entry((hash, *n)).or_default().push(at);
+            by_event.entry((hash, *n)).or_default().push((client, at));
             *n += 1;
             deliveries += 1;
             first = Some(first.map_or(at, |f| f.min(at)));
             last = Some(last.map_or(at, |l| l.max(at)));
         }
     }
+    let tenth = per_client.len().div_ceil(10);
+    let last_tenth = per_client.len().saturating_sub(tenth);
     let mut skew = Vec::with_capacity(deliveries);
+    let (mut skew_first, mut skew_last) = (Vec::new(), Vec::new());
     for times in by_event.values() {
-        let earliest = *times.iter().min().expect("non-empty");
-        skew.extend(times.iter().map(|t| us(*t - earliest)));
+        let earliest = times.iter().map(|t| t.1).min().expect("non-empty");
+        for &(client, at) in times {
+            let late = us(at - earliest);
+            skew.push(late);
+            if client < tenth {
+                skew_first.push(late);
+            }
+            if client >= last_tenth {
+                skew_last.push(late);
+            }
+        }
     }
     FanoutResult {
         deliveries,
@@ -88,9 +108,12 @@ pub(crate) fn analyze(per_client: &[Arrivals]) -> FanoutResult {
             _ => Duration::ZERO,
         },
         skew,
+        skew_first,
+        skew_last,
         server_cpu: 0.0,
         client_cpu: 0.0,
         server_wait: 0.0,
+        client_wait: 0.0,
     }
 }
 
@@ -163,7 +186,7 @@ impl Audience {
     ) -> Result<FanoutResult, String> {
         let conns = std::mem::take(&mut self.conns);
         let (cpu0, wait0) = tree_sched(server_pid);
-        let me0 = schedstat(std::process::id()).0;
+        let (me0, me_wait0) = schedstat(std::process::id());
         let mut tasks = Vec::with_capacity(conns.len());
         // Client 0 is spawned last, so every other reader is waiting before the prompt goes out.
         for (i, conn) in conns.into_iter().enumerate().rev() {
@@ -183,12 +206,15 @@ impl Audience {
             per_client.push(arrivals);
         }
         back.reverse();
+        per_client.reverse();
         self.conns = back;
         let mut result = analyze(&per_client);
         let (cpu1, wait1) = tree_sched(server_pid);
         result.server_cpu = cpu1 - cpu0;
         result.server_wait = wait1 - wait0;
-        result.client_cpu = (schedstat(std::process::id()).0 - me0) as f64 / 1e9;
+        let (me1, me_wait1) = schedstat(std::process::id());
+        result.client_cpu = (me1 - me0) as f64 / 1e9;
+        result.client_wait = (me_wait1 - me_wait0) as f64 / 1e9;
         Ok(result)
     }
 }
@@ -261,11 +287,16 @@ pub(crate) struct Summary {
     pub(crate) p50: f64,
     pub(crate) p99: f64,
     pub(crate) p99_max: f64,
+    /// p99 skew of the first and the last tenth of the clients (connect order).
+    pub(crate) p99_first: f64,
+    pub(crate) p99_last: f64,
     pub(crate) cpu_per_delivery_us: f64,
     pub(crate) cpu_per_event_us: f64,
     pub(crate) client_cpu_per_delivery_us: f64,
     /// Server (+ worker) run-queue wait as a share of the rounds' span.
     pub(crate) wait_share: f64,
+    /// The same for the bench's clients.
+    pub(crate) client_wait_share: f64,
     pub(crate) events: usize,
 }
 
@@ -281,6 +312,13 @@ pub(crate) fn summarize(results: &[FanoutResult]) -> Summary {
         .collect();
     let p50s: Vec<f64> = per_round.iter().map(|p| p.0).collect();
     let p99s: Vec<f64> = per_round.iter().map(|p| p.1).collect();
+    let p99_of = |pick: fn(&FanoutResult) -> &Vec<f64>| {
+        let p99s: Vec<f64> = results
+            .iter()
+            .map(|r| percentile(&sorted(pick(r)), 99.0))
+            .collect();
+        median(&p99s)
+    };
     let deliveries: usize = results.iter().map(|r| r.deliveries).sum();
     let events: usize = results.iter().map(|r| r.events).sum();
     let cpu: f64 = results.iter().map(|r| r.server_cpu).sum();
@@ -290,10 +328,18 @@ pub(crate) fn summarize(results: &[FanoutResult]) -> Summary {
         p50: median(&p50s),
         p99: median(&p99s),
         p99_max: p99s.iter().copied().fold(0.0, f64::max),
+        p99_first: p99_of(|r| &r.skew_first),
+        p99_last: p99_of(|r| &r.skew_last),
         cpu_per_delivery_us: cpu * 1e6 / deliveries.max(1) as f64,
         cpu_per_event_us: cpu * 1e6 / events.max(1) as f64,
         client_cpu_per_delivery_us: client * 1e6 / deliveries.max(1) as f64,
         wait_share: results.iter().map(|r| r.server_wait).sum::<f64>()
+            / results
+                .iter()
+                .map(|r| r.span.as_secs_f64())
+                .sum::<f64>()
+                .max(1e-9),
+        client_wait_share: results.iter().map(|r| r.client_wait).sum::<f64>()
             / results
                 .iter()
                 .map(|r| r.span.as_secs_f64())
@@ -351,13 +397,17 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 s.events
             );
             let figure = format!(
-                "**{}/s** deliveries; skew p50 {} p99 {}; server+worker CPU {:.2} µs/delivery ({:.1} µs/event); bench clients {:.2} µs/delivery; server RSS {:+.1} KiB per attached client",
+                "**{}/s** deliveries; skew p50 {} p99 {} (p99 of the first tenth of the clients {}, of the last tenth {}); server+worker CPU {:.2} µs/delivery ({:.1} µs/event); bench clients {:.2} µs/delivery; waiting for a CPU per second of the burst: server+worker {:.0} ms, bench clients {:.0} ms; server RSS {:+.1} KiB per attached client",
                 fmt_rate(s.rate),
                 fmt_us(s.p50),
                 fmt_us(s.p99),
+                fmt_us(s.p99_first),
+                fmt_us(s.p99_last),
                 s.cpu_per_delivery_us,
                 s.cpu_per_event_us,
                 s.client_cpu_per_delivery_us,
+                s.wait_share * 1000.0,
+                s.client_wait_share * 1000.0,
                 per_client_kib
             );
             if k == 100 {

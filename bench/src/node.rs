@@ -233,6 +233,7 @@ impl Subscribers {
             per_client.push(arrivals);
         }
         back.reverse();
+        per_client.reverse();
         self.conns = back;
         let mut result = analyze(&per_client);
         result.server_cpu = crate::fanout::tree_cpu(pid) - cpu0;
@@ -361,12 +362,16 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 "6",
                 format!("event fan-out to {k} clients, {n_events} events: our progress fan-out vs TS subscription updates"),
                 format!(
-                    "ours {}/s (skew p99 {}, {:.2} µs CPU/delivery) vs TS {}/s (skew p99 {}, {:.2} µs CPU/delivery) → **ours {:.2}× theirs**",
+                    "ours {}/s (skew p99 {}; first/last tenth of the clients {}/{}; {:.2} µs CPU/delivery) vs TS {}/s (skew p99 {}; {}/{}; {:.2} µs CPU/delivery) → **ours {:.2}× theirs**",
                     fmt_rate(o.rate),
                     crate::util::fmt_us(o.p99),
+                    crate::util::fmt_us(o.p99_first),
+                    crate::util::fmt_us(o.p99_last),
                     o.cpu_per_delivery_us,
                     fmt_rate(t.rate),
                     crate::util::fmt_us(t.p99),
+                    crate::util::fmt_us(t.p99_first),
+                    crate::util::fmt_us(t.p99_last),
                     t.cpu_per_delivery_us,
                     o.rate / t.rate
                 ),

@@ -3,12 +3,20 @@
 //! exits, timers, signals) into kernel inputs, then carries out the outputs.
 //! It makes no protocol decisions.
 //!
-//! Tasks around the loop: the public and worker accept loops, one reader and
-//! one writer per client connection, one reader and one writer per worker
-//! channel, one waiter per worker process, and blocking-pool jobs for the
-//! catalog scan and session removal. They talk to the loop through one
-//! bounded event channel (readers block when the loop falls behind) and are
+//! Tasks around the loop: the public and worker accept loops, one writer per
+//! client connection, one reader and one writer per worker channel, one
+//! waiter per worker process, and blocking-pool jobs for the catalog scan
+//! and session removal. They talk to the loop through one bounded event
+//! channel (the worker readers block when the loop falls behind) and are
 //! talked to through per-task channels whose size the kernel already bounds.
+//!
+//! The loop reads client connections itself: a socket that becomes readable
+//! wakes the loop through a waker of its own ([`Readiness`]), which queues
+//! the connection; the loop then reads each queued connection (at most
+//! [`READS_PER_TURN`] times a turn, then it goes to the back of the queue).
+//! A request therefore costs no task hand-off and no copy through a channel
+//! (BENCHMARKS.md, item 1, P9), and the loop reads only as fast as it handles
+//! what it read.
 //!
 //! Client output takes a short path: the loop gathers the frames of the
 //! events it handles per connection (shared, not copied) and writes them to
@@ -40,8 +48,9 @@ use kernel::wire::{CborLimits, FrameDecoder};
 use kernel::worker::CreateSpec;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -88,6 +97,89 @@ pub const STEPS: &str = "pi_server::steps";
 /// The most events handled before the output they cause is written.
 const EVENT_BATCH: usize = 64;
 
+/// Where consecutive flushes start in the list of connections to write: a
+/// stride prime to the usual audience sizes, so the start moves around the
+/// list.
+const FLUSH_STRIDE: usize = 61;
+
+/// The most reads of one client connection in one turn of the loop; a
+/// connection with more to read goes to the back of the queue, behind the
+/// others that are ready.
+const READS_PER_TURN: usize = 4;
+
+/// The client connections whose sockets became readable, in the order they
+/// did, and the loop's waker. Shared with each connection's [`ReadWaker`]
+/// (the runtime may wake from another thread).
+#[derive(Default)]
+struct Readiness {
+    inner: Mutex<ReadyQueue>,
+}
+
+#[derive(Default)]
+struct ReadyQueue {
+    conns: Vec<ConnId>,
+    loop_waker: Option<Waker>,
+}
+
+impl Readiness {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadyQueue> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Resolves when a connection is queued. It spends the task's budget
+    /// like tokio's own resources: a read that ran out of budget queues its
+    /// connection again, and the loop must then yield to the runtime rather
+    /// than find it queued at once, forever.
+    fn wait(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx: &mut Context<'_>| {
+            let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+            let mut queue = self.lock();
+            if queue.conns.is_empty() {
+                queue.loop_waker = Some(cx.waker().clone());
+                Poll::Pending
+            } else {
+                coop.made_progress();
+                Poll::Ready(())
+            }
+        })
+    }
+
+    /// The queued connections, in order; the queue is left empty.
+    fn take(&self) -> Vec<ConnId> {
+        std::mem::take(&mut self.lock().conns)
+    }
+}
+
+/// A client connection's read waker: queues the connection (once until the
+/// loop takes it) and wakes the loop.
+struct ReadWaker {
+    conn: ConnId,
+    queued: AtomicBool,
+    readiness: Arc<Readiness>,
+}
+
+impl Wake for ReadWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let waker = {
+            let mut queue = self.readiness.lock();
+            queue.conns.push(self.conn);
+            queue.loop_waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
 // A worker frame is moved into the kernel's input, which boxes it once; boxing
 // it here as well would cost a second allocation per frame on the hot path.
 #[allow(clippy::large_enum_variant)]
@@ -96,13 +188,6 @@ enum Event<P: Platform> {
     /// The stored sessions, and those of them a live orphan of a crashed
     /// server with our id still holds (it will announce itself to us).
     CatalogLoaded(Vec<kernel::protocol::SessionMetadata>, Vec<String>),
-    Received {
-        conn: ConnId,
-        bytes: Vec<u8>,
-    },
-    ReadClosed {
-        conn: ConnId,
-    },
     /// The writer task wrote `chunks` hand-offs, `bytes` in all.
     Written {
         conn: ConnId,
@@ -163,7 +248,10 @@ struct ClientConn<C> {
     /// broadcast to 100 clients is one buffer); written when the step's
     /// inputs are done.
     out: Vec<Frame>,
-    reader: JoinHandle<()>,
+    /// Queues this connection when its socket becomes readable.
+    read_waker: Arc<ReadWaker>,
+    /// The peer ended its direction (or reading failed): not read again.
+    read_closed: bool,
     writer_task: JoinHandle<()>,
 }
 
@@ -219,6 +307,10 @@ struct Daemon<P: Platform> {
     inputs: std::collections::VecDeque<Input>,
     /// Connections with gathered output to write (see `flush`).
     dirty: Vec<ConnId>,
+    /// Flushes so far: where each flush starts in `dirty` (see `flush`).
+    flushes: usize,
+    /// Client connections ready to be read.
+    readiness: Arc<Readiness>,
     /// Handling a batch of events: their output is written after the last.
     deferring: bool,
     stepping: bool,
@@ -576,6 +668,8 @@ pub async fn run_on<P: Platform>(
         dropped: Vec::new(),
         inputs: Default::default(),
         dirty: Vec::new(),
+        flushes: 0,
+        readiness: Arc::default(),
         deferring: false,
         stepping: false,
         done: false,
@@ -602,17 +696,30 @@ pub async fn run_on<P: Platform>(
                 None => std::future::pending().await,
             }
         };
+        let readiness = Arc::clone(&d.readiness);
         // `biased`: the order is the listed one, so a simulated run replays
         // exactly (tokio's own choice is random).
         tokio::select! {
             biased;
             Some(event) = rx.recv() => {
-                // Events that are already waiting are handled together, and
-                // their output written once: in a burst (a model streaming to
-                // many clients) that is one write per client per batch, not
-                // per event. Alone, an event is written at once.
+                // Events that are already waiting, and client connections
+                // that are ready to be read, are handled together, and their
+                // output written once: in a burst (a model streaming to many
+                // clients) that is one write per client per batch, not per
+                // event. Alone, an event is written at once.
                 d.deferring = true;
                 d.on_event(event);
+                d.read_clients();
+                for _ in 1..EVENT_BATCH {
+                    let Ok(event) = rx.try_recv() else { break };
+                    d.on_event(event);
+                }
+                d.deferring = false;
+                d.drain();
+            }
+            () = readiness.wait() => {
+                d.deferring = true;
+                d.read_clients();
                 for _ in 1..EVENT_BATCH {
                     let Ok(event) = rx.try_recv() else { break };
                     d.on_event(event);
@@ -789,8 +896,19 @@ impl<P: Platform> Daemon<P> {
     /// Writes each connection's gathered output: straight to the socket if
     /// its writer holds nothing and the socket takes it; the rest goes to
     /// the writer, behind what it holds.
+    ///
+    /// Each flush starts at another connection (a fixed stride through the
+    /// list): when the loop's thread loses its CPU in the middle of a flush
+    /// to many connections, the ones after that point wait, and with a fixed
+    /// order those would be the same connections every time.
     fn flush(&mut self) {
-        for conn in std::mem::take(&mut self.dirty) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        if dirty.len() > 1 {
+            let start = self.flushes.wrapping_mul(FLUSH_STRIDE) % dirty.len();
+            dirty.rotate_left(start);
+        }
+        self.flushes = self.flushes.wrapping_add(1);
+        for conn in dirty {
             let Some(c) = self.conns.get_mut(&conn) else {
                 continue;
             };
@@ -858,12 +976,6 @@ impl<P: Platform> Daemon<P> {
                 tracing::info!(count = sessions.len(), "session catalog loaded");
                 self.expect_adoptions(orphans, "live workers of a crashed server");
                 self.step(Input::CatalogLoaded { sessions });
-            }
-            Event::Received { conn, bytes } => self.step(Input::Received { conn, bytes }),
-            Event::ReadClosed { conn } => {
-                if self.server.ends_on_read_close(conn) {
-                    self.drop_conn(conn);
-                }
             }
             Event::Written {
                 conn,
@@ -962,16 +1074,6 @@ impl<P: Platform> Daemon<P> {
         self.next_conn += 1;
         let peer = socket.peer();
         let socket = Arc::new(socket);
-        let tx = self.events.clone();
-        let read_socket = Arc::clone(&socket);
-        let reader = tokio::spawn(async move {
-            while let Ok(Some(bytes)) = read_socket.read().await {
-                if tx.send(Event::Received { conn, bytes }).await.is_err() {
-                    return;
-                }
-            }
-            let _ = tx.send(Event::ReadClosed { conn }).await;
-        });
         let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
         let tx = self.events.clone();
         let write_socket = Arc::clone(&socket);
@@ -1029,21 +1131,67 @@ impl<P: Platform> Daemon<P> {
                 writer: wtx,
                 handed: 0,
                 out: Vec::new(),
-                reader,
+                read_waker: Arc::new(ReadWaker {
+                    conn,
+                    queued: AtomicBool::new(false),
+                    readiness: Arc::clone(&self.readiness),
+                }),
+                read_closed: false,
                 writer_task,
             },
         );
         self.step(Input::Accepted { conn, peer });
+        // The first read registers the waker.
+        if let Some(c) = self.conns.get(&conn) {
+            c.read_waker.wake_by_ref();
+        }
+    }
+
+    /// Reads the client connections that are ready, in the order they became
+    /// so, each at most [`READS_PER_TURN`] times; one with more to read is
+    /// queued again, behind the others.
+    fn read_clients(&mut self) {
+        for conn in self.readiness.take() {
+            let mut reads = 0;
+            while let Some(c) = self.conns.get(&conn) {
+                if c.read_closed {
+                    break;
+                }
+                if reads == READS_PER_TURN {
+                    // More may be there: behind the others.
+                    c.read_waker.wake_by_ref();
+                    break;
+                }
+                reads += 1;
+                // Cleared before reading: a wake from here on queues it again.
+                c.read_waker.queued.store(false, Ordering::Release);
+                let waker = Waker::from(Arc::clone(&c.read_waker));
+                match c.socket.poll_read(&mut Context::from_waker(&waker)) {
+                    Poll::Pending => break,
+                    Poll::Ready(Ok(Some(bytes))) => self.step(Input::Received { conn, bytes }),
+                    Poll::Ready(result) => {
+                        if let Err(e) = result {
+                            tracing::debug!(%conn, error = %e, "client connection read failed");
+                        }
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            c.read_closed = true;
+                        }
+                        if self.server.ends_on_read_close(conn) {
+                            self.drop_conn(conn);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// The connection is gone: stop its tasks and tell the kernel (once).
     fn drop_conn(&mut self, conn: ConnId) {
         if let Some(c) = self.conns.remove(&conn) {
-            c.reader.abort();
             c.writer_task.abort();
             if self.successor.is_some() {
                 // Before the successor may bind, these sockets must really be closed.
-                self.dropped.push(c.reader);
                 self.dropped.push(c.writer_task);
             }
             self.step(Input::Disconnected { conn });

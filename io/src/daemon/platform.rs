@@ -15,15 +15,18 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::AbortHandle;
 
 /// A client connection as the loop uses it. Shared (`&self`) by the loop,
-/// which writes directly while the connection's writer holds nothing, the
-/// connection's reader task and its writer task.
+/// which reads it and writes directly while the connection's writer holds
+/// nothing, and the connection's writer task.
 pub trait Conn: Send + Sync + 'static {
-    /// The next bytes the peer sent; `Ok(None)` at the end of the stream.
-    fn read(&self) -> impl Future<Output = io::Result<Option<Vec<u8>>>> + Send;
+    /// The next bytes the peer sent, if some are there: `Ready(Ok(None))` at
+    /// the end of the stream; `Pending` when nothing is, and then `cx`'s
+    /// waker is woken when something arrives.
+    fn poll_read(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Vec<u8>>>>;
 
     /// Writes what the socket takes now of `frames` (after `skip` bytes of
     /// the first), without waiting: `WouldBlock` when it takes nothing.
@@ -147,14 +150,6 @@ fn read_draining(
 }
 
 impl ClientSocket {
-    async fn readable(&self) -> io::Result<()> {
-        match self {
-            Self::Unix(s) => s.readable().await,
-            Self::Tcp(s) => s.readable().await,
-            Self::Web(_) => unreachable!("a WebSocket is read by messages"),
-        }
-    }
-
     async fn writable(&self) -> io::Result<()> {
         match self {
             Self::Unix(s) => s.writable().await,
@@ -195,17 +190,19 @@ impl ClientSocket {
 }
 
 impl Conn for ClientSocket {
-    async fn read(&self) -> io::Result<Option<Vec<u8>>> {
-        if let Self::Web(web) = self {
-            return Ok(web.read().await);
-        }
+    fn poll_read(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Vec<u8>>>> {
         loop {
-            self.readable().await?;
+            match self {
+                Self::Unix(s) => ready!(s.poll_read_ready(cx))?,
+                Self::Tcp(s) => ready!(s.poll_read_ready(cx))?,
+                Self::Web(web) => return web.poll_read(cx).map(Ok),
+            }
+            // Nothing read clears the readiness: polled again, it registers the waker.
             match self.read_ready() {
                 Ok(None) => {}
-                Ok(Some(bytes)) => return Ok(Some(bytes)),
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-                Err(e) => return Err(e),
+                Ok(Some(bytes)) => return Poll::Ready(Ok(Some(bytes))),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(None)),
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }

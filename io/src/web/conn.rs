@@ -13,7 +13,8 @@ use futures_util::SinkExt;
 use kernel::ids::PeerAddr;
 use kernel::server::Frame;
 use std::io;
-use tokio::sync::{Mutex, mpsc};
+use std::sync::Mutex;
+use tokio::sync::mpsc;
 
 /// Frames queued for one WebSocket before a write takes nothing.
 const OUT_FRAMES: usize = 256;
@@ -40,9 +41,16 @@ impl WebConn {
         self.peer.clone()
     }
 
-    /// The next message's bytes; `None` once the socket closed.
-    pub(crate) async fn read(&self) -> Option<Vec<u8>> {
-        self.incoming.lock().await.recv().await
+    /// The next message's bytes, if one is there; `None` once the socket
+    /// closed. Only the loop reads, so the lock is never contended.
+    pub(crate) fn poll_read(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Vec<u8>>> {
+        self.incoming
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .poll_recv(cx)
     }
 
     /// Queues the whole frames the queue takes now.

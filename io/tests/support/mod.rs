@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::AbortHandle;
 use tracing_subscriber::layer::SubscriberExt;
 use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -248,7 +248,7 @@ impl Listener<SimConn> for Clients {
         let (stream, _) = self.0.accept().await?;
         let (read, write) = stream.into_split();
         Ok(SimConn {
-            read: tokio::sync::Mutex::new(read),
+            read: std::sync::Mutex::new(read),
             write: tokio::sync::Mutex::new(write),
         })
     }
@@ -263,21 +263,26 @@ impl Listener<Locked<TcpStream>> for Workers {
     }
 }
 
-/// A client connection on simulated TCP. Only its reader task reads, and the
-/// loop writes directly only while the writer task holds nothing, so the
-/// locks are never contended for long.
+/// A client connection on simulated TCP. Only the loop reads, and it
+/// writes directly only while the writer task holds nothing, so the locks
+/// are never contended for long.
 struct SimConn {
-    read: tokio::sync::Mutex<OwnedReadHalf>,
+    read: std::sync::Mutex<OwnedReadHalf>,
     write: tokio::sync::Mutex<OwnedWriteHalf>,
 }
 
 impl Conn for SimConn {
-    async fn read(&self) -> io::Result<Option<Vec<u8>>> {
-        let mut read = self.read.lock().await;
+    fn poll_read(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Vec<u8>>>> {
+        let mut read = self
+            .read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut buf = vec![0; 64 * 1024];
-        let n = read.read(&mut buf).await?;
+        let mut filled = tokio::io::ReadBuf::new(&mut buf);
+        std::task::ready!(Pin::new(&mut *read).poll_read(cx, &mut filled))?;
+        let n = filled.filled().len();
         buf.truncate(n);
-        Ok((n > 0).then_some(buf))
+        Poll::Ready(Ok((n > 0).then_some(buf)))
     }
 
     fn try_write_frames(&self, frames: &[Frame], skip: usize) -> io::Result<usize> {
