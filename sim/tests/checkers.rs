@@ -26,6 +26,7 @@ fn emitted(message: ServerMessage, attached_after: bool) -> Fact {
         message,
         attached_after: Some(attached_after),
         open_after: true,
+        shutting_down: false,
     }
 }
 
