@@ -33,12 +33,19 @@
 //! - **Orphans.** A lost server makes the worker announce itself every
 //!   [`WorkerLimits::announce_retry`], one attempt at a time, and retire once
 //!   idle after [`WorkerLimits::orphan_grace`].
+//! - **Operations belong to their server.** The runtime sees host-local
+//!   operation ids; the host answers each operation to the server that
+//!   sent it, under that server's id, and drops the answer once that server
+//!   is gone. A new server numbers its operations from 1 again, so an
+//!   adopted turn's answer must not complete the new server's operation of
+//!   the same number.
 //!
 //! Calling protocol, as every kernel machine: [`WorkerHost::step`] with `now`
 //! and one input, outputs carried out in order, and a [`HostInput::Tick`] at
 //! [`WorkerHost::next_deadline`].
 
 use crate::faux;
+use crate::ids::OpId;
 use crate::limits::WorkerLimits;
 use crate::link::{Link, LinkAction, LinkInput};
 use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
@@ -49,7 +56,7 @@ use crate::runtime::{
 };
 use crate::time::Instant;
 use crate::worker::{CreateSpec, FromWorker, ToWorker};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 /// What the worker knows when it starts: who it is, and the facts of its
 /// machine that the create policy needs.
@@ -269,6 +276,11 @@ pub struct WorkerHost {
     held: VecDeque<RuntimeOutput>,
     /// Inputs that arrived while a commit was in flight.
     deferred: VecDeque<HostInput>,
+    /// Operations of the current server in the runtime: host-local id →
+    /// the server's id.
+    ops: BTreeMap<OpId, OpId>,
+    /// The next host-local operation id.
+    next_op: u64,
     now: Instant,
     out: Vec<HostOutput>,
 }
@@ -288,6 +300,8 @@ impl WorkerHost {
             writing: Writing::Idle,
             held: VecDeque::new(),
             deferred: VecDeque::new(),
+            ops: BTreeMap::new(),
+            next_op: 1,
             now,
             out: Vec::new(),
         };
@@ -370,11 +384,7 @@ impl WorkerHost {
             (HostStage::Running, HostInput::Committed(result)) => self.on_committed(result),
             (HostStage::Running, HostInput::Reloaded(result)) => self.on_reloaded(result),
             (HostStage::Running, HostInput::Frame(frame)) => self.on_frame(frame),
-            (HostStage::Running, HostInput::ChannelLost)
-                if self.link.step(self.now, LinkInput::Lost) == Some(LinkAction::Announce) =>
-            {
-                self.announce()
-            }
+            (HostStage::Running, HostInput::ChannelLost) => self.on_channel_lost(),
             (HostStage::Running, HostInput::ServerAppeared) if self.link.is_orphaned() => {
                 self.announce()
             }
@@ -494,7 +504,16 @@ impl WorkerHost {
     fn on_frame(&mut self, frame: WorkerFrame) {
         let input = match frame {
             WorkerFrame::ToWorker(ToWorker::Operation { op, operation }) => {
-                RuntimeInput::Operation { op, operation }
+                if self.link.is_orphaned() {
+                    return;
+                }
+                let local = OpId(self.next_op);
+                self.next_op += 1;
+                self.ops.insert(local, op);
+                RuntimeInput::Operation {
+                    op: local,
+                    operation,
+                }
             }
             WorkerFrame::ToWorker(ToWorker::Dispose) => RuntimeInput::Dispose,
             // Frames a server never sends a running worker: ignored.
@@ -502,6 +521,14 @@ impl WorkerHost {
         };
         if !self.link.is_orphaned() {
             self.run(input);
+        }
+    }
+
+    fn on_channel_lost(&mut self) {
+        // Operations in the runtime now answer no one.
+        self.ops.clear();
+        if self.link.step(self.now, LinkInput::Lost) == Some(LinkAction::Announce) {
+            self.announce();
         }
     }
 
@@ -578,6 +605,14 @@ impl WorkerHost {
                     self.held = outputs;
                     self.out.push(HostOutput::Commit(batch));
                     return;
+                }
+                RuntimeOutput::Send(FromWorker::OpDone { op, outcome }) => {
+                    // Answered under the id its server gave it, if that
+                    // server is still the one this worker serves.
+                    let Some(op) = self.ops.remove(&op) else {
+                        continue;
+                    };
+                    HostOutput::Send(WorkerFrame::FromWorker(FromWorker::OpDone { op, outcome }))
                 }
                 RuntimeOutput::Send(message) => HostOutput::Send(WorkerFrame::FromWorker(message)),
                 RuntimeOutput::StartModel { call, request } => {

@@ -378,3 +378,57 @@ fn an_idle_orphan_retires_after_its_grace_a_busy_one_finishes_first() {
     );
     assert_eq!(host.stage(), HostStage::Running);
 }
+
+#[test]
+fn an_adopted_turn_answers_no_operation_of_the_new_server() {
+    let (mut host, _) = running(config());
+    let op = |op: u64, operation: Operation| {
+        HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
+            op: OpId(op),
+            operation,
+        }))
+    };
+    // The old server's op 1 starts a turn; then that server is gone.
+    let mut out = host.step(
+        Instant(1000),
+        op(1, Operation::Prompt { text: "hi".into() }),
+    );
+    commit_all(&mut host, &mut out);
+    host.step(Instant(1000), HostInput::ChannelLost);
+    let out = host.step(
+        Instant(1001),
+        HostInput::Announced(Some(WorkerFrame::Adopted)),
+    );
+    assert_eq!(out, vec![HostOutput::SwitchChannel]);
+    // The new server numbers from 1 again: its steer is answered as its own.
+    let mut out = host.step(
+        Instant(1002),
+        op(
+            1,
+            Operation::Steer {
+                text: "more".into(),
+            },
+        ),
+    );
+    commit_all(&mut host, &mut out);
+    let done: Vec<OpId> = sent(&out)
+        .iter()
+        .filter_map(|m| match m {
+            FromWorker::OpDone { op, .. } => Some(*op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![OpId(1)], "{out:?}");
+    // Its abort ends the inherited turn: the abort is answered, under the
+    // new server's id; the old prompt's answer goes nowhere.
+    let mut out = host.step(Instant(1003), op(2, Operation::Abort));
+    commit_all(&mut host, &mut out);
+    let done: Vec<OpId> = sent(&out)
+        .iter()
+        .filter_map(|m| match m {
+            FromWorker::OpDone { op, .. } => Some(*op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![OpId(2)], "{out:?}");
+}
