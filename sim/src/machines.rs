@@ -9,8 +9,9 @@
 //!
 //! [`run`] is the lease swarm: from one seed, one to three machines create,
 //! lease, command and release sessions while the network reorders and
-//! delays every hop, servers are replaced (hand-off) or crash and restart,
-//! and connections drop. Then faults stop and everything must settle.
+//! delays every hop, servers are replaced (hand-off) or crash and restart
+//! (some keeping their workers as orphans for a while), a sibling server
+//! writes sessions into the shared directory, and connections drop. Then faults stop and everything must settle.
 //! Besides every world checker (their facts include the machines'
 //! requests), it judges the client side:
 //!
@@ -344,6 +345,8 @@ pub struct Report {
     pub drops: u64,
     /// Strangers that said hello with no token or a wrong one.
     pub strangers: u64,
+    /// Sessions a sibling server wrote into the shared directory.
+    pub sibling_sessions: u64,
     /// Every machine's counters, summed.
     pub totals: MachineStats,
 }
@@ -432,6 +435,10 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
                 }
             }
         }
+        if side.chance(Ratio::new(1, 300)) {
+            sibling_creates(world, &mut side);
+            report.sibling_sessions += 1;
+        }
         if prng.chance(Ratio::new(1, 200)) {
             // A stranger: no token, a wrong one, or (the server has none) any.
             let conn = world.connect();
@@ -456,6 +463,24 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         report.totals.add(&m.stats);
     }
     Ok(report)
+}
+
+/// A sibling server sharing the session directory creates a session (a
+/// copy of a stored one under a new id); this server's watcher sees it and
+/// rescans, while its own sessions come and go.
+fn sibling_creates(world: &mut World, side: &mut Prng) {
+    let Some(template) = world.store.sessions.values().next().cloned() else {
+        return;
+    };
+    let id = format!("5b1b0000-0000-4000-8000-{:012x}", side.below(1 << 48));
+    world.sibling_changes(|store| {
+        let mut created = template;
+        created.id = id.clone();
+        created.name = Some("from a sibling".into());
+        store.sessions.insert(id.clone(), created);
+        store.touch(&id);
+        vec![id]
+    });
 }
 
 /// A call's name, for counters.

@@ -37,9 +37,13 @@ pub type PromptId = (ConnId, String);
 /// Running prompts and the prompt requests sent.
 #[derive(Debug, Default, Clone)]
 pub struct Busy {
-    /// By session and operation: a worker handed over to another server
-    /// keeps its session and its operations, under another worker id.
-    running: BTreeMap<(String, OpId), (String, PromptId)>,
+    /// By session, server generation and operation. A worker handed over
+    /// to another server keeps its turn, but the new server numbers its
+    /// operations afresh and never hears how the old one's ended: such an
+    /// inherited prompt runs until a snapshot of its session shows it idle.
+    running: BTreeMap<(String, u64, OpId), (String, PromptId)>,
+    /// Server generations seen (hand-offs, restarts).
+    generation: u64,
     prompts: BTreeMap<PromptId, String>,
     /// Prompt texts that do not name their request, by the request that sent them.
     by_text: BTreeMap<String, PromptId>,
@@ -113,8 +117,8 @@ impl Busy {
                 if let (Operation::Prompt { text }, true) = (operation, started)
                     && let Some(prompt) = self.identify(text)
                 {
-                    self.running
-                        .insert((session_id.clone(), *op), (session_id.clone(), prompt));
+                    let key = (session_id.clone(), self.generation, *op);
+                    self.running.insert(key, (session_id.clone(), prompt));
                 }
             }
             Fact::OpDoneConsumed {
@@ -122,7 +126,8 @@ impl Busy {
                 session_id: Some(session_id),
                 ..
             } => {
-                self.running.remove(&(session_id.clone(), *op));
+                self.running
+                    .remove(&(session_id.clone(), self.generation, *op));
             }
             // One runtime per session: when its worker is gone, nothing runs there.
             Fact::WorkerExitConsumed {
@@ -130,19 +135,41 @@ impl Busy {
                 ..
             }
             | Fact::OrphanRetired { session_id, .. } => {
-                self.running.retain(|(s, _), _| s != session_id)
+                self.running.retain(|(s, _, _), _| s != session_id)
             }
-            Fact::ServerRestarted => self.running.clear(),
+            Fact::ServerRestarted => {
+                self.running.clear();
+                self.generation += 1;
+            }
+            Fact::NewServer => self.generation += 1,
             // An orphan's turn that ended while no server ran answered no one.
             Fact::Adopted {
                 session_id,
                 phase: Some(SessionPhase::Idle),
                 ..
-            } => self.running.retain(|(s, _), _| s != session_id),
-            Fact::Emitted { conn, message, .. } => return self.check_emitted(*conn, message),
+            } => self.running.retain(|(s, _, _), _| s != session_id),
+            Fact::Emitted { conn, message, .. } => {
+                self.inherited_ended(message);
+                return self.check_emitted(*conn, message);
+            }
             _ => {}
         }
         Ok(())
+    }
+
+    /// An idle snapshot ends the prompts its session inherited from an
+    /// earlier server.
+    fn inherited_ended(&mut self, message: &ServerMessage) {
+        let snapshot = match message {
+            ServerMessage::Response(r) => r.outcome.as_ref().ok().and_then(result_session),
+            ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }) => Some(snapshot),
+            _ => None,
+        };
+        if let Some(snapshot) = snapshot.filter(|s| s.phase == SessionPhase::Idle) {
+            let now = self.generation;
+            self.running
+                .retain(|(s, g, _), _| *s != snapshot.id || *g == now);
+        }
     }
 
     fn check_emitted(&self, conn: ConnId, message: &ServerMessage) -> Check {

@@ -33,6 +33,8 @@ pub enum Delivery {
     Catalog,
     /// A store removal finishes.
     Removal(String),
+    /// The kernel hears what its catalog rescan read.
+    Scan,
 }
 
 /// How much of a channel one [`World::deliver`] moves.
@@ -70,6 +72,9 @@ impl World {
         }
         if let Some(seq) = self.catalog_pending {
             out.push((seq, Delivery::Catalog));
+        }
+        if let Some((seq, _, _)) = &self.scan_pending {
+            out.push((*seq, Delivery::Scan));
         }
         for (session, seq) in &self.removals {
             out.push((*seq, Delivery::Removal(session.clone())));
@@ -126,6 +131,11 @@ impl World {
             Delivery::Removal(session_id) => {
                 if self.removals.remove(session_id).is_some() {
                     self.finish_removal(session_id.clone());
+                }
+            }
+            Delivery::Scan => {
+                if let Some((_, scan, sessions)) = self.scan_pending.take() {
+                    self.finish_scan(scan, sessions);
                 }
             }
         }

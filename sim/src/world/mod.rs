@@ -95,6 +95,9 @@ pub struct Holds {
     pub catalog: bool,
     /// Store removals requested by the kernel.
     pub removal: bool,
+    /// A catalog rescan's result (the directory is read when the kernel
+    /// asks; the kernel hears back later).
+    pub scan: bool,
     /// An exit notice may overtake the worker's messages still in flight (as
     /// in the daemon, where `wait()` and the channel reader are separate tasks).
     pub exit_overtakes: bool,
@@ -117,6 +120,7 @@ impl Holds {
             exit: true,
             catalog: true,
             removal: true,
+            scan: true,
             exit_overtakes: true,
         }
     }
@@ -431,6 +435,9 @@ pub struct World {
     next_conn: u64,
     generation: u64,
     catalog_pending: Option<u64>,
+    /// A rescan read from the store and not yet reported to the kernel:
+    /// its sequence number, the kernel's scan id, and what it read.
+    scan_pending: Option<(u64, u64, Vec<kernel::protocol::SessionMetadata>)>,
     removals: BTreeMap<String, u64>,
     /// Stored sessions the kernel may not know of yet: created by a worker
     /// whose ready it has not taken, or changed by a sibling server, since
@@ -490,6 +497,7 @@ impl World {
             hang,
             orphaned_at: BTreeMap::new(),
             catalog_pending: None,
+            scan_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
             interrupted_before_step: 0,
@@ -527,9 +535,35 @@ impl World {
         &self.options
     }
 
+    /// The kernel hears what its rescan `scan` read: what a sibling wrote
+    /// before the read is now known. The scan covers what is not live: the
+    /// kernel keeps its own view of a live session.
+    pub(super) fn finish_scan(
+        &mut self,
+        scan: u64,
+        sessions: Vec<kernel::protocol::SessionMetadata>,
+    ) {
+        let live: BTreeSet<String> = self
+            .server
+            .live_sessions()
+            .into_iter()
+            .map(|(id, _, _)| id)
+            .collect();
+        let read: BTreeSet<&str> = sessions.iter().map(|m| m.id.as_str()).collect();
+        // What the scan read is known now; what changed after the read is
+        // not, unless it is gone from the store (nothing to list then).
+        let stored = &self.store.sessions;
+        self.unscanned.retain(|id| {
+            live.contains(id) || (!read.contains(id.as_str()) && stored.contains_key(id))
+        });
+        trace!(self, "server hears its catalog scan");
+        self.push(Input::CatalogScanned { scan, sessions });
+    }
+
     /// Feeds the store's catalog to the server.
     pub fn load_catalog(&mut self) {
         self.catalog_pending = None;
+        self.scan_pending = None;
         self.unscanned.clear();
         let sessions = self.store.catalog();
         trace!(self, "server catalog loaded ({} sessions)", sessions.len());
@@ -914,23 +948,18 @@ impl World {
                 }
             }
             Output::ScanCatalog { scan } => {
-                // A scan reads the directory at once: what a sibling wrote is now known.
+                // A scan reads the directory now; the kernel may hear of it later.
                 let sessions = self.store.catalog();
                 trace!(
                     self,
                     "server scans the catalog ({} sessions)",
                     sessions.len()
                 );
-                // The scan covers what is not live: the kernel keeps its own
-                // view of a live session.
-                let live: BTreeSet<String> = self
-                    .server
-                    .live_sessions()
-                    .into_iter()
-                    .map(|(id, _, _)| id)
-                    .collect();
-                self.unscanned.retain(|id| live.contains(id));
-                self.push(Input::CatalogScanned { scan, sessions });
+                if self.options.holds.scan {
+                    self.scan_pending = Some((self.next_seq(), scan, sessions));
+                } else {
+                    self.finish_scan(scan, sessions);
+                }
             }
             Output::StopAccepting => {
                 trace!(self, "server stops accepting");

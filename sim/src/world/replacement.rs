@@ -25,6 +25,7 @@ impl World {
     pub fn restart_server(&mut self) {
         trace!(self, "server crashes and restarts");
         self.inbox.clear();
+        self.scan_pending = None;
         self.workers.clear();
         self.removals.clear();
         self.unwritten.clear();
@@ -80,6 +81,7 @@ impl World {
     pub fn crash_server_keep_workers(&mut self) {
         trace!(self, "server crashes; its workers survive");
         self.inbox.clear();
+        self.scan_pending = None;
         self.removals.clear();
         self.unwritten.clear();
         let conns: Vec<ConnId> = self.clients.keys().copied().collect();
@@ -196,6 +198,7 @@ impl World {
         self.shut_down = false;
         self.server_down = false;
         self.inbox.clear();
+        self.scan_pending = None;
         // The old process's output queues went with it.
         self.unwritten.clear();
         trace!(self, "server generation {} starts{note}", self.generation);
