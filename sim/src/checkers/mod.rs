@@ -11,7 +11,7 @@
 //! | [`snapshots`] | revisions never go back; responses and events reflect the attachment; what is broadcast is committed |
 //! | [`store`] | a committed (terminal) transcript item is never lost or changed |
 //! | [`listed`] | every session list a client is sent names every stored session the kernel can know of |
-//! | [`rules`] | a session command from a connection not attached is `invalid_request`; disposal only of an idle runtime with nothing on its way; a dead worker's attached connections closed; every handshake answered by its deadline; no hello without the right token accepted, none with it refused |
+//! | [`rules`] | a session command from a connection not attached is `invalid_request`; disposal only of an idle runtime with nothing on its way; a dead worker's attached connections closed; every handshake answered by its deadline; no hello without the right token accepted, none with it refused; an orphan retires only idle after its grace; no `not_found` for a stored session the kernel can know of |
 //! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
 //! | [`turns`] | a turn retries a failed model call no more and no less than `max_attempts` allows; acknowledged steer text reaches the model unless the reply failed |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
