@@ -919,7 +919,7 @@ pub fn every_command() -> Config {
 /// bound is small, so the server may close it) and reads again, and
 /// reconnects and attaches again if it was closed; one graceful
 /// replacement and one stretch of failing store writes, each at any point
-/// (260,517 states).
+/// (246,877 states).
 pub fn slow_consumer_storage_handoff() -> Config {
     use ClientAction::*;
     Config {
@@ -955,7 +955,7 @@ pub fn slow_consumer_storage_handoff() -> Config {
 /// grace (it is adopted, or it has retired); the client reconnects and
 /// attaches again, before or after the orphan announces itself. The store
 /// may fail once, at any point, so an orphan may retire on a failing disk
-/// (222,435 states).
+/// (214,282 states).
 pub fn crash_keeping_workers() -> Config {
     use ClientAction::*;
     Config {

@@ -316,6 +316,9 @@ impl SwarmOptions {
         let holds = Holds {
             exit_overtakes: self.faults.contains_key(&FaultKind::ExitRace),
             catalog: self.faults.contains_key(&FaultKind::CatalogDelay),
+            // Rescans are the lease swarm's (a sibling server writes there);
+            // here they come back at once, as the pinned seeds ran them.
+            scan: false,
             ..Holds::all()
         };
         world::Options {

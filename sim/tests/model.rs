@@ -63,7 +63,7 @@ fn every_command() {
 /// (d) A slow consumer, a failing store and a graceful hand-off.
 #[test]
 fn slow_consumer_storage_handoff() {
-    check(model::slow_consumer_storage_handoff(), 250_000);
+    check(model::slow_consumer_storage_handoff(), 240_000);
 }
 
 /// (e) A server crash that keeps its workers: adoption or retirement.

@@ -135,6 +135,7 @@ impl World {
             }
             Delivery::Scan => {
                 if let Some((_, scan, sessions)) = self.scan_pending.take() {
+                    trace!(self, "server hears its catalog scan");
                     self.finish_scan(scan, sessions);
                 }
             }

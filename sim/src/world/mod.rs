@@ -556,7 +556,6 @@ impl World {
         self.unscanned.retain(|id| {
             live.contains(id) || (!read.contains(id.as_str()) && stored.contains_key(id))
         });
-        trace!(self, "server hears its catalog scan");
         self.push(Input::CatalogScanned { scan, sessions });
     }
 
