@@ -39,6 +39,10 @@
 //!   sibling or an unfinished create wrote since the last scan) is not
 //!   answered `not_found`, but by a server shutting down.
 //!
+//! - **Adoption wait.** No worker is spawned for a session an unadopted
+//!   orphan holds within `adoption_wait` of the server learning which
+//!   sessions orphans hold (it waits for the orphan's announcement).
+//!
 //! - **Token.** A clean stream whose first frame is a hello without the
 //!   token the server is configured with (none, or a wrong one) never gets
 //!   `hello`; one with the right token (or to a server without one) never
@@ -275,6 +279,20 @@ impl Rules {
                 "{worker} of {session_id} died; of the {attached} connections attached to it, \
                  {open_after:?} stayed open (a runtime error closes them)"
             )),
+            Fact::Spawned {
+                session_id,
+                orphan_holds: true,
+                expected_since: Some(since),
+            } if world.now.as_millis()
+                < since.as_millis()
+                    + world.server.config().limits.adoption_wait.as_millis() as u64 =>
+            {
+                violation(format!(
+                    "a worker was spawned for {session_id} at {} while the orphan holding it \
+                     is expected (since {since})",
+                    world.now
+                ))
+            }
             Fact::Adopted { session_id, at, .. } => {
                 self.adopted.insert(session_id.clone(), *at);
                 Ok(())

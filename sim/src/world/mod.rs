@@ -274,6 +274,14 @@ pub enum Fact {
         phase_after: Option<SessionPhase>,
         unanswered: usize,
     },
+    /// The kernel spawned a worker for `session_id`; `orphan_holds` says
+    /// whether an unadopted orphan has that session open, `expected_since`
+    /// when this server was told which sessions orphans hold.
+    Spawned {
+        session_id: String,
+        orphan_holds: bool,
+        expected_since: Option<Instant>,
+    },
     /// The kernel asked the store to delete a session, and it was deleted.
     StoreRemoved { session_id: String },
     /// The kernel told a worker to dispose its session: `phase` is its
@@ -435,6 +443,8 @@ pub struct World {
     next_conn: u64,
     generation: u64,
     catalog_pending: Option<u64>,
+    /// When the current server was told which sessions orphans hold.
+    expected_since: Option<Instant>,
     /// A rescan read from the store and not yet reported to the kernel:
     /// its sequence number, the kernel's scan id, and what it read.
     scan_pending: Option<(u64, u64, Vec<kernel::protocol::SessionMetadata>)>,
@@ -497,6 +507,7 @@ impl World {
             hang,
             orphaned_at: BTreeMap::new(),
             catalog_pending: None,
+            expected_since: None,
             scan_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),

@@ -24,6 +24,7 @@ impl World {
     /// client is disconnected and every worker dies with it.
     pub fn restart_server(&mut self) {
         trace!(self, "server crashes and restarts");
+        self.expected_since = None;
         self.inbox.clear();
         self.scan_pending = None;
         self.workers.clear();
@@ -139,6 +140,7 @@ impl World {
             .filter_map(|o| self.workers.get(o).map(|w| w.session_id.clone()))
             .collect();
         if !held.is_empty() {
+            self.expected_since = Some(self.now);
             self.push(Input::AdoptionsExpected { sessions: held });
             self.run();
         }
@@ -172,6 +174,7 @@ impl World {
     }
 
     fn next_server(&mut self) {
+        self.expected_since = None;
         self.fact(Fact::NewServer);
         // Workers the old server did not hand over (it killed those that
         // were still starting) died with it: none of them reaches the new one.
@@ -193,6 +196,7 @@ impl World {
     /// A new server process, its catalog not loaded yet; `note` goes into
     /// the trace line.
     fn new_generation(&mut self, note: &str) {
+        self.expected_since = None;
         self.fail_announcements();
         self.generation += 1;
         self.shut_down = false;

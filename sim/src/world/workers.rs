@@ -94,6 +94,19 @@ impl World {
             return;
         }
         trace!(self, "server spawn {worker} for {short} ({kind})");
+        if self.options.record_facts {
+            let orphan_holds = self.orphans.keys().any(|o| {
+                self.workers
+                    .get(o)
+                    .is_some_and(|w| w.session_id == session_id)
+            });
+            let expected_since = self.expected_since;
+            self.fact(Fact::Spawned {
+                session_id: session_id.clone(),
+                orphan_holds,
+                expected_since,
+            });
+        }
         let since = self.next_seq();
         let token = format!("token-{}", worker.0);
         let fake = FakeWorker {
