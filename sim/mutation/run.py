@@ -24,6 +24,7 @@ Writes sim/mutation/RESULTS.md (the table) and prints progress as it goes.
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -80,7 +81,8 @@ def check(name, args, timeout):
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s"
     out = (result.stdout + result.stderr).strip().splitlines()
-    failed = [l for l in out if "FAILED" in l or "[" in l and "]" in l and ":" in l]
+    verdict = re.compile(r"FAILED|panicked|\[[a-z]+\] ")
+    failed = [l for l in out if verdict.search(l)]
     said = (failed or out or [""])[0][:160]
     return result.returncode == 0, said
 
