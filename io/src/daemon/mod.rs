@@ -701,32 +701,8 @@ pub async fn run_on<P: Platform>(
         // exactly (tokio's own choice is random).
         tokio::select! {
             biased;
-            Some(event) = rx.recv() => {
-                // Events that are already waiting, and client connections
-                // that are ready to be read, are handled together, and their
-                // output written once: in a burst (a model streaming to many
-                // clients) that is one write per client per batch, not per
-                // event. Alone, an event is written at once.
-                d.deferring = true;
-                d.on_event(event);
-                d.read_clients();
-                for _ in 1..EVENT_BATCH {
-                    let Ok(event) = rx.try_recv() else { break };
-                    d.on_event(event);
-                }
-                d.deferring = false;
-                d.drain();
-            }
-            () = readiness.wait() => {
-                d.deferring = true;
-                d.read_clients();
-                for _ in 1..EVENT_BATCH {
-                    let Ok(event) = rx.try_recv() else { break };
-                    d.on_event(event);
-                }
-                d.deferring = false;
-                d.drain();
-            }
+            Some(event) = rx.recv() => d.batch(Some(event), &mut rx),
+            () = readiness.wait() => d.batch(None, &mut rx),
             () = sleep => d.step(Input::Tick),
             Some(()) = stop.recv() => { stops += 1; d.on_stop(stops) }
         }
@@ -866,6 +842,25 @@ impl<P: Platform> Daemon<P> {
 
     /// Feeds the queued inputs, then (unless deferring) writes the gathered
     /// output and feeds what the writes report.
+    /// Events that are already waiting, and client connections that are
+    /// ready to be read, are handled together, and their output written
+    /// once: in a burst (a model streaming to many clients) that is one
+    /// write per client per batch, not per event. Alone, an event is
+    /// written at once.
+    fn batch(&mut self, first: Option<Event<P>>, rx: &mut mpsc::Receiver<Event<P>>) {
+        self.deferring = true;
+        if let Some(event) = first {
+            self.on_event(event);
+        }
+        self.read_clients();
+        for _ in 1..EVENT_BATCH {
+            let Ok(event) = rx.try_recv() else { break };
+            self.on_event(event);
+        }
+        self.deferring = false;
+        self.drain();
+    }
+
     fn drain(&mut self) {
         self.stepping = true;
         loop {

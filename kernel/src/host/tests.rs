@@ -53,6 +53,17 @@ fn commit_all(host: &mut WorkerHost, out: &mut Vec<HostOutput>) {
     }
 }
 
+/// The operations `out` answers.
+fn answered(out: &[HostOutput]) -> Vec<OpId> {
+    sent(out)
+        .iter()
+        .filter_map(|m| match m {
+            FromWorker::OpDone { op, .. } => Some(*op),
+            _ => None,
+        })
+        .collect()
+}
+
 fn sent(out: &[HostOutput]) -> Vec<&FromWorker> {
     out.iter()
         .filter_map(|o| match o {
@@ -411,24 +422,12 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
         ),
     );
     commit_all(&mut host, &mut out);
-    let done: Vec<OpId> = sent(&out)
-        .iter()
-        .filter_map(|m| match m {
-            FromWorker::OpDone { op, .. } => Some(*op),
-            _ => None,
-        })
-        .collect();
+    let done = answered(&out);
     assert_eq!(done, vec![OpId(1)], "{out:?}");
     // Its abort ends the inherited turn: the abort is answered, under the
     // new server's id; the old prompt's answer goes nowhere.
     let mut out = host.step(Instant(1003), op(2, Operation::Abort));
     commit_all(&mut host, &mut out);
-    let done: Vec<OpId> = sent(&out)
-        .iter()
-        .filter_map(|m| match m {
-            FromWorker::OpDone { op, .. } => Some(*op),
-            _ => None,
-        })
-        .collect();
+    let done = answered(&out);
     assert_eq!(done, vec![OpId(2)], "{out:?}");
 }

@@ -276,10 +276,7 @@ pub fn write_session_snapshot(
     e.map_header(13 + usize::from(s.name.is_some()))?;
     e.raw(ID.bytes());
     e.text(&s.id)?;
-    if let Some(name) = &s.name {
-        e.raw(NAME.bytes());
-        e.text(name)?;
-    }
+    optional_text(e, &NAME, s.name.as_deref())?;
     e.raw(CWD.bytes());
     e.text(&s.cwd)?;
     e.raw(CREATED_AT.bytes());
@@ -340,18 +337,9 @@ pub fn write_session_metadata(
         e.raw(UPDATED_AT.bytes());
         e.uint(updated_at)?;
     }
-    if let Some(parent) = &meta.parent_session_id {
-        e.raw(PARENT_SESSION_ID.bytes());
-        e.text(parent)?;
-    }
-    if let Some(name) = &meta.session_name {
-        e.raw(SESSION_NAME.bytes());
-        e.text(name)?;
-    }
-    if let Some(cwd) = &meta.cwd {
-        e.raw(CWD.bytes());
-        e.text(cwd)?;
-    }
+    optional_text(e, &PARENT_SESSION_ID, meta.parent_session_id.as_deref())?;
+    optional_text(e, &SESSION_NAME, meta.session_name.as_deref())?;
+    optional_text(e, &CWD, meta.cwd.as_deref())?;
     Ok(())
 }
 
@@ -412,10 +400,7 @@ fn write_assistant_item(
     write_contents(e, &item.content, depth + 1)?;
     e.raw(MODEL.bytes());
     write_model_ref(e, &item.model)?;
-    if let Some(model) = &item.response_model {
-        e.raw(RESPONSE_MODEL.bytes());
-        e.text(model)?;
-    }
+    optional_text(e, &RESPONSE_MODEL, item.response_model.as_deref())?;
     if let Some(usage) = &item.usage {
         e.raw(USAGE.bytes());
         write_usage(e, usage)?;
@@ -428,10 +413,7 @@ fn write_assistant_item(
         e.raw(STOP_REASON.bytes());
         e.text(reason)?;
     }
-    if let Some(message) = &item.error_message {
-        e.raw(ERROR_MESSAGE.bytes());
-        e.text(message)?;
-    }
+    optional_text(e, &ERROR_MESSAGE, item.error_message.as_deref())?;
     Ok(())
 }
 
@@ -522,6 +504,15 @@ fn write_content(e: &mut Encoder<'_, '_>, part: &Content, depth: usize) -> Resul
             e.nested_item(input, depth + 1)
         }
     }
+}
+
+/// Writes `key` and `value`'s text, when there is a value.
+fn optional_text(e: &mut Encoder<'_, '_>, key: &Run, value: Option<&str>) -> Result<(), CborError> {
+    if let Some(value) = value {
+        e.raw(key.bytes());
+        e.text(value)?;
+    }
+    Ok(())
 }
 
 fn write_model_ref(e: &mut Encoder<'_, '_>, model: &ModelRef) -> Result<(), CborError> {
