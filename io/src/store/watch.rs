@@ -5,10 +5,14 @@
 //!
 //! Everything else under the directory, above all each database and its
 //! write-ahead log written on every commit, is filtered out here, in the
-//! watcher's thread, so a streaming turn costs no scan.
+//! watcher's thread, so a streaming turn costs no scan. So is every event
+//! that changes nothing: inotify is asked for opens too, and a scan opens the
+//! directory and each `meta.json`, so counting opens made each scan schedule
+//! the next, forever (BENCHMARKS.md, the soak).
 
 use super::META_FILE;
-use notify::{RecursiveMode, Watcher as _};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher as _};
 use std::path::{Component, Path};
 
 /// Watches while it lives.
@@ -25,7 +29,9 @@ pub fn watch(session_dir: &Path, changed: impl Fn() + Send + 'static) -> Result<
     let root = session_dir.to_owned();
     let mut inner = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
-            Ok(event) if event.paths.iter().any(|p| relevant(&root, p)) => changed(),
+            Ok(event) if changes(event.kind) && event.paths.iter().any(|p| relevant(&root, p)) => {
+                changed()
+            }
             Ok(_) => {}
             // Events were lost (queue overflow): rescan to be sure.
             Err(_) => changed(),
@@ -36,6 +42,16 @@ pub fn watch(session_dir: &Path, changed: impl Fn() + Send + 'static) -> Result<
         .watch(session_dir, RecursiveMode::Recursive)
         .map_err(|e| format!("cannot watch {}: {e}", session_dir.display()))?;
     Ok(Watcher { _inner: inner })
+}
+
+/// Whether an event of this kind can change what a scan reads: a file opened,
+/// read or closed unwritten cannot (a scan makes exactly those).
+fn changes(kind: EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
 }
 
 /// A change to the catalog's data: an entry of the directory itself, or a
@@ -77,5 +93,24 @@ mod tests {
         assert!(!accepts(root, "/s/0b7e/bash-output/1.txt"));
         assert!(!accepts(root, "/elsewhere/x"));
         assert!(!accepts(root, "/s"));
+    }
+
+    #[test]
+    fn opening_or_reading_is_no_change() {
+        use notify::event::{CreateKind, ModifyKind, RemoveKind, RenameMode};
+        assert!(!changes(EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        ))));
+        assert!(!changes(EventKind::Access(AccessKind::Read)));
+        assert!(!changes(EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        ))));
+        assert!(changes(EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
+        assert!(changes(EventKind::Create(CreateKind::Folder)));
+        assert!(changes(EventKind::Remove(RemoveKind::Any)));
+        assert!(changes(EventKind::Modify(ModifyKind::Name(RenameMode::To))));
+        assert!(changes(EventKind::Any));
     }
 }
