@@ -10,7 +10,9 @@
 //! echo latency in a pty), `acp` (the ACP adapter against pi v1, and a
 //! 500-item `session/load`), `web` (the web listener's WebSocket against the Unix
 //! socket: `list` round trips and a 100-client fan-out), `caching` (Anthropic
-//! prompt caching against a mock that honours `cache_control`), or `all`. Each pair is measured in the same run,
+//! prompt caching against a mock that honours `cache_control`), `peers`
+//! (the same scripted turns on pi-server, `codex app-server` and `opencode
+//! serve`, all streaming from one mock model server), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -32,7 +34,9 @@ mod encode;
 mod fanout;
 mod kernel_bench;
 mod killloop;
+mod mockllm;
 mod node;
+mod peers;
 mod raw;
 mod rtt;
 mod scale;
@@ -60,6 +64,7 @@ const ALL: &[&str] = &[
     "checkpoint",
     "web",
     "caching",
+    "peers",
 ];
 
 fn main() -> ExitCode {
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
             "checkpoint" => checkpoint::run(&env, &mut report),
             "web" => web::run(&env, &mut report),
             "caching" => caching::run(&env, &mut report),
+            "peers" => peers::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {
