@@ -12,7 +12,9 @@
 //! socket: `list` round trips and a 100-client fan-out), `caching` (Anthropic
 //! prompt caching against a mock that honours `cache_control`), `soak`
 //! (10,000 turns, 100 reconnects, 50 sessions created and removed: RSS over
-//! time, store size, idle CPU), or `all`. Each pair is measured in the same run,
+//! time, store size, idle CPU), `peers` (the same scripted turns on
+//! pi-server, `codex app-server` and `opencode serve`, all streaming from one
+//! mock model server), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -34,7 +36,9 @@ mod encode;
 mod fanout;
 mod kernel_bench;
 mod killloop;
+mod mockllm;
 mod node;
+mod peers;
 mod raw;
 mod rtt;
 mod scale;
@@ -64,6 +68,7 @@ const ALL: &[&str] = &[
     "web",
     "caching",
     "soak",
+    "peers",
 ];
 
 fn main() -> ExitCode {
@@ -124,6 +129,7 @@ fn main() -> ExitCode {
             "web" => web::run(&env, &mut report),
             "caching" => caching::run(&env, &mut report),
             "soak" => soak::run(&env, &mut report),
+            "peers" => peers::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {
