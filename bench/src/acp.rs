@@ -5,10 +5,12 @@
 //!   the same faux model; a fresh session per sample; rounds alternate);
 //!   target ≤ 1.2× + 200 µs;
 //! - `session/load` of a stored 500-item session: time to the response and
-//!   the bytes the adapter wrote for it (the replayed history).
+//!   the bytes the adapter wrote for it (the replayed history), against
+//!   pi v1's `attach` of the same session (rounds alternate; each starts
+//!   the session's worker).
 
 use crate::server::{Server, stored_session};
-use crate::util::{Env, Report, fmt_us, median};
+use crate::util::{Env, Report, fmt_us, median, us, wait_no_children};
 use kernel::protocol::{
     Content, CreateParams, DeltaKind, ServerEvent, TranscriptItem, TranscriptProgress, UserItem,
 };
@@ -219,28 +221,53 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         Some(a <= target),
     );
 
-    let mut loads = Vec::new();
-    let mut bytes = 0;
+    // `session/load` against pi v1's `attach` of the same session, each from
+    // a stored session with no worker (both start one), rounds alternating.
+    let (mut loads, mut attaches) = (Vec::new(), Vec::new());
+    let (mut bytes, mut items) = (0, 0);
+    let no_worker = |what: &str| {
+        if wait_no_children(server.pid, Duration::from_secs(30)) {
+            Ok(())
+        } else {
+            Err(format!("a worker was still running before {what}"))
+        }
+    };
     for _ in 0..env.pick(2, 5) {
+        no_worker("an attach")?;
+        let sent = Instant::now();
+        let snapshot = runtime
+            .block_on(client.attach(&big))
+            .map_err(|e| format!("attach: {e}"))?;
+        attaches.push(us(sent.elapsed()));
+        items = snapshot.transcript.len();
+        runtime
+            .block_on(client.detach(&big))
+            .map_err(|e| format!("detach: {e}"))?;
+        no_worker("a load")?;
         let (_, took, wrote) = adapter.call(
             "session/load",
             json!({"sessionId": big, "cwd": "/work/bench", "mcpServers": []}),
         )?;
-        loads.push(took.as_secs_f64() * 1e6);
+        loads.push(us(took));
         bytes = wrote;
         adapter.call("session/close", json!({"sessionId": big}))?;
     }
-    report.info(
+    let (load, attach) = (median(&loads), median(&attaches));
+    report.push(
         "13",
         format!(
-            "session/load of a 500-item session (median of {})",
+            "session/load of a {items}-item session vs pi v1 `attach` of it, each starting its worker (medians of {})",
             loads.len()
         ),
         format!(
-            "{} to the response, {} KiB written",
-            fmt_us(median(&loads)),
+            "{} vs {} → {:.2}×; {} KiB written",
+            fmt_us(load),
+            fmt_us(attach),
+            load / attach,
             bytes / 1024
         ),
+        "—",
+        None,
     );
     drop(adapter);
     runtime.block_on(client.close());
