@@ -11,12 +11,12 @@
 //! cacheable length is not modelled.
 
 use crate::server::{Server, stored_session};
-use crate::util::{Env, Report};
+use crate::util::{Env, Report, read_http_request};
 use kernel::protocol::{ModelRef, TranscriptItem, Usage};
 use pi_io::store::SessionStore;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
@@ -157,24 +157,9 @@ impl MockAnthropic {
 /// Answers one request (`connection: close`).
 fn serve(stream: TcpStream, cache: &mut BTreeSet<String>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            length = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
+    let Some((_, body)) = read_http_request(&mut reader)? else {
+        return Ok(());
+    };
     let request: Json = serde_json::from_slice(&body).unwrap_or(Json::Null);
     let (read, write, input) = cached_usage(&request, cache);
     let usage = json!({"input_tokens": input, "cache_read_input_tokens": read,

@@ -1,5 +1,6 @@
 //! Shared pieces: the environment (paths, the binary under test), statistics,
-//! `/proc` readings, the machine description and the report table.
+//! `/proc` readings, the machine description, the report table, and reading
+//! one HTTP request for the mock model servers.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -482,4 +483,34 @@ impl Placement {
         }
         Ok(())
     }
+}
+
+/// Reads one HTTP/1.1 request from `reader`: its request line and its body
+/// (`content-length` bytes). `None` when the peer closed before a full head.
+pub(crate) fn read_http_request(
+    reader: &mut impl std::io::BufRead,
+) -> std::io::Result<Option<(String, Vec<u8>)>> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line)? == 0 {
+        return Ok(None);
+    }
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok(Some((request_line, body)))
 }
