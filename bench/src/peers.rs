@@ -20,9 +20,9 @@
 //!
 //! Figures: prompt → first text delta seen by the prompting client, and
 //! prompt → turn end (the driver's view); server CPU per streamed delta
-//! (the server's process tree, over the mock's delta count); RSS (the sum
-//! over the server's process tree) fresh, per idle session, per attached
-//! observer; after 1,000 turns in one session; after 200 observer
+//! (the server's process tree, over the mock's delta count); memory (PSS
+//! summed over the server's process tree) fresh, per idle session, per
+//! attached observer; after 1,000 turns in one session; after 200 observer
 //! reconnects. Turn timings alternate between the systems, round by round.
 
 use crate::mockllm::MockLlm;
@@ -1267,4 +1267,21 @@ async fn measure(
         ),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn dechunk_moves_complete_chunks_only() {
+        let mut raw = b"5\r\nhello\r\n3\r\nab".to_vec();
+        let mut out = Vec::new();
+        assert!(!dechunk(&mut raw, &mut out));
+        assert_eq!(out, b"hello");
+        assert_eq!(raw, b"3\r\nab");
+        raw.extend_from_slice(b"c\r\n0\r\n\r\n");
+        assert!(dechunk(&mut raw, &mut out));
+        assert_eq!(out, b"helloabc");
+    }
 }
