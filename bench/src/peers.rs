@@ -20,13 +20,13 @@
 //!
 //! Figures: prompt → first text delta seen by the prompting client, and
 //! prompt → turn end (the driver's view); server CPU per streamed delta
-//! (the server's process tree, over the mock's delta count); RSS (the sum
-//! over the server's process tree) fresh, per idle session, per attached
-//! observer; after 1,000 turns in one session; after 200 observer
+//! (the server's process tree, over the mock's delta count); memory (PSS
+//! summed over the server's process tree) fresh, per idle session, per
+//! attached observer; after 1,000 turns in one session; after 200 observer
 //! reconnects. Turn timings alternate between the systems, round by round.
 
 use crate::mockllm::MockLlm;
-use crate::raw::{RawConn, decode, is_progress, v1_request};
+use crate::raw::{Kind, RawConn, decode, is_progress, kind, v1_request};
 use crate::util::{Env, Report, fmt_us, median, sorted};
 use futures_util::{SinkExt, StreamExt};
 use kernel::protocol::{
@@ -220,6 +220,8 @@ struct Turn {
     total: Duration,
     /// Text delta messages received.
     deltas: usize,
+    /// Bytes received by the prompting client during the turn.
+    bytes: usize,
 }
 
 async fn deadline<T>(what: &str, f: impl std::future::Future<Output = Res<T>>) -> Res<T> {
@@ -301,9 +303,13 @@ impl Ours {
         self.conn.send(&prompt).await.map_err(err)?;
         let mut first = None;
         let mut deltas = 0;
+        let mut bytes = 0;
         // The turn ends at the first idle snapshot of the session after a
         // delta (an event, or the prompt's answer, which comes at the end
         // of the turn); the answer is read before returning in both cases.
+        // A snapshot carries the whole transcript: its id and phase come
+        // first, and are read from its head (see `snapshot_head`), so that
+        // this client's cost does not grow with the session.
         let mut idle_at = None;
         let mut answered = false;
         loop {
@@ -311,6 +317,7 @@ impl Ours {
             let now = Instant::now();
             let mut failure = None;
             self.conn.drain(|payload| {
+                bytes += payload.len();
                 if is_progress(payload) {
                     if payload.windows(15).any(|w| w == b"assistant_delta") {
                         deltas += 1;
@@ -318,27 +325,40 @@ impl Ours {
                     }
                     return;
                 }
-                match decode(payload) {
-                    Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }))
-                        if snapshot.id == id
-                            && snapshot.phase == SessionPhase::Idle
-                            && first.is_some() =>
-                    {
+                let head = snapshot_head(payload, id);
+                match kind(payload) {
+                    Kind::Event if head == Some(Some(true)) && first.is_some() => {
                         idle_at.get_or_insert(now);
                     }
-                    Ok(ServerMessage::Response(Response {
-                        outcome: Ok(CommandResult::Prompt { session }),
-                        ..
-                    })) => {
+                    Kind::Response if head.is_some() && find(payload, b"\x62ok\xf5").is_some() => {
                         answered = true;
-                        if session.phase == SessionPhase::Idle {
+                        if head == Some(Some(true)) {
                             idle_at.get_or_insert(now);
                         }
                     }
-                    Ok(ServerMessage::Response(Response {
-                        outcome: Err(e), ..
-                    })) => failure = Some(short(format!("prompt failed: {e:?}"))),
-                    _ => {}
+                    Kind::Event if head.is_some() => {}
+                    _ => match decode(payload) {
+                        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }))
+                            if snapshot.id == id
+                                && snapshot.phase == SessionPhase::Idle
+                                && first.is_some() =>
+                        {
+                            idle_at.get_or_insert(now);
+                        }
+                        Ok(ServerMessage::Response(Response {
+                            outcome: Ok(CommandResult::Prompt { session }),
+                            ..
+                        })) => {
+                            answered = true;
+                            if session.phase == SessionPhase::Idle {
+                                idle_at.get_or_insert(now);
+                            }
+                        }
+                        Ok(ServerMessage::Response(Response {
+                            outcome: Err(e), ..
+                        })) => failure = Some(short(format!("prompt failed: {e:?}"))),
+                        _ => {}
+                    },
                 }
             });
             if let Some(f) = failure {
@@ -350,10 +370,32 @@ impl Ours {
                     first: first - start,
                     total: end - start,
                     deltas,
+                    bytes,
                 });
             }
         }
     }
+}
+
+/// For a frame carrying a snapshot of session `id` (an event or a
+/// response) whose `phase` lies in its first KiB: `Some(Some(idle?))`;
+/// `Some(None)` for a snapshot of another session; `None` when the head does
+/// not tell (then the frame is decoded whole).
+fn snapshot_head(payload: &[u8], id: &str) -> Option<Option<bool>> {
+    let head = &payload[..payload.len().min(1024)];
+    let at = find(head, b"\x65phase")? + 6;
+    let phase = head.get(at..)?;
+    let mut key = vec![0x62, b'i', b'd'];
+    match id.len() {
+        n @ 0..=23 => key.push(0x60 + n as u8),
+        n @ 24..=255 => key.extend_from_slice(&[0x78, n as u8]),
+        _ => return None,
+    }
+    key.extend_from_slice(id.as_bytes());
+    if find(head, &key).is_none() {
+        return Some(None);
+    }
+    Some(Some(phase.starts_with(b"\x64idle")))
 }
 
 /// Attaches `conn` (after its hello) to `id`.
@@ -383,6 +425,8 @@ type Ws = WebSocketStream<UnixStream>;
 struct CodexConn {
     ws: Ws,
     next: u64,
+    /// Bytes of messages received.
+    received: usize,
 }
 
 impl CodexConn {
@@ -391,7 +435,11 @@ impl CodexConn {
         let (ws, _) = tokio_tungstenite::client_async("ws://localhost/", stream)
             .await
             .map_err(err)?;
-        let mut conn = Self { ws, next: 1 };
+        let mut conn = Self {
+            ws,
+            next: 1,
+            received: 0,
+        };
         conn.call(
             "initialize",
             json!({"clientInfo": {"name": "pi-bench", "version": "0"},
@@ -417,7 +465,10 @@ impl CodexConn {
     async fn message(&mut self) -> Res<Json> {
         loop {
             match self.ws.next().await {
-                Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).map_err(err),
+                Some(Ok(Message::Text(t))) => {
+                    self.received += t.len();
+                    return serde_json::from_str(&t).map_err(err);
+                }
                 Some(Ok(Message::Close(_))) | None => return Err("codex closed".into()),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(e.to_string()),
@@ -516,6 +567,7 @@ impl Codex {
 
     async fn turn(&mut self, id: &str, text: &str) -> Res<Turn> {
         let start = Instant::now();
+        let received0 = self.conn.received;
         let req = self.conn.next;
         self.conn.next += 1;
         self.conn
@@ -547,6 +599,7 @@ impl Codex {
                         first: first - start,
                         total: now - start,
                         deltas,
+                        bytes: self.conn.received - received0,
                     });
                 }
                 Some("error") => return Err(format!("codex error: {}", m["params"])),
@@ -634,6 +687,8 @@ fn dechunk(raw: &mut Vec<u8>, out: &mut Vec<u8>) -> bool {
 
 /// A client of opencode's `GET /event` server-sent events.
 struct Sse {
+    /// Bytes of events received (the body, without chunk framing).
+    received: usize,
     stream: TcpStream,
     raw: Vec<u8>,
     body: Vec<u8>,
@@ -676,6 +731,7 @@ impl Sse {
             body = std::mem::take(&mut raw);
         }
         let mut sse = Self {
+            received: 0,
             stream,
             raw,
             body,
@@ -694,6 +750,7 @@ impl Sse {
         loop {
             if let Some(end) = find(&self.body, b"\n\n") {
                 let block: Vec<u8> = self.body.drain(..end + 2).collect();
+                self.received += block.len();
                 let text = String::from_utf8_lossy(&block);
                 let data: String = text
                     .lines()
@@ -797,6 +854,7 @@ impl Opencode {
         let body = json!({"parts": [{"type": "text", "text": text}],
             "model": {"providerID": "mock", "modelID": "mock"}});
         let start = Instant::now();
+        let received0 = self.events.received;
         let (status, answer) = http(
             &self.addr,
             "POST",
@@ -830,6 +888,7 @@ impl Opencode {
                         first: first - start,
                         total: now - start,
                         deltas,
+                        bytes: self.events.received - received0,
                     });
                 }
                 Some("session.error") => return Err(format!("opencode: {props}")),
@@ -1168,10 +1227,12 @@ async fn measure(
         let started = Instant::now();
         let mut totals = Vec::with_capacity(long);
         let mut firsts = Vec::with_capacity(long);
+        let mut bytes = Vec::with_capacity(long);
         for t in 0..long {
             let turn = sys.turn(&id, &format!("long turn {t}: go on")).await?;
             totals.push(turn.total.as_secs_f64() * 1e6);
             firsts.push(turn.first.as_secs_f64() * 1e6);
+            bytes.push(turn.bytes as f64);
         }
         let elapsed = started.elapsed().as_secs_f64();
         let after = settled_rss(sys.pid()).await;
@@ -1181,11 +1242,13 @@ async fn measure(
             format!("{}: {long} turns in one session", names[i]),
             format!(
                 "{elapsed:.1} s; turn p50 first tenth {} → last tenth {}; first delta {} → {}; \
-                 memory {} → {} (**{} per turn**)",
+                 bytes to the prompting client per turn {} → {}; memory {} → {} (**{} per turn**)",
                 fmt_us(median(&totals[..tenth])),
                 fmt_us(median(&totals[long - tenth..])),
                 fmt_us(median(&firsts[..tenth])),
                 fmt_us(median(&firsts[long - tenth..])),
+                kib(median(&bytes[..tenth]) / 1024.0),
+                kib(median(&bytes[long - tenth..]) / 1024.0),
                 mib(before),
                 mib(after),
                 kib((after - before) / long as f64)
@@ -1204,4 +1267,21 @@ async fn measure(
         ),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn dechunk_moves_complete_chunks_only() {
+        let mut raw = b"5\r\nhello\r\n3\r\nab".to_vec();
+        let mut out = Vec::new();
+        assert!(!dechunk(&mut raw, &mut out));
+        assert_eq!(out, b"hello");
+        assert_eq!(raw, b"3\r\nab");
+        raw.extend_from_slice(b"c\r\n0\r\n\r\n");
+        assert!(dechunk(&mut raw, &mut out));
+        assert_eq!(out, b"helloabc");
+    }
 }
