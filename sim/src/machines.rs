@@ -11,7 +11,8 @@
 //! lease, command and release sessions while the network reorders and
 //! delays every hop, servers are replaced (hand-off) or crash and restart
 //! (some keeping their workers as orphans for a while), a sibling server
-//! writes sessions into the shared directory, and connections drop. Then faults stop and everything must settle.
+//! writes sessions into the shared directory, machines remove sessions
+//! (leased ones too), and connections drop. Then faults stop and everything must settle.
 //! Besides every world checker (their facts include the machines'
 //! requests), it judges the client side:
 //!
@@ -347,6 +348,8 @@ pub struct Report {
     pub strangers: u64,
     /// Sessions a sibling server wrote into the shared directory.
     pub sibling_sessions: u64,
+    /// `remove` calls made.
+    pub removes: u64,
     /// Every machine's counters, summed.
     pub totals: MachineStats,
 }
@@ -379,6 +382,8 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     // stay as they were. A quarter of the seeds give orphans a grace shorter
     // than a turn: an orphan whose turn outlasts it must wait for the turn.
     let mut side = Prng::new(seed ^ 0x0a9a);
+    // Removals have a generator of their own too.
+    let mut removing = Prng::new(seed ^ 0x5e40);
     let mut worker_limits = kernel::limits::WorkerLimits::default();
     if side.below(4) == 0 {
         worker_limits.orphan_grace = Duration::from_millis(20);
@@ -438,6 +443,18 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         if side.chance(Ratio::new(1, 300)) {
             sibling_creates(world, &mut side);
             report.sibling_sessions += 1;
+        }
+        if removing.chance(Ratio::new(1, 100)) {
+            // A machine removes a stored session: one it or another may
+            // lease, or one a sibling wrote; refused while a turn runs.
+            let stored: Vec<String> = world.store.sessions.keys().cloned().collect();
+            if !stored.is_empty() {
+                let session_id = stored[removing.below(stored.len() as u64) as usize].clone();
+                let i = removing.below(machines.len() as u64) as usize;
+                let call = Call::Request(Command::Remove { session_id });
+                machines[i].call(world, call).map_err(|v| fail(v, step))?;
+                report.removes += 1;
+            }
         }
         if prng.chance(Ratio::new(1, 200)) {
             // A stranger: no token, a wrong one, or (the server has none) any.

@@ -18,8 +18,12 @@
 //! `Debug` text, the store, every fake worker and client with their queues
 //! (without the sequence numbers that merely order them), the checkers' own
 //! state (requests owed, running prompts, revisions seen) and the remaining
-//! budgets. The world is deterministic, so a counterexample's path replays
-//! it exactly, with a trace.
+//! budgets. The large parts (the kernel, the store, each worker's host, each
+//! queued message) are hashed once per change and shared, copy on write,
+//! between a state and its branches ([`crate::world::Memo`]): the text of
+//! what a step did not touch is not hashed again. The world is
+//! deterministic, so a counterexample's path replays it exactly, with a
+//! trace.
 //!
 //! # What is explored
 //!

@@ -242,13 +242,14 @@ fn store_flags_a_changed_or_lost_committed_item() {
 }
 
 #[test]
-fn listed_flags_a_stored_session_missing_from_a_list() {
+fn listed_flags_a_stored_session_missing_and_a_removed_one_named() {
     let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let fact = |listed: &[&str], settling: &[&str]| Fact::Listed {
         conn: C1,
         listed: ids(listed),
         stored: ids(&["a", "b"]),
         settling: ids(settling),
+        removed: ids(&["r"]),
     };
     let check = sim::checkers::listed::observe;
     assert!(check(&fact(&["a", "b"], &[])).is_ok());
@@ -256,4 +257,9 @@ fn listed_flags_a_stored_session_missing_from_a_list() {
     let violation = check(&fact(&["a"], &[])).unwrap_err();
     assert_eq!(violation.checker, "listed");
     assert!(violation.message.contains("\"b\""), "{violation}");
+    let violation = check(&fact(&["a", "b", "r"], &[])).unwrap_err();
+    assert!(
+        violation.message.contains("removed sessions [\"r\"]"),
+        "a removed session came back: {violation}"
+    );
 }

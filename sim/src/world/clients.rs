@@ -3,7 +3,7 @@
 //! back-pressure, what the world does with the frames and closes the kernel
 //! queues for a client, and the accessors for client state and responses.
 
-use super::{Fact, World, is_delta};
+use super::{Fact, Memo, World, is_delta};
 use crate::summary;
 use kernel::ids::ConnId;
 use kernel::protocol::{
@@ -53,7 +53,7 @@ pub struct Client {
     /// The client closed its end after the outbox (sequence number).
     pub(super) eof: Option<u64>,
     /// Frames (and the close) queued by the server and not yet read.
-    pub(super) inbox: VecDeque<(u64, Incoming)>,
+    pub(super) inbox: VecDeque<(u64, Memo<Incoming>)>,
     /// Bytes written so far, and the offsets at which whole frames end.
     written: u64,
     pub(super) frame_ends: VecDeque<u64>,
@@ -135,7 +135,7 @@ impl World {
                     message,
                     bytes,
                 };
-                client.inbox.push_back((seq, incoming));
+                client.inbox.push_back((seq, Memo::new(incoming)));
             }
             return;
         }
@@ -167,7 +167,7 @@ impl World {
         if self.options.holds.to_client && reason.flushes_first() {
             let seq = self.next_seq();
             if let Some(c) = self.clients.get_mut(&conn).filter(|c| !c.closed) {
-                c.inbox.push_back((seq, Incoming::Close));
+                c.inbox.push_back((seq, Memo::new(Incoming::Close)));
                 return;
             }
         }

@@ -62,7 +62,7 @@ impl World {
             } else if let Some(seq) = c.eof {
                 out.push((seq, Delivery::ToServer(*conn)));
             }
-            let closing = matches!(c.inbox.front(), Some((_, Incoming::Close)));
+            let closing = matches!(c.inbox.front().map(|(_, m)| &**m), Some(Incoming::Close));
             if let Some((seq, _)) = c.inbox.front().filter(|_| c.reading || closing) {
                 out.push((*seq, Delivery::ToClient(*conn)));
             }
@@ -76,7 +76,7 @@ impl World {
         if let Some((seq, _, _)) = &self.scan_pending {
             out.push((*seq, Delivery::Scan));
         }
-        for (session, seq) in &self.removals {
+        for (session, (seq, _)) in &self.removals {
             out.push((*seq, Delivery::Removal(session.clone())));
         }
         out
@@ -129,8 +129,8 @@ impl World {
                 }
             }
             Delivery::Removal(session_id) => {
-                if self.removals.remove(session_id).is_some() {
-                    self.finish_removal(session_id.clone());
+                if let Some((_, generation)) = self.removals.remove(session_id) {
+                    self.finish_removal(session_id.clone(), generation);
                 }
             }
             Delivery::Scan => {
@@ -198,12 +198,12 @@ impl World {
         };
         for _ in 0..count {
             let reading = c.reading;
-            match c.inbox.front() {
-                Some((_, Incoming::Frame { .. })) if reading => {}
-                Some((_, Incoming::Close)) => {}
+            match c.inbox.front().map(|(_, m)| &**m) {
+                Some(Incoming::Frame { .. }) if reading => {}
+                Some(Incoming::Close) => {}
                 _ => break,
             }
-            match c.inbox.pop_front().expect("checked").1 {
+            match c.inbox.pop_front().expect("checked").1.into_inner() {
                 Incoming::Frame {
                     len,
                     message,
@@ -249,7 +249,7 @@ impl World {
         else {
             return;
         };
-        let Some((_, message)) = w.to_runtime.pop_front() else {
+        let Some(message) = w.to_runtime.pop_front().map(|(_, m)| m.into_inner()) else {
             return;
         };
         trace!(self, "server ⇒ {worker} {}", summary::to_worker(&message));
@@ -267,7 +267,7 @@ impl World {
             let Some(w) = self.workers.get_mut(&worker) else {
                 return;
             };
-            let Some((_, message)) = w.to_server.pop_front() else {
+            let Some(message) = w.to_server.pop_front().map(|(_, m)| m.into_inner()) else {
                 break;
             };
             let significant = !matches!(message, FromWorker::Progress { .. });
@@ -296,7 +296,10 @@ impl World {
         }
     }
 
-    pub(super) fn finish_removal(&mut self, session_id: String) {
+    /// The store removes a session server generation `generation` asked to
+    /// remove. A removal that outlives a hand-off is news to the new server
+    /// only through its watcher: the directory changed.
+    pub(super) fn finish_removal(&mut self, session_id: String, generation: u64) {
         let result = if self.store.fail_writes {
             Err("simulated storage failure while removing".to_string())
         } else {
@@ -307,10 +310,21 @@ impl World {
         };
         if result.is_ok() {
             self.reached.insert(super::Milestone::Removed);
+            self.removed.insert(session_id.clone());
             self.fact(Fact::StoreRemoved {
                 session_id: session_id.clone(),
             });
         }
-        self.push(Input::SessionRemoved { session_id, result });
+        if generation == self.generation {
+            self.push(Input::SessionRemoved { session_id, result });
+        } else if result.is_ok() {
+            trace!(
+                self,
+                "the store removes {} for an earlier server",
+                self.names.session(&session_id)
+            );
+            self.unscanned.insert(session_id);
+            self.push(Input::CatalogChanged);
+        }
     }
 }

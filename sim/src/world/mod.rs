@@ -66,12 +66,14 @@ macro_rules! trace {
 
 mod clients;
 mod delivery;
+mod memo;
 mod replacement;
 mod store;
 mod workers;
 
 pub use clients::Client;
 pub use delivery::{Amount, Delivery};
+pub use memo::{HashWrite, Memo};
 pub use store::Store;
 use workers::{FakeWorker, WatchedOp};
 pub use workers::{WorkerScript, WorkerStage};
@@ -324,12 +326,15 @@ pub enum Fact {
     /// The kernel told `conn` the session list `listed` (a `list` response or
     /// a server snapshot) while the store held `stored`, of which `settling`
     /// the kernel cannot know yet (a worker creating it has not reported
-    /// ready; a sibling server wrote it and no scan has run since).
+    /// ready; a sibling server wrote it and no scan has run since); `removed`
+    /// are the sessions the store removed at a kernel's request and does not
+    /// hold again.
     Listed {
         conn: ConnId,
         listed: Vec<String>,
         stored: Vec<String>,
         settling: Vec<String>,
+        removed: Vec<String>,
     },
 }
 
@@ -421,7 +426,7 @@ pub struct World {
     /// checker unites them over every path, for its coverage report).
     pub reached: Reached,
     /// The real kernel under test.
-    pub server: Server,
+    pub server: Memo<Server>,
     /// Durable state.
     pub store: Store,
     /// Short names for session ids.
@@ -448,11 +453,17 @@ pub struct World {
     /// A rescan read from the store and not yet reported to the kernel:
     /// its sequence number, the kernel's scan id, and what it read.
     scan_pending: Option<(u64, u64, Vec<kernel::protocol::SessionMetadata>)>,
-    removals: BTreeMap<String, u64>,
-    /// Stored sessions the kernel may not know of yet: created by a worker
-    /// whose ready it has not taken, or changed by a sibling server, since
-    /// the last catalog load or scan.
+    /// Store removals on their way: session → (sequence number, the server
+    /// generation that asked).
+    removals: BTreeMap<String, (u64, u64)>,
+    /// Sessions whose presence in the store the kernel may not know of yet:
+    /// created by a worker whose ready it has not taken, changed by a sibling
+    /// server, or removed at an earlier server's request, since the last
+    /// catalog load or scan.
     unscanned: BTreeSet<String>,
+    /// Sessions the store removed at the kernel's request (for the listed
+    /// checker: a list must not name one of them that is not stored again).
+    removed: BTreeSet<String>,
     /// Interrupted items in the transcript of the runtime a worker host
     /// step began with (for facts about what that step did).
     interrupted_before_step: usize,
@@ -484,7 +495,7 @@ impl World {
 
     /// A world whose server starts on `store` (its catalog is loaded).
     pub fn with_store(options: Options, store: Store) -> Self {
-        let server = Server::new(Self::config(&options, 0));
+        let server = Memo::new(Server::new(Self::config(&options, 0)));
         let hang = options
             .hang_on_dispose
             .map(|(seed, ratio)| (crate::prng::Prng::new(seed), ratio));
@@ -511,6 +522,7 @@ impl World {
             scan_pending: None,
             removals: BTreeMap::new(),
             unscanned: BTreeSet::new(),
+            removed: BTreeSet::new(),
             interrupted_before_step: 0,
             unwritten: BTreeMap::new(),
             multi_frame: BTreeSet::new(),
@@ -561,11 +573,11 @@ impl World {
             .map(|(id, _, _)| id)
             .collect();
         let read: BTreeSet<&str> = sessions.iter().map(|m| m.id.as_str()).collect();
-        // What the scan read is known now; what changed after the read is
-        // not, unless it is gone from the store (nothing to list then).
+        // What the scan read is known now; what was created or removed
+        // after the read is not.
         let stored = &self.store.sessions;
         self.unscanned.retain(|id| {
-            live.contains(id) || (!read.contains(id.as_str()) && stored.contains_key(id))
+            live.contains(id) || read.contains(id.as_str()) != stored.contains_key(id)
         });
         self.push(Input::CatalogScanned { scan, sessions });
     }
@@ -859,11 +871,18 @@ impl World {
                     if let Some(listed) = listed_ids(&message) {
                         let stored: Vec<String> = self.store.sessions.keys().cloned().collect();
                         let settling = self.unscanned.iter().cloned().collect();
+                        let removed = self
+                            .removed
+                            .iter()
+                            .filter(|id| !self.store.sessions.contains_key(*id))
+                            .cloned()
+                            .collect();
                         self.fact(Fact::Listed {
                             conn,
                             listed,
                             stored,
                             settling,
+                            removed,
                         });
                     }
                     let shutting_down = self.server.is_shutting_down();
@@ -913,7 +932,7 @@ impl World {
                     let queued = w
                         .to_runtime
                         .iter()
-                        .filter(|(_, m)| matches!(m, kernel::worker::ToWorker::Operation { .. }))
+                        .filter(|(_, m)| matches!(**m, kernel::worker::ToWorker::Operation { .. }))
                         .count();
                     let fact = Fact::DisposeSent {
                         worker,
@@ -930,7 +949,7 @@ impl World {
                     if let Some(w) = self.workers.get_mut(&worker)
                         && w.stage != WorkerStage::Dead
                     {
-                        w.to_runtime.push_back((seq, message));
+                        w.to_runtime.push_back((seq, Memo::new(message)));
                     }
                 } else {
                     self.worker_receive(worker, message);
@@ -952,9 +971,9 @@ impl World {
                 );
                 if self.options.holds.removal {
                     let seq = self.next_seq();
-                    self.removals.insert(session_id, seq);
+                    self.removals.insert(session_id, (seq, self.generation));
                 } else {
-                    self.finish_removal(session_id);
+                    self.finish_removal(session_id, self.generation);
                 }
             }
             Output::ScanCatalog { scan } => {
@@ -1055,32 +1074,37 @@ impl World {
     /// kernel (its `Debug`), the store, every worker and client with their
     /// queues, time and pending hops — but not the sequence numbers that
     /// order hops, so that equal states reached in different orders match.
+    /// The kernel, the store, each worker's host and each queued message
+    /// are folded in as the [`Memo`] hash of their text, made once per change.
+    /// The kernel's `Debug` leaves out its configuration, which follows from
+    /// the options and the server's generation (folded in below).
     pub fn fingerprint(&self, hasher: &mut impl std::hash::Hasher) {
         use std::fmt::Write as _;
+        hasher.write_u64(self.server.hash());
+        hasher.write_u64(self.store.sessions.hash());
         let mut out = HashWrite(hasher);
-        let _ = write!(
-            out,
-            "{:?}|{:?}|{:?}",
-            self.now, self.server, self.store.sessions
-        );
+        let _ = write!(out, "{:?}", self.now);
         for (id, w) in &self.workers {
-            let to_runtime = w.to_runtime.iter().map(|(_, m)| m);
-            let to_server = w.to_server.iter().map(|(_, m)| m);
+            let host = w.host.hash_with(|host, out| {
+                let host = host.as_ref();
+                let _ = write!(
+                    out,
+                    "{:?} {:?}",
+                    host.and_then(WorkerHost::runtime),
+                    host.map(WorkerHost::is_orphaned)
+                );
+            });
             let _ = write!(
                 out,
-                "|{id} {} {:?} {:?} {:?} {:?} {:?}",
-                w.session_id,
-                w.stage,
-                w.runtime(),
-                w.host.as_ref().map(WorkerHost::is_orphaned),
-                w.stream,
-                w.tools
+                "|{id} {} {:?} {host} {:?} {:?}",
+                w.session_id, w.stage, w.stream, w.tools
             );
-            for m in to_runtime {
-                let _ = write!(out, " {m:?}");
+            for (_, m) in &w.to_runtime {
+                out.0.write_u64(m.hash());
             }
-            for m in to_server {
-                let _ = write!(out, " {m:?}");
+            out.0.write(b"|");
+            for (_, m) in &w.to_server {
+                out.0.write_u64(m.hash());
             }
         }
         for (id, c) in &self.clients {
@@ -1099,11 +1123,12 @@ impl World {
                 out.0.write(bytes);
             }
             for (_, incoming) in &c.inbox {
-                let _ = write!(out, " {incoming:?}");
+                out.0.write_u64(incoming.hash());
             }
         }
-        let _ = write!(out, "|{:?}", self.orphaned_at);
-        let removals: Vec<&String> = self.removals.keys().collect();
+        let _ = write!(out, "|{:?} {:?}", self.orphaned_at, self.removed);
+        let removals: Vec<(&String, u64)> =
+            self.removals.iter().map(|(id, (_, g))| (id, *g)).collect();
         let _ = write!(
             out,
             "|{:?} {removals:?} {:?} {} {} {}",
@@ -1118,16 +1143,6 @@ impl World {
     /// The trace as one string.
     pub fn trace_text(&self) -> String {
         self.trace.join("\n") + "\n"
-    }
-}
-
-/// Feeds formatted text straight into a hasher.
-struct HashWrite<'a, H>(&'a mut H);
-
-impl<H: std::hash::Hasher> std::fmt::Write for HashWrite<'_, H> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.write(s.as_bytes());
-        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 //! orphans, a new server starting and expecting them, their announcements,
 //! adoption or rejection, and sibling servers changing the shared store.
 
-use super::{Fact, Holds, Store, WorkerStage, World};
+use super::{Fact, Holds, Memo, Store, WorkerStage, World};
 use kernel::host::{HostInput, HostOutput};
 use kernel::ids::{ChannelId, ConnId, WorkerId};
 use kernel::protocol::worker::WorkerFrame;
@@ -41,7 +41,7 @@ impl World {
         self.fact(Fact::ServerRestarted);
         self.generation += 1;
         self.shut_down = false;
-        self.server = Server::new(Self::config(&self.options, self.generation));
+        self.server = Memo::new(Server::new(Self::config(&self.options, self.generation)));
         if self.options.holds.catalog {
             self.catalog_pending = Some(self.next_seq());
         } else {
@@ -206,7 +206,7 @@ impl World {
         // The old process's output queues went with it.
         self.unwritten.clear();
         trace!(self, "server generation {} starts{note}", self.generation);
-        self.server = Server::new(Self::config(&self.options, self.generation));
+        self.server = Memo::new(Server::new(Self::config(&self.options, self.generation)));
     }
 
     /// The worker loses its server: it keeps its session (and model stream)
@@ -216,7 +216,7 @@ impl World {
         // server wrote reaches the runtime first.
         while let Some(w) = self.workers.get_mut(&worker)
             && w.stage == WorkerStage::Running
-            && let Some((_, message)) = w.to_runtime.pop_front()
+            && let Some(message) = w.to_runtime.pop_front().map(|(_, m)| m.into_inner())
         {
             trace!(
                 self,

@@ -3,6 +3,7 @@
 //! changed-session bookkeeping the checkers read and the catalog a starting
 //! server loads.
 
+use super::Memo;
 use kernel::protocol::{ModelRef, SessionMetadata};
 use kernel::runtime::{Persist, StoredSession};
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone, Default)]
 pub struct Store {
     /// Sessions by id.
-    pub sessions: BTreeMap<String, StoredSession>,
+    pub sessions: Memo<BTreeMap<String, StoredSession>>,
     /// The model new sessions start with (the most recently selected one).
     pub default_model: Option<ModelRef>,
     /// When set, every write fails.

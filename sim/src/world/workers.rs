@@ -5,7 +5,7 @@
 //! drivers and checkers read workers through.
 
 use super::replacement::ORPHAN_BASE;
-use super::{Fact, World, is_worker_delta};
+use super::{Fact, Memo, World, is_worker_delta};
 use crate::summary;
 use kernel::faux::FauxStream;
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
@@ -54,7 +54,7 @@ pub(super) struct FakeWorker {
     token: String,
     pub(super) stage: WorkerStage,
     /// The kernel's worker host, from the boot on.
-    pub(super) host: Option<WorkerHost>,
+    pub(super) host: Memo<Option<WorkerHost>>,
     /// Set by [`WorkerScript::WrongId`]: the id its ready snapshot names.
     wrong_id: Option<String>,
     pub(super) stream: Option<(u64, FauxStream)>,
@@ -62,8 +62,8 @@ pub(super) struct FakeWorker {
     pub(super) tools: BTreeMap<String, (Instant, String)>,
     /// Sequence number of the boot (or, once dead, of the death).
     pub(super) since: u64,
-    pub(super) to_runtime: VecDeque<(u64, ToWorker)>,
-    pub(super) to_server: VecDeque<(u64, FromWorker)>,
+    pub(super) to_runtime: VecDeque<(u64, Memo<ToWorker>)>,
+    pub(super) to_server: VecDeque<(u64, Memo<FromWorker>)>,
 }
 
 impl FakeWorker {
@@ -113,7 +113,7 @@ impl World {
             session_id,
             token: token.clone(),
             stage: WorkerStage::Booting,
-            host: None,
+            host: Memo::new(None),
             wrong_id: None,
             stream: None,
             tools: BTreeMap::new(),
@@ -171,7 +171,7 @@ impl World {
                 };
                 let (host, hello) = WorkerHost::new(config, self.now);
                 let w = self.workers.get_mut(&worker).expect("booting");
-                w.host = Some(host);
+                *w.host = Some(host);
                 if let WorkerScript::WrongId(id) = script {
                     w.wrong_id = Some(id);
                 }
@@ -275,7 +275,7 @@ impl World {
                 .get_mut(&worker)
                 .expect("alive")
                 .to_server
-                .push_back((seq, message));
+                .push_back((seq, Memo::new(message)));
         } else {
             self.push(Input::FromWorker {
                 worker,
@@ -297,7 +297,7 @@ impl World {
         {
             // Stuck in its last write: no more reads, answers or deadlines,
             // but the process lives until the server kills it.
-            w.host = None;
+            *w.host = None;
             w.stream = None;
             w.tools.clear();
             w.to_runtime.clear();
@@ -510,7 +510,7 @@ impl World {
             return;
         };
         w.stage = WorkerStage::Dead;
-        w.host = None;
+        *w.host = None;
         w.stream = None;
         w.tools.clear();
         w.to_runtime.clear();
