@@ -131,7 +131,8 @@ fn run_model(which: Option<&str>) -> ExitCode {
         let name = sim::model::key(&config);
         let mut progress = |stats: &sim::model::Stats| {
             let rate = stats.states as f64 / stats.elapsed.as_secs_f64().max(1e-9);
-            eprintln!("({name}) {stats} ({rate:.0} states/s)");
+            let (states, seconds) = (stats.states, stats.elapsed.as_secs_f64());
+            eprintln!("({name}) {states} states in {seconds:.1}s ({rate:.0} states/s)");
         };
         match sim::model::explore_with(&config, &mut progress) {
             Ok(stats) => println!("{}: {stats}", config.name),

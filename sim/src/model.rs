@@ -56,9 +56,11 @@ use crate::world::{
 use kernel::ids::{ConnId, WorkerId};
 use kernel::protocol::{Command, ThinkingLevel};
 use kernel::runtime::StoredSession;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Something a model client can do.
@@ -697,28 +699,60 @@ pub fn explore_with(
 ) -> Result<Stats, Box<Counterexample>> {
     let started = Instant::now();
     let _quiet = QuietPanics::install();
-    let mut explorer = Explorer {
-        config,
-        seen: BTreeSet::new(),
-        stats: empty_stats(),
-        started,
-        progress,
-    };
     let root = Model::new(config, false);
-    explorer.seen.insert(root.fingerprint());
-    explorer.stats.states = 1;
-    let mut path = Vec::new();
-    explorer.visit(root, &mut path).map_err(|found| {
+    let shared = Shared::new(config, threads());
+    shared.seen(root.fingerprint());
+    shared.states.store(1, Ordering::Relaxed);
+    shared.pool.lock().expect("pool").items.push((root, Vec::new()));
+    let mut totals = empty_stats();
+    totals.states = 1;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..shared.threads)
+            .map(|_| scope.spawn(|| shared.work()))
+            .collect();
+        // This thread reports progress while the workers explore.
+        let mut reported = 0;
+        while !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let states = shared.states.load(Ordering::Relaxed);
+            if states / PROGRESS_EVERY > reported {
+                reported = states / PROGRESS_EVERY;
+                let mut stats = empty_stats();
+                stats.states = states;
+                stats.elapsed = started.elapsed();
+                progress(&stats);
+            }
+        }
+        for worker in workers {
+            let stats = worker.join().expect("explorer threads catch panics");
+            totals.transitions += stats.transitions;
+            totals.quiescent += stats.quiescent;
+            totals.depth = totals.depth.max(stats.depth);
+            totals.truncated += stats.truncated;
+            totals.reached = totals.reached.union(stats.reached);
+        }
+    });
+    if let Some(found) = shared.found.into_inner().expect("found") {
         let (path, message) = shortest(config, found.0.len()).unwrap_or(found);
         let (model, _) = replay(config, &path, true);
-        Box::new(Counterexample {
+        return Err(Box::new(Counterexample {
             path,
             message,
             trace: model.world.trace_text(),
-        })
-    })?;
-    explorer.stats.elapsed = started.elapsed();
-    Ok(explorer.stats)
+        }));
+    }
+    totals.states = shared.states.load(Ordering::Relaxed);
+    totals.elapsed = started.elapsed();
+    Ok(totals)
+}
+
+/// Explorer threads: `SIM_THREADS`, or one per CPU.
+fn threads() -> usize {
+    std::env::var("SIM_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// A violation reached in fewer than `than` actions, if any, by a
@@ -771,55 +805,164 @@ fn empty_stats() -> Stats {
     }
 }
 
-/// States between two calls of [`explore_with`]'s `progress`.
+/// States between two calls of [`explore_with`]'s `progress` (which is
+/// given the states found and the time taken so far).
 pub const PROGRESS_EVERY: u64 = 1 << 16;
-
-struct Explorer<'a> {
-    config: &'a Config,
-    seen: BTreeSet<u64>,
-    stats: Stats,
-    started: Instant,
-    progress: &'a mut dyn FnMut(&Stats),
-}
 
 type Found = (Vec<Action>, String);
 
-impl Explorer<'_> {
+/// A state to explore, with the path that reached it.
+type Work = (Model, Vec<Action>);
+
+/// What the explorer threads share. Each runs a depth-first search; a
+/// thread with nothing to do waits on the pool, and a busy thread hands it
+/// the sibling branches it would explore later. Seen states are one set
+/// for all (in shards), so every state is expanded once, by whichever
+/// thread reaches it first: the counts are the same as with one thread.
+struct Shared<'a> {
+    config: &'a Config,
+    threads: usize,
+    seen: Vec<Mutex<HashSet<u64, BuildHasherDefault<Identity>>>>,
+    pool: Mutex<Pool>,
+    wake: Condvar,
+    /// Threads waiting for work (a copy of `Pool::idle`, read without the lock).
+    hungry: AtomicUsize,
+    /// Set on a violation, or when every thread is idle and the pool empty.
+    stop: AtomicBool,
+    found: Mutex<Option<Found>>,
+    /// Distinct states so far.
+    states: AtomicU64,
+}
+
+#[derive(Default)]
+struct Pool {
+    items: Vec<Work>,
+    idle: usize,
+}
+
+/// Fingerprints are hashes already.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 fingerprints are hashed")
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl<'a> Shared<'a> {
+    fn new(config: &'a Config, threads: usize) -> Self {
+        Self {
+            config,
+            threads,
+            seen: (0..64).map(|_| Mutex::default()).collect(),
+            pool: Mutex::default(),
+            wake: Condvar::new(),
+            hungry: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            found: Mutex::new(None),
+            states: AtomicU64::new(0),
+        }
+    }
+
+    /// True when `fingerprint` is new.
+    fn seen(&self, fingerprint: u64) -> bool {
+        let shard = (fingerprint >> 58) as usize;
+        self.seen[shard].lock().expect("seen").insert(fingerprint)
+    }
+
+    /// One explorer thread: takes work from the pool until all is done.
+    fn work(&self) -> Stats {
+        let mut stats = empty_stats();
+        while let Some((model, mut path)) = self.take() {
+            if let Err(found) = self.visit(&mut stats, model, &mut path) {
+                self.found.lock().expect("found").get_or_insert(found);
+                self.stop.store(true, Ordering::Relaxed);
+                let _pool = self.pool.lock().expect("pool");
+                self.wake.notify_all();
+            }
+        }
+        stats
+    }
+
+    /// The next state to explore; `None` when the exploration is over.
+    fn take(&self) -> Option<Work> {
+        let mut pool = self.pool.lock().expect("pool");
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(work) = pool.items.pop() {
+                return Some(work);
+            }
+            pool.idle += 1;
+            if pool.idle == self.threads {
+                // Nobody explores, and nothing is left: done.
+                self.stop.store(true, Ordering::Relaxed);
+                self.wake.notify_all();
+                return None;
+            }
+            self.hungry.store(pool.idle, Ordering::Relaxed);
+            pool = self.wake.wait(pool).expect("pool");
+            pool.idle -= 1;
+            self.hungry.store(pool.idle, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands `work` to an idle thread.
+    fn give(&self, work: Work) {
+        let mut pool = self.pool.lock().expect("pool");
+        pool.items.push(work);
+        self.wake.notify_one();
+    }
+
     /// Checks `model` (reached by `path`) and explores its successors.
-    fn visit(&mut self, model: Model, path: &mut Vec<Action>) -> Result<(), Found> {
-        self.stats.depth = self.stats.depth.max(path.len());
+    fn visit(&self, stats: &mut Stats, model: Model, path: &mut Vec<Action>) -> Result<(), Found> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        stats.depth = stats.depth.max(path.len());
         if model.is_quiescent() {
-            self.stats.quiescent += 1;
+            stats.quiescent += 1;
             if let Some(message) = unsettled(&model) {
                 return Err((path.clone(), message));
             }
         }
         if path.len() >= self.config.depth_max {
-            self.stats.truncated += 1;
+            stats.truncated += 1;
             return Ok(());
         }
         let actions = model.enabled();
         let mut current = Some(model);
         for (index, action) in actions.iter().enumerate() {
             // The last successor takes this state; the others branch from a copy.
-            let mut next = if index + 1 == actions.len() {
+            let last = index + 1 == actions.len();
+            let mut next = if last {
                 current.take().expect("kept for the last action")
             } else {
                 current.as_ref().expect("kept for the last action").clone()
             };
-            self.stats.transitions += 1;
+            stats.transitions += 1;
             path.push(action.clone());
             if let Err(message) = next.apply(action) {
                 return Err((path.clone(), message));
             }
-            if self.seen.insert(next.fingerprint()) {
-                self.stats.states += 1;
-                self.stats.reached = self.stats.reached.union(next.world.reached);
-                if self.stats.states.is_multiple_of(PROGRESS_EVERY) {
-                    self.stats.elapsed = self.started.elapsed();
-                    (self.progress)(&self.stats);
+            if self.seen(next.fingerprint()) {
+                self.states.fetch_add(1, Ordering::Relaxed);
+                stats.reached = stats.reached.union(next.world.reached);
+                if !last && self.hungry.load(Ordering::Relaxed) > 0 {
+                    self.give((next, path.clone()));
+                } else {
+                    self.visit(stats, next, path)?;
                 }
-                self.visit(next, path)?;
             }
             path.pop();
         }
@@ -1007,4 +1150,14 @@ pub fn key(config: &Config) -> &'static str {
 /// The configuration with that key.
 pub fn config_named(wanted: &str) -> Option<Config> {
     configs(true).into_iter().find(|c| key(c) == wanted)
+}
+
+#[cfg(test)]
+mod send_tests {
+    /// States move between the explorer's threads.
+    #[test]
+    fn a_model_is_send() {
+        fn send<T: Send>() {}
+        send::<super::Model>();
+    }
 }

@@ -13,7 +13,7 @@ use kernel::protocol::{
 use kernel::server::{CloseReason, Frame, Input};
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A message the kernel queued for a client, decoded once.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub(super) enum Incoming {
     /// [`Options::skip_unchecked`](super::Options::skip_unchecked)).
     Frame {
         len: usize,
-        message: Option<Rc<ServerMessage>>,
+        message: Option<Arc<ServerMessage>>,
         /// The frame's bytes, kept for a tapped client only.
         bytes: Option<Frame>,
     },
@@ -96,7 +96,7 @@ impl World {
         &mut self,
         conn: ConnId,
         frame: Frame,
-        message: Option<Rc<ServerMessage>>,
+        message: Option<Arc<ServerMessage>>,
     ) {
         let len = frame.len();
         if let Some(message) = &message

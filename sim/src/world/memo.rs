@@ -18,7 +18,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::hash::Hasher;
 use std::ops::{Deref, DerefMut};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A value and the hash of its fingerprint text, made when first asked for
 /// and forgotten on every mutable borrow ([`DerefMut`]): the only way to
@@ -26,7 +26,7 @@ use std::rc::Rc;
 /// value until one of them borrows it mutably.
 #[derive(Clone)]
 pub struct Memo<T> {
-    value: Rc<T>,
+    value: Arc<T>,
     hash: Cell<Option<u64>>,
 }
 
@@ -34,7 +34,7 @@ impl<T> Memo<T> {
     /// Wraps `value`, with no hash made yet.
     pub fn new(value: T) -> Self {
         Self {
-            value: Rc::new(value),
+            value: Arc::new(value),
             hash: Cell::new(None),
         }
     }
@@ -73,14 +73,14 @@ impl<T> Deref for Memo<T> {
 impl<T: Clone> Memo<T> {
     /// The value, unwrapped (copied if a clone still shares it).
     pub fn into_inner(self) -> T {
-        Rc::try_unwrap(self.value).unwrap_or_else(|shared| T::clone(&shared))
+        Arc::try_unwrap(self.value).unwrap_or_else(|shared| T::clone(&shared))
     }
 }
 
 impl<T: Clone> DerefMut for Memo<T> {
     fn deref_mut(&mut self) -> &mut T {
         self.hash.set(None);
-        Rc::make_mut(&mut self.value)
+        Arc::make_mut(&mut self.value)
     }
 }
 

@@ -48,7 +48,7 @@ use kernel::wire::CborLimits;
 use kernel::wire::frame::FRAME_HEADER_LEN;
 use kernel::worker::{FromWorker, Operation, WorkerState};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The server id every simulated server reports.
@@ -201,7 +201,7 @@ pub enum Fact {
     /// message; `open_after` says whether the kernel still served `conn`.
     Emitted {
         conn: ConnId,
-        message: Rc<ServerMessage>,
+        message: Arc<ServerMessage>,
         attached_after: Option<bool>,
         open_after: bool,
         /// The server was shutting down after that step.
@@ -813,8 +813,8 @@ impl World {
     }
 
     /// Decodes every frame of a step once (a broadcast shares one frame).
-    fn run_decode(&mut self, outputs: &[Output]) -> Vec<Option<Rc<ServerMessage>>> {
-        let mut last: Option<(&Frame, Rc<ServerMessage>)> = None;
+    fn run_decode(&mut self, outputs: &[Output]) -> Vec<Option<Arc<ServerMessage>>> {
+        let mut last: Option<(&Frame, Arc<ServerMessage>)> = None;
         let mut decoded = Vec::with_capacity(outputs.len());
         for output in outputs {
             let Output::Send { conn, frame } = output else {
@@ -832,7 +832,7 @@ impl World {
                 Some((previous, message)) if std::sync::Arc::ptr_eq(previous, frame) => {
                     message.clone()
                 }
-                _ => Rc::new(decode_frame(frame)),
+                _ => Arc::new(decode_frame(frame)),
             };
             last = Some((frame, message.clone()));
             decoded.push(Some(message));
@@ -845,7 +845,7 @@ impl World {
     fn run_record(
         &mut self,
         outputs: &[Output],
-        decoded: &[Option<Rc<ServerMessage>>],
+        decoded: &[Option<Arc<ServerMessage>>],
         ambiguous: Ambiguous,
     ) {
         let mut attachments: BTreeMap<ConnId, Vec<String>> = BTreeMap::new();
@@ -900,7 +900,7 @@ impl World {
         }
     }
 
-    fn carry_out(&mut self, output: Output, message: Option<Rc<ServerMessage>>) {
+    fn carry_out(&mut self, output: Output, message: Option<Arc<ServerMessage>>) {
         match output {
             Output::Send { conn, frame } => self.on_send(conn, frame, message),
             Output::Close { conn, reason } => self.on_close(conn, reason),
