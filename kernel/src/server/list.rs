@@ -23,10 +23,10 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 /// A piece past this many entries is split.
-const MAX_PIECE_ENTRIES: usize = 128;
+const MAX_PIECE_ENTRIES: usize = 64;
 
 /// A piece (but the first) under this many entries joins the one before it.
-const MIN_PIECE_ENTRIES: usize = 16;
+const MIN_PIECE_ENTRIES: usize = 8;
 
 /// The session list's CBOR, kept between `list` responses and server
 /// snapshots, with what it was built from.
