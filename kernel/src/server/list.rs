@@ -162,6 +162,14 @@ impl ListCache {
     }
 
     fn assemble(server: &Server, live: Vec<Listed>, pieces: Vec<Piece>) -> Self {
+        assert!(
+            pieces.first().is_some_and(|p| p.from.is_empty()),
+            "the first piece starts the list"
+        );
+        assert!(
+            pieces.windows(2).all(|w| w[0].from < w[1].from),
+            "the pieces cover increasing ranges"
+        );
         let entries = pieces.iter().map(|p| p.entries).sum();
         // The header's error comes before an entry's, as in one encoding.
         let encoded = EncodedList::new(entries, Vec::with_capacity(pieces.len()))
