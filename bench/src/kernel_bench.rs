@@ -56,7 +56,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 .to_string();
             report.info(
                 "7",
-                &format!(
+                format!(
                     "kernel steps, mixed workload on a steady catalog of {sessions} stored \
                      sessions (each round removes its session)"
                 ),
