@@ -1313,6 +1313,12 @@ fn frame_shared_frames_their_concatenation_without_copying() {
         "a shared piece is held, not copied"
     );
     assert!(frame.ptr_eq(&frame.clone()));
+    let joined = frame.clone().into_contiguous();
+    assert_eq!(&joined[..], &whole[..]);
+    assert!(
+        Arc::ptr_eq(&joined, &frame.clone().into_contiguous()),
+        "joined once for every clone"
+    );
     assert!(!frame.ptr_eq(&Frame::from(whole)));
     assert_eq!(
         &frame_shared(&[], &[], &[], 0).unwrap().bytes()[..],

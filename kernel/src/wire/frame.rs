@@ -7,7 +7,7 @@
 //! make it allocate. Error texts follow the reference implementation.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Default maximum payload length: 16 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -271,10 +271,11 @@ pub fn frame_shared(
     if !tail.is_empty() {
         pieces.push(Arc::from(tail));
     }
-    Ok(Frame(Repr::Pieces {
+    Ok(Frame(Repr::Pieces(Arc::new(Pieces {
         len: FRAME_HEADER_LEN + payload,
-        pieces: pieces.into(),
-    }))
+        pieces,
+        joined: OnceLock::new(),
+    }))))
 }
 
 /// One frame to send (header and payload), shared by every connection it
@@ -288,10 +289,16 @@ pub struct Frame(Repr);
 #[derive(Clone)]
 enum Repr {
     Whole(Arc<[u8]>),
-    Pieces {
-        len: usize,
-        pieces: Arc<[Arc<[u8]>]>,
-    },
+    Pieces(Arc<Pieces>),
+}
+
+/// A frame in pieces, shared by its recipients.
+struct Pieces {
+    len: usize,
+    pieces: Vec<Arc<[u8]>>,
+    /// The bytes in one buffer, once a recipient needed them so (a
+    /// WebSocket message): made once for all of them.
+    joined: OnceLock<Arc<[u8]>>,
 }
 
 impl Frame {
@@ -299,7 +306,7 @@ impl Frame {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Whole(bytes) => bytes.len(),
-            Repr::Pieces { len, .. } => *len,
+            Repr::Pieces(pieces) => pieces.len,
         }
     }
 
@@ -312,7 +319,7 @@ impl Frame {
     pub fn pieces(&self) -> &[Arc<[u8]>] {
         match &self.0 {
             Repr::Whole(bytes) => std::slice::from_ref(bytes),
-            Repr::Pieces { pieces, .. } => pieces,
+            Repr::Pieces(pieces) => &pieces.pieces,
         }
     }
 
@@ -324,11 +331,15 @@ impl Frame {
         }
     }
 
-    /// The bytes in one shared buffer: the frame's own if it is one, else a copy.
+    /// The bytes in one shared buffer: the frame's own if it is one, else a
+    /// copy, made once and shared by every clone of the frame.
     pub fn into_contiguous(self) -> Arc<[u8]> {
         match self.0 {
             Repr::Whole(bytes) => bytes,
-            Repr::Pieces { pieces, .. } => pieces.concat().into(),
+            Repr::Pieces(pieces) => pieces
+                .joined
+                .get_or_init(|| pieces.pieces.concat().into())
+                .clone(),
         }
     }
 
@@ -336,7 +347,7 @@ impl Frame {
     pub fn ptr_eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             (Repr::Whole(a), Repr::Whole(b)) => Arc::ptr_eq(a, b),
-            (Repr::Pieces { pieces: a, .. }, Repr::Pieces { pieces: b, .. }) => Arc::ptr_eq(a, b),
+            (Repr::Pieces(a), Repr::Pieces(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
