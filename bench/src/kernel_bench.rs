@@ -42,6 +42,28 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         "kernel steps (`cargo bench -p kernel --bench steps`, one core, mixed workload)",
         line,
     );
+    // The same rounds on a catalog that does not grow (`steady`).
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, head) in lines.iter().enumerate() {
+        if let Some(at) = head.find("steady catalog of ") {
+            let sessions = head[at + "steady catalog of ".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap_or("?");
+            let figure = lines
+                .get(i + 1)
+                .map_or("no steps/s line", |l| l.trim())
+                .to_string();
+            report.info(
+                "7",
+                format!(
+                    "kernel steps, mixed workload on a steady catalog of {sessions} stored \
+                     sessions (each round removes its session)"
+                ),
+                figure,
+            );
+        }
+    }
 
     // The simulator's benchmark, if it exists yet.
     let sim_bin = env.workspace.join("sim/src/bin/sim-bench.rs");

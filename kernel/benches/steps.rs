@@ -5,7 +5,12 @@
 //!
 //! - `mixed`: per round: accept, hello, create (the worker becomes ready), a
 //!   prompt streaming 100 deltas, detach, disconnect, worker exit; every frame
-//!   sent is acknowledged as written. Prints steps/s and frames/s.
+//!   sent is acknowledged as written. Prints steps/s and frames/s. Each round
+//!   leaves its session stored, so the catalog (which hellos and server
+//!   snapshots carry) grows by one a round.
+//! - `steady`: the same rounds on a catalog of 100 and of 1,000 stored
+//!   sessions that does not grow: each round removes its session
+//!   (`remove` after the detach, the worker's exit, the removal).
 //! - `written`: the cost of one `Written` step (a write acknowledgement) with
 //!   100 and 1,000 ready connections attached to one session, each
 //!   acknowledging a broadcast progress event.
@@ -97,6 +102,42 @@ impl Bench {
     }
 
     fn round(&mut self, n: u64) {
+        let (conn, worker, _) = self.turn(n);
+        self.step(Input::Disconnected { conn });
+        self.step(Input::WorkerExited { worker });
+    }
+
+    /// A round that removes its session at the end (`remove` after the
+    /// detach), so the catalog stays as large as it was.
+    fn steady_round(&mut self, n: u64) {
+        let (conn, worker, session) = self.turn(n);
+        let remove = frame(&ClientMessage::Request(Request {
+            id: "r".into(),
+            command: Command::Remove {
+                session_id: session.clone(),
+            },
+        }));
+        self.step(Input::Received {
+            conn,
+            bytes: remove,
+        });
+        let outputs = self.step(Input::WorkerExited { worker });
+        assert!(
+            outputs
+                .iter()
+                .any(|o| matches!(o, Output::RemoveSession { .. })),
+            "the exit removes the session"
+        );
+        self.step(Input::SessionRemoved {
+            session_id: session,
+            result: Ok(()),
+        });
+        self.step(Input::Disconnected { conn });
+    }
+
+    /// A round up to its detach: accept, hello, create, a prompt streaming
+    /// 100 deltas, detach. Returns the connection, worker and session.
+    fn turn(&mut self, n: u64) -> (ConnId, WorkerId, String) {
         let conn = ConnId(n);
         self.step(Input::Accepted { conn, peer: None });
         let hello = frame(&ClientMessage::Hello(ClientHello {
@@ -169,15 +210,14 @@ impl Bench {
         let detach = frame(&ClientMessage::Request(Request {
             id: "d".into(),
             command: Command::Detach {
-                session_id: session,
+                session_id: session.clone(),
             },
         }));
         self.step(Input::Received {
             conn,
             bytes: detach,
         });
-        self.step(Input::Disconnected { conn });
-        self.step(Input::WorkerExited { worker });
+        (conn, worker, session)
     }
 
     fn worker(&mut self, worker: WorkerId, message: FromWorker) {
@@ -616,6 +656,10 @@ fn main() {
     if run("mixed") {
         bench_mixed();
     }
+    if run("steady") {
+        bench_steady(100);
+        bench_steady(1_000);
+    }
     if run("written") {
         bench_written(100);
         bench_written(1_000);
@@ -671,6 +715,52 @@ fn bench_mixed() {
     let frames = bench.frames - frames0;
     println!(
         "kernel mixed workload: {} rounds, {steps} steps in {secs:.2} s",
+        n - 200
+    );
+    println!(
+        "  {:.0} steps/s, {:.0} frames out/s, {:.1} µs/round",
+        steps as f64 / secs,
+        frames as f64 / secs,
+        secs * 1e6 / (n - 200) as f64
+    );
+}
+
+/// The mixed workload on a catalog that does not grow: `stored` sessions
+/// stored, and each round removes the session it created. Rounds for about
+/// three seconds (or `STEPS_ROUNDS`) after a warm-up.
+fn bench_steady(stored_sessions: u64) {
+    let mut bench = Bench {
+        server: Server::new(config()),
+        now: 0,
+        steps: 0,
+        frames: 0,
+    };
+    bench.step(Input::CatalogLoaded {
+        sessions: (0..stored_sessions).map(stored).collect(),
+    });
+    for n in 1..=200 {
+        bench.steady_round(n); // warm up
+    }
+    let (steps0, frames0) = (bench.steps, bench.frames);
+    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let started = std::time::Instant::now();
+    let mut n = 200;
+    while fixed.map_or(started.elapsed() < Duration::from_secs(3), |rounds| {
+        n < 200 + rounds
+    }) {
+        for _ in 0..100 {
+            n += 1;
+            bench.steady_round(n);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let steps = bench.steps - steps0;
+    let frames = bench.frames - frames0;
+    println!(
+        "kernel mixed workload, steady catalog of {stored_sessions} stored sessions \
+         (each round removes its session): {} rounds, {steps} steps in {secs:.2} s",
         n - 200
     );
     println!(

@@ -1840,26 +1840,46 @@ fn long_server_snapshot() -> BoxedStrategy<ServerSnapshot> {
         .boxed()
 }
 
-/// The CBOR of `sessions` built as a server's cache does: some items
-/// encoded on their own beforehand, the others while building.
-fn spliced_sessions(sessions: &[SessionMetadata]) -> Vec<u8> {
-    let mut list = codec::spliced::ListBuilder::new(sessions.len()).unwrap();
+/// The CBOR of `sessions` kept as a server's cache keeps it: in pieces of
+/// one to four entries (some empty), some entries encoded on their own
+/// beforehand, the others while building the piece.
+fn spliced_sessions(sessions: &[SessionMetadata]) -> codec::spliced::EncodedList {
+    use codec::spliced::{EncodedList, ListBuilder, encode_item};
+    let mut list = EncodedList::new(sessions.len(), Vec::new()).unwrap();
+    let mut piece = ListBuilder::headless(0);
     for (i, meta) in sessions.iter().enumerate() {
         if i % 2 == 0 {
-            list.push_encoded(&codec::spliced::encode_item(meta).unwrap());
+            piece.push_encoded(&encode_item(meta).unwrap());
         } else {
-            list.push(meta).unwrap();
+            piece.push_metadata(meta).unwrap();
+        }
+        if i % 4 == 1 || i % 7 == 3 {
+            list.push(
+                std::mem::replace(&mut piece, ListBuilder::headless(0))
+                    .finish()
+                    .into(),
+            );
+        }
+        if i % 5 == 0 {
+            list.push(Vec::new().into());
         }
     }
-    list.finish()
+    list.push(piece.finish().into());
+    list
 }
 
-/// A message encoded in pieces, framed from them.
+/// A message encoded in pieces, framed from them (the frame holds the
+/// shared pieces), as one buffer.
 fn framed_pieces(spliced: codec::spliced::Spliced<'_>) -> Result<Vec<u8>, TestCaseError> {
-    use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, frame_pieces};
-    let frame = frame_pieces(&spliced.pieces(), DEFAULT_MAX_FRAME_LEN)
+    use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
+    let frame = spliced
+        .frame(DEFAULT_MAX_FRAME_LEN)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    Ok(frame.to_vec())
+    prop_assert_eq!(
+        frame.pieces().iter().map(|p| p.len()).sum::<usize>(),
+        frame.len()
+    );
+    Ok(frame.bytes().to_vec())
 }
 
 fn framed(message: &ServerMessage) -> Result<Vec<u8>, TestCaseError> {
@@ -1984,7 +2004,7 @@ proptest! {
         use codec::spliced::{
             encode_session_response, encode_session_snapshot, encode_session_snapshot_event,
         };
-        let cbor = encode_session_snapshot(&snapshot)?;
+        let cbor: std::sync::Arc<[u8]> = encode_session_snapshot(&snapshot)?.into();
 
         let event = ServerMessage::Event(ServerEvent::SessionSnapshot {
             snapshot: snapshot.clone(),
@@ -2030,7 +2050,7 @@ fn spliced_session_snapshots_nest_like_the_normal_ones() {
         let spliced = encode_session_snapshot(&snapshot)
             .map_err(|e| format!("cannot encode CBOR: {e}"))
             .and_then(|cbor| {
-                encode_session_response("r", "attach", &cbor)
+                encode_session_response("r", "attach", &cbor.into())
                     .map(|s| s.to_vec())
                     .map_err(|e| e.to_string())
             });
@@ -2301,24 +2321,29 @@ proptest! {
             .nested_item(&normalised.to_value(), 2)?;
         prop_assert_eq!(hex(&encode_session_snapshot_shown(&snapshot, shown)?), hex(&tree));
         let event = ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot: normalised });
-        let cbor = encode_session_snapshot_shown(&snapshot, shown)?;
+        let cbor = encode_session_snapshot_shown(&snapshot, shown)?.into();
         let spliced = codec::spliced::encode_session_snapshot_event(&cbor)?.to_vec();
         prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&event)?));
 
         let mut direct = ListBuilder::new(sessions.len())?;
         let mut tree = ListBuilder::new(sessions.len())?;
+        let mut piece = ListBuilder::headless(0);
         for meta in &sessions {
             prop_assert_eq!(encode_session_metadata(meta)?, encode_item(meta)?);
             direct.push_metadata(meta)?;
             tree.push(meta)?;
+            piece.push_metadata(meta)?;
         }
+        let entries = sessions.len();
         let list = ServerMessage::Response(Response {
             id: "l".into(),
             outcome: Ok(CommandResult::List { sessions }),
         });
         let direct = direct.finish();
         prop_assert_eq!(&direct, &tree.finish());
-        let spliced = codec::spliced::encode_list_response("l", &direct)?.to_vec();
+        let pieces = codec::spliced::EncodedList::new(entries, vec![piece.finish().into()])?;
+        prop_assert_eq!(&pieces.to_vec(), &direct);
+        let spliced = codec::spliced::encode_list_response("l", &pieces)?.to_vec();
         prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&list)?));
     }
 }

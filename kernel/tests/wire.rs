@@ -1287,16 +1287,45 @@ fn encode_frame_checks_the_limit() {
 }
 
 #[test]
-fn frame_pieces_frames_their_concatenation() {
-    use kernel::wire::frame::frame_pieces;
-    let pieces: [&[u8]; 4] = [&[1, 2], &[], &[3], &[4, 5, 6]];
+fn frame_shared_frames_their_concatenation_without_copying() {
+    use kernel::wire::frame::{Frame, frame_shared};
+    use std::sync::Arc;
+    let shared: [Arc<[u8]>; 3] = [
+        Arc::from(&[3u8][..]),
+        Arc::from(&[][..]),
+        Arc::from(&[4u8, 5][..]),
+    ];
+    let frame = frame_shared(&[1, 2], &shared, &[6], 6).unwrap();
+    let whole = encode_frame(&[1, 2, 3, 4, 5, 6], 6).unwrap();
+    assert_eq!(frame.len(), whole.len());
+    assert_eq!(&frame.bytes()[..], &whole[..]);
     assert_eq!(
-        frame_pieces(&pieces, 6).unwrap()[..],
-        encode_frame(&[1, 2, 3, 4, 5, 6], 6).unwrap()[..]
+        frame,
+        Frame::from(whole.clone()),
+        "equal bytes, however cut"
     );
-    assert_eq!(frame_pieces(&[], 0).unwrap()[..], [0, 0, 0, 0]);
+    assert_ne!(
+        frame,
+        Frame::from(encode_frame(&[1, 2, 3, 4, 5, 7], 6).unwrap())
+    );
+    assert!(
+        frame.pieces().iter().any(|p| Arc::ptr_eq(p, &shared[2])),
+        "a shared piece is held, not copied"
+    );
+    assert!(frame.ptr_eq(&frame.clone()));
+    let joined = frame.clone().into_contiguous();
+    assert_eq!(&joined[..], &whole[..]);
+    assert!(
+        Arc::ptr_eq(&joined, &frame.clone().into_contiguous()),
+        "joined once for every clone"
+    );
+    assert!(!frame.ptr_eq(&Frame::from(whole)));
     assert_eq!(
-        frame_pieces(&pieces, 5).unwrap_err(),
+        &frame_shared(&[], &[], &[], 0).unwrap().bytes()[..],
+        [0, 0, 0, 0]
+    );
+    assert_eq!(
+        frame_shared(&[1, 2], &shared, &[6], 5).unwrap_err(),
         encode_frame(&[1, 2, 3, 4, 5, 6], 5).unwrap_err()
     );
 }

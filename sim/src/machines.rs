@@ -134,7 +134,7 @@ impl Machine {
     pub fn pump(&mut self, world: &mut World) -> Result<(), Violation> {
         if let Some(conn) = self.conn {
             for frame in world.take_read(conn) {
-                self.feed(world, ClientInput::Received(frame.to_vec()))?;
+                self.feed(world, ClientInput::Received(frame.bytes().into_owned()))?;
             }
             if self.conn == Some(conn) && world.client(conn).closed {
                 self.conn = None;

@@ -211,12 +211,7 @@ impl Conn for ClientSocket {
         if let Self::Web(web) = self {
             return web.try_write_frames(frames, skip);
         }
-        let slices: Vec<io::IoSlice<'_>> = frames
-            .iter()
-            .take(MAX_SLICES)
-            .enumerate()
-            .map(|(i, f)| io::IoSlice::new(if i == 0 { &f[skip..] } else { f }))
-            .collect();
+        let slices = io_slices(frames, skip);
         match self {
             Self::Unix(s) => s.try_write_vectored(&slices),
             Self::Tcp(s) => s.try_write_vectored(&slices),
@@ -260,6 +255,21 @@ impl Conn for ClientSocket {
             Self::Web(web) => Some(web.peer()),
         }
     }
+}
+
+/// The unwritten bytes of `frames` (the first has `skip` written already),
+/// one slice per piece, at most [`MAX_SLICES`].
+pub(super) fn io_slices(frames: &[Frame], mut skip: usize) -> Vec<io::IoSlice<'_>> {
+    frames
+        .iter()
+        .flat_map(|f| f.pieces())
+        .filter_map(|piece| {
+            let rest = piece.get(skip..).unwrap_or_default();
+            skip = skip.saturating_sub(piece.len());
+            (!rest.is_empty()).then(|| io::IoSlice::new(rest))
+        })
+        .take(MAX_SLICES)
+        .collect()
 }
 
 /// Drops the first `n` bytes from `frames` (the first has `*skip` written already).
@@ -398,7 +408,7 @@ impl Platform for Native {
 
 #[cfg(test)]
 mod tests {
-    use super::{Frame, advance};
+    use super::{Frame, advance, io_slices};
 
     #[tokio::test]
     async fn remote_connections_get_keep_alive_and_a_user_timeout() {
@@ -440,6 +450,23 @@ mod tests {
     }
 
     #[test]
+    fn io_slices_cover_every_piece_after_the_written_bytes() {
+        use kernel::wire::frame::frame_shared;
+        let shared: Vec<std::sync::Arc<[u8]>> = vec![vec![5u8; 3].into(), vec![6u8; 2].into()];
+        let spliced = frame_shared(&[1, 2], &shared, &[7], u32::MAX).unwrap();
+        let frames = vec![spliced.clone(), Frame::from(vec![9u8; 2])];
+        let mut all = spliced.bytes().into_owned();
+        all.extend([9, 9]);
+        for skip in 0..spliced.len() {
+            let written: Vec<u8> = io_slices(&frames, skip)
+                .iter()
+                .flat_map(|s| s.iter().copied())
+                .collect();
+            assert_eq!(written, all[skip..], "skip {skip}");
+        }
+    }
+
+    #[test]
     fn advance_drops_written_frames_and_keeps_the_offset_into_a_partial_one() {
         let mut f = frames(&[3, 5, 2]);
         let mut skip = 0;
@@ -447,7 +474,7 @@ mod tests {
         assert_eq!((lens(&f), skip), (vec![3, 5, 2], 0));
         advance(&mut f, &mut skip, 4);
         assert_eq!((lens(&f), skip), (vec![5, 2], 1));
-        assert_eq!(f[0][0], 1, "the second frame is first now");
+        assert_eq!(f[0].bytes()[0], 1, "the second frame is first now");
         advance(&mut f, &mut skip, 3);
         assert_eq!((lens(&f), skip), (vec![5, 2], 4));
         advance(&mut f, &mut skip, 1);

@@ -145,7 +145,9 @@ async fn serve(
                 let closing = loop {
                     match next {
                         Some(Out::Frame(frame)) => {
-                            let message = Message::Binary(axum::body::Bytes::from_owner(frame));
+                            let message = Message::Binary(axum::body::Bytes::from_owner(
+                                frame.into_contiguous(),
+                            ));
                             if socket.feed(message).await.is_err() {
                                 return;
                             }

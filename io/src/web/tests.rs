@@ -141,8 +141,8 @@ async fn messages_carry_whole_frames_both_ways() {
         Some(vec![0, 0, 0, 1, 0xf6])
     );
     let frames: Vec<Frame> = vec![
-        Arc::from(&[0u8, 0, 0, 1, 1][..]),
-        Arc::from(&[0u8, 0, 0, 1, 2][..]),
+        Frame::from(&[0u8, 0, 0, 1, 1][..]),
+        Frame::from(&[0u8, 0, 0, 1, 2][..]),
     ];
     assert_eq!(conn.try_write_frames(&frames, 0).unwrap(), 10);
     for expected in [[0u8, 0, 0, 1, 1], [0, 0, 0, 1, 2]] {

@@ -292,6 +292,7 @@ impl Conn for SimConn {
         let mut cx = Context::from_waker(Waker::noop());
         let mut written = 0;
         for (i, frame) in frames.iter().enumerate() {
+            let frame = frame.bytes();
             let bytes = if i == 0 { &frame[skip..] } else { &frame[..] };
             match Pin::new(&mut *write).poll_write(&mut cx, bytes) {
                 Poll::Ready(Ok(n)) => {
@@ -313,6 +314,7 @@ impl Conn for SimConn {
     async fn write_frames(&self, frames: Vec<Frame>, skip: usize) -> io::Result<()> {
         let mut write = self.write.lock().await;
         for (i, frame) in frames.iter().enumerate() {
+            let frame = frame.bytes();
             let bytes = if i == 0 { &frame[skip..] } else { &frame[..] };
             write.write_all(bytes).await?;
         }

@@ -20,6 +20,7 @@ use crate::time::Instant;
 use crate::wire::CborError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::Bound;
 use std::time::Duration;
 
 /// One stored session.
@@ -35,10 +36,6 @@ impl Stored {
         let cbor = encode_session_metadata(&meta).map(Vec::into_boxed_slice);
         Self { meta, cbor }
     }
-
-    fn encoded_len(&self) -> usize {
-        self.cbor.as_ref().map_or(0, |cbor| cbor.len())
-    }
 }
 
 /// The metadata, and the length of the CBOR rather than its bytes.
@@ -52,13 +49,52 @@ impl fmt::Debug for Stored {
 }
 
 /// The session catalog. Until [`Catalog::load`] it is not loaded and empty.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Catalog {
     sessions: Option<BTreeMap<String, Stored>>,
     revision: u64,
-    /// Total bytes of the stored entries' CBOR, to size the session list.
-    encoded_len: usize,
     sync: Sync,
+    /// What changed since the session list last took the changes.
+    changes: Changes,
+}
+
+/// The fields that say what the catalog holds: `changes` only says what the
+/// session list has yet to re-encode, which its own `Debug` shows by the
+/// revision it was brought up to (the model checker merges states by their
+/// `Debug` text).
+impl fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Catalog")
+            .field("sessions", &self.sessions)
+            .field("revision", &self.revision)
+            .field("sync", &self.sync)
+            .finish()
+    }
+}
+
+/// The sessions whose entries changed (added, updated or forgotten) since
+/// [`Catalog::take_changes`], or `all` when too many did to name them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Changes {
+    pub(crate) all: bool,
+    pub(crate) ids: BTreeSet<String>,
+}
+
+impl Changes {
+    /// Past this many named changes, `all` is cheaper to follow.
+    const MAX_IDS: usize = 1024;
+
+    fn record(&mut self, id: &str) {
+        if self.all {
+            return;
+        }
+        if self.ids.len() == Self::MAX_IDS {
+            self.all = true;
+            self.ids.clear();
+        } else if !self.ids.contains(id) {
+            self.ids.insert(id.to_owned());
+        }
+    }
 }
 
 /// When the catalog is next compared with the directory.
@@ -89,15 +125,12 @@ impl Catalog {
         self.revision
     }
 
-    /// Total bytes of the stored entries' CBOR.
-    pub(crate) fn encoded_len(&self) -> usize {
-        self.encoded_len
-    }
-
     /// Adds loaded sessions (and marks the catalog loaded).
     pub(crate) fn load(&mut self, sessions: Vec<SessionMetadata>) {
         self.sessions.get_or_insert_default();
         self.revision += 1;
+        self.changes.all = true;
+        self.changes.ids.clear();
         for meta in sessions {
             self.insert(meta);
         }
@@ -114,11 +147,9 @@ impl Catalog {
     fn put(&mut self, meta: SessionMetadata) {
         if let Some(catalog) = &mut self.sessions {
             self.revision += 1;
+            self.changes.record(&meta.id);
             let stored = Stored::new(meta);
-            self.encoded_len += stored.encoded_len();
-            if let Some(old) = catalog.insert(stored.meta.id.clone(), stored) {
-                self.encoded_len -= old.encoded_len();
-            }
+            catalog.insert(stored.meta.id.clone(), stored);
         }
     }
 
@@ -132,11 +163,16 @@ impl Catalog {
 
     fn forget(&mut self, id: &str) {
         if let Some(catalog) = &mut self.sessions
-            && let Some(old) = catalog.remove(id)
+            && catalog.remove(id).is_some()
         {
             self.revision += 1;
-            self.encoded_len -= old.encoded_len();
+            self.changes.record(id);
         }
+    }
+
+    /// What changed since the last call (everything, before the first).
+    pub(crate) fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
     }
 
     /// A stored session's metadata.
@@ -149,14 +185,22 @@ impl Catalog {
         self.sessions.as_ref().is_some_and(|c| c.contains_key(id))
     }
 
-    /// Number of stored sessions.
-    pub(crate) fn len(&self) -> usize {
-        self.sessions.as_ref().map_or(0, BTreeMap::len)
-    }
-
     /// The stored sessions in id order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Stored)> {
         self.sessions.iter().flatten()
+    }
+
+    /// The stored sessions from `from` (included) to `to` (excluded; `None`:
+    /// to the end), in id order.
+    pub(crate) fn range<'a>(
+        &'a self,
+        from: &'a str,
+        to: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a String, &'a Stored)> {
+        let to = to.map_or(Bound::Unbounded, Bound::Excluded);
+        self.sessions
+            .iter()
+            .flat_map(move |c| c.range::<str, _>((Bound::Included(from), to)))
     }
 
     // ---- following the directory ---------------------------------------

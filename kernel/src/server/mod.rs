@@ -19,6 +19,7 @@
 mod catalog;
 mod connection;
 mod display;
+mod list;
 mod sessions;
 mod throttle;
 mod timers;
@@ -29,7 +30,7 @@ use crate::ids::{ChannelId, ConnId, OpId, PeerAddr, WorkerId};
 use crate::limits::Limits;
 use crate::protocol::codec::cbor_error;
 use crate::protocol::codec::direct;
-use crate::protocol::codec::spliced::{self, EncodedSnapshot, ListBuilder, Spliced};
+use crate::protocol::codec::spliced::{self, EncodedSnapshot, Spliced};
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
     ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
@@ -38,20 +39,20 @@ use crate::protocol::{
 };
 use crate::rng::Rng;
 use crate::time::Instant;
-use crate::wire::CborError;
-use crate::wire::frame::{FRAME_HEADER_LEN, encode_frame, frame_pieces, write_header};
+use crate::wire::frame::{FRAME_HEADER_LEN, encode_frame, write_header};
 use crate::worker::{CreateSpec, FromWorker, ToWorker};
 use catalog::Catalog;
 use connection::{Connection, constant_time_eq};
+use list::ListCache;
 use sessions::Live;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 use throttle::AuthThrottle;
 use timers::{Timer, Timers};
 
-/// An encoded frame (length header included), shared between recipients.
-pub type Frame = Arc<[u8]>;
+/// An encoded frame (length header included), shared between recipients:
+/// one buffer, or shared pieces (a hello holds the cached session list's).
+pub use crate::wire::frame::Frame;
 
 /// Static configuration of a server.
 #[derive(Clone)]
@@ -947,16 +948,11 @@ impl Server {
         }
     }
 
-    /// CBOR of the session list (the catalog merged with the live sessions'
-    /// snapshots), rebuilt when it is stale.
-    fn session_list(&mut self) -> Result<Arc<Vec<u8>>, SchemaError> {
-        let cache = match self.list_cache.take() {
-            Some(cache) if cache.is_fresh(self) => cache,
-            _ => ListCache::build(self),
-        };
-        let sessions = cache.sessions.clone();
+    /// Brings the encoded session list (the catalog merged with the live
+    /// sessions' snapshots) up to date (see [`ListCache`]).
+    fn refresh_list(&mut self) {
+        let cache = ListCache::refresh(self.list_cache.take(), self);
         self.list_cache = Some(cache);
-        sessions
     }
 
     /// Builds a message around the cached session list and the encoded
@@ -965,22 +961,33 @@ impl Server {
         &mut self,
         encode: impl for<'a> FnOnce(&EncodedSnapshot<'a>) -> Result<Spliced<'a>, SchemaError>,
     ) -> Result<Frame, String> {
-        let sessions = self.session_list().map_err(|e| e.to_string())?;
+        self.refresh_list();
+        let sessions = self.cached_list().map_err(|e| e.to_string())?;
         let models = &self.models_cbor.as_ref().map_err(|e| e.to_string())?.0;
         let snapshot = EncodedSnapshot {
             server_id: &self.config.server_id,
             protocol_version: PROTOCOL_VERSION,
             revision: self.revision,
-            sessions: &sessions,
+            sessions,
             models,
         };
         self.spliced_frame(encode(&snapshot))
     }
 
-    /// Frames a message encoded in pieces, with one copy of each.
+    /// The session list as [`Self::refresh_list`] last brought it up to date.
+    fn cached_list(&self) -> Result<&spliced::EncodedList, SchemaError> {
+        self.list_cache
+            .as_ref()
+            .expect("brought up to date first")
+            .encoded()
+    }
+
+    /// Frames a message encoded in pieces, sharing its cached pieces.
     fn spliced_frame(&self, payload: Result<Spliced<'_>, SchemaError>) -> Result<Frame, String> {
         let payload = payload.map_err(|e| e.to_string())?;
-        frame_pieces(&payload.pieces(), self.config.limits.max_frame_len).map_err(|e| e.to_string())
+        payload
+            .frame(self.config.limits.max_frame_len)
+            .map_err(|e| e.to_string())
     }
 
     /// The server hello of a connection.
@@ -1008,10 +1015,9 @@ impl Server {
 
     /// The response to `list`.
     fn list_frame(&mut self, request_id: &str) -> Result<Frame, String> {
-        let frame = match self.session_list() {
-            Ok(sessions) => {
-                self.spliced_frame(spliced::encode_list_response(request_id, &sessions))
-            }
+        self.refresh_list();
+        let frame = match self.cached_list() {
+            Ok(sessions) => self.spliced_frame(spliced::encode_list_response(request_id, sessions)),
             Err(e) => Err(e.to_string()),
         };
         self.checked(frame, || {
@@ -1037,7 +1043,12 @@ impl Server {
             let normal = self.encode(&message());
             if frame != normal {
                 let at = match (&frame, &normal) {
-                    (Ok(a), Ok(b)) => a.iter().zip(b.iter()).take_while(|(x, y)| x == y).count(),
+                    (Ok(a), Ok(b)) => a
+                        .bytes()
+                        .iter()
+                        .zip(b.bytes().iter())
+                        .take_while(|(x, y)| x == y)
+                        .count(),
                     _ => 0,
                 };
                 panic!(
@@ -1455,139 +1466,6 @@ enum Scope {
         conn: Option<ConnId>,
         session: Option<String>,
     },
-}
-
-/// The session list's CBOR, kept between `list` responses and server
-/// snapshots, with what it was built from.
-///
-/// It is fresh while its inputs are unchanged: the catalog (every change
-/// increments [`Catalog::revision`]) and what each live session with a
-/// snapshot contributes ([`Listed`], compared at use: a few hundred live
-/// sessions at most, against thousands of stored ones). Nothing else has to
-/// remember to invalidate it.
-#[derive(Clone)]
-struct ListCache {
-    /// The catalog revision it was built at.
-    catalog_revision: u64,
-    /// The live sessions' entries it was built from, in id order.
-    live: Vec<Listed>,
-    /// CBOR of the `sessions` array (or why it cannot be encoded).
-    sessions: Result<Arc<Vec<u8>>, SchemaError>,
-}
-
-/// What it was built from, and the length of the CBOR rather than its bytes.
-impl fmt::Debug for ListCache {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ListCache")
-            .field("catalog_revision", &self.catalog_revision)
-            .field("live", &self.live)
-            .field("sessions_len", &self.sessions.as_ref().map(|s| s.len()))
-            .finish()
-    }
-}
-
-impl ListCache {
-    /// Merges the catalog's encoded entries with the live sessions' entries
-    /// (encoded now), in id order, as [`Server::server_snapshot`] lists them.
-    fn build(server: &Server) -> Self {
-        let lives: Vec<(&str, &SessionSnapshot)> = server
-            .sessions
-            .values()
-            .filter_map(|l| l.snapshot.as_deref().map(|snap| (l.id.as_str(), snap)))
-            .collect();
-        let sessions = Self::encode(&server.catalog, &lives)
-            .map(Arc::new)
-            .map_err(cbor_error);
-        Self {
-            catalog_revision: server.catalog.revision(),
-            live: lives.iter().map(|(_, snap)| Listed::of(snap)).collect(),
-            sessions,
-        }
-    }
-
-    /// The `sessions` array: stored entries as encoded when stored, live
-    /// ones (`lives`, in id order) encoded now.
-    fn encode(catalog: &Catalog, lives: &[(&str, &SessionSnapshot)]) -> Result<Vec<u8>, CborError> {
-        /// About the CBOR length of a live session's entry.
-        const LIVE_ENTRY_LEN: usize = 160;
-        let unstored = lives.iter().filter(|(id, _)| !catalog.contains(id)).count();
-        let mut list = ListBuilder::with_capacity(
-            catalog.len() + unstored,
-            catalog.encoded_len() + lives.len() * LIVE_ENTRY_LEN,
-        )?;
-        let mut stored = catalog.iter().peekable();
-        let mut lives = lives.iter().peekable();
-        loop {
-            let next_live = lives.peek().map(|(id, _)| *id);
-            match (stored.peek(), next_live) {
-                (None, None) => break,
-                (Some((id, s)), live) if live.is_none_or(|live| id.as_str() < live) => {
-                    match &s.cbor {
-                        Ok(cbor) => list.push_encoded(cbor),
-                        Err(e) => return Err(e.clone()),
-                    }
-                    stored.next();
-                }
-                _ => {
-                    let (id, snap) = lives.next().expect("peeked: stored is not first");
-                    let base = match stored.peek() {
-                        Some((stored_id, _)) if stored_id.as_str() == *id => {
-                            stored.next().map(|(_, s)| &s.meta)
-                        }
-                        _ => None,
-                    };
-                    list.push_metadata(&listed_metadata(base, snap))?;
-                }
-            }
-        }
-        Ok(list.finish())
-    }
-
-    /// True while the catalog and the live sessions' entries are as when built.
-    fn is_fresh(&self, server: &Server) -> bool {
-        if self.catalog_revision != server.catalog.revision() {
-            return false;
-        }
-        let mut listed = self.live.iter();
-        server
-            .sessions
-            .values()
-            .filter_map(|l| l.snapshot.as_deref())
-            .all(|snap| listed.next().is_some_and(|l| l.is(snap)))
-            && listed.next().is_none()
-    }
-}
-
-/// What a live session contributes to the session list: the fields of its
-/// snapshot that [`listed_metadata`] reads.
-#[derive(Debug, Clone, PartialEq)]
-struct Listed {
-    id: String,
-    created_at: u64,
-    updated_at: u64,
-    name: Option<String>,
-    cwd: String,
-}
-
-impl Listed {
-    fn of(snap: &SessionSnapshot) -> Self {
-        Self {
-            id: snap.id.clone(),
-            created_at: snap.created_at,
-            updated_at: snap.updated_at,
-            name: snap.name.clone(),
-            cwd: snap.cwd.clone(),
-        }
-    }
-
-    /// True when `snap` lists as this.
-    fn is(&self, snap: &SessionSnapshot) -> bool {
-        self.id == snap.id
-            && self.created_at == snap.created_at
-            && self.updated_at == snap.updated_at
-            && self.name == snap.name
-            && self.cwd == snap.cwd
-    }
 }
 
 /// A live session's list entry: its stored metadata (if it has any) updated

@@ -229,7 +229,7 @@ pub(crate) struct LiveSnapshot {
     snapshot: SessionSnapshot,
     /// CBOR of `normalised(snapshot, attached)` at index `attached as usize`
     /// (or why it cannot be encoded), once made.
-    encoded: [Option<Result<Arc<Vec<u8>>, SchemaError>>; 2],
+    encoded: [Option<Result<Arc<[u8]>, SchemaError>>; 2],
 }
 
 impl LiveSnapshot {
@@ -242,7 +242,7 @@ impl LiveSnapshot {
 
     /// CBOR of the snapshot normalised for an audience that is (or is not)
     /// attached, encoded now if it was not yet.
-    fn encoded(&mut self, attached: bool) -> Result<Arc<Vec<u8>>, SchemaError> {
+    fn encoded(&mut self, attached: bool) -> Result<Arc<[u8]>, SchemaError> {
         let snapshot = &self.snapshot;
         self.encoded[usize::from(attached)]
             .get_or_insert_with(|| {
@@ -251,7 +251,7 @@ impl LiveSnapshot {
                     locked: true,
                 };
                 spliced::encode_session_snapshot_shown(snapshot, shown)
-                    .map(Arc::new)
+                    .map(Arc::from)
                     .map_err(cbor_error)
             })
             .clone()
@@ -261,7 +261,7 @@ impl LiveSnapshot {
 #[cfg(test)]
 impl LiveSnapshot {
     /// The encoding for an audience that is (or is not) attached, if made.
-    pub(super) fn cached(&self, attached: bool) -> Option<Arc<Vec<u8>>> {
+    pub(super) fn cached(&self, attached: bool) -> Option<Arc<[u8]>> {
         self.encoded[usize::from(attached)]
             .as_ref()
             .map(|e| e.clone().expect("encodes"))
@@ -968,7 +968,7 @@ impl Server {
 
     /// The CBOR of a live session's snapshot normalised for an audience that
     /// is (or is not) attached, encoded once per snapshot (see [`LiveSnapshot`]).
-    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<Arc<Vec<u8>>, String> {
+    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<Arc<[u8]>, String> {
         let live = self.sessions.get_mut(session_id).expect("live");
         let snapshot = live.snapshot.as_mut().expect("ready");
         snapshot.encoded(attached).map_err(|e| e.to_string())

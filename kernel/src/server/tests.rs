@@ -14,6 +14,7 @@ use crate::protocol::{
 };
 use crate::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use crate::worker::FromWorker;
+use std::sync::Arc;
 
 fn config() -> Config {
     Config {
@@ -196,16 +197,16 @@ impl Harness {
         }
     }
 
-    /// The session list's cached CBOR.
-    fn cached_list(&self) -> Arc<Vec<u8>> {
+    /// The session list's cached pieces.
+    fn cached_list(&self) -> Vec<Arc<[u8]>> {
         let cache = self.server.list_cache.as_ref().expect("built");
-        cache.sessions.clone().expect("encodes")
+        cache.encoded().expect("encodes").pieces().to_vec()
     }
 
     /// The last message sent to `conn`, decoded.
     fn last(&self, conn: ConnId) -> ServerMessage {
         let frame = self.sent[&conn].last().expect("a frame was sent");
-        decode_server_message(&frame[4..], &Default::default()).expect("decodes")
+        decode_server_message(&frame.bytes()[4..], &Default::default()).expect("decodes")
     }
 }
 
@@ -342,6 +343,90 @@ fn stored(i: u64) -> SessionMetadata {
     }
 }
 
+/// With a catalog of many pieces, a change re-encodes only the piece that
+/// holds it, and through additions and removals that split, join and empty
+/// pieces (and live sessions among them) every list equals its fresh
+/// encoding (the server's debug check) and the catalog.
+#[test]
+fn a_large_list_is_re_encoded_piece_by_piece() {
+    let a = ConnId(1);
+    let mut h = Harness::serving((0..1_000).map(stored).collect(), a);
+    let mut expected: BTreeMap<String, SessionMetadata> =
+        (0..1_000).map(stored).map(|m| (m.id.clone(), m)).collect();
+    let stored_only = |list: Vec<SessionMetadata>| -> Vec<SessionMetadata> {
+        list.into_iter()
+            .filter(|m| m.id.starts_with("stored-"))
+            .collect()
+    };
+    assert_eq!(h.list(a), expected.values().cloned().collect::<Vec<_>>());
+    let before = h.cached_list();
+    assert!(before.len() >= 8, "cut into pieces: {}", before.len());
+
+    let mut renamed = stored(500);
+    renamed.session_name = Some("renamed".into());
+    h.server.catalog.insert(renamed.clone());
+    expected.insert(renamed.id.clone(), renamed);
+    assert_eq!(h.list(a), expected.values().cloned().collect::<Vec<_>>());
+    let after = h.cached_list();
+    assert_eq!(before.len(), after.len());
+    let renewed = before
+        .iter()
+        .zip(&after)
+        .filter(|(x, y)| !Arc::ptr_eq(x, y))
+        .count();
+    assert_eq!(renewed, 1, "one piece re-encoded");
+
+    let mut live = Vec::new();
+    let mut x: u64 = 7;
+    for round in 0..60u64 {
+        for _ in 0..(round % 7) * 20 + 1 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let meta = stored((x >> 33) % 3_000);
+            if (x >> 20).is_multiple_of(3) {
+                h.server.catalog.remove(&meta.id);
+                expected.remove(&meta.id);
+            } else {
+                h.server.catalog.insert(meta.clone());
+                expected.insert(meta.id.clone(), meta);
+            }
+        }
+        if round % 20 == 5 {
+            live.push(h.create(a).1);
+        }
+        let list = h.list(a);
+        for id in &live {
+            assert!(entry(&list, id).is_some(), "{id} is listed");
+        }
+        assert_eq!(
+            stored_only(list),
+            expected.values().cloned().collect::<Vec<_>>()
+        );
+    }
+
+    // Nearly everything goes: pieces empty and join.
+    let ids: Vec<String> = expected.keys().cloned().collect();
+    for id in ids.iter().skip(3) {
+        h.server.catalog.remove(id);
+        expected.remove(id);
+    }
+    assert_eq!(
+        stored_only(h.list(a)),
+        expected.values().cloned().collect::<Vec<_>>()
+    );
+    assert!(
+        h.cached_list().len() <= 2,
+        "joined: {}",
+        h.cached_list().len()
+    );
+}
+
+/// True when `a` and `b` are the same pieces (not only equal bytes).
+fn same_pieces(a: &[Arc<[u8]>], b: &[Arc<[u8]>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
+}
+
 fn entry<'a>(list: &'a [SessionMetadata], id: &str) -> Option<&'a SessionMetadata> {
     list.iter().find(|m| m.id == id)
 }
@@ -357,14 +442,14 @@ fn list_follows_every_change_to_its_inputs() {
     assert_eq!(first.len(), 5);
     let cached = h.cached_list();
     assert_eq!(h.list(a), first);
-    assert!(Arc::ptr_eq(&cached, &h.cached_list()), "unchanged: reused");
+    assert!(same_pieces(&cached, &h.cached_list()), "unchanged: reused");
 
     // create: a new live session, then in the catalog.
     let (worker, created) = h.create(a);
     let list = h.list(a);
     assert_eq!(list.len(), 6);
     assert!(entry(&list, &created).is_some());
-    assert!(!Arc::ptr_eq(&cached, &h.cached_list()), "changed: rebuilt");
+    assert!(!same_pieces(&cached, &h.cached_list()), "changed: rebuilt");
 
     // rename: a snapshot with a new name.
     let mut renamed = snapshot(&created, 2, SessionPhase::Idle);
@@ -390,7 +475,7 @@ fn list_follows_every_change_to_its_inputs() {
     h.worker(worker, FromWorker::Snapshot { snapshot: busy });
     h.list(a);
     assert!(
-        Arc::ptr_eq(&cached, &h.cached_list()),
+        same_pieces(&cached, &h.cached_list()),
         "unlisted change: reused"
     );
 
@@ -501,7 +586,7 @@ fn many_stored_sessions_list_as_freshly_encoded() {
     let a = ConnId(1);
     let mut h = Harness::serving((0..3000).map(stored).collect(), a);
     let ServerMessage::Hello(hello) =
-        decode_server_message(&h.sent[&a][0][4..], &Default::default()).expect("decodes")
+        decode_server_message(&h.sent[&a][0].bytes()[4..], &Default::default()).expect("decodes")
     else {
         panic!("hello first");
     };
@@ -619,7 +704,7 @@ impl Harness {
             .iter()
             .rev()
             .find(|f| {
-                decode_server_message(&f[4..], &Default::default())
+                decode_server_message(&f.bytes()[4..], &Default::default())
                     .is_ok_and(|m| kind(&m) == kind(expected))
             })
             .expect("a frame of that kind was sent");
@@ -634,7 +719,7 @@ impl Harness {
     }
 
     /// The cached encoding of a live session's snapshot.
-    fn cached_snapshot(&self, session: &str, attached: bool) -> Option<Arc<Vec<u8>>> {
+    fn cached_snapshot(&self, session: &str, attached: bool) -> Option<Arc<[u8]>> {
         let live = &self.server.sessions[session];
         live.snapshot.as_ref().expect("ready").cached(attached)
     }
@@ -760,7 +845,8 @@ fn session_frames_follow_every_snapshot() {
     h.assert_sent(a, &session_response("prompt", &done, false));
     h.assert_sent(c, &session_event(&done));
     for frame in &h.sent[&b][before_b..] {
-        let message = decode_server_message(&frame[4..], &Default::default()).expect("decodes");
+        let message =
+            decode_server_message(&frame.bytes()[4..], &Default::default()).expect("decodes");
         assert!(
             matches!(
                 message,

@@ -7,7 +7,7 @@
 //! make it allocate. Error texts follow the reference implementation.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Default maximum payload length: 16 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -249,24 +249,170 @@ pub fn encode_frame(payload: &[u8], max_frame_len: u32) -> Result<Vec<u8>, Frame
     Ok(frame)
 }
 
-/// Frames the concatenation of `pieces` into one shared buffer, allocated
-/// once at its final size: for a large payload assembled from pieces that
-/// already exist (an envelope around a cached list), this saves building the
-/// payload and copying it again. Fails as [`encode_frame`] does when the
+/// Frames `head`, the `shared` pieces and `tail` without copying the shared
+/// ones: for a large payload around parts that already exist (an envelope
+/// around a cached session list or session snapshot), the frame holds those
+/// parts instead of a copy of them. Fails as [`encode_frame`] does when the
 /// payload exceeds `max_frame_len`.
-pub fn frame_pieces(pieces: &[&[u8]], max_frame_len: u32) -> Result<Arc<[u8]>, FrameError> {
-    let payload: usize = pieces.iter().map(|p| p.len()).sum();
+pub fn frame_shared(
+    head: &[u8],
+    shared: &[Arc<[u8]>],
+    tail: &[u8],
+    max_frame_len: u32,
+) -> Result<Frame, FrameError> {
+    let payload = head.len() + shared.iter().map(|p| p.len()).sum::<usize>() + tail.len();
     let len = payload_len(payload, max_frame_len)?;
-    let mut frame: Arc<[u8]> = std::iter::repeat_n(0, FRAME_HEADER_LEN + payload).collect();
-    let bytes = Arc::get_mut(&mut frame).expect("a fresh Arc is unique");
-    let (header, mut rest) = bytes.split_at_mut(FRAME_HEADER_LEN);
-    header.copy_from_slice(&len.to_be_bytes());
-    for piece in pieces {
-        let (this, after) = rest.split_at_mut(piece.len());
-        this.copy_from_slice(piece);
-        rest = after;
+    let mut first = Vec::with_capacity(FRAME_HEADER_LEN + head.len());
+    first.extend_from_slice(&len.to_be_bytes());
+    first.extend_from_slice(head);
+    let mut pieces = Vec::with_capacity(shared.len() + 2);
+    pieces.push(Arc::from(first));
+    pieces.extend(shared.iter().filter(|p| !p.is_empty()).cloned());
+    if !tail.is_empty() {
+        pieces.push(Arc::from(tail));
     }
-    Ok(frame)
+    Ok(Frame(Repr::Pieces(Arc::new(Pieces {
+        len: FRAME_HEADER_LEN + payload,
+        pieces,
+        joined: OnceLock::new(),
+    }))))
+}
+
+/// One frame to send (header and payload), shared by every connection it
+/// goes to: one buffer, or shared pieces whose concatenation it is
+/// ([`frame_shared`]). A driver writes the pieces in order (`writev`);
+/// nothing in them is interpreted but their bytes. Frames are equal when
+/// their bytes are, however they are cut.
+#[derive(Clone)]
+pub struct Frame(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Whole(Arc<[u8]>),
+    Pieces(Arc<Pieces>),
+}
+
+/// A frame in pieces, shared by its recipients.
+struct Pieces {
+    len: usize,
+    pieces: Vec<Arc<[u8]>>,
+    /// The bytes in one buffer, once a recipient needed them so (a
+    /// WebSocket message): made once for all of them.
+    joined: OnceLock<Arc<[u8]>>,
+}
+
+impl Frame {
+    /// Its length in bytes, header included.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Whole(bytes) => bytes.len(),
+            Repr::Pieces(pieces) => pieces.len,
+        }
+    }
+
+    /// True for no bytes at all (a frame always has its header).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces, in order: their concatenation is the frame.
+    pub fn pieces(&self) -> &[Arc<[u8]>] {
+        match &self.0 {
+            Repr::Whole(bytes) => std::slice::from_ref(bytes),
+            Repr::Pieces(pieces) => &pieces.pieces,
+        }
+    }
+
+    /// The bytes in one buffer: the frame's own if it is one, else a copy.
+    pub fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.pieces() {
+            [one] => std::borrow::Cow::Borrowed(one),
+            pieces => std::borrow::Cow::Owned(pieces.concat()),
+        }
+    }
+
+    /// The bytes in one shared buffer: the frame's own if it is one, else a
+    /// copy, made once and shared by every clone of the frame.
+    pub fn into_contiguous(self) -> Arc<[u8]> {
+        match self.0 {
+            Repr::Whole(bytes) => bytes,
+            Repr::Pieces(pieces) => pieces
+                .joined
+                .get_or_init(|| pieces.pieces.concat().into())
+                .clone(),
+        }
+    }
+
+    /// True when both are the same frame (clones of one), not only equal bytes.
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::Whole(a), Repr::Whole(b)) => Arc::ptr_eq(a, b),
+            (Repr::Pieces(a), Repr::Pieces(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl From<Arc<[u8]>> for Frame {
+    fn from(bytes: Arc<[u8]>) -> Self {
+        Self(Repr::Whole(bytes))
+    }
+}
+
+impl From<Vec<u8>> for Frame {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self(Repr::Whole(bytes.into()))
+    }
+}
+
+impl From<&[u8]> for Frame {
+    fn from(bytes: &[u8]) -> Self {
+        Self(Repr::Whole(bytes.into()))
+    }
+}
+
+/// Equal bytes, however the frames are cut into pieces.
+impl PartialEq for Frame {
+    fn eq(&self, other: &Self) -> bool {
+        if self.len() != other.len() {
+            return false;
+        }
+        let (mut a, mut b) = (self.pieces().iter(), other.pieces().iter());
+        let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+        loop {
+            if x.is_empty() {
+                match a.next() {
+                    Some(piece) => x = piece,
+                    // The lengths are equal: `other` is done too.
+                    None => return true,
+                }
+                continue;
+            }
+            if y.is_empty() {
+                match b.next() {
+                    Some(piece) => y = piece,
+                    None => return false,
+                }
+                continue;
+            }
+            let n = x.len().min(y.len());
+            if x[..n] != y[..n] {
+                return false;
+            }
+            (x, y) = (&x[n..], &y[n..]);
+        }
+    }
+}
+
+impl Eq for Frame {}
+
+/// The bytes, as one slice would show them.
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.pieces().iter().flat_map(|p| p.iter()))
+            .finish()
+    }
 }
 
 /// Completes a frame whose payload was written after [`FRAME_HEADER_LEN`]

@@ -829,10 +829,8 @@ impl World {
                 continue;
             }
             let message = match &last {
-                Some((previous, message)) if std::sync::Arc::ptr_eq(previous, frame) => {
-                    message.clone()
-                }
-                _ => Arc::new(decode_frame(frame)),
+                Some((previous, message)) if previous.ptr_eq(frame) => message.clone(),
+                _ => Arc::new(decode_frame(&frame.bytes())),
             };
             last = Some((frame, message.clone()));
             decoded.push(Some(message));
@@ -1211,8 +1209,10 @@ fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
 /// True for frames no checker reads: a server snapshot event or an assistant
 /// delta. Their CBOR starts with the event's `type` key, so the name appears
 /// within the first bytes (a session id comes before a delta's type).
-fn is_unchecked(frame: &[u8]) -> bool {
-    let head = &frame[..frame.len().min(120)];
+fn is_unchecked(frame: &Frame) -> bool {
+    // The first piece holds the envelope of a frame spliced around cached parts.
+    let first = &frame.pieces()[0];
+    let head = &first[..first.len().min(120)];
     let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
     has(b"server_snapshot") || has(b"assistant_delta")
 }

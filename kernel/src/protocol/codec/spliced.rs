@@ -8,8 +8,12 @@
 //! long transcript is encoded once per revision rather than once per message.
 //!
 //! A message comes out as pieces ([`Spliced`]): the envelope before the
-//! list (or snapshot), its bytes as given, and the rest; the server frames them
-//! with one copy ([`crate::wire::frame::frame_pieces`]). Together the pieces
+//! list (or snapshot), its shared pieces as given, and the rest; the server
+//! frames them without copying the shared pieces
+//! ([`crate::wire::frame::frame_shared`]), so a frame costs its envelope, not
+//! the length of the list or transcript. A list is kept as an
+//! [`EncodedList`]: its header and pieces of whole entries, so that a change
+//! re-encodes one piece, not the list. Together the pieces
 //! are exactly the bytes [`super::encode_payload`] writes for the same message
 //! (keys in the schema order of `messages.rs` and `items.rs`, numbers through
 //! the same [`uint_value`] mapping, the same CBOR limits, the same errors);
@@ -24,7 +28,9 @@ use super::direct::{self, Shown};
 use super::{Schema, SchemaError, cbor_error, uint_value};
 use crate::protocol::{SessionMetadata, SessionSnapshot};
 use crate::wire::cbor::{Encoder, check_item_len};
+use crate::wire::frame::{Frame, FrameError, frame_shared};
 use crate::wire::{CborError, CborLimits, Value};
+use std::sync::Arc;
 
 /// A [`crate::protocol::ServerSnapshot`] whose two lists are already encoded.
 #[derive(Debug, Clone, Copy)]
@@ -36,29 +42,78 @@ pub struct EncodedSnapshot<'a> {
     /// `revision`.
     pub revision: u64,
     /// CBOR of the `sessions` array of [`crate::protocol::SessionMetadata`].
-    pub sessions: &'a [u8],
+    pub sessions: &'a EncodedList,
     /// CBOR of the `models` array of [`crate::protocol::ModelMetadata`].
     pub models: &'a [u8],
 }
 
-/// One encoded message in three pieces: `head`, then `item` (encoded
-/// earlier, borrowed), then `tail`.
+/// CBOR of an array kept as its header and shared pieces, each holding
+/// whole items: the server's session list, whose pieces are re-encoded one
+/// at a time as entries change, and spliced into messages without a copy.
+#[derive(Debug, Clone)]
+pub struct EncodedList {
+    header: Vec<u8>,
+    pieces: Vec<Arc<[u8]>>,
+}
+
+impl EncodedList {
+    /// The array of `len` items whose CBOR, concatenated, is `pieces`
+    /// (made by [`ListBuilder::headless`] or [`encode_item`]).
+    pub fn new(len: usize, pieces: Vec<Arc<[u8]>>) -> Result<Self, CborError> {
+        let mut header = Vec::new();
+        Encoder::new(&mut header, &CborLimits::default()).array_header(len)?;
+        Ok(Self { header, pieces })
+    }
+
+    /// Appends a piece of whole items.
+    pub fn push(&mut self, piece: Arc<[u8]>) {
+        self.pieces.push(piece);
+    }
+
+    /// The pieces after the header.
+    pub fn pieces(&self) -> &[Arc<[u8]>] {
+        &self.pieces
+    }
+
+    /// The array's length in bytes.
+    pub fn encoded_len(&self) -> usize {
+        self.header.len() + self.pieces.iter().map(|p| p.len()).sum::<usize>()
+    }
+
+    /// The array's CBOR as one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = self.header.clone();
+        for piece in &self.pieces {
+            out.extend_from_slice(piece);
+        }
+        out
+    }
+}
+
+/// One encoded message in three parts: `head`, then `shared` (encoded
+/// earlier, shared pieces), then `tail`.
 #[derive(Debug, Clone)]
 pub struct Spliced<'a> {
     head: Vec<u8>,
-    item: &'a [u8],
+    shared: &'a [Arc<[u8]>],
     tail: Vec<u8>,
 }
 
 impl Spliced<'_> {
-    /// The pieces, in order: their concatenation is the payload.
-    pub fn pieces(&self) -> [&[u8]; 3] {
-        [&self.head, self.item, &self.tail]
-    }
-
     /// The payload as one buffer.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.pieces().concat()
+        let mut out = self.head.clone();
+        for piece in self.shared {
+            out.extend_from_slice(piece);
+        }
+        out.extend_from_slice(&self.tail);
+        out
+    }
+
+    /// The payload framed, holding the shared pieces rather than a copy
+    /// ([`frame_shared`]).
+    pub fn frame(&self, max_frame_len: u32) -> Result<Frame, FrameError> {
+        frame_shared(&self.head, self.shared, &self.tail, max_frame_len)
     }
 }
 
@@ -118,6 +173,14 @@ impl ListBuilder {
         Ok(Self { out })
     }
 
+    /// Items without the array's header, with room for `bytes` of them: a
+    /// piece of an [`EncodedList`].
+    pub fn headless(bytes: usize) -> Self {
+        Self {
+            out: Vec::with_capacity(bytes),
+        }
+    }
+
     /// Appends an item, encoding it now.
     pub fn push<T: Schema>(&mut self, item: &T) -> Result<(), CborError> {
         Encoder::new(&mut self.out, &CborLimits::default()).item(&item.to_value())
@@ -135,6 +198,11 @@ impl ListBuilder {
     /// [`direct::encode_session_metadata`].
     pub fn push_encoded(&mut self, item: &[u8]) {
         self.out.extend_from_slice(item);
+    }
+
+    /// Bytes written so far.
+    pub fn encoded_len(&self) -> usize {
+        self.out.len()
     }
 
     /// The array's CBOR.
@@ -160,7 +228,7 @@ pub fn encode_hello<'a>(
     snapshot: &EncodedSnapshot<'a>,
 ) -> Result<Spliced<'a>, SchemaError> {
     splice(
-        snapshot.sessions,
+        snapshot.sessions.pieces(),
         |e| {
             e.map_header(4)?;
             e.text("type")?;
@@ -182,7 +250,7 @@ pub fn encode_server_snapshot_event<'a>(
     snapshot: &EncodedSnapshot<'a>,
 ) -> Result<Spliced<'a>, SchemaError> {
     splice(
-        snapshot.sessions,
+        snapshot.sessions.pieces(),
         |e| {
             event_head(e, "server_snapshot")?;
             snapshot_head(e, snapshot)
@@ -194,17 +262,27 @@ pub fn encode_server_snapshot_event<'a>(
 /// `{type:"event", event:{type:"session_snapshot", snapshot}}`: a
 /// [`crate::protocol::ServerEvent::SessionSnapshot`] payload, with
 /// `snapshot` from [`encode_session_snapshot`].
-pub fn encode_session_snapshot_event(snapshot: &[u8]) -> Result<Spliced<'_>, SchemaError> {
-    splice(snapshot, |e| event_head(e, "session_snapshot"), |_| Ok(()))
+pub fn encode_session_snapshot_event(snapshot: &Arc<[u8]>) -> Result<Spliced<'_>, SchemaError> {
+    splice(
+        std::slice::from_ref(snapshot),
+        |e| event_head(e, "session_snapshot"),
+        |_| Ok(()),
+    )
 }
 
 /// `{type:"response", id, ok:true, result:{command:"list", sessions}}`: the
 /// response to `list`, with `sessions` the CBOR of the array.
 pub fn encode_list_response<'a>(
     request_id: &str,
-    sessions: &'a [u8],
+    sessions: &'a EncodedList,
 ) -> Result<Spliced<'a>, SchemaError> {
-    response(request_id, "list", "sessions", sessions)
+    response(
+        request_id,
+        "list",
+        "sessions",
+        &sessions.header,
+        sessions.pieces(),
+    )
 }
 
 /// `{type:"response", id, ok:true, result:{command, session}}`: the response
@@ -214,17 +292,25 @@ pub fn encode_list_response<'a>(
 pub fn encode_session_response<'a>(
     request_id: &str,
     command: &str,
-    session: &'a [u8],
+    session: &'a Arc<[u8]>,
 ) -> Result<Spliced<'a>, SchemaError> {
-    response(request_id, command, "session", session)
+    response(
+        request_id,
+        command,
+        "session",
+        &[],
+        std::slice::from_ref(session),
+    )
 }
 
-/// `{type:"response", id, ok:true, result:{command, <key>: item}}`.
+/// `{type:"response", id, ok:true, result:{command, <key>: item}}`, with the
+/// item's CBOR `item_head` and then the `item` pieces.
 fn response<'a>(
     request_id: &str,
     command: &str,
     key: &str,
-    item: &'a [u8],
+    item_head: &[u8],
+    item: &'a [Arc<[u8]>],
 ) -> Result<Spliced<'a>, SchemaError> {
     splice(
         item,
@@ -240,16 +326,18 @@ fn response<'a>(
             e.map_header(2)?;
             e.text("command")?;
             e.text(command)?;
-            e.text(key)
+            e.text(key)?;
+            e.raw(item_head);
+            Ok(())
         },
         |_| Ok(()),
     )
 }
 
-/// Writes `head` and `tail` around `item` under the default limits, and
-/// checks the whole length, as [`crate::wire::cbor::encode`] does.
+/// Writes `head` and `tail` around the `shared` pieces under the default
+/// limits, and checks the whole length, as [`crate::wire::cbor::encode`] does.
 fn splice<'a>(
-    item: &'a [u8],
+    shared: &'a [Arc<[u8]>],
     head: impl FnOnce(&mut Encoder<'_, '_>) -> Result<(), CborError>,
     tail: impl FnOnce(&mut Encoder<'_, '_>) -> Result<(), CborError>,
 ) -> Result<Spliced<'a>, SchemaError> {
@@ -258,12 +346,13 @@ fn splice<'a>(
     let limits = CborLimits::default();
     let mut spliced = Spliced {
         head: Vec::with_capacity(ENVELOPE_LEN),
-        item,
+        shared,
         tail: Vec::new(),
     };
     head(&mut Encoder::new(&mut spliced.head, &limits)).map_err(cbor_error)?;
     tail(&mut Encoder::new(&mut spliced.tail, &limits)).map_err(cbor_error)?;
-    let len = spliced.head.len() + item.len() + spliced.tail.len();
+    let shared_len: usize = shared.iter().map(|p| p.len()).sum();
+    let len = spliced.head.len() + shared_len + spliced.tail.len();
     check_item_len(len, &limits).map_err(cbor_error)?;
     Ok(spliced)
 }
@@ -289,7 +378,9 @@ fn snapshot_head(e: &mut Encoder<'_, '_>, snapshot: &EncodedSnapshot<'_>) -> Res
     e.item(&uint_value(snapshot.protocol_version))?;
     e.text("revision")?;
     e.item(&uint_value(snapshot.revision))?;
-    e.text("sessions")
+    e.text("sessions")?;
+    e.raw(&snapshot.sessions.header);
+    Ok(())
 }
 
 /// `models}` — after the sessions.
