@@ -25,6 +25,13 @@
 //! deterministic, so a counterexample's path replays it exactly, with a
 //! trace.
 //!
+//! The search runs on one thread per CPU (`SIM_THREADS=n` to choose): a
+//! thread with nothing to do waits, and a busy one hands it the sibling
+//! branches it would explore later. The set of seen fingerprints is shared,
+//! so each state is expanded exactly once and the counts (states,
+//! transitions, quiescent states) are the same as on one thread; only the
+//! deepest path reported may differ.
+//!
 //! # What is explored
 //!
 //! A [`Config`] gives every client a budget of actions (attach, detach,
