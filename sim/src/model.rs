@@ -710,7 +710,12 @@ pub fn explore_with(
     let shared = Shared::new(config, threads());
     shared.seen(root.fingerprint());
     shared.states.store(1, Ordering::Relaxed);
-    shared.pool.lock().expect("pool").items.push((root, Vec::new()));
+    shared
+        .pool
+        .lock()
+        .expect("pool")
+        .items
+        .push((root, Vec::new()));
     let mut totals = empty_stats();
     totals.states = 1;
     std::thread::scope(|scope| {

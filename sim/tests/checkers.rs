@@ -14,13 +14,13 @@ use sim::checkers::requests::Requests;
 use sim::checkers::snapshots::Snapshots;
 use sim::checkers::store::StoreChecker;
 use sim::world::{Fact, Options, World};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 const C1: ConnId = ConnId(1);
 
 fn emitted(message: ServerMessage, attached_after: bool) -> Fact {
-    let message = Rc::new(message);
+    let message = Arc::new(message);
     Fact::Emitted {
         conn: C1,
         message,
