@@ -22,12 +22,15 @@
 use crate::raw::{RawConn, decode, v1_request};
 use crate::server::{Server, create_sessions};
 use crate::util::{Env, Report, children, loadavg, median, rss_kib, wait_no_children};
+use kernel::faux::FauxStream;
 use kernel::ids::OpId;
 use kernel::protocol::{
     AssistantItem, AssistantStatus, Command, CommandResult, Content, CreateParams, DeltaKind,
     ServerMessage, StopReason, ToolItem, ToolStatus, TranscriptItem, UserItem,
 };
-use kernel::runtime::{ModelEvent, Runtime, RuntimeInput, RuntimeOutput, StoredSession};
+use kernel::runtime::{
+    ModelEvent, Persist, Purpose, Runtime, RuntimeInput, RuntimeOutput, StoredSession,
+};
 use kernel::time::Instant as KInstant;
 use kernel::worker::Operation;
 use std::fmt::Write as _;
@@ -90,6 +93,8 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         .into_iter()
         .map(|items| (items, delta_step_ns(items)))
         .collect();
+    // How often a long faux session compacts, in process.
+    let (compaction_turns, compactions, summary_max) = faux_compactions(12_700, 1_000);
 
     let mut tally = Tally::default();
     let samples = runtime.block_on(drive(
@@ -241,6 +246,13 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             .map(|(items, ns)| format!("{items} items: {:.2} µs", ns / 1e3))
             .collect::<Vec<_>>()
             .join(", "),
+    );
+    report.info(
+        "soak",
+        "faux compactions (in process) in 1,000 turns of a session that starts with 12,700 items",
+        format!(
+            "{compactions} (at turns {compaction_turns:?}); the summary at most {summary_max} B"
+        ),
     );
     for (what, idle) in [
         ("a client attached, its worker alive", &attached_idle),
@@ -439,33 +451,8 @@ async fn side_session(server: &Server, turn: usize) -> Result<(), String> {
 /// catalog, a delta every step and no IO): what each streamed word costs a
 /// worker, which grew with the transcript while every step checked all of it.
 fn delta_step_ns(items: usize) -> f64 {
-    let model = kernel::faux::default_model();
-    let transcript = (0..items)
-        .map(|i| {
-            let id = format!("item-{}", i + 1);
-            let text = format!("turn {i}: keep the daemon steady under a long session");
-            if i % 2 == 0 {
-                TranscriptItem::User(UserItem {
-                    id,
-                    content: vec![Content::Text { text }],
-                    timestamp: i as u64,
-                })
-            } else {
-                TranscriptItem::Assistant(AssistantItem {
-                    id,
-                    content: vec![Content::Text { text }],
-                    model: model.clone(),
-                    response_model: None,
-                    usage: None,
-                    timestamp: i as u64,
-                    status: AssistantStatus::Complete(StopReason::Stop),
-                    error_message: None,
-                })
-            }
-        })
-        .collect();
     let stored = StoredSession {
-        transcript,
+        transcript: long_transcript(items),
         ..crate::server::stored_session("delta-steps", 1)
     };
     let (mut rt, _) = Runtime::open(stored, kernel::faux::models(), KInstant(1));
@@ -499,6 +486,88 @@ fn delta_step_ns(items: usize) -> f64 {
         std::hint::black_box(out);
     }
     clock.elapsed().as_nanos() as f64 / f64::from(deltas)
+}
+
+/// Runs `turns` prompts in process on a faux session that starts with
+/// `items` items (the faux model answering, no IO); returns the turns that
+/// compacted, how many, and the longest summary stored. The faux model
+/// reports 8 input tokens per item sent, so its 128,000-token window passes
+/// the 80 % threshold at 12,800 items.
+fn faux_compactions(items: usize, turns: usize) -> (Vec<usize>, usize, usize) {
+    let stored = StoredSession {
+        transcript: long_transcript(items),
+        ..crate::server::stored_session("compactions", 1)
+    };
+    let (mut rt, _) = Runtime::open(stored, kernel::faux::models(), KInstant(1));
+    let (mut at, mut summary_max) = (Vec::new(), 0);
+    for turn in 0..turns {
+        let now = KInstant(2 + turn as u64);
+        let mut out = rt.step(
+            now,
+            RuntimeInput::Operation {
+                op: OpId(turn as u64 + 1),
+                operation: Operation::Prompt {
+                    text: format!("turn {turn}: keep the daemon steady under a long session"),
+                },
+            },
+        );
+        loop {
+            for o in &out {
+                if let RuntimeOutput::Persist(Persist::State {
+                    summary: Some(s), ..
+                }) = o
+                {
+                    summary_max = summary_max.max(s.text.len());
+                }
+            }
+            let Some((call, request)) = out.iter().find_map(|o| match o {
+                RuntimeOutput::StartModel { call, request } => Some((*call, request.clone())),
+                _ => None,
+            }) else {
+                break;
+            };
+            if request.purpose == Purpose::Summarize {
+                at.push(turn);
+            }
+            let mut stream = FauxStream::start(&request, now, std::time::Duration::ZERO);
+            out = stream
+                .step(now)
+                .into_iter()
+                .flat_map(|event| rt.step(now, RuntimeInput::Model { call, event }))
+                .collect();
+        }
+    }
+    let compactions = at.len();
+    (at, compactions, summary_max)
+}
+
+/// `items` transcript items, user and assistant in turn, as the soak's.
+fn long_transcript(items: usize) -> Vec<TranscriptItem> {
+    let model = kernel::faux::default_model();
+    (0..items)
+        .map(|i| {
+            let id = format!("item-{}", i + 1);
+            let text = format!("turn {i}: keep the daemon steady under a long session");
+            if i % 2 == 0 {
+                TranscriptItem::User(UserItem {
+                    id,
+                    content: vec![Content::Text { text }],
+                    timestamp: i as u64,
+                })
+            } else {
+                TranscriptItem::Assistant(AssistantItem {
+                    id,
+                    content: vec![Content::Text { text }],
+                    model: model.clone(),
+                    response_model: None,
+                    usage: None,
+                    timestamp: i as u64,
+                    status: AssistantStatus::Complete(StopReason::Stop),
+                    error_message: None,
+                })
+            }
+        })
+        .collect()
 }
 
 /// CPU used while nothing happens.
