@@ -488,7 +488,9 @@ pub fn decode_worker_frame(
             return;
         }
         if index == 0 {
-            items.reserve_exact(len);
+            // An encoded item takes well over 32 bytes: a frame cannot make
+            // the server reserve more than a few times its own size.
+            items.reserve_exact(len.min(payload.len() / 32));
         }
         let root = Path::Root("");
         let snapshot = root.key(outer.get());
