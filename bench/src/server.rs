@@ -305,9 +305,13 @@ pub(crate) fn stored_session(id: &str, created_at: u64) -> StoredSession {
 }
 
 /// Creates `n` stored sessions under `dir` with the store (in `threads`
-/// threads); returns their ids.
+/// threads); returns their ids. Their working directory is `cwd` beside
+/// `dir` (created), so a tool a bench runs there finds it.
 pub(crate) fn create_sessions(dir: &Path, n: usize, threads: usize) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let cwd = dir.parent().unwrap_or(dir).join("cwd");
+    std::fs::create_dir_all(&cwd).map_err(|e| format!("{}: {e}", cwd.display()))?;
+    let cwd = cwd.to_str().ok_or("a scratch path that is not UTF-8")?;
     let ids: Vec<String> = (0..n).map(|_| pi_io::config::new_uuid()).collect();
     let chunk = n.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|scope| {
@@ -316,11 +320,12 @@ pub(crate) fn create_sessions(dir: &Path, n: usize, threads: usize) -> Result<Ve
             .map(|part| {
                 scope.spawn(move || -> Result<(), String> {
                     for (i, id) in part.iter().enumerate() {
-                        let store = SessionStore::create(
-                            dir,
-                            &stored_session(id, 1_700_000_000_000 + i as u64),
-                        )
-                        .map_err(|e| e.to_string())?;
+                        let stored = StoredSession {
+                            cwd: cwd.into(),
+                            ..stored_session(id, 1_700_000_000_000 + i as u64)
+                        };
+                        let store =
+                            SessionStore::create(dir, &stored).map_err(|e| e.to_string())?;
                         drop(store);
                     }
                     Ok(())

@@ -22,9 +22,17 @@
 use crate::raw::{RawConn, decode, v1_request};
 use crate::server::{Server, create_sessions};
 use crate::util::{Env, Report, children, loadavg, median, rss_kib, wait_no_children};
+use kernel::faux::FauxStream;
+use kernel::ids::OpId;
 use kernel::protocol::{
-    Command, CommandResult, Content, CreateParams, ServerMessage, TranscriptItem,
+    AssistantItem, AssistantStatus, Command, CommandResult, Content, CreateParams, DeltaKind,
+    ServerMessage, StopReason, ToolItem, ToolStatus, TranscriptItem, UserItem,
 };
+use kernel::runtime::{
+    ModelEvent, Persist, Purpose, Runtime, RuntimeInput, RuntimeOutput, StoredSession,
+};
+use kernel::time::Instant as KInstant;
+use kernel::worker::Operation;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -54,9 +62,15 @@ struct Tally {
 }
 
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
-    let turns: usize = env.pick(1_000, 10_000);
-    let reconnects: usize = env.pick(10, 100);
-    let side: usize = env.pick(10, 50);
+    let turns: usize = std::env::var("BENCH_SOAK_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(env.pick(1_000, 10_000))
+        .max(100);
+    // 100 reconnects and 50 side sessions per 10,000 turns (10 of each in
+    // the quick run).
+    let reconnects: usize = if env.quick { 10 } else { (turns / 100).max(1) };
+    let side: usize = if env.quick { 10 } else { (turns / 200).max(1) };
     let samples_wanted = 100;
     let idle_secs = std::env::var("BENCH_SOAK_IDLE_S")
         .ok()
@@ -73,6 +87,14 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+
+    // The worker's cost of one streamed delta against the transcript's length.
+    let step_ns: Vec<(usize, f64)> = [1_000, 20_000]
+        .into_iter()
+        .map(|items| (items, delta_step_ns(items)))
+        .collect();
+    // How often a long faux session compacts, in process.
+    let (compaction_turns, compactions, summary_max) = faux_compactions(12_700, 1_000);
 
     let mut tally = Tally::default();
     let samples = runtime.block_on(drive(
@@ -202,8 +224,8 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     report.info(
         "soak",
         format!(
-            "`session.sqlite` (+ `-wal`) after {turns} turns vs the transcript ({} items)",
-            text.items
+            "`session.sqlite` (+ `-wal`) after {turns} turns vs the transcript ({} items; {} of {} tool calls failed)",
+            text.items, text.tool_errors, text.tools
         ),
         format!(
             "{:.2} MiB (+ {} B) vs {:.2} MiB of text → **{:.2}×**; the items' CBOR {:.2} MiB ({:.2}× of it), {} free pages",
@@ -214,6 +236,22 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             store.cbor as f64 / 1048576.0,
             (store.sqlite + store.wal) as f64 / store.cbor.max(1) as f64,
             store.free_pages,
+        ),
+    );
+    report.info(
+        "soak",
+        "worker runtime: one streamed delta's step (in process), by transcript length",
+        step_ns
+            .iter()
+            .map(|(items, ns)| format!("{items} items: {:.2} µs", ns / 1e3))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    report.info(
+        "soak",
+        "faux compactions (in process) in 1,000 turns of a session that starts with 12,700 items",
+        format!(
+            "{compactions} (at turns {compaction_turns:?}); the summary at most {summary_max} B"
         ),
     );
     for (what, idle) in [
@@ -408,6 +446,130 @@ async fn side_session(server: &Server, turn: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Mean time of [`Runtime::step`] for one text delta of a streaming reply
+/// in a session of `items` transcript items (in process, the faux model's
+/// catalog, a delta every step and no IO): what each streamed word costs a
+/// worker, which grew with the transcript while every step checked all of it.
+fn delta_step_ns(items: usize) -> f64 {
+    let stored = StoredSession {
+        transcript: long_transcript(items),
+        ..crate::server::stored_session("delta-steps", 1)
+    };
+    let (mut rt, _) = Runtime::open(stored, kernel::faux::models(), KInstant(1));
+    let started = rt.step(
+        KInstant(2),
+        RuntimeInput::Operation {
+            op: OpId(1),
+            operation: Operation::Prompt { text: "go".into() },
+        },
+    );
+    let call = started
+        .iter()
+        .find_map(|o| match o {
+            RuntimeOutput::StartModel { call, .. } => Some(*call),
+            _ => None,
+        })
+        .expect("a prompt starts a model call");
+    let deltas = 2_000;
+    let clock = Instant::now();
+    for _ in 0..deltas {
+        let out = rt.step(
+            KInstant(3),
+            RuntimeInput::Model {
+                call,
+                event: ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text: "word ".into(),
+                },
+            },
+        );
+        std::hint::black_box(out);
+    }
+    clock.elapsed().as_nanos() as f64 / f64::from(deltas)
+}
+
+/// Runs `turns` prompts in process on a faux session that starts with
+/// `items` items (the faux model answering, no IO); returns the turns that
+/// compacted, how many, and the longest summary stored. The faux model
+/// reports 8 input tokens per item sent, so its 128,000-token window passes
+/// the 80 % threshold at 12,800 items.
+fn faux_compactions(items: usize, turns: usize) -> (Vec<usize>, usize, usize) {
+    let stored = StoredSession {
+        transcript: long_transcript(items),
+        ..crate::server::stored_session("compactions", 1)
+    };
+    let (mut rt, _) = Runtime::open(stored, kernel::faux::models(), KInstant(1));
+    let (mut at, mut summary_max) = (Vec::new(), 0);
+    for turn in 0..turns {
+        let now = KInstant(2 + turn as u64);
+        let mut out = rt.step(
+            now,
+            RuntimeInput::Operation {
+                op: OpId(turn as u64 + 1),
+                operation: Operation::Prompt {
+                    text: format!("turn {turn}: keep the daemon steady under a long session"),
+                },
+            },
+        );
+        loop {
+            for o in &out {
+                if let RuntimeOutput::Persist(Persist::State {
+                    summary: Some(s), ..
+                }) = o
+                {
+                    summary_max = summary_max.max(s.text.len());
+                }
+            }
+            let Some((call, request)) = out.iter().find_map(|o| match o {
+                RuntimeOutput::StartModel { call, request } => Some((*call, request.clone())),
+                _ => None,
+            }) else {
+                break;
+            };
+            if request.purpose == Purpose::Summarize {
+                at.push(turn);
+            }
+            let mut stream = FauxStream::start(&request, now, std::time::Duration::ZERO);
+            out = stream
+                .step(now)
+                .into_iter()
+                .flat_map(|event| rt.step(now, RuntimeInput::Model { call, event }))
+                .collect();
+        }
+    }
+    let compactions = at.len();
+    (at, compactions, summary_max)
+}
+
+/// `items` transcript items, user and assistant in turn, as the soak's.
+fn long_transcript(items: usize) -> Vec<TranscriptItem> {
+    let model = kernel::faux::default_model();
+    (0..items)
+        .map(|i| {
+            let id = format!("item-{}", i + 1);
+            let text = format!("turn {i}: keep the daemon steady under a long session");
+            if i % 2 == 0 {
+                TranscriptItem::User(UserItem {
+                    id,
+                    content: vec![Content::Text { text }],
+                    timestamp: i as u64,
+                })
+            } else {
+                TranscriptItem::Assistant(AssistantItem {
+                    id,
+                    content: vec![Content::Text { text }],
+                    model: model.clone(),
+                    response_model: None,
+                    usage: None,
+                    timestamp: i as u64,
+                    status: AssistantStatus::Complete(StopReason::Stop),
+                    error_message: None,
+                })
+            }
+        })
+        .collect()
+}
+
 /// CPU used while nothing happens.
 #[derive(Debug)]
 struct Idle {
@@ -552,6 +714,9 @@ struct Text {
     /// Bytes of text in every content part (user, assistant, tool), and
     /// the compaction summary.
     text: u64,
+    /// Tool items, and those that ended in an error.
+    tools: usize,
+    tool_errors: usize,
 }
 
 fn transcript_bytes(sessions: &Path, id: &str) -> Result<Text, String> {
@@ -572,6 +737,19 @@ fn transcript_bytes(sessions: &Path, id: &str) -> Result<Text, String> {
             .sum()
     };
     let mut text = stored.summary.as_ref().map_or(0, |s| s.text.len() as u64);
+    let tools: Vec<&ToolItem> = stored
+        .transcript
+        .iter()
+        .filter_map(|i| match i {
+            TranscriptItem::Tool(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    let tool_errors = tools
+        .iter()
+        .filter(|t| t.status != ToolStatus::Complete)
+        .count();
+    let tools = tools.len();
     for item in &stored.transcript {
         text += match item {
             TranscriptItem::User(u) => content(&u.content),
@@ -581,7 +759,12 @@ fn transcript_bytes(sessions: &Path, id: &str) -> Result<Text, String> {
     }
     let items = stored.transcript.len();
     store.close().map_err(|e| e.to_string())?;
-    Ok(Text { items, text })
+    Ok(Text {
+        items,
+        text,
+        tools,
+        tool_errors,
+    })
 }
 
 fn write_csv(env: &Env, samples: &[Sample]) -> Result<std::path::PathBuf, String> {

@@ -64,6 +64,13 @@ pub fn models() -> Vec<ModelMetadata> {
     ]
 }
 
+/// The longest summary the faux model writes, in bytes (about 1,000
+/// tokens). A real model's summary is bounded by its `max_tokens`; one that
+/// repeated every earlier request grew with the session until it alone kept
+/// the context past the compaction threshold, and every turn compacted again
+/// (BENCHMARKS.md, the soak).
+pub const SUMMARY_MAX_BYTES: usize = 4096;
+
 /// One streaming faux reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FauxStream {
@@ -81,6 +88,8 @@ impl FauxStream {
     ///   reply reports its first line.
     /// - Otherwise the reply repeats the latest user message, word by word
     ///   (after some thinking on a reasoning level above `off`).
+    ///
+    /// A summary keeps the newest [`SUMMARY_MAX_BYTES`] of what it would say.
     pub fn start(request: &ModelRequest, now: Instant, delay: Duration) -> Self {
         let mut pending = VecDeque::new();
         let text_reply = |pending: &mut VecDeque<ModelEvent>, reply: &str| {
@@ -110,7 +119,7 @@ impl FauxStream {
                     .map(|s| format!("{s} "))
                     .unwrap_or_default();
                 let summary = format!("{previous}Earlier the user asked: {}.", users.join("; "));
-                text_reply(&mut pending, &summary);
+                text_reply(&mut pending, &bounded(summary));
             }
             Purpose::Reply => {
                 if request.thinking_level != ThinkingLevel::Off {
@@ -229,6 +238,20 @@ fn latest_user_text(context: &[TranscriptItem]) -> String {
     text.unwrap_or_default()
 }
 
+/// `summary`, or its newest part within [`SUMMARY_MAX_BYTES`] after a mark
+/// that something older was left out.
+fn bounded(summary: String) -> String {
+    const CUT: &str = "… ";
+    if summary.len() <= SUMMARY_MAX_BYTES {
+        return summary;
+    }
+    let mut start = summary.len() - (SUMMARY_MAX_BYTES - CUT.len());
+    while !summary.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{CUT}{}", &summary[start..])
+}
+
 /// Splits text into word-sized deltas, at least four of them.
 fn chunks(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -293,6 +316,37 @@ mod tests {
         assert!(text.contains("hello there"), "{text}");
         assert!(events.len() >= 5, "several deltas: {}", events.len());
         assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
+    }
+
+    /// A summary of a summary stays within its bound and keeps the newest
+    /// request, so a long session compacts now and then, not every turn.
+    #[test]
+    fn summaries_stay_bounded_and_keep_the_newest() {
+        let mut previous: Option<String> = None;
+        for round in 0..200 {
+            let mut req = request(
+                &format!("request {round} é with some words"),
+                ThinkingLevel::Off,
+            );
+            req.purpose = Purpose::Summarize;
+            req.summary = previous.take();
+            let mut s = FauxStream::start(&req, Instant(0), Duration::ZERO);
+            let text: String = s
+                .step(Instant(0))
+                .into_iter()
+                .filter_map(|e| match e {
+                    ModelEvent::Delta { text, .. } => Some(text),
+                    _ => None,
+                })
+                .collect();
+            assert!(text.len() <= SUMMARY_MAX_BYTES, "{} bytes", text.len());
+            assert!(
+                text.ends_with(&format!("request {round} é with some words.")),
+                "{text}"
+            );
+            previous = Some(text);
+        }
+        assert!(previous.expect("summarised").starts_with("… "));
     }
 
     #[test]

@@ -19,9 +19,12 @@
 //! clients and answers [`WorkerFrame::Released`] just before it exits.
 
 use super::codec::{
-    Fields, MapBuilder, Path, Schema, SchemaError, read_id, read_list, read_string, read_uint,
+    Fields, MapBuilder, Path, Schema, SchemaError, direct, read_id, read_list, read_string,
+    read_uint,
 };
-use super::types::{ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress};
+use super::types::{
+    ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptItem, TranscriptProgress,
+};
 use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
@@ -380,10 +383,72 @@ fn from_worker_from_value(
 }
 
 /// Encodes a worker-channel frame payload (no length header).
+///
+/// A frame carrying a snapshot from the worker (`ready`, `snapshot`, a
+/// successful `op_done`) is written directly ([`direct::write_session_snapshot`]),
+/// the same bytes as the tree path without building the tree: the worker
+/// sends its whole snapshot a few times each turn.
 pub fn encode_worker_frame(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError> {
+    if let Some(snapshot) = SnapshotFrame::of(frame) {
+        let mut out = Vec::new();
+        let limits = CborLimits::default();
+        let mut e = cbor::Encoder::new(&mut out, &limits);
+        snapshot
+            .write(&mut e)
+            .and_then(|()| e.finish())
+            .map_err(|e| SchemaError::new(e.to_string()))?;
+        return Ok(out);
+    }
     let mut out = Vec::new();
     cbor::encode(&frame.to_value(), &mut out).map_err(|e| SchemaError::new(e.to_string()))?;
     Ok(out)
+}
+
+/// A worker frame whose last field is a session snapshot.
+struct SnapshotFrame<'f> {
+    kind: &'static str,
+    op: Option<OpId>,
+    key: &'static str,
+    snapshot: &'f SessionSnapshot,
+}
+
+impl<'f> SnapshotFrame<'f> {
+    fn of(frame: &'f WorkerFrame) -> Option<Self> {
+        let (kind, op, key, snapshot) = match frame {
+            WorkerFrame::FromWorker(FromWorker::Ready { snapshot }) => {
+                ("ready", None, "snapshot", snapshot)
+            }
+            WorkerFrame::FromWorker(FromWorker::Snapshot { snapshot }) => {
+                ("snapshot", None, "snapshot", snapshot)
+            }
+            WorkerFrame::FromWorker(FromWorker::OpDone {
+                op,
+                outcome: Ok(snapshot),
+            }) => ("op_done", Some(*op), "session", snapshot),
+            _ => return None,
+        };
+        Some(Self {
+            kind,
+            op,
+            key,
+            snapshot,
+        })
+    }
+
+    /// The frame's map, keys in [`from_worker_to_value`]'s order; the
+    /// snapshot one container deep.
+    fn write(&self, e: &mut cbor::Encoder<'_, '_>) -> Result<(), cbor::CborError> {
+        e.map_header(2 + usize::from(self.op.is_some()))?;
+        e.text("type")?;
+        e.text(self.kind)?;
+        if let Some(op) = self.op {
+            e.text("op")?;
+            e.uint(op.0)?;
+        }
+        e.text(self.key)?;
+        let shown = direct::Shown::of(self.snapshot);
+        direct::write_session_snapshot(e, self.snapshot, shown, 1)
+    }
 }
 
 /// Encodes a worker-channel frame with its length prefix, ready to write.
@@ -394,12 +459,78 @@ pub fn frame_worker_message(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError>
 }
 
 /// Decodes a worker-channel frame payload.
+///
+/// A snapshot's transcript (under `snapshot`, `session` or `resume`) is
+/// parsed item by item as the CBOR is decoded ([`cbor::decode_streaming`]):
+/// the whole frame is never one [`Value`] tree, which took several times the
+/// snapshot's bytes and was the server's high-water mark (BENCHMARKS.md, the
+/// soak). The checks and the error texts are the tree's; a frame with errors
+/// both inside and outside its transcript reports the one outside.
 pub fn decode_worker_frame(
     payload: &[u8],
     limits: &CborLimits,
 ) -> Result<WorkerFrame, SchemaError> {
-    let value = cbor::decode(payload, limits).map_err(|e| SchemaError::new(e.to_string()))?;
-    WorkerFrame::from_value(&value, "")
+    let outer = std::cell::Cell::new("");
+    let at = |key: &str, inner: &str| {
+        let snapshot = match key {
+            "snapshot" => "snapshot",
+            "session" => "session",
+            "resume" => "resume",
+            _ => return false,
+        };
+        outer.set(snapshot);
+        inner == "transcript"
+    };
+    let mut items = Vec::new();
+    let mut item_error = None;
+    let mut element = |index: usize, len: usize, value: Value| {
+        if item_error.is_some() {
+            return;
+        }
+        if index == 0 {
+            // An encoded item takes well over 32 bytes: a frame cannot make
+            // the server reserve more than a few times its own size.
+            items.reserve_exact(len.min(payload.len() / 32));
+        }
+        let root = Path::Root("");
+        let snapshot = root.key(outer.get());
+        let transcript = snapshot.key("transcript");
+        match TranscriptItem::from_value_at(&value, &transcript.index(index)) {
+            Ok(item) => items.push(item),
+            Err(error) => item_error = Some(error),
+        }
+    };
+    let value = cbor::decode_streaming(payload, limits, &at, &mut element)
+        .map_err(|e| SchemaError::new(e.to_string()))?;
+    let mut frame = WorkerFrame::from_value(&value, "")?;
+    drop(value);
+    if let Some(error) = item_error {
+        return Err(error);
+    }
+    match frame_snapshot(&mut frame) {
+        Some(snapshot) => snapshot.transcript = items,
+        None => debug_assert!(items.is_empty(), "a transcript outside a snapshot"),
+    }
+    Ok(frame)
+}
+
+/// The session snapshot a frame carries, if any.
+fn frame_snapshot(frame: &mut WorkerFrame) -> Option<&mut SessionSnapshot> {
+    match frame {
+        WorkerFrame::Hello {
+            resume: Some(snapshot),
+            ..
+        } => Some(snapshot),
+        WorkerFrame::FromWorker(
+            FromWorker::Ready { snapshot }
+            | FromWorker::Snapshot { snapshot }
+            | FromWorker::OpDone {
+                outcome: Ok(snapshot),
+                ..
+            },
+        ) => Some(snapshot),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -533,11 +664,94 @@ mod tests {
         ];
         for frame in frames {
             let bytes = encode_worker_frame(&frame).expect("encodes");
+            assert_eq!(bytes, cbor::to_vec(&frame.to_value()).expect("encodes"));
             assert_eq!(
                 decode_worker_frame(&bytes, &CborLimits::default()).expect("decodes"),
                 frame
             );
         }
+    }
+
+    /// A frame with a transcript decodes item by item to what the tree path
+    /// gives, and a bad item fails with the tree path's error.
+    #[test]
+    fn transcripts_decode_item_by_item_as_the_tree_does() {
+        let user = |id: &str| {
+            TranscriptItem::User(crate::protocol::UserItem {
+                id: id.into(),
+                content: vec![crate::protocol::Content::Text { text: "hi".into() }],
+                timestamp: 1,
+            })
+        };
+        let full = SessionSnapshot {
+            transcript: vec![user("a"), user("b"), user("c")],
+            ..snapshot()
+        };
+        let frames = [
+            WorkerFrame::FromWorker(FromWorker::Snapshot {
+                snapshot: full.clone(),
+            }),
+            WorkerFrame::FromWorker(FromWorker::OpDone {
+                op: OpId(7),
+                outcome: Ok(full.clone()),
+            }),
+            WorkerFrame::FromWorker(FromWorker::Ready {
+                snapshot: full.clone(),
+            }),
+            WorkerFrame::Hello {
+                version: 1,
+                token: "t".into(),
+                session_id: "s".into(),
+                pid: 1,
+                resume: Some(Box::new(full.clone())),
+            },
+        ];
+        let limits = CborLimits::default();
+        let tree = |bytes: &[u8]| {
+            WorkerFrame::from_value(&cbor::decode(bytes, &limits).expect("cbor"), "")
+        };
+        for frame in frames {
+            let bytes = encode_worker_frame(&frame).expect("encodes");
+            // Written directly or not, the bytes are the tree's.
+            assert_eq!(bytes, cbor::to_vec(&frame.to_value()).expect("encodes"));
+            assert_eq!(
+                decode_worker_frame(&bytes, &limits).expect("decodes"),
+                frame
+            );
+            assert_eq!(tree(&bytes).expect("decodes"), frame);
+            // The second item loses its id: both paths name it.
+            let mut value = cbor::decode(&bytes, &limits).expect("cbor");
+            let Value::Map(entries) = &mut value else {
+                unreachable!()
+            };
+            let (_, Value::Map(snapshot)) = entries.last_mut().expect("snapshot") else {
+                unreachable!()
+            };
+            let (_, Value::Array(items)) = snapshot
+                .iter_mut()
+                .find(|(k, _)| k == "transcript")
+                .expect("transcript")
+            else {
+                unreachable!()
+            };
+            let Value::Map(item) = &mut items[1] else {
+                unreachable!()
+            };
+            item.retain(|(k, _)| k != "id");
+            let bad = cbor::to_vec(&value).expect("encodes");
+            let streamed = decode_worker_frame(&bad, &limits).unwrap_err().to_string();
+            assert_eq!(streamed, tree(&bad).unwrap_err().to_string());
+            assert!(streamed.contains("transcript[1]"), "{streamed}");
+        }
+        // A transcript under any other key is decoded as a whole.
+        let progress = WorkerFrame::FromWorker(FromWorker::Progress {
+            progress: TranscriptProgress::ItemStarted { item: user("a") },
+        });
+        let bytes = encode_worker_frame(&progress).expect("encodes");
+        assert_eq!(
+            decode_worker_frame(&bytes, &limits).expect("decodes"),
+            progress
+        );
     }
 
     #[test]

@@ -491,30 +491,112 @@ pub fn decode(bytes: &[u8], limits: &CborLimits) -> Result<Value, CborError> {
         pos: 0,
         limits,
         max_depth: limits.effective_max_depth(),
+        stream: None,
+        root_key: None,
     };
-    let value = decoder.item(0)?;
-    let trailing = bytes.len() - decoder.pos;
-    if trailing != 0 {
-        return Err(CborError::with_kind(
-            CborErrorKind::TrailingData,
-            format!("CBOR payload contains trailing data ({trailing} bytes after the item)"),
-        ));
-    }
-    Ok(value)
+    decoder.whole()
 }
 
-struct Decoder<'a, 'l> {
+/// Decodes exactly one item like [`decode`] (the same checks, the same
+/// errors), except for the arrays at `at(outer, inner)`: an array under key
+/// `inner` of a map that is the value of key `outer` of the top-level map.
+/// Each element of such an array is passed to `element` with its index and
+/// the array's length (bounded by the bytes left, so a hint to reserve) as
+/// soon as it is decoded, and the array appears in the returned tree empty.
+///
+/// So a large array of records (a snapshot's transcript in a worker frame)
+/// is never held as one tree: the caller parses each element and drops its
+/// tree before the next is built.
+pub fn decode_streaming(
+    bytes: &[u8],
+    limits: &CborLimits,
+    at: &dyn Fn(&str, &str) -> bool,
+    element: &mut dyn FnMut(usize, usize, Value),
+) -> Result<Value, CborError> {
+    if bytes.len() > limits.max_byte_len {
+        return Err(CborError::with_kind(
+            CborErrorKind::ByteLengthLimit,
+            format!(
+                "CBOR byte length exceeds configured limit of {}",
+                limits.max_byte_len
+            ),
+        ));
+    }
+    let mut decoder = Decoder {
+        bytes,
+        pos: 0,
+        limits,
+        max_depth: limits.effective_max_depth(),
+        stream: Some(Stream { at, element }),
+        root_key: None,
+    };
+    decoder.whole()
+}
+
+struct Decoder<'a, 'l, 's> {
     bytes: &'a [u8],
     pos: usize,
     limits: &'l CborLimits,
     max_depth: usize,
+    /// Set by [`decode_streaming`].
+    stream: Option<Stream<'s>>,
+    /// The key of the top-level map whose value is being decoded.
+    root_key: Option<&'a str>,
+}
+
+/// Which arrays [`decode_streaming`] hands out element by element, and to what.
+struct Stream<'s> {
+    at: &'s dyn Fn(&str, &str) -> bool,
+    element: &'s mut dyn FnMut(usize, usize, Value),
 }
 
 fn truncated() -> CborError {
     CborError::with_kind(CborErrorKind::Truncated, "Truncated CBOR payload")
 }
 
-impl<'a> Decoder<'a, '_> {
+impl<'a> Decoder<'a, '_, '_> {
+    /// The one item of the payload, with no trailing bytes.
+    fn whole(&mut self) -> Result<Value, CborError> {
+        let value = self.item(0)?;
+        let trailing = self.bytes.len() - self.pos;
+        if trailing != 0 {
+            return Err(CborError::with_kind(
+                CborErrorKind::TrailingData,
+                format!("CBOR payload contains trailing data ({trailing} bytes after the item)"),
+            ));
+        }
+        Ok(value)
+    }
+
+    /// Whether the value about to be read, under `key` of a map at `depth`,
+    /// is an array [`decode_streaming`] hands out.
+    fn streams(&self, depth: usize, key: &str) -> bool {
+        let next_is_array = self.bytes.get(self.pos).is_some_and(|b| b >> 5 == 4);
+        match (&self.stream, self.root_key) {
+            (Some(stream), Some(outer)) if depth == 1 && next_is_array => (stream.at)(outer, key),
+            _ => false,
+        }
+    }
+
+    /// An array at `depth` whose elements go to the stream one by one; the
+    /// tree gets it empty. The checks are [`Decoder::item`]'s.
+    fn streamed_array(&mut self, depth: usize) -> Result<Value, CborError> {
+        if depth > self.max_depth {
+            return Err(depth_error(self.max_depth));
+        }
+        let info = self.byte()? & 0x1f;
+        let len = self.length(info, "array", self.limits.max_container_len)?;
+        // Every element takes at least one byte: never hint more than could arrive.
+        let hint = len.min(self.remaining());
+        for index in 0..len {
+            let element = self.item(depth + 1)?;
+            if let Some(stream) = &mut self.stream {
+                (stream.element)(index, hint, element);
+            }
+        }
+        Ok(Value::Array(Vec::new()))
+    }
+
     fn remaining(&self) -> usize {
         self.bytes.len() - self.pos
     }
@@ -667,7 +749,14 @@ impl<'a> Decoder<'a, '_> {
             if !seen.insert(key) {
                 return Err(duplicate_key_error(key));
             }
-            let value = self.item(depth + 1)?;
+            if depth == 0 {
+                self.root_key = Some(key);
+            }
+            let value = if self.streams(depth, key) {
+                self.streamed_array(depth + 1)?
+            } else {
+                self.item(depth + 1)?
+            };
             entries.push((key.to_owned(), value));
         }
         Ok(Value::Map(entries))
