@@ -7,6 +7,7 @@
 //! cargo run --release -p sim -- --replay KEY 'PATH' replay a model path, with its trace
 //! cargo run --release -p sim -- --lease N [--from S] [--trace] the lease swarm (client machines)
 //! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
+//! SIM_THREADS=n: the model checker's threads (default: one per CPU)
 //! ```
 //!
 //! Exit codes: 0 passed, 127 crash, 128 liveness, 129 correctness, 2 usage.
@@ -18,7 +19,8 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large|KEY] \
 | --replay KEY PATH | --lease N [--from S]] \
-[--steps N] [--clients N] [--faults kind,kind | --no-faults]";
+[--steps N] [--clients N] [--faults kind,kind | --no-faults]
+(SIM_THREADS=n: the model checker's threads; one per CPU by default)";
 
 #[derive(Debug, Default)]
 struct Args {
