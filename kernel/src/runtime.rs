@@ -1509,11 +1509,9 @@ impl Runtime {
             .push(RuntimeOutput::Send(FromWorker::OpDone { op, outcome }));
     }
 
-    /// Asserts the runtime's invariants over the whole transcript. Runs at
-    /// the end of every step in debug builds (every test and the
-    /// simulator); in release builds at open and at the end of each turn.
-    /// [`Runtime::check_tail`] runs after every step in both.
-    fn check_invariants(&self) {
+    /// The invariants outside the transcript, checked by both
+    /// [`Runtime::check_invariants`] and [`Runtime::check_tail`].
+    fn check_settings(&self) {
         if !matches!(
             self.turn,
             Some(Turn {
@@ -1527,15 +1525,30 @@ impl Runtime {
             );
         }
         let s = &self.state;
-        let streaming = s
-            .transcript
+        let meta = self
+            .models
             .iter()
-            .filter(|i| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming))
-            .count();
+            .find(|m| m.provider == s.model.provider && m.id == s.model.id);
+        if let Some(meta) = meta {
+            assert!(
+                meta.supported_thinking_levels.contains(&s.thinking_level),
+                "unsupported thinking level"
+            );
+        }
+    }
+
+    /// Asserts the runtime's invariants over the whole transcript. Runs at
+    /// the end of every step in debug builds (every test and the
+    /// simulator); in release builds at open and at the end of each turn.
+    /// [`Runtime::check_tail`] runs after every step in both.
+    fn check_invariants(&self) {
+        self.check_settings();
+        let s = &self.state;
+        let streaming = s.transcript.iter().filter(|i| is_streaming(i)).count();
         let running: Vec<&str> = s
             .transcript
             .iter()
-            .filter(|i| matches!(i, TranscriptItem::Tool(t) if t.status == ToolStatus::Running))
+            .filter(|i| is_running(i))
             .map(TranscriptItem::id)
             .collect();
         match self.turn.as_ref().map(|t| &t.stage) {
@@ -1573,16 +1586,6 @@ impl Runtime {
                 );
             }
         }
-        let meta = self
-            .models
-            .iter()
-            .find(|m| m.provider == s.model.provider && m.id == s.model.id);
-        if let Some(meta) = meta {
-            assert!(
-                meta.supported_thinking_levels.contains(&s.thinking_level),
-                "unsupported thinking level"
-            );
-        }
     }
 
     /// [`Runtime::check_invariants`] for what a step can touch, in release
@@ -1592,26 +1595,13 @@ impl Runtime {
     /// The full scan after every step made a turn cost O(transcript): 79 %
     /// of a worker's CPU at 15,000 items (BENCHMARKS.md, the soak).
     fn check_tail(&self) {
-        if !matches!(
-            self.turn,
-            Some(Turn {
-                stage: Stage::Streaming { .. },
-                ..
-            })
-        ) {
-            assert!(
-                self.unsaved.is_none(),
-                "unsaved text only while a reply streams"
-            );
-        }
+        self.check_settings();
         let s = &self.state;
-        let streaming = |i: &TranscriptItem| matches!(i, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming);
-        let running = |i: &TranscriptItem| matches!(i, TranscriptItem::Tool(t) if t.status == ToolStatus::Running);
         let last = s.transcript.last();
         match self.turn.as_ref().map(|t| &t.stage) {
             None | Some(Stage::Retrying { .. } | Stage::Compacting { .. }) => {
                 assert!(
-                    !last.is_some_and(|i| streaming(i) || running(i)),
+                    !last.is_some_and(|i| is_streaming(i) || is_running(i)),
                     "nothing runs while idle or waiting"
                 );
                 if self.turn.is_none() {
@@ -1620,10 +1610,10 @@ impl Runtime {
             }
             Some(Stage::Streaming { item, .. }) => {
                 assert_eq!(*item + 1, s.transcript.len(), "the streaming item is last");
-                assert!(last.is_some_and(streaming), "one reply streams");
+                assert!(last.is_some_and(is_streaming), "one reply streams");
                 let before = s.transcript.len().checked_sub(2).map(|i| &s.transcript[i]);
                 assert!(
-                    !before.is_some_and(|i| streaming(i) || running(i)),
+                    !before.is_some_and(|i| is_streaming(i) || is_running(i)),
                     "no tool runs while the model streams"
                 );
             }
@@ -1637,7 +1627,7 @@ impl Runtime {
                     .rev()
                     .take_while(|i| matches!(i, TranscriptItem::Tool(_)));
                 let running_ids: Vec<&str> = tools
-                    .filter(|i| running(i))
+                    .filter(|i| is_running(i))
                     .map(TranscriptItem::id)
                     .collect();
                 assert!(
@@ -1655,22 +1645,22 @@ impl Runtime {
                     .rev()
                     .find(|i| !matches!(i, TranscriptItem::Tool(_)));
                 assert!(
-                    !reply.is_some_and(streaming),
+                    !reply.is_some_and(is_streaming),
                     "no reply streams while tools run"
                 );
             }
         }
-        let meta = self
-            .models
-            .iter()
-            .find(|m| m.provider == s.model.provider && m.id == s.model.id);
-        if let Some(meta) = meta {
-            assert!(
-                meta.supported_thinking_levels.contains(&s.thinking_level),
-                "unsupported thinking level"
-            );
-        }
     }
+}
+
+/// A reply still streaming.
+fn is_streaming(item: &TranscriptItem) -> bool {
+    matches!(item, TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming)
+}
+
+/// A tool call still running.
+fn is_running(item: &TranscriptItem) -> bool {
+    matches!(item, TranscriptItem::Tool(t) if t.status == ToolStatus::Running)
 }
 
 /// Tokens the model would be sent for `context`: the input and output the
