@@ -477,24 +477,7 @@ fn check_unique_keys(entries: &[(String, Value)]) -> Result<(), CborError> {
 /// [`Value::Int`] (see [`Value::number`]). Non-minimal integer and length
 /// encodings are accepted.
 pub fn decode(bytes: &[u8], limits: &CborLimits) -> Result<Value, CborError> {
-    if bytes.len() > limits.max_byte_len {
-        return Err(CborError::with_kind(
-            CborErrorKind::ByteLengthLimit,
-            format!(
-                "CBOR byte length exceeds configured limit of {}",
-                limits.max_byte_len
-            ),
-        ));
-    }
-    let mut decoder = Decoder {
-        bytes,
-        pos: 0,
-        limits,
-        max_depth: limits.effective_max_depth(),
-        stream: None,
-        root_key: None,
-    };
-    decoder.whole()
+    decode_whole(bytes, limits, None)
 }
 
 /// Decodes exactly one item like [`decode`] (the same checks, the same
@@ -513,6 +496,15 @@ pub fn decode_streaming(
     at: &dyn Fn(&str, &str) -> bool,
     element: &mut dyn FnMut(usize, usize, Value),
 ) -> Result<Value, CborError> {
+    decode_whole(bytes, limits, Some(Stream { at, element }))
+}
+
+/// [`decode`] and [`decode_streaming`]: the length limit, then one item.
+fn decode_whole(
+    bytes: &[u8],
+    limits: &CborLimits,
+    stream: Option<Stream<'_>>,
+) -> Result<Value, CborError> {
     if bytes.len() > limits.max_byte_len {
         return Err(CborError::with_kind(
             CborErrorKind::ByteLengthLimit,
@@ -527,7 +519,7 @@ pub fn decode_streaming(
         pos: 0,
         limits,
         max_depth: limits.effective_max_depth(),
-        stream: Some(Stream { at, element }),
+        stream,
         root_key: None,
     };
     decoder.whole()
