@@ -683,17 +683,33 @@ fn main() {
 
 /// The mixed workload: rounds for about three seconds after a warm-up.
 fn bench_mixed() {
+    run_rounds(Vec::new(), Bench::round, "kernel mixed workload");
+}
+
+/// The mixed workload on a catalog that does not grow: `stored` sessions
+/// stored, and each round removes the session it created.
+fn bench_steady(stored_sessions: u64) {
+    let what = format!(
+        "kernel mixed workload, steady catalog of {stored_sessions} stored sessions \
+         (each round removes its session)"
+    );
+    let sessions = (0..stored_sessions).map(stored).collect();
+    run_rounds(sessions, Bench::steady_round, &what);
+}
+
+/// Loads `sessions`, warms up with 200 rounds of `round`, then runs it for
+/// about three seconds (or `STEPS_ROUNDS` rounds) and prints the rates
+/// under the heading `what`.
+fn run_rounds(sessions: Vec<SessionMetadata>, round: fn(&mut Bench, u64), what: &str) {
     let mut bench = Bench {
         server: Server::new(config()),
         now: 0,
         steps: 0,
         frames: 0,
     };
-    bench.step(Input::CatalogLoaded {
-        sessions: Vec::new(),
-    });
+    bench.step(Input::CatalogLoaded { sessions });
     for n in 1..=200 {
-        bench.round(n); // warm up
+        round(&mut bench, n); // warm up
     }
     let (steps0, frames0) = (bench.steps, bench.frames);
     // `STEPS_ROUNDS=N` runs a fixed number of rounds (for instruction counts under callgrind).
@@ -707,62 +723,13 @@ fn bench_mixed() {
     }) {
         for _ in 0..100 {
             n += 1;
-            bench.round(n);
+            round(&mut bench, n);
         }
     }
     let secs = started.elapsed().as_secs_f64();
     let steps = bench.steps - steps0;
     let frames = bench.frames - frames0;
-    println!(
-        "kernel mixed workload: {} rounds, {steps} steps in {secs:.2} s",
-        n - 200
-    );
-    println!(
-        "  {:.0} steps/s, {:.0} frames out/s, {:.1} µs/round",
-        steps as f64 / secs,
-        frames as f64 / secs,
-        secs * 1e6 / (n - 200) as f64
-    );
-}
-
-/// The mixed workload on a catalog that does not grow: `stored` sessions
-/// stored, and each round removes the session it created. Rounds for about
-/// three seconds (or `STEPS_ROUNDS`) after a warm-up.
-fn bench_steady(stored_sessions: u64) {
-    let mut bench = Bench {
-        server: Server::new(config()),
-        now: 0,
-        steps: 0,
-        frames: 0,
-    };
-    bench.step(Input::CatalogLoaded {
-        sessions: (0..stored_sessions).map(stored).collect(),
-    });
-    for n in 1..=200 {
-        bench.steady_round(n); // warm up
-    }
-    let (steps0, frames0) = (bench.steps, bench.frames);
-    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let started = std::time::Instant::now();
-    let mut n = 200;
-    while fixed.map_or(started.elapsed() < Duration::from_secs(3), |rounds| {
-        n < 200 + rounds
-    }) {
-        for _ in 0..100 {
-            n += 1;
-            bench.steady_round(n);
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let steps = bench.steps - steps0;
-    let frames = bench.frames - frames0;
-    println!(
-        "kernel mixed workload, steady catalog of {stored_sessions} stored sessions \
-         (each round removes its session): {} rounds, {steps} steps in {secs:.2} s",
-        n - 200
-    );
+    println!("{what}: {} rounds, {steps} steps in {secs:.2} s", n - 200);
     println!(
         "  {:.0} steps/s, {:.0} frames out/s, {:.1} µs/round",
         steps as f64 / secs,
