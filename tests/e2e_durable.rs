@@ -942,7 +942,9 @@ impl OldServer {
                     let frame = read_frame(&mut stream).expect("a frame");
                     assert_eq!(
                         decode_worker_frame(&frame, &CborLimits::default()).unwrap(),
-                        WorkerFrame::Replace { version: 1 }
+                        WorkerFrame::Replace {
+                            version: kernel::protocol::worker::WORKER_PROTOCOL_VERSION
+                        }
                     );
                     r.store(true, Ordering::SeqCst);
                     // As the real server: free the sockets, then answer, then exit.

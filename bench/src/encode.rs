@@ -22,9 +22,10 @@ use kernel::protocol::codec::Schema;
 use kernel::protocol::codec::direct::encode_progress_event;
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, encode_worker_frame};
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, CommandResult, CreateParams, DeltaKind, Request, Response,
-    ServerEvent, ServerMessage, SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel,
-    TranscriptItem, TranscriptProgress, encode_client_message, encode_server_message,
+    ClientHello, ClientMessage, Command, CommandResult, CreateParams, DeltaKind, PackedSnapshot,
+    Request, Response, ServerEvent, ServerMessage, SessionMetadata, SessionPhase, SessionSnapshot,
+    ThinkingLevel, TranscriptItem, TranscriptProgress, encode_client_message,
+    encode_server_message,
 };
 use kernel::server::{Config, Input, Output, Server};
 use kernel::time::Instant as KInstant;
@@ -190,7 +191,7 @@ impl Fan {
         fan.step(Input::FromWorker {
             worker,
             message: Box::new(FromWorker::Ready {
-                snapshot: snapshot(&session, 1, 0),
+                snapshot: PackedSnapshot::pack(snapshot(&session, 1, 0)).expect("packs"),
             }),
         });
         for c in 2..=k {

@@ -256,12 +256,12 @@ impl Session {
     fn apply(&mut self, message: FromWorker) {
         match &message {
             FromWorker::Ready { snapshot } | FromWorker::Snapshot { snapshot } => {
-                self.transcript = snapshot.transcript.clone();
+                self.transcript = snapshot.transcript().unpack().expect("decodes");
             }
             FromWorker::OpDone {
                 outcome: Ok(snapshot),
                 ..
-            } => self.transcript = snapshot.transcript.clone(),
+            } => self.transcript = snapshot.transcript().unpack().expect("decodes"),
             FromWorker::Progress {
                 progress:
                     TranscriptProgress::ItemStarted { item }

@@ -32,7 +32,7 @@ use kernel::faux;
 use kernel::ids::{ConnId, WorkerId};
 use kernel::limits::Limits;
 use kernel::protocol::{
-    ClientHello, ClientMessage, Command, Content, CreateParams, DeltaKind, Request,
+    ClientHello, ClientMessage, Command, Content, CreateParams, DeltaKind, PackedSnapshot, Request,
     SessionMetadata, SessionPhase, SessionSnapshot, ThinkingLevel, TranscriptItem,
     TranscriptProgress, UserItem, encode_client_message,
 };
@@ -48,6 +48,11 @@ fn frame(message: &ClientMessage) -> Vec<u8> {
         DEFAULT_MAX_FRAME_LEN,
     )
     .unwrap()
+}
+
+/// A snapshot as its worker sends it.
+fn packed(snapshot: SessionSnapshot) -> PackedSnapshot {
+    PackedSnapshot::pack(snapshot).expect("packs")
 }
 
 fn snapshot(id: &str, revision: u64, phase: SessionPhase) -> SessionSnapshot {
@@ -161,7 +166,7 @@ impl Bench {
         self.worker(
             worker,
             FromWorker::Ready {
-                snapshot: snapshot(&session, 1, SessionPhase::Idle),
+                snapshot: packed(snapshot(&session, 1, SessionPhase::Idle)),
             },
         );
         let prompt = frame(&ClientMessage::Request(Request {
@@ -188,7 +193,7 @@ impl Bench {
         self.worker(
             worker,
             FromWorker::Snapshot {
-                snapshot: snapshot(&session, 2, SessionPhase::Turn),
+                snapshot: packed(snapshot(&session, 2, SessionPhase::Turn)),
             },
         );
         for i in 0..100 {
@@ -204,7 +209,7 @@ impl Bench {
             worker,
             FromWorker::OpDone {
                 op,
-                outcome: Ok(snapshot(&session, 3, SessionPhase::Idle)),
+                outcome: Ok(packed(snapshot(&session, 3, SessionPhase::Idle))),
             },
         );
         let detach = frame(&ClientMessage::Request(Request {
@@ -328,7 +333,7 @@ fn create(
         now,
         Input::FromWorker {
             worker,
-            message: Box::new(ready),
+            message: Box::new(ready.pack().expect("packs")),
         },
     );
     ack_all(server, now, out);
@@ -522,7 +527,7 @@ fn bench_list_after_change(n: u64) {
         now,
         Input::FromWorker {
             worker,
-            message: Box::new(ready),
+            message: Box::new(ready.pack().expect("packs")),
         },
     );
     ack_all(&mut server, now, out);
@@ -540,7 +545,7 @@ fn bench_list_after_change(n: u64) {
             now,
             Input::FromWorker {
                 worker,
-                message: Box::new(changed),
+                message: Box::new(changed.pack().expect("packs")),
             },
         );
         ack_all(&mut server, now, out);

@@ -49,13 +49,15 @@ use crate::ids::OpId;
 use crate::limits::WorkerLimits;
 use crate::link::{Link, LinkAction, LinkInput};
 use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
-use crate::protocol::{ErrorCode, JsonValue, ModelMetadata, ModelRef, ProtocolError, SessionPhase};
+use crate::protocol::{
+    ErrorCode, JsonValue, ModelMetadata, ModelRef, PackedSnapshot, ProtocolError, SessionPhase,
+};
 use crate::runtime::{
     ModelEvent, ModelRequest, Persist, Policy, Runtime, RuntimeInput, RuntimeOutput, StorageFault,
     StoredSession,
 };
 use crate::time::Instant;
-use crate::worker::{CreateSpec, FromWorker, ToWorker};
+use crate::worker::{CreateSpec, FromWorker, RuntimeMessage, ToWorker};
 use std::collections::{BTreeMap, VecDeque};
 
 /// What the worker knows when it starts: who it is, and the facts of its
@@ -413,7 +415,7 @@ impl WorkerHost {
         }
     }
 
-    fn hello(&self, resume: Option<Box<crate::protocol::SessionSnapshot>>) -> WorkerFrame {
+    fn hello(&self, resume: Option<Box<PackedSnapshot>>) -> WorkerFrame {
         WorkerFrame::Hello {
             version: WORKER_PROTOCOL_VERSION,
             token: self.config.token.clone(),
@@ -516,6 +518,15 @@ impl WorkerHost {
                 }
             }
             WorkerFrame::ToWorker(ToWorker::Dispose) => RuntimeInput::Dispose,
+            WorkerFrame::ToWorker(ToWorker::Snapshot) => {
+                if let Some(runtime) = &self.runtime
+                    && !self.link.is_orphaned()
+                {
+                    let snapshot = runtime.snapshot();
+                    self.out.push(packed(FromWorker::Snapshot { snapshot }));
+                }
+                return;
+            }
             // Frames a server never sends a running worker: ignored.
             _ => return,
         };
@@ -538,7 +549,10 @@ impl WorkerHost {
         }
         let Some(runtime) = &self.runtime else { return };
         self.announcing = true;
-        let hello = self.hello(Some(Box::new(runtime.snapshot())));
+        let Ok(snapshot) = PackedSnapshot::pack(runtime.snapshot()) else {
+            return; // it cannot be shown; unadopted, it retires once idle
+        };
+        let hello = self.hello(Some(Box::new(snapshot)));
         self.out.push(HostOutput::Announce(hello));
     }
 
@@ -580,6 +594,11 @@ impl WorkerHost {
     /// next batch of writes; the rest waits for that batch to commit.
     fn release(&mut self, mut outputs: VecDeque<RuntimeOutput>) {
         while let Some(output) = outputs.pop_front() {
+            if let RuntimeOutput::Send(_) = output
+                && self.link.is_orphaned()
+            {
+                continue; // no server to hear it; the announcement carries the state
+            }
             let out = match output {
                 RuntimeOutput::Persist(first) => {
                     let mut batch = vec![first];
@@ -612,9 +631,9 @@ impl WorkerHost {
                     let Some(op) = self.ops.remove(&op) else {
                         continue;
                     };
-                    HostOutput::Send(WorkerFrame::FromWorker(FromWorker::OpDone { op, outcome }))
+                    packed(FromWorker::OpDone { op, outcome })
                 }
-                RuntimeOutput::Send(message) => HostOutput::Send(WorkerFrame::FromWorker(message)),
+                RuntimeOutput::Send(message) => packed(message),
                 RuntimeOutput::StartModel { call, request } => {
                     HostOutput::StartModel { call, request }
                 }
@@ -633,11 +652,6 @@ impl WorkerHost {
                 RuntimeOutput::CancelTool { id } => HostOutput::CancelTool { id },
                 RuntimeOutput::Exit => return self.exit(Ok(())),
             };
-            if let HostOutput::Send(_) = out
-                && self.link.is_orphaned()
-            {
-                continue; // no server to hear it; the announcement carries the state
-            }
             self.out.push(out);
         }
     }
@@ -705,6 +719,16 @@ impl WorkerHost {
 
 fn is_store_answer(input: &HostInput) -> bool {
     matches!(input, HostInput::Committed(_) | HostInput::Reloaded(_))
+}
+
+/// A runtime message for the channel, its snapshot packed. A snapshot that
+/// cannot be encoded (JSON in it nested past the CBOR limits) could be
+/// shown to no client: the session fails instead of going silent.
+fn packed(message: RuntimeMessage) -> HostOutput {
+    let message = message.pack().unwrap_or_else(|error| FromWorker::Fatal {
+        message: format!("the session's snapshot cannot be encoded: {error}"),
+    });
+    HostOutput::Send(WorkerFrame::FromWorker(message))
 }
 
 #[cfg(test)]

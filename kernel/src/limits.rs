@@ -22,6 +22,12 @@ pub struct Limits {
     pub max_deferred_requests: usize,
     /// Largest frame payload accepted or sent, in bytes (inclusive).
     pub max_frame_len: u32,
+    /// A live session's transcript (its CBOR) is kept by the server past
+    /// the step that brought it only up to this length; a longer one is let
+    /// go once sent, and asked of the worker again when a client attaches.
+    /// So the server's memory is bounded by this times the live sessions,
+    /// not by their history.
+    pub kept_transcript_bytes: usize,
     /// Bytes queued for one connection and not yet written. A connection
     /// that would exceed it is a slow consumer and is closed.
     pub max_output_bytes_per_connection: usize,
@@ -71,6 +77,7 @@ impl Default for Limits {
             max_requests_in_flight_per_connection: 1024,
             max_deferred_requests: 64,
             max_frame_len,
+            kept_transcript_bytes: 64 * 1024,
             max_output_bytes_per_connection: 4 * max_frame_len as usize,
             cbor: CborLimits {
                 max_byte_len: max_frame_len as usize,

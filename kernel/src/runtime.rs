@@ -44,7 +44,7 @@ use crate::protocol::{
 };
 use crate::time::Instant;
 use crate::wire::Value;
-use crate::worker::{CreateSpec, FromWorker, Operation};
+use crate::worker::{CreateSpec, FromWorker, Operation, RuntimeMessage};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -283,7 +283,7 @@ pub enum RuntimeOutput {
     /// Make this durable before carrying out the next output.
     Persist(Persist),
     /// Send to the server.
-    Send(FromWorker),
+    Send(RuntimeMessage),
     /// Start model call `call`.
     StartModel {
         /// Id of the call, echoed in [`RuntimeInput::Model`].

@@ -18,7 +18,7 @@
 
 use crate::ids::{OpId, WorkerId};
 use crate::protocol::{
-    ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress,
+    ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress,
 };
 use crate::time::Instant;
 use std::time::Duration;
@@ -71,27 +71,83 @@ pub enum ToWorker {
     Operation { op: OpId, operation: Operation },
     /// Finish: flush storage and exit. Sent when the session is disposed.
     Dispose,
+    /// Send the session's current snapshot ([`FromWorker::Snapshot`]): the
+    /// server let go of the transcript and a client needs it. Workers of
+    /// channel version 1 do not know it.
+    Snapshot,
 }
 
-/// Worker → server.
+/// Worker → server: with the transcript packed on the channel and in the
+/// server ([`PackedSnapshot`]), typed as the worker's runtime produces it
+/// ([`RuntimeMessage`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum FromWorker {
+pub enum FromWorker<S = PackedSnapshot> {
     /// The session is open; its first snapshot.
-    Ready { snapshot: SessionSnapshot },
+    Ready { snapshot: S },
     /// The session could not be opened or created (for example `session_locked`
     /// when another worker holds it). The worker exits after sending it.
     Failed { error: ProtocolError },
-    /// The runtime state changed.
-    Snapshot { snapshot: SessionSnapshot },
+    /// The runtime state changed (or the server asked, [`ToWorker::Snapshot`]).
+    Snapshot { snapshot: S },
     /// A transient streaming hint.
     Progress { progress: TranscriptProgress },
     /// Operation `op` finished.
     OpDone {
         op: OpId,
-        outcome: Result<SessionSnapshot, ProtocolError>,
+        outcome: Result<S, ProtocolError>,
     },
     /// The runtime hit a fatal error (for example storage failed). The worker exits.
     Fatal { message: String },
+}
+
+/// A worker message as the runtime produces it: its snapshots typed.
+pub type RuntimeMessage = FromWorker<SessionSnapshot>;
+
+impl<S> FromWorker<S> {
+    /// The same message with `f` applied to the snapshot it carries.
+    pub fn try_map_snapshot<T, E>(
+        self,
+        f: impl FnOnce(S) -> Result<T, E>,
+    ) -> Result<FromWorker<T>, E> {
+        Ok(match self {
+            Self::Ready { snapshot } => FromWorker::Ready {
+                snapshot: f(snapshot)?,
+            },
+            Self::Failed { error } => FromWorker::Failed { error },
+            Self::Snapshot { snapshot } => FromWorker::Snapshot {
+                snapshot: f(snapshot)?,
+            },
+            Self::Progress { progress } => FromWorker::Progress { progress },
+            Self::OpDone { op, outcome } => FromWorker::OpDone {
+                op,
+                outcome: match outcome {
+                    Ok(snapshot) => Ok(f(snapshot)?),
+                    Err(error) => Err(error),
+                },
+            },
+            Self::Fatal { message } => FromWorker::Fatal { message },
+        })
+    }
+
+    /// The snapshot it carries, if any.
+    pub fn snapshot(&self) -> Option<&S> {
+        match self {
+            Self::Ready { snapshot }
+            | Self::Snapshot { snapshot }
+            | Self::OpDone {
+                outcome: Ok(snapshot),
+                ..
+            } => Some(snapshot),
+            _ => None,
+        }
+    }
+}
+
+impl RuntimeMessage {
+    /// Packs the snapshot it carries for the channel.
+    pub fn pack(self) -> Result<FromWorker, crate::wire::CborError> {
+        self.try_map_snapshot(PackedSnapshot::pack)
+    }
 }
 
 /// Lifecycle of one worker incarnation.

@@ -2005,11 +2005,22 @@ proptest! {
             encode_session_response, encode_session_snapshot, encode_session_snapshot_event,
         };
         let cbor: std::sync::Arc<[u8]> = encode_session_snapshot(&snapshot)?.into();
+        let cbor = [cbor];
+        // The same snapshot in the server's pieces: its transcript packed.
+        let packed = kernel::protocol::PackedSnapshot::pack(snapshot.clone())?;
+        let pieces = codec::spliced::encode_packed_session_snapshot(
+            packed.head(),
+            packed.transcript(),
+            codec::direct::Shown::of(&snapshot),
+        )?;
+        prop_assert_eq!(hex(&pieces.concat()), hex(&cbor[0]));
 
         let event = ServerMessage::Event(ServerEvent::SessionSnapshot {
             snapshot: snapshot.clone(),
         });
         let spliced = framed_pieces(encode_session_snapshot_event(&cbor)?)?;
+        prop_assert_eq!(hex(&spliced), hex(&framed(&event)?));
+        let spliced = framed_pieces(encode_session_snapshot_event(&pieces)?)?;
         prop_assert_eq!(hex(&spliced), hex(&framed(&event)?));
 
         let result = CommandResult::with_session(command, snapshot).unwrap();
@@ -2050,11 +2061,14 @@ fn spliced_session_snapshots_nest_like_the_normal_ones() {
         let spliced = encode_session_snapshot(&snapshot)
             .map_err(|e| format!("cannot encode CBOR: {e}"))
             .and_then(|cbor| {
-                encode_session_response("r", "attach", &cbor.into())
+                encode_session_response("r", "attach", &[cbor.into()])
                     .map(|s| s.to_vec())
                     .map_err(|e| e.to_string())
             });
         assert_eq!(spliced, normal, "depth {depth}");
+        // A worker packs a transcript for the deepest message that carries it.
+        let packed = kernel::protocol::PackedSnapshot::pack(snapshot.clone());
+        assert_eq!(packed.is_ok(), normal.is_ok(), "depth {depth}");
         failed += usize::from(normal.is_err());
     }
     assert!(failed > 0 && failed < 8, "the limit lies within: {failed}");
@@ -2321,7 +2335,7 @@ proptest! {
             .nested_item(&normalised.to_value(), 2)?;
         prop_assert_eq!(hex(&encode_session_snapshot_shown(&snapshot, shown)?), hex(&tree));
         let event = ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot: normalised });
-        let cbor = encode_session_snapshot_shown(&snapshot, shown)?.into();
+        let cbor = [encode_session_snapshot_shown(&snapshot, shown)?.into()];
         let spliced = codec::spliced::encode_session_snapshot_event(&cbor)?.to_vec();
         prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&event)?));
 

@@ -274,6 +274,10 @@ pub struct Config {
     /// The kernel's per-connection output bound (`None`: the default), small
     /// so that a client that stops reading reaches it.
     pub max_output_bytes: Option<usize>,
+    /// The server lets go of every transcript once sent
+    /// ([`kernel::limits::Limits::kept_transcript_bytes`] 0), so attaches
+    /// wait for the worker to send it again.
+    pub let_go_of_transcripts: bool,
     /// An exit notice may overtake the worker's messages.
     pub exit_overtakes: bool,
     /// The milestones this configuration exists to reach: its test fails
@@ -369,13 +373,19 @@ impl Model {
             holds,
             models: kernel::faux::models().into_iter().take(2).collect(),
             // A small output bound comes with the largest frame it can hold.
-            limits: match config.max_output_bytes {
-                Some(bytes) => kernel::limits::Limits {
-                    max_output_bytes_per_connection: bytes,
-                    max_frame_len: (bytes - 4) as u32,
-                    ..kernel::limits::Limits::default()
-                },
-                None => kernel::limits::Limits::default(),
+            limits: {
+                let mut limits = match config.max_output_bytes {
+                    Some(bytes) => kernel::limits::Limits {
+                        max_output_bytes_per_connection: bytes,
+                        max_frame_len: (bytes - 4) as u32,
+                        ..kernel::limits::Limits::default()
+                    },
+                    None => kernel::limits::Limits::default(),
+                };
+                if config.let_go_of_transcripts {
+                    limits.kept_transcript_bytes = 0;
+                }
+                limits
             },
             ..Options::default()
         };
@@ -1000,11 +1010,13 @@ pub fn two_clients_one_session() -> Config {
         orphan_crashes: 0,
         storage_faults: 0,
         max_output_bytes: None,
+        let_go_of_transcripts: true,
         exit_overtakes: false,
         reaches: vec![
             Milestone::Busy,
             Milestone::InvalidRequest,
             Milestone::WorkerKilled,
+            Milestone::TranscriptAskedFor,
         ],
         depth_max: 200,
     }
@@ -1025,6 +1037,7 @@ pub fn crash_and_restart() -> Config {
         orphan_crashes: 0,
         storage_faults: 0,
         max_output_bytes: None,
+        let_go_of_transcripts: false,
         exit_overtakes: true,
         reaches: vec![Milestone::InvalidRequest],
         depth_max: 200,
@@ -1097,6 +1110,7 @@ pub fn slow_consumer_storage_handoff() -> Config {
         orphan_crashes: 0,
         storage_faults: 1,
         max_output_bytes: Some(2048),
+        let_go_of_transcripts: false,
         exit_overtakes: false,
         reaches: vec![
             Milestone::SlowConsumerClosed,
@@ -1126,6 +1140,7 @@ pub fn crash_keeping_workers() -> Config {
         orphan_crashes: 1,
         storage_faults: 1,
         max_output_bytes: None,
+        let_go_of_transcripts: false,
         exit_overtakes: false,
         reaches: vec![
             Milestone::StoreFailed,

@@ -261,6 +261,13 @@ impl SwarmOptions {
             faults.insert(FaultKind::WorkerHang, FaultKind::WorkerHang.draw(&mut prng));
         }
         let hang_seed = prng.fork();
+        let mut limits = limits;
+        // A generator of its own too: half the seeds let go of every
+        // transcript once it is sent, so attaches wait for their worker to
+        // send it again ([`Limits::kept_transcript_bytes`]).
+        if Prng::new(seed ^ KEPT_TRANSCRIPT_DRAW).coin() {
+            limits.kept_transcript_bytes = 0;
+        }
         let mut options = Self {
             seed,
             steps: 1000,
@@ -367,9 +374,11 @@ impl SwarmOptions {
         );
         let _ = writeln!(
             out,
-            "limits: frame={} output={} handshake={}ms worker_start={}ms worker_dispose={}ms",
+            "limits: frame={} output={} kept_transcript={} handshake={}ms worker_start={}ms \
+             worker_dispose={}ms",
             l.max_frame_len,
             l.max_output_bytes_per_connection,
+            l.kept_transcript_bytes,
             l.handshake_timeout.as_millis(),
             l.worker_start_timeout.as_millis(),
             l.worker_dispose_timeout.as_millis()
@@ -396,6 +405,9 @@ impl SwarmOptions {
         out
     }
 }
+
+/// Mixed into the seed for the draw of [`Limits::kept_transcript_bytes`].
+const KEPT_TRANSCRIPT_DRAW: u64 = 0x6b65_7074;
 
 /// Small limits, so that every bound is reached in a short run.
 fn draw_limits(prng: &mut Prng, clients: u32) -> Limits {

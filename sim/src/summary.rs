@@ -2,8 +2,8 @@
 //! no wall-clock values, so snapshots are stable.
 
 use kernel::protocol::{
-    AssistantStatus, ClientMessage, Command, CommandResult, ServerEvent, ServerMessage,
-    SessionSnapshot, ToolStatus, TranscriptItem, TranscriptProgress,
+    AssistantStatus, ClientMessage, Command, CommandResult, PackedSnapshot, ServerEvent,
+    ServerMessage, SessionSnapshot, ToolStatus, TranscriptItem, TranscriptProgress,
 };
 use kernel::worker::{FromWorker, Operation, ToWorker};
 use std::collections::BTreeMap;
@@ -231,22 +231,28 @@ pub fn to_worker(m: &ToWorker) -> String {
             format!("{op} {}{detail}", operation.name())
         }
         ToWorker::Dispose => "dispose".into(),
+        ToWorker::Snapshot => "send snapshot".into(),
     }
+}
+
+/// A snapshot as a worker sends it.
+fn packed(names: &mut Names, s: &PackedSnapshot) -> String {
+    snapshot(names, &s.unpack().expect("packed by a worker host"))
 }
 
 /// A worker → server message.
 pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
     match m {
-        FromWorker::Ready { snapshot: s } => format!("ready {}", snapshot(names, s)),
+        FromWorker::Ready { snapshot: s } => format!("ready {}", packed(names, s)),
         FromWorker::Failed { error } => format!(
             "failed {}: {}",
             error.code.as_str(),
             shorten(names, &error.message)
         ),
-        FromWorker::Snapshot { snapshot: s } => format!("snapshot {}", snapshot(names, s)),
+        FromWorker::Snapshot { snapshot: s } => format!("snapshot {}", packed(names, s)),
         FromWorker::Progress { progress } => format!("progress {}", progress_summary(progress)),
         FromWorker::OpDone { op, outcome } => match outcome {
-            Ok(s) => format!("{op} done {}", snapshot(names, s)),
+            Ok(s) => format!("{op} done {}", packed(names, s)),
             Err(e) => format!("{op} failed {}: {}", e.code.as_str(), e.message),
         },
         FromWorker::Fatal { message } => format!("fatal {message}"),

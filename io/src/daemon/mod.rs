@@ -202,7 +202,8 @@ enum Event<P: Platform> {
         token: String,
         session_id: String,
         pid: u64,
-        resume: Option<Box<kernel::protocol::SessionSnapshot>>,
+        version: u64,
+        resume: Option<Box<kernel::protocol::PackedSnapshot>>,
     },
     HandoffRequested {
         stream: P::Channel,
@@ -766,11 +767,11 @@ async fn accept_workers<P: Platform>(
                 Ok(Ok((
                     stream,
                     WorkerFrame::Hello {
+                        version,
                         token,
                         session_id,
                         pid,
                         resume,
-                        ..
                     },
                 ))) => {
                     let _ = tx
@@ -779,6 +780,7 @@ async fn accept_workers<P: Platform>(
                             token,
                             session_id,
                             pid,
+                            version,
                             resume,
                         })
                         .await;
@@ -989,6 +991,7 @@ impl<P: Platform> Daemon<P> {
                 session_id,
                 pid,
                 resume: None,
+                ..
             } => {
                 let channel = ChannelId(self.next_channel);
                 self.next_channel += 1;
@@ -1004,6 +1007,7 @@ impl<P: Platform> Daemon<P> {
                 stream,
                 session_id,
                 pid,
+                version,
                 resume: Some(snapshot),
                 ..
             } => {
@@ -1015,6 +1019,7 @@ impl<P: Platform> Daemon<P> {
                     channel,
                     session_id,
                     pid,
+                    version,
                     snapshot,
                 });
             }

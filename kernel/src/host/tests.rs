@@ -200,7 +200,7 @@ fn open_starts_above_the_revision_the_server_showed() {
     let Some(FromWorker::Ready { snapshot }) = sent(&out).first().copied() else {
         panic!("{out:?}");
     };
-    assert!(snapshot.revision > 9, "{}", snapshot.revision);
+    assert!(snapshot.head().revision > 9, "{}", snapshot.head().revision);
 }
 
 #[test]
@@ -322,7 +322,10 @@ fn an_orphan_announces_one_attempt_at_a_time_and_is_adopted() {
     else {
         panic!("{out:?}");
     };
-    assert_eq!((snapshot.id.as_str(), token.as_str()), ("s1", "secret"));
+    assert_eq!(
+        (snapshot.head().id.as_str(), token.as_str()),
+        ("s1", "secret")
+    );
     assert!(host.is_orphaned());
     // A retry while the first attempt is out starts no second one.
     assert_eq!(host.next_deadline(), Some(Instant(2200)));
@@ -430,4 +433,21 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
     commit_all(&mut host, &mut out);
     let done = answered(&out);
     assert_eq!(done, vec![OpId(2)], "{out:?}");
+}
+
+/// Asked for its snapshot, a worker sends the runtime's as it stands,
+/// packed; an orphan sends nothing (its announcement carries its state).
+#[test]
+fn a_worker_asked_for_its_snapshot_sends_it() {
+    let (mut host, _) = running(config());
+    let ask = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Snapshot));
+    let out = host.step(Instant(1001), ask.clone());
+    let expected = host.runtime().expect("running").snapshot();
+    let [FromWorker::Snapshot { snapshot }] = sent(&out).as_slice() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(snapshot.unpack().expect("decodes"), expected);
+    host.step(Instant(1002), HostInput::ChannelLost);
+    assert!(host.is_orphaned());
+    assert!(sent(&host.step(Instant(1003), ask)).is_empty());
 }

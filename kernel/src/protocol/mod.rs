@@ -2,6 +2,7 @@
 //! to and from [`crate::wire::Value`] ([`codec`]).
 
 pub mod codec;
+pub mod packed;
 pub mod types;
 pub mod worker;
 
@@ -9,4 +10,5 @@ pub use codec::{
     SchemaError, decode_client_message, decode_server_message, encode_client_message,
     encode_server_message, encode_trusted_server_message,
 };
+pub use packed::{PackedSnapshot, PackedTranscript};
 pub use types::*;

@@ -22,15 +22,19 @@ use super::codec::{
     Fields, MapBuilder, Path, Schema, SchemaError, direct, read_id, read_list, read_string,
     read_uint,
 };
+use super::packed::{PackedSnapshot, PackedTranscript, last_reply};
 use super::types::{
-    ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptItem, TranscriptProgress,
+    AssistantStatus, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptItem,
+    TranscriptProgress,
 };
 use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
 
-/// Version of the worker channel.
-pub const WORKER_PROTOCOL_VERSION: u64 = 1;
+/// Version of the worker channel. Version 2 added [`ToWorker::Snapshot`];
+/// a server sends it only to workers that said hello with version 2 or
+/// later.
+pub const WORKER_PROTOCOL_VERSION: u64 = 2;
 
 /// Every frame of the worker channel.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +50,7 @@ pub enum WorkerFrame {
         /// Its process id.
         pid: u64,
         /// Set by an orphan announcing itself for adoption: its session as it stands.
-        resume: Option<Box<SessionSnapshot>>,
+        resume: Option<Box<PackedSnapshot>>,
     },
     /// Server → orphan: adopted; operations may follow.
     Adopted,
@@ -178,7 +182,7 @@ impl Schema for WorkerFrame {
                 .put("token", text(token))
                 .put("sessionId", text(session_id))
                 .put("pid", Value::Int(*pid as i64))
-                .put_opt("resume", resume.as_ref().map(|s| s.to_value()))
+                .put_opt("resume", resume.as_deref().map(packed_to_value))
                 .build(),
             Self::Adopted => MapBuilder::with_capacity(1)
                 .put("type", text("adopted"))
@@ -217,6 +221,9 @@ impl Schema for WorkerFrame {
             Self::ToWorker(ToWorker::Dispose) => MapBuilder::with_capacity(1)
                 .put("type", text("dispose"))
                 .build(),
+            Self::ToWorker(ToWorker::Snapshot) => MapBuilder::with_capacity(1)
+                .put("type", text("send_snapshot"))
+                .build(),
             Self::FromWorker(m) => from_worker_to_value(m),
         }
     }
@@ -238,9 +245,7 @@ impl Schema for WorkerFrame {
                     token: f.required("token", read_string)?,
                     session_id: f.required("sessionId", read_id)?,
                     pid: f.required("pid", read_uint)?,
-                    resume: f
-                        .optional("resume", SessionSnapshot::from_value_at)?
-                        .map(Box::new),
+                    resume: f.optional("resume", packed_from_value)?.map(Box::new),
                 }
             }
             "adopted" => {
@@ -285,23 +290,41 @@ impl Schema for WorkerFrame {
                 Fields::new(value, path, &["type"])?;
                 Self::ToWorker(ToWorker::Dispose)
             }
+            "send_snapshot" => {
+                Fields::new(value, path, &["type"])?;
+                Self::ToWorker(ToWorker::Snapshot)
+            }
             _ => Self::FromWorker(from_worker_from_value(kind, value, path)?),
         };
         Ok(frame)
     }
 }
 
+/// The tree of a packed snapshot: that of the typed one.
+fn packed_to_value(snapshot: &PackedSnapshot) -> Value {
+    match snapshot.unpack() {
+        Ok(snapshot) => snapshot.to_value(),
+        // Packed by this kernel or checked when decoded: it unpacks.
+        Err(error) => unreachable!("a packed transcript that does not decode: {error}"),
+    }
+}
+
+fn packed_from_value(value: &Value, path: &Path<'_>) -> Result<PackedSnapshot, SchemaError> {
+    let snapshot = SessionSnapshot::from_value_at(value, path)?;
+    PackedSnapshot::pack(snapshot).map_err(|e| SchemaError::new(format!("{path}: {e}")))
+}
+
 fn from_worker_to_value(m: &FromWorker) -> Value {
     match m {
         FromWorker::Ready { snapshot } => MapBuilder::with_capacity(2)
             .put("type", text("ready"))
-            .put("snapshot", snapshot.to_value()),
+            .put("snapshot", packed_to_value(snapshot)),
         FromWorker::Failed { error } => MapBuilder::with_capacity(2)
             .put("type", text("failed"))
             .put("error", error.to_value()),
         FromWorker::Snapshot { snapshot } => MapBuilder::with_capacity(2)
             .put("type", text("snapshot"))
-            .put("snapshot", snapshot.to_value()),
+            .put("snapshot", packed_to_value(snapshot)),
         FromWorker::Progress { progress } => MapBuilder::with_capacity(2)
             .put("type", text("progress"))
             .put("progress", progress.to_value()),
@@ -310,7 +333,7 @@ fn from_worker_to_value(m: &FromWorker) -> Value {
                 .put("type", text("op_done"))
                 .put("op", Value::Int(op.0 as i64));
             match outcome {
-                Ok(snapshot) => b.put("session", snapshot.to_value()),
+                Ok(snapshot) => b.put("session", packed_to_value(snapshot)),
                 Err(error) => b.put("error", error.to_value()),
             }
         }
@@ -330,7 +353,7 @@ fn from_worker_from_value(
         "ready" => {
             let f = Fields::new(value, path, &["type", "snapshot"])?;
             FromWorker::Ready {
-                snapshot: f.required("snapshot", SessionSnapshot::from_value_at)?,
+                snapshot: f.required("snapshot", packed_from_value)?,
             }
         }
         "failed" => {
@@ -342,7 +365,7 @@ fn from_worker_from_value(
         "snapshot" => {
             let f = Fields::new(value, path, &["type", "snapshot"])?;
             FromWorker::Snapshot {
-                snapshot: f.required("snapshot", SessionSnapshot::from_value_at)?,
+                snapshot: f.required("snapshot", packed_from_value)?,
             }
         }
         "progress" => {
@@ -354,7 +377,7 @@ fn from_worker_from_value(
         "op_done" => {
             let f = Fields::new(value, path, &["type", "op", "session", "error"])?;
             let op = OpId(f.required("op", read_uint)?);
-            let session = f.optional("session", SessionSnapshot::from_value_at)?;
+            let session = f.optional("session", packed_from_value)?;
             let error = f.optional("error", ProtocolError::from_value_at)?;
             let outcome = match (session, error) {
                 (Some(s), None) => Ok(s),
@@ -409,7 +432,7 @@ struct SnapshotFrame<'f> {
     kind: &'static str,
     op: Option<OpId>,
     key: &'static str,
-    snapshot: &'f SessionSnapshot,
+    snapshot: &'f PackedSnapshot,
 }
 
 impl<'f> SnapshotFrame<'f> {
@@ -446,8 +469,9 @@ impl<'f> SnapshotFrame<'f> {
             e.uint(op.0)?;
         }
         e.text(self.key)?;
-        let shown = direct::Shown::of(self.snapshot);
-        direct::write_session_snapshot(e, self.snapshot, shown, 1)
+        let head = self.snapshot.head();
+        let transcript = self.snapshot.transcript().cbor();
+        direct::write_packed_session_snapshot(e, head, transcript, direct::Shown::of(head), 1)
     }
 }
 
@@ -461,11 +485,11 @@ pub fn frame_worker_message(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError>
 /// Decodes a worker-channel frame payload.
 ///
 /// A snapshot's transcript (under `snapshot`, `session` or `resume`) is
-/// parsed item by item as the CBOR is decoded ([`cbor::decode_streaming`]):
-/// the whole frame is never one [`Value`] tree, which took several times the
-/// snapshot's bytes and was the server's high-water mark (BENCHMARKS.md, the
-/// soak). The checks and the error texts are the tree's; a frame with errors
-/// both inside and outside its transcript reports the one outside.
+/// checked item by item as the CBOR is decoded ([`cbor::decode_streaming`])
+/// and kept as its bytes ([`PackedTranscript`]): the frame is never one
+/// [`Value`] tree, and no typed transcript is built. The checks and the
+/// error texts are the tree's; a frame with errors both inside and outside
+/// its transcript reports the one outside.
 pub fn decode_worker_frame(
     payload: &[u8],
     limits: &CborLimits,
@@ -481,22 +505,25 @@ pub fn decode_worker_frame(
         outer.set(snapshot);
         inner == "transcript"
     };
-    let mut items = Vec::new();
+    let mut items = 0;
+    let mut span: Option<std::ops::Range<usize>> = None;
+    let mut newest_reply: Option<AssistantStatus> = None;
     let mut item_error = None;
-    let mut element = |index: usize, len: usize, value: Value| {
+    let mut element = |index: usize, _: usize, value: Value, bytes: std::ops::Range<usize>| {
         if item_error.is_some() {
             return;
-        }
-        if index == 0 {
-            // An encoded item takes well over 32 bytes: a frame cannot make
-            // the server reserve more than a few times its own size.
-            items.reserve_exact(len.min(payload.len() / 32));
         }
         let root = Path::Root("");
         let snapshot = root.key(outer.get());
         let transcript = snapshot.key("transcript");
         match TranscriptItem::from_value_at(&value, &transcript.index(index)) {
-            Ok(item) => items.push(item),
+            Ok(item) => {
+                if let Some(status) = last_reply(std::iter::once(&item)) {
+                    newest_reply = Some(status);
+                }
+                items += 1;
+                span = Some(span.take().map_or(bytes.clone(), |s| s.start..bytes.end));
+            }
             Err(error) => item_error = Some(error),
         }
     };
@@ -508,14 +535,26 @@ pub fn decode_worker_frame(
         return Err(error);
     }
     match frame_snapshot(&mut frame) {
-        Some(snapshot) => snapshot.transcript = items,
-        None => debug_assert!(items.is_empty(), "a transcript outside a snapshot"),
+        Some(snapshot) => {
+            let mut header = Vec::new();
+            cbor::Encoder::new(&mut header, limits)
+                .array_header(items)
+                .map_err(|e| SchemaError::new(e.to_string()))?;
+            // One allocation of the exact size, no intermediate buffer.
+            let cbor = header
+                .iter()
+                .chain(&payload[span.unwrap_or_default()])
+                .copied()
+                .collect();
+            snapshot.set_transcript(PackedTranscript::decoded(cbor, items, newest_reply));
+        }
+        None => debug_assert!(items == 0, "a transcript outside a snapshot"),
     }
     Ok(frame)
 }
 
 /// The session snapshot a frame carries, if any.
-fn frame_snapshot(frame: &mut WorkerFrame) -> Option<&mut SessionSnapshot> {
+fn frame_snapshot(frame: &mut WorkerFrame) -> Option<&mut PackedSnapshot> {
     match frame {
         WorkerFrame::Hello {
             resume: Some(snapshot),
@@ -560,6 +599,10 @@ mod tests {
         }
     }
 
+    fn packed(snapshot: SessionSnapshot) -> PackedSnapshot {
+        PackedSnapshot::pack(snapshot).expect("packs")
+    }
+
     #[test]
     fn every_frame_round_trips() {
         let frames = vec![
@@ -575,7 +618,7 @@ mod tests {
                 token: String::new(),
                 session_id: "s".into(),
                 pid: 42,
-                resume: Some(Box::new(snapshot())),
+                resume: Some(Box::new(packed(snapshot()))),
             },
             WorkerFrame::Adopted,
             WorkerFrame::Rejected {
@@ -606,6 +649,7 @@ mod tests {
                 }),
             },
             WorkerFrame::ToWorker(ToWorker::Dispose),
+            WorkerFrame::ToWorker(ToWorker::Snapshot),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(7),
                 operation: Operation::Prompt { text: "hi".into() },
@@ -634,17 +678,17 @@ mod tests {
                 },
             }),
             WorkerFrame::FromWorker(FromWorker::Ready {
-                snapshot: snapshot(),
+                snapshot: packed(snapshot()),
             }),
             WorkerFrame::FromWorker(FromWorker::Snapshot {
-                snapshot: snapshot(),
+                snapshot: packed(snapshot()),
             }),
             WorkerFrame::FromWorker(FromWorker::Failed {
                 error: ProtocolError::new(ErrorCode::SessionLocked, "x"),
             }),
             WorkerFrame::FromWorker(FromWorker::OpDone {
                 op: OpId(1),
-                outcome: Ok(snapshot()),
+                outcome: Ok(packed(snapshot())),
             }),
             WorkerFrame::FromWorker(FromWorker::OpDone {
                 op: OpId(2),
@@ -683,27 +727,37 @@ mod tests {
                 timestamp: 1,
             })
         };
+        let failed = TranscriptItem::Assistant(crate::protocol::AssistantItem {
+            id: "r".into(),
+            content: vec![],
+            model: snapshot().model,
+            response_model: None,
+            usage: None,
+            timestamp: 2,
+            status: AssistantStatus::Error,
+            error_message: Some("boom".into()),
+        });
         let full = SessionSnapshot {
-            transcript: vec![user("a"), user("b"), user("c")],
+            transcript: vec![user("a"), failed, user("b"), user("c")],
             ..snapshot()
         };
         let frames = [
             WorkerFrame::FromWorker(FromWorker::Snapshot {
-                snapshot: full.clone(),
+                snapshot: packed(full.clone()),
             }),
             WorkerFrame::FromWorker(FromWorker::OpDone {
                 op: OpId(7),
-                outcome: Ok(full.clone()),
+                outcome: Ok(packed(full.clone())),
             }),
             WorkerFrame::FromWorker(FromWorker::Ready {
-                snapshot: full.clone(),
+                snapshot: packed(full.clone()),
             }),
             WorkerFrame::Hello {
                 version: 1,
                 token: "t".into(),
                 session_id: "s".into(),
                 pid: 1,
-                resume: Some(Box::new(full.clone())),
+                resume: Some(Box::new(packed(full.clone()))),
             },
         ];
         let limits = CborLimits::default();

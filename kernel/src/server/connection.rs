@@ -70,6 +70,13 @@ impl Connection {
         self.stage == Stage::Ready
     }
 
+    /// True when a snapshot of `session` at `revision` is news to this connection.
+    pub(crate) fn is_news(&self, session: &str, revision: u64) -> bool {
+        self.revisions
+            .get(session)
+            .is_none_or(|last| *last < revision)
+    }
+
     /// True when a snapshot of `session` at `revision` is news to this connection;
     /// records it as sent.
     pub(crate) fn take_revision(&mut self, session: &str, revision: u64) -> bool {

@@ -86,6 +86,7 @@ impl fmt::Display for Output {
                     write!(f, "{worker} ← {}", operation.name())
                 }
                 ToWorker::Dispose => write!(f, "{worker} ← dispose"),
+                ToWorker::Snapshot => write!(f, "{worker} ← send snapshot"),
             },
             Self::KillWorker { worker } => write!(f, "kill {worker}"),
             Self::RemoveSession { session_id } => write!(f, "remove {session_id}"),

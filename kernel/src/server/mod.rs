@@ -33,8 +33,8 @@ use crate::protocol::codec::direct;
 use crate::protocol::codec::spliced::{self, EncodedSnapshot, Spliced};
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
-    ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage, ServerSnapshot,
-    SessionMetadata, SessionSnapshot, TranscriptProgress, decode_client_message,
+    PackedSnapshot, ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage,
+    ServerSnapshot, SessionMetadata, SessionSnapshot, TranscriptProgress, decode_client_message,
     encode_trusted_server_message,
 };
 use crate::rng::Rng;
@@ -276,7 +276,9 @@ pub enum Input {
         channel: ChannelId,
         session_id: String,
         pid: u64,
-        snapshot: Box<SessionSnapshot>,
+        /// The worker channel version of its hello.
+        version: u64,
+        snapshot: Box<PackedSnapshot>,
     },
     /// A new server with this server's id asks to take over: hand every
     /// worker over without stopping it, close every connection, then finish.
@@ -475,8 +477,9 @@ impl Server {
                 channel,
                 session_id,
                 pid,
+                version,
                 snapshot,
-            } => self.on_worker_announced(channel, session_id, pid, *snapshot),
+            } => self.on_worker_announced(channel, session_id, pid, version, *snapshot),
             Input::HandoffRequested => self.on_handoff(),
             Input::AdoptionsExpected { sessions } => self.on_adoptions_expected(sessions),
         }

@@ -10,8 +10,8 @@ use crate::protocol::codec::direct::Shown;
 use crate::protocol::codec::spliced;
 use crate::protocol::{
     AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, LiveState, LiveStatus,
-    ProtocolError, Request, Response, SchemaError, ServerEvent, ServerMessage, SessionPhase,
-    SessionSnapshot, TranscriptItem,
+    PackedSnapshot, PackedTranscript, ProtocolError, Request, Response, SchemaError, ServerEvent,
+    ServerMessage, SessionPhase, SessionSnapshot,
 };
 use crate::time::Instant;
 use crate::worker::{
@@ -76,6 +76,13 @@ pub(crate) struct Live {
     /// Until the worker said hello: what its start carries, and (once
     /// spawned) the token it must prove itself with.
     start: Option<PendingStart>,
+    /// The worker sends its snapshot when asked ([`ToWorker::Snapshot`],
+    /// channel version 2): false for an adopted worker of version 1, whose
+    /// transcript the server keeps.
+    resends: bool,
+    /// A [`ToWorker::Snapshot`] went out and no snapshot came back since:
+    /// the waiters of a ready session wait for it.
+    snapshot_requested: bool,
 }
 
 /// The start of a spawned worker that has not said hello yet.
@@ -89,19 +96,21 @@ struct PendingStart {
 impl Live {
     /// The revision of the runtime's latest snapshot.
     pub(crate) fn snapshot_revision(&self) -> Option<u64> {
-        self.snapshot.as_ref().map(|s| s.snapshot.revision)
+        self.snapshot.as_ref().map(|s| s.revision)
     }
 
     /// What `status` reports of this session.
     fn status(&self) -> LiveStatus {
-        let snapshot = self.snapshot.as_ref().map(|s| &s.snapshot);
+        let snapshot = self.snapshot.as_ref();
         let state = match self.phase {
             Phase::Opening => LiveState::Opening,
             Phase::Disposing => LiveState::Closing,
             Phase::Terminal => LiveState::Error,
             Phase::Ready => match snapshot.map(|s| s.phase) {
                 None => LiveState::Opening,
-                Some(SessionPhase::Idle) if snapshot.is_some_and(last_reply_failed) => {
+                Some(SessionPhase::Idle)
+                    if snapshot.is_some_and(LiveSnapshot::last_reply_failed) =>
+                {
                     LiveState::Error
                 }
                 Some(phase) => LiveState::Phase(phase),
@@ -129,6 +138,8 @@ impl Live {
             hold_until: None,
             foreign: false,
             start: None,
+            resends: true,
+            snapshot_requested: false,
         }
     }
 
@@ -172,7 +183,11 @@ impl Live {
                     self.id,
                     self.worker.state()
                 );
-                assert!(self.waiters.is_empty(), "{}: waiters while ready", self.id);
+                assert!(
+                    self.waiters.is_empty() || self.snapshot_requested,
+                    "{}: waiters while ready, with no snapshot asked for",
+                    self.id
+                );
                 assert_eq!(
                     self.worker.state() == WorkerState::Busy,
                     self.is_busy(),
@@ -199,6 +214,11 @@ impl Live {
         if let Some(snap) = &self.snapshot {
             assert_eq!(snap.id, self.id, "cached snapshot of another session");
         }
+        assert!(
+            !self.snapshot_requested || (self.resends && self.phase != Phase::Opening),
+            "{}: a snapshot asked of a worker that cannot send it",
+            self.id
+        );
     }
 }
 
@@ -212,80 +232,136 @@ fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
     s
 }
 
-/// A live session's latest runtime snapshot, with the CBOR of its normalised
-/// forms ([`normalised`]), each encoded at its first use: the responses and
-/// session snapshot events that carry it are written around those bytes, so
-/// a long transcript is encoded once per snapshot, not once per message.
+/// A live session's latest runtime snapshot: every field but the
+/// transcript typed (`Deref`; its `transcript` is empty), and the
+/// transcript packed, while it is kept.
 ///
-/// The snapshot cannot change in place (it is read through `Deref` only): a
-/// new one is a new `LiveSnapshot`, which starts with no encodings. So no
-/// code path has to invalidate anything, and no encoding outlives the
-/// snapshot it was made from — not even for a snapshot replaced by another
-/// with the same revision, which [`Server::update_snapshot`] accepts. The
-/// rest of what determines the bytes (`locked` is always true) is the
-/// audience's `attached`, which indexes the encodings.
+/// The server reads nothing of the transcript but the status of its newest
+/// reply, which is kept apart. It keeps the bytes past the step that brought
+/// them only while they are at most [`Limits::kept_transcript_bytes`] (or
+/// the worker cannot send them again: [`Live::resends`]), so its memory does
+/// not grow with history; a client that needs them later waits for the
+/// worker to send them ([`ToWorker::Snapshot`]).
+///
+/// The normalised forms ([`normalised`]) are encoded at their first use, in
+/// pieces around the shared transcript: the responses and session snapshot
+/// events that carry it are written around those pieces, so a long
+/// transcript is copied once per snapshot, not once per message. The
+/// snapshot cannot change in place: a new one is a new `LiveSnapshot`,
+/// which starts with no encodings, so no encoding outlives the snapshot it
+/// was made from — not even for a snapshot replaced by another with the
+/// same revision, which [`Server::update_snapshot`] accepts. The rest of
+/// what determines the bytes (`locked` is always true) is the audience's
+/// `attached`, which indexes the encodings.
+///
+/// [`Limits::kept_transcript_bytes`]: crate::limits::Limits::kept_transcript_bytes
 #[derive(Clone)]
 pub(crate) struct LiveSnapshot {
-    snapshot: SessionSnapshot,
-    /// CBOR of `normalised(snapshot, attached)` at index `attached as usize`
-    /// (or why it cannot be encoded), once made.
-    encoded: [Option<Result<Arc<[u8]>, SchemaError>>; 2],
+    head: SessionSnapshot,
+    last_reply: Option<AssistantStatus>,
+    transcript: Option<PackedTranscript>,
+    /// The pieces of `normalised(snapshot, attached)` at index `attached as
+    /// usize` (or why it cannot be encoded), once made.
+    encoded: [Option<Result<SnapshotPieces, SchemaError>>; 2],
 }
 
+/// A session snapshot's CBOR: the map up to its transcript, the transcript,
+/// the rest.
+type SnapshotPieces = [Arc<[u8]>; 3];
+
 impl LiveSnapshot {
-    pub(crate) fn new(snapshot: SessionSnapshot) -> Self {
+    pub(crate) fn new(snapshot: PackedSnapshot) -> Self {
+        let (head, transcript) = snapshot.into_parts();
         Self {
-            snapshot,
+            head,
+            last_reply: transcript.last_reply(),
+            transcript: Some(transcript),
             encoded: [None, None],
         }
     }
 
-    /// CBOR of the snapshot normalised for an audience that is (or is not)
-    /// attached, encoded now if it was not yet.
-    fn encoded(&mut self, attached: bool) -> Result<Arc<[u8]>, SchemaError> {
-        let snapshot = &self.snapshot;
+    /// Whether the transcript is here to send.
+    pub(super) fn has_transcript(&self) -> bool {
+        self.transcript.is_some()
+    }
+
+    /// Lets go of a transcript longer than `keep` bytes, and its encodings.
+    fn release_transcript(&mut self, keep: usize) {
+        if self
+            .transcript
+            .as_ref()
+            .is_some_and(|t| t.cbor().len() > keep)
+        {
+            self.transcript = None;
+            self.encoded = [None, None];
+        }
+    }
+
+    /// The session's last reply ended in an error.
+    fn last_reply_failed(&self) -> bool {
+        self.last_reply == Some(AssistantStatus::Error)
+    }
+
+    /// The pieces of the snapshot normalised for an audience that is (or is
+    /// not) attached, encoded now if they were not yet.
+    fn encoded(&mut self, attached: bool) -> Result<SnapshotPieces, SchemaError> {
+        let Some(transcript) = &self.transcript else {
+            return Err(SchemaError::new("the session's transcript is not here"));
+        };
+        let head = &self.head;
         self.encoded[usize::from(attached)]
             .get_or_insert_with(|| {
                 let shown = Shown {
                     attached,
                     locked: true,
                 };
-                spliced::encode_session_snapshot_shown(snapshot, shown)
-                    .map(Arc::from)
-                    .map_err(cbor_error)
+                spliced::encode_packed_session_snapshot(head, transcript, shown).map_err(cbor_error)
             })
             .clone()
+    }
+
+    /// The snapshot with its transcript decoded, for debug builds'
+    /// comparisons.
+    fn unpacked(&self) -> SessionSnapshot {
+        let mut snapshot = self.head.clone();
+        if let Some(transcript) = &self.transcript {
+            snapshot.transcript = transcript.unpack().expect("checked when it arrived");
+        }
+        snapshot
     }
 }
 
 #[cfg(test)]
 impl LiveSnapshot {
     /// The encoding for an audience that is (or is not) attached, if made.
-    pub(super) fn cached(&self, attached: bool) -> Option<Arc<[u8]>> {
+    pub(super) fn cached(&self, attached: bool) -> Option<SnapshotPieces> {
         self.encoded[usize::from(attached)]
             .as_ref()
             .map(|e| e.clone().expect("encodes"))
     }
 }
 
+/// Every field but the transcript.
 impl Deref for LiveSnapshot {
     type Target = SessionSnapshot;
 
     fn deref(&self) -> &SessionSnapshot {
-        &self.snapshot
+        &self.head
     }
 }
 
-/// The snapshot's identity and the lengths of its encodings, not its bytes.
+/// The snapshot's identity, whether its transcript is kept and the lengths
+/// of its encodings, not its bytes.
 impl fmt::Debug for LiveSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lens = self
-            .encoded
-            .each_ref()
-            .map(|e| e.as_ref().map(|e| e.as_ref().map(|cbor| cbor.len())));
+        let lens = self.encoded.each_ref().map(|e| {
+            e.as_ref()
+                .map(|e| e.as_ref().map(|p| p.iter().map(|p| p.len()).sum::<usize>()))
+        });
         f.debug_struct("LiveSnapshot")
-            .field("id", &self.snapshot.id)
-            .field("revision", &self.snapshot.revision)
+            .field("id", &self.head.id)
+            .field("revision", &self.head.revision)
+            .field("transcript", &self.transcript.as_ref().map(|t| t.len()))
             .field("encoded_lens", &lens)
             .finish()
     }
@@ -294,19 +370,6 @@ impl fmt::Debug for LiveSnapshot {
 fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
     CommandResult::with_session(name, session)
         .unwrap_or_else(|| unreachable!("no snapshot result for {name}"))
-}
-
-/// The session's last reply ended in an error.
-fn last_reply_failed(snapshot: &SessionSnapshot) -> bool {
-    snapshot
-        .transcript
-        .iter()
-        .rev()
-        .find_map(|item| match item {
-            TranscriptItem::Assistant(a) => Some(a.status == AssistantStatus::Error),
-            _ => None,
-        })
-        .unwrap_or(false)
 }
 
 fn not_live(session: &str) -> String {
@@ -394,19 +457,19 @@ impl Server {
     }
 
     fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
-        if self.conns[&conn].attached.contains(&session_id) {
-            return self.respond_with_session(conn, request_id, "attach", &session_id, true);
-        }
-        let max = self.config.limits.max_attachments_per_connection;
-        if self.conns[&conn].attached.len() >= max {
-            let message = format!("A connection may attach to at most {max} sessions");
-            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
-        }
         let waiter = Waiter {
             conn,
             request_id,
             kind: Acquire::Attach,
         };
+        if self.conns[&conn].attached.contains(&session_id) {
+            return self.admit(&session_id, waiter);
+        }
+        let max = self.config.limits.max_attachments_per_connection;
+        if self.conns[&conn].attached.len() >= max {
+            let message = format!("A connection may attach to at most {max} sessions");
+            return self.respond_error(conn, waiter.request_id, ErrorCode::InvalidRequest, message);
+        }
         match self
             .sessions
             .get(&session_id)
@@ -500,17 +563,29 @@ impl Server {
         });
     }
 
-    /// Attaches a waiter's connection to a ready session and answers it.
+    /// Attaches a waiter's connection to a ready session and answers it, or,
+    /// if the server let go of the transcript, asks the worker for it and
+    /// keeps the waiter until it comes.
     fn admit(&mut self, session_id: &str, waiter: Waiter) {
+        let ready = self.conns.get(&waiter.conn).is_some_and(|c| c.is_ready());
+        if !ready {
+            return; // closed while the session opened; maybe_dispose runs after admission
+        }
+        let live = &self.sessions[session_id];
+        if !live.snapshot.as_ref().expect("ready").has_transcript() {
+            self.conns.get_mut(&waiter.conn).expect("ready").in_flight += 1;
+            self.sessions
+                .get_mut(session_id)
+                .expect("ready")
+                .waiters
+                .push(waiter);
+            return self.request_snapshot(session_id);
+        }
         let Waiter {
             conn,
             request_id,
             kind,
         } = waiter;
-        let ready = self.conns.get(&conn).is_some_and(|c| c.is_ready());
-        if !ready {
-            return; // closed while the session opened; maybe_dispose runs after admission
-        }
         let max = self.config.limits.max_attachments_per_connection;
         let c = self.conns.get_mut(&conn).expect("ready");
         if c.attached.len() >= max && !c.attached.contains(session_id) {
@@ -776,17 +851,7 @@ impl Server {
         let Some(session_id) = self.session_of(worker) else {
             return;
         };
-        let revision = match &message {
-            FromWorker::Ready { snapshot } | FromWorker::Snapshot { snapshot } => {
-                Some(snapshot.revision)
-            }
-            FromWorker::OpDone {
-                outcome: Ok(snapshot),
-                ..
-            } => Some(snapshot.revision),
-            _ => None,
-        };
-        if let Some(revision) = revision {
+        if let Some(revision) = message.snapshot().map(|s| s.head().revision) {
             let shown = self.shown_revisions.entry(session_id.clone()).or_default();
             *shown = (*shown).max(revision);
         }
@@ -795,6 +860,7 @@ impl Server {
             FromWorker::Failed { error } => self.fail_session(&session_id, error),
             FromWorker::Snapshot { snapshot } => {
                 if self.update_snapshot(&session_id, snapshot) {
+                    self.admit_snapshot_waiters(&session_id);
                     self.broadcast_session(&session_id);
                     self.refresh_busy(&session_id);
                     self.maybe_dispose(&session_id);
@@ -819,52 +885,49 @@ impl Server {
                 self.fail_session(&session_id, error);
             }
         }
+        self.admit_snapshot_waiters(&session_id);
+        self.release_transcript(&session_id);
     }
 
-    /// Takes a runtime snapshot if it is not older than the cached one.
-    /// Returns false for a snapshot that is stale or from the wrong phase.
-    fn update_snapshot(&mut self, session_id: &str, snapshot: SessionSnapshot) -> bool {
-        let live = self.sessions.get_mut(session_id).expect("indexed");
-        if live.phase != Phase::Ready || snapshot.id != live.id {
-            return false;
+    /// Asks the session's worker for its snapshot, unless that is under way.
+    fn request_snapshot(&mut self, session_id: &str) {
+        let live = self.sessions.get_mut(session_id).expect("live");
+        debug_assert!(
+            live.resends,
+            "{session_id}: the transcript of a version 1 worker was let go"
+        );
+        if live.snapshot_requested {
+            return;
         }
-        if live
-            .snapshot
-            .as_ref()
-            .is_some_and(|s| s.revision > snapshot.revision)
-        {
-            return false;
-        }
-        live.snapshot = Some(LiveSnapshot::new(snapshot));
-        true
+        live.snapshot_requested = true;
+        let worker = live.worker.id();
+        self.out.push(Output::ToWorker {
+            worker,
+            message: ToWorker::Snapshot,
+        });
     }
 
-    fn on_worker_ready(&mut self, session_id: &str, snapshot: SessionSnapshot) {
-        if self.sessions[session_id].phase != Phase::Opening
-            || self.step_worker(session_id, WorkerInput::Ready) != Some(WorkerOutput::Started)
+    /// Admits the waiters of a ready session once its transcript is here.
+    fn admit_snapshot_waiters(&mut self, session_id: &str) {
+        let Some(live) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        if live.phase != Phase::Ready
+            || !live
+                .snapshot
+                .as_ref()
+                .is_some_and(LiveSnapshot::has_transcript)
         {
             return;
         }
-        let live = self.sessions.get_mut(session_id).expect("indexed");
-        if snapshot.id != live.id {
-            let message = format!(
-                "Session runtime reported id {} for session {}",
-                snapshot.id, live.id
-            );
-            return self.fail_session(
-                session_id,
-                ProtocolError::new(ErrorCode::InvalidRequest, message),
-            );
-        }
-        live.phase = Phase::Ready;
-        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        live.snapshot_requested = false;
         let waiters = std::mem::take(&mut live.waiters);
-        let created = live.creating;
-        live.creating = false;
-        if created {
-            let meta = metadata_of(self.sessions[session_id].snapshot.as_ref().expect("set"));
-            self.catalog.insert(meta);
-        }
+        self.admit_waiters(session_id, waiters);
+    }
+
+    /// Admits waiters to a session that just became ready or got its
+    /// transcript back.
+    fn admit_waiters(&mut self, session_id: &str, waiters: Vec<Waiter>) {
         for waiter in waiters {
             if self.sessions[session_id].phase != Phase::Ready {
                 // Admitting an earlier waiter closed its connection (output
@@ -880,6 +943,69 @@ impl Server {
             self.finish_pending(waiter.conn);
             self.admit(session_id, waiter);
         }
+    }
+
+    /// Lets go of the session's transcript at the end of the step that
+    /// brought it, if it is longer than the server keeps
+    /// ([`crate::limits::Limits::kept_transcript_bytes`]) and the worker can
+    /// send it again.
+    fn release_transcript(&mut self, session_id: &str) {
+        let keep = self.config.limits.kept_transcript_bytes;
+        if let Some(live) = self.sessions.get_mut(session_id)
+            && live.resends
+            && let Some(snapshot) = &mut live.snapshot
+        {
+            snapshot.release_transcript(keep);
+        }
+    }
+
+    /// Takes a runtime snapshot if it is not older than the cached one.
+    /// Returns false for a snapshot that is stale or from the wrong phase.
+    fn update_snapshot(&mut self, session_id: &str, snapshot: PackedSnapshot) -> bool {
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        let head = snapshot.head();
+        if live.phase != Phase::Ready || head.id != live.id {
+            return false;
+        }
+        if live
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.revision > head.revision)
+        {
+            return false;
+        }
+        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        true
+    }
+
+    fn on_worker_ready(&mut self, session_id: &str, snapshot: PackedSnapshot) {
+        if self.sessions[session_id].phase != Phase::Opening
+            || self.step_worker(session_id, WorkerInput::Ready) != Some(WorkerOutput::Started)
+        {
+            return;
+        }
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        if snapshot.head().id != live.id {
+            let message = format!(
+                "Session runtime reported id {} for session {}",
+                snapshot.head().id,
+                live.id
+            );
+            return self.fail_session(
+                session_id,
+                ProtocolError::new(ErrorCode::InvalidRequest, message),
+            );
+        }
+        live.phase = Phase::Ready;
+        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        let waiters = std::mem::take(&mut live.waiters);
+        let created = live.creating;
+        live.creating = false;
+        if created {
+            let meta = metadata_of(self.sessions[session_id].snapshot.as_ref().expect("set"));
+            self.catalog.insert(meta);
+        }
+        self.admit_waiters(session_id, waiters);
         if self.sessions[session_id].dispose_when_ready || self.shutting_down {
             self.dispose(session_id);
             return;
@@ -894,7 +1020,7 @@ impl Server {
         &mut self,
         session_id: &str,
         op: OpId,
-        outcome: Result<SessionSnapshot, ProtocolError>,
+        outcome: Result<PackedSnapshot, ProtocolError>,
     ) {
         let live = self.sessions.get_mut(session_id).expect("indexed");
         let Some(pending) = live.ops.remove(&op) else {
@@ -903,7 +1029,11 @@ impl Server {
         self.finish_pending(pending.conn);
         match outcome {
             Ok(snapshot) => {
-                self.update_snapshot(session_id, snapshot);
+                // Attaches waiting for the transcript first: the answer then
+                // says whether its requester is attached as it stands.
+                if self.update_snapshot(session_id, snapshot) {
+                    self.admit_snapshot_waiters(session_id);
+                }
                 let live = &self.sessions[session_id];
                 let attached = live.attached.contains(&pending.conn);
                 let revision = live.snapshot.as_ref().expect("ready").revision;
@@ -936,15 +1066,19 @@ impl Server {
             .attached
             .iter()
             .copied()
-            .filter(|c| {
-                self.conns
-                    .get_mut(c)
-                    .expect("attached")
-                    .take_revision(session_id, revision)
-            })
+            .filter(|c| self.conns[c].is_news(session_id, revision))
             .collect();
         if to.is_empty() {
             return;
+        }
+        if !snapshot.has_transcript() {
+            // Every attached connection is sent each snapshot in the step
+            // that brings it, so this is not expected; ask again all the same.
+            return self.request_snapshot(session_id);
+        }
+        for c in &to {
+            let conn = self.conns.get_mut(c).expect("attached");
+            conn.take_revision(session_id, revision);
         }
         let frame = self.session_snapshot_frame(session_id);
         self.broadcast_frame(&to, frame);
@@ -968,7 +1102,7 @@ impl Server {
 
     /// The CBOR of a live session's snapshot normalised for an audience that
     /// is (or is not) attached, encoded once per snapshot (see [`LiveSnapshot`]).
-    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<Arc<[u8]>, String> {
+    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<[Arc<[u8]>; 3], String> {
         let live = self.sessions.get_mut(session_id).expect("live");
         let snapshot = live.snapshot.as_mut().expect("ready");
         snapshot.encoded(attached).map_err(|e| e.to_string())
@@ -977,8 +1111,8 @@ impl Server {
     /// The normal form of what [`Self::session_cbor`] encodes, for the
     /// comparison of debug builds.
     fn session_normalised(&self, session_id: &str, attached: bool) -> SessionSnapshot {
-        let snapshot = self.sessions[session_id].snapshot.as_deref();
-        normalised(snapshot.expect("ready"), attached)
+        let snapshot = self.sessions[session_id].snapshot.as_ref();
+        normalised(&snapshot.expect("ready").unpacked(), attached)
     }
 
     /// The response to `command` carrying the session's snapshot, built
@@ -1252,14 +1386,15 @@ impl Server {
         channel: ChannelId,
         session_id: String,
         pid: u64,
-        snapshot: SessionSnapshot,
+        version: u64,
+        snapshot: PackedSnapshot,
     ) {
         let refusal = if self.shutting_down {
             Some("the server is shutting down".to_string())
-        } else if snapshot.id != session_id {
+        } else if snapshot.head().id != session_id {
             Some(format!(
                 "its snapshot is of session {}, not {session_id}",
-                snapshot.id
+                snapshot.head().id
             ))
         } else if self.sessions.contains_key(&session_id) {
             Some(format!("session {session_id} is already live here"))
@@ -1277,10 +1412,11 @@ impl Server {
             false,
         );
         live.phase = Phase::Ready;
+        live.resends = version >= 2;
         let stored = self.catalog.contains(&session_id);
         live.foreign = !stored;
         if live.foreign {
-            self.catalog.insert(metadata_of(&snapshot));
+            self.catalog.insert(metadata_of(snapshot.head()));
         }
         live.snapshot = Some(LiveSnapshot::new(snapshot));
         self.sessions.insert(session_id.clone(), live);
@@ -1306,6 +1442,7 @@ impl Server {
         }
         self.refresh_busy(&session_id);
         self.publish_server_snapshot();
+        self.release_transcript(&session_id);
     }
 
     /// The workers of these sessions were released to us and will announce themselves.

@@ -13,7 +13,7 @@ use crate::protocol::{
     encode_client_message,
 };
 use crate::wire::frame::DEFAULT_MAX_FRAME_LEN;
-use crate::worker::FromWorker;
+use crate::worker::{FromWorker, RuntimeMessage};
 use std::sync::Arc;
 
 fn config() -> Config {
@@ -140,10 +140,11 @@ impl Harness {
         self.step(Input::Received { conn, bytes })
     }
 
-    fn worker(&mut self, worker: WorkerId, message: FromWorker) -> Vec<Output> {
+    /// The worker sends `message`, its snapshot packed as a worker does.
+    fn worker(&mut self, worker: WorkerId, message: RuntimeMessage) -> Vec<Output> {
         self.step(Input::FromWorker {
             worker,
-            message: Box::new(message),
+            message: Box::new(message.pack().expect("packs")),
         })
     }
 
@@ -719,9 +720,11 @@ impl Harness {
     }
 
     /// The cached encoding of a live session's snapshot.
+    /// (The piece before the transcript, which is made with the rest.)
     fn cached_snapshot(&self, session: &str, attached: bool) -> Option<Arc<[u8]>> {
         let live = &self.server.sessions[session];
-        live.snapshot.as_ref().expect("ready").cached(attached)
+        let cached = live.snapshot.as_ref().expect("ready").cached(attached);
+        cached.map(|[head, ..]| head)
     }
 
     fn frames(&self, conn: ConnId) -> usize {
@@ -1100,4 +1103,161 @@ fn a_shutting_down_server_reports_no_scan_deadline() {
         h.server.next_deadline(),
         h.now
     );
+}
+
+/// The server keeps a transcript longer than `kept_transcript_bytes` only
+/// while it is sent: a client attaching later waits for the worker to send
+/// it again, and every attach then gets the snapshot as it stands.
+#[test]
+fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
+    let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
+    let mut config = config();
+    config.limits.kept_transcript_bytes = 100;
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded {
+        sessions: Vec::new(),
+    });
+    for conn in [a, b, c] {
+        h.connect(conn);
+    }
+    let kept = |h: &Harness, session: &str| {
+        let live = &h.server.sessions[session];
+        live.snapshot.as_ref().expect("ready").has_transcript()
+    };
+    let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 20));
+    let first = with_transcript(&session, 1, SessionPhase::Idle, 20);
+    h.assert_sent(a, &session_response("create", &first, true));
+    assert!(!kept(&h, &session), "sent, then let go");
+
+    // Two attaches: one request to the worker; nobody is answered yet.
+    let attach = Command::Attach {
+        session_id: session.clone(),
+    };
+    let asked = Output::ToWorker {
+        worker,
+        message: ToWorker::Snapshot,
+    };
+    let before = (h.frames(b), h.frames(c));
+    assert_eq!(h.request(b, "attach", attach.clone()), vec![asked.clone()]);
+    assert_eq!(h.request(c, "attach", attach.clone()), vec![]);
+    assert_eq!((h.frames(b), h.frames(c)), before, "nobody answered yet");
+    // `status` needs no transcript.
+    h.request(b, "status", Command::Status);
+    assert_eq!(h.frames(b), before.0 + 1);
+
+    // The worker sends its snapshot as it stands (streamed text shows
+    // under the same revision): both are answered with it, a hears nothing.
+    let mut now = first.clone();
+    now.phase = SessionPhase::Turn;
+    let before_a = h.frames(a);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: now.clone(),
+        },
+    );
+    h.assert_sent(b, &session_response("attach", &now, true));
+    h.assert_sent(c, &session_response("attach", &now, true));
+    assert_eq!(h.frames(a), before_a, "a saw revision 1");
+    assert_eq!(h.server.attachments(b), vec![session.clone()]);
+    assert!(!kept(&h, &session), "let go again");
+
+    // Attached already: the same wait.
+    assert_eq!(h.request(b, "attach", attach.clone()), vec![asked]);
+    let next = with_transcript(&session, 2, SessionPhase::Idle, 21);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: next.clone(),
+        },
+    );
+    h.assert_sent(b, &session_response("attach", &next, true));
+    for conn in [a, c] {
+        h.assert_sent(conn, &session_event(&next));
+    }
+
+    // A short transcript is kept: an attach is answered at once.
+    let short = with_transcript(&session, 3, SessionPhase::Idle, 1);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: short.clone(),
+        },
+    );
+    assert!(kept(&h, &session));
+    h.request(
+        a,
+        "detach",
+        Command::Detach {
+            session_id: session.clone(),
+        },
+    );
+    assert_eq!(h.request(a, "attach", attach), vec![]);
+    h.assert_sent(a, &session_response("attach", &short, true));
+}
+
+/// A worker that exits while attaches wait for its snapshot: they fail as
+/// the attached connections do, and the next attach opens the session anew.
+#[test]
+fn attaches_waiting_for_a_transcript_fail_with_their_worker() {
+    let (a, b) = (ConnId(1), ConnId(2));
+    let mut config = config();
+    config.limits.kept_transcript_bytes = 0;
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded {
+        sessions: Vec::new(),
+    });
+    h.connect(a);
+    h.connect(b);
+    let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 2));
+    let attach = Command::Attach {
+        session_id: session.clone(),
+    };
+    h.request(b, "attach", attach.clone());
+    h.step(Input::WorkerExited { worker });
+    let message = "Session worker exited unexpectedly";
+    let failed = ServerMessage::Response(Response {
+        id: "attach".into(),
+        outcome: Err(ProtocolError::new(ErrorCode::InternalError, message)),
+    });
+    h.assert_sent(b, &failed);
+    let (again, reopened) = spawned(&h.request(b, "attach", attach));
+    assert_eq!(reopened, session);
+    h.step(Input::WorkerSpawned {
+        worker: again,
+        token: String::new(),
+    });
+    let snapshot = with_transcript(&session, 2, SessionPhase::Idle, 2);
+    h.worker(
+        again,
+        FromWorker::Ready {
+            snapshot: snapshot.clone(),
+        },
+    );
+    h.assert_sent(b, &session_response("attach", &snapshot, true));
+}
+
+/// An adopted worker of channel version 1 cannot send its snapshot again:
+/// the server keeps its transcript, however long.
+#[test]
+fn the_transcript_of_a_version_1_worker_is_kept() {
+    let mut config = config();
+    config.limits.kept_transcript_bytes = 0;
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded {
+        sessions: Vec::new(),
+    });
+    for (version, channel, id) in [(1, 1, "s-old"), (2, 2, "s-new")] {
+        let snapshot = with_transcript(id, 4, SessionPhase::Idle, 3);
+        h.step(Input::WorkerAnnounced {
+            channel: ChannelId(channel),
+            session_id: id.into(),
+            pid: 9,
+            version,
+            snapshot: Box::new(PackedSnapshot::pack(snapshot).expect("packs")),
+        });
+        let live = &h.server.sessions[id];
+        let kept = live.snapshot.as_ref().expect("ready").has_transcript();
+        assert_eq!(kept, version == 1, "version {version}");
+    }
 }

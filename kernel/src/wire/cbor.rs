@@ -483,9 +483,10 @@ pub fn decode(bytes: &[u8], limits: &CborLimits) -> Result<Value, CborError> {
 /// Decodes exactly one item like [`decode`] (the same checks, the same
 /// errors), except for the arrays at `at(outer, inner)`: an array under key
 /// `inner` of a map that is the value of key `outer` of the top-level map.
-/// Each element of such an array is passed to `element` with its index and
-/// the array's length (bounded by the bytes left, so a hint to reserve) as
-/// soon as it is decoded, and the array appears in the returned tree empty.
+/// Each element of such an array is passed to `element` with its index,
+/// the array's length (bounded by the bytes left, so a hint to reserve) and
+/// where its bytes lie in `bytes`, as soon as it is decoded, and the array
+/// appears in the returned tree empty.
 ///
 /// So a large array of records (a snapshot's transcript in a worker frame)
 /// is never held as one tree: the caller parses each element and drops its
@@ -494,7 +495,7 @@ pub fn decode_streaming(
     bytes: &[u8],
     limits: &CborLimits,
     at: &dyn Fn(&str, &str) -> bool,
-    element: &mut dyn FnMut(usize, usize, Value),
+    element: &mut dyn FnMut(usize, usize, Value, std::ops::Range<usize>),
 ) -> Result<Value, CborError> {
     decode_whole(bytes, limits, Some(Stream { at, element }))
 }
@@ -539,7 +540,7 @@ struct Decoder<'a, 'l, 's> {
 /// Which arrays [`decode_streaming`] hands out element by element, and to what.
 struct Stream<'s> {
     at: &'s dyn Fn(&str, &str) -> bool,
-    element: &'s mut dyn FnMut(usize, usize, Value),
+    element: &'s mut dyn FnMut(usize, usize, Value, std::ops::Range<usize>),
 }
 
 fn truncated() -> CborError {
@@ -581,9 +582,10 @@ impl<'a> Decoder<'a, '_, '_> {
         // Every element takes at least one byte: never hint more than could arrive.
         let hint = len.min(self.remaining());
         for index in 0..len {
+            let start = self.pos;
             let element = self.item(depth + 1)?;
             if let Some(stream) = &mut self.stream {
-                (stream.element)(index, hint, element);
+                (stream.element)(index, hint, element, start..self.pos);
             }
         }
         Ok(Value::Array(Vec::new()))

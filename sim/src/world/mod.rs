@@ -364,11 +364,13 @@ pub enum Milestone {
     WorkerKilled,
     /// A worker told to dispose hung.
     WorkerHung,
+    /// The server asked a worker for the transcript it had let go of.
+    TranscriptAskedFor,
 }
 
 impl Milestone {
     /// Every milestone, in order.
-    pub const ALL: [Milestone; 11] = [
+    pub const ALL: [Milestone; 12] = [
         Self::Busy,
         Self::InvalidRequest,
         Self::NotFound,
@@ -380,6 +382,7 @@ impl Milestone {
         Self::OrphanRetired,
         Self::WorkerKilled,
         Self::WorkerHung,
+        Self::TranscriptAskedFor,
     ];
 }
 
@@ -922,6 +925,9 @@ impl World {
             }
             Output::ToWorker { worker, message } => {
                 trace!(self, "{worker} ← {}", summary::to_worker(&message));
+                if let kernel::worker::ToWorker::Snapshot = message {
+                    self.reached.insert(Milestone::TranscriptAskedFor);
+                }
                 if self.options.record_facts
                     && matches!(message, kernel::worker::ToWorker::Dispose)
                     && let Some(w) = self.workers.get(&worker)

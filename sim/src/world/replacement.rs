@@ -273,6 +273,7 @@ impl World {
             Some(&pid),
             WorkerFrame::Hello {
                 resume: Some(snapshot),
+                version,
                 ..
             },
         ) = (self.orphans.get(&key), hello)
@@ -293,6 +294,7 @@ impl World {
             channel,
             session_id,
             pid,
+            version,
             snapshot,
         });
         None

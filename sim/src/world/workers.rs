@@ -471,7 +471,7 @@ impl World {
                 .get_mut(&worker)
                 .and_then(|w| w.wrong_id.take())
         {
-            snapshot.id = id;
+            snapshot.head_mut().id = id;
         }
         if let (Some(watched), FromWorker::OpDone { op, outcome }) =
             (self.watched_op.as_mut(), &*message)

@@ -273,6 +273,32 @@ pub fn write_session_snapshot(
     shown: Shown,
     depth: usize,
 ) -> Result<(), CborError> {
+    write_session_snapshot_head(e, s, shown)?;
+    write_transcript(e, &s.transcript, depth)?;
+    write_session_snapshot_tail(e, s, depth)
+}
+
+/// Writes a session snapshot map at `depth` whose transcript is `transcript`,
+/// the CBOR array [`write_transcript`] wrote for the same depth or a deeper
+/// one; `head`'s own transcript is not written.
+pub fn write_packed_session_snapshot(
+    e: &mut Encoder<'_, '_>,
+    head: &SessionSnapshot,
+    transcript: &[u8],
+    shown: Shown,
+    depth: usize,
+) -> Result<(), CborError> {
+    write_session_snapshot_head(e, head, shown)?;
+    e.raw(transcript);
+    write_session_snapshot_tail(e, head, depth)
+}
+
+/// A session snapshot's map up to its `transcript` key (the array follows).
+pub fn write_session_snapshot_head(
+    e: &mut Encoder<'_, '_>,
+    s: &SessionSnapshot,
+    shown: Shown,
+) -> Result<(), CborError> {
     e.map_header(13 + usize::from(s.name.is_some()))?;
     e.raw(ID.bytes());
     e.text(&s.id)?;
@@ -296,10 +322,28 @@ pub fn write_session_snapshot(
     e.raw(REVISION.bytes());
     e.uint(s.revision)?;
     e.raw(TRANSCRIPT.bytes());
-    e.array_header(s.transcript.len())?;
-    for item in &s.transcript {
+    Ok(())
+}
+
+/// A session snapshot's transcript array, for a snapshot at `depth`.
+pub fn write_transcript(
+    e: &mut Encoder<'_, '_>,
+    transcript: &[TranscriptItem],
+    depth: usize,
+) -> Result<(), CborError> {
+    e.array_header(transcript.len())?;
+    for item in transcript {
         write_item(e, item, depth + 2)?;
     }
+    Ok(())
+}
+
+/// A session snapshot's map after its transcript.
+pub fn write_session_snapshot_tail(
+    e: &mut Encoder<'_, '_>,
+    s: &SessionSnapshot,
+    depth: usize,
+) -> Result<(), CborError> {
     e.raw(QUEUED_STEER.bytes());
     e.array_header(s.queued_steer.len())?;
     for item in &s.queued_steer {

@@ -26,7 +26,8 @@
 
 use super::direct::{self, Shown};
 use super::{Schema, SchemaError, cbor_error, uint_value};
-use crate::protocol::{SessionMetadata, SessionSnapshot};
+use crate::protocol::packed::SESSION_SNAPSHOT_DEPTH;
+use crate::protocol::{PackedTranscript, SessionMetadata, SessionSnapshot};
 use crate::wire::cbor::{Encoder, check_item_len};
 use crate::wire::frame::{Frame, FrameError, frame_shared};
 use crate::wire::{CborError, CborLimits, Value};
@@ -123,10 +124,6 @@ pub fn encode_item<T: Schema>(item: &T) -> Result<Vec<u8>, CborError> {
     encode_nested(item, 0)
 }
 
-/// How deep the messages that carry a session snapshot nest it: `result.session`
-/// of a response, `event.snapshot` of an event.
-const SESSION_SNAPSHOT_DEPTH: usize = 2;
-
 /// CBOR of a session snapshot (as sent: normalised), to splice into
 /// [`encode_session_response`] and [`encode_session_snapshot_event`]. Its
 /// depth is counted from those messages, so that a transcript item's JSON
@@ -143,6 +140,27 @@ pub fn encode_session_snapshot_shown(
     shown: Shown,
 ) -> Result<Vec<u8>, CborError> {
     direct::encode_session_snapshot(snapshot, shown, SESSION_SNAPSHOT_DEPTH)
+}
+
+/// CBOR of a session snapshot (as sent: normalised) in three pieces to
+/// splice like [`encode_session_snapshot_shown`]'s: the map up to its
+/// transcript, the packed transcript itself (shared, not copied), the rest.
+pub fn encode_packed_session_snapshot(
+    head: &SessionSnapshot,
+    transcript: &PackedTranscript,
+    shown: Shown,
+) -> Result<[Arc<[u8]>; 3], CborError> {
+    let limits = CborLimits::default();
+    let mut before = Vec::new();
+    direct::write_session_snapshot_head(&mut Encoder::new(&mut before, &limits), head, shown)?;
+    let mut after = Vec::new();
+    let mut e = Encoder::new(&mut after, &limits);
+    direct::write_session_snapshot_tail(&mut e, head, SESSION_SNAPSHOT_DEPTH)?;
+    check_item_len(
+        before.len() + transcript.cbor().len() + after.len(),
+        &limits,
+    )?;
+    Ok([before.into(), transcript.cbor().clone(), after.into()])
 }
 
 /// CBOR of one schema item that messages nest `depth` containers deep.
@@ -262,12 +280,8 @@ pub fn encode_server_snapshot_event<'a>(
 /// `{type:"event", event:{type:"session_snapshot", snapshot}}`: a
 /// [`crate::protocol::ServerEvent::SessionSnapshot`] payload, with
 /// `snapshot` from [`encode_session_snapshot`].
-pub fn encode_session_snapshot_event(snapshot: &Arc<[u8]>) -> Result<Spliced<'_>, SchemaError> {
-    splice(
-        std::slice::from_ref(snapshot),
-        |e| event_head(e, "session_snapshot"),
-        |_| Ok(()),
-    )
+pub fn encode_session_snapshot_event(snapshot: &[Arc<[u8]>]) -> Result<Spliced<'_>, SchemaError> {
+    splice(snapshot, |e| event_head(e, "session_snapshot"), |_| Ok(()))
 }
 
 /// `{type:"response", id, ok:true, result:{command:"list", sessions}}`: the
@@ -292,15 +306,9 @@ pub fn encode_list_response<'a>(
 pub fn encode_session_response<'a>(
     request_id: &str,
     command: &str,
-    session: &'a Arc<[u8]>,
+    session: &'a [Arc<[u8]>],
 ) -> Result<Spliced<'a>, SchemaError> {
-    response(
-        request_id,
-        command,
-        "session",
-        &[],
-        std::slice::from_ref(session),
-    )
+    response(request_id, command, "session", &[], session)
 }
 
 /// `{type:"response", id, ok:true, result:{command, <key>: item}}`, with the
