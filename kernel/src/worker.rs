@@ -80,6 +80,10 @@ pub enum ToWorker {
 /// Worker → server: with the transcript packed on the channel and in the
 /// server ([`PackedSnapshot`]), typed as the worker's runtime produces it
 /// ([`RuntimeMessage`]).
+// The lint sizes the generic variants without their snapshot; with either
+// snapshot type they are within a few words of `Progress`, and the server
+// takes every message boxed (`Input::FromWorker`).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromWorker<S = PackedSnapshot> {
     /// The session is open; its first snapshot.
