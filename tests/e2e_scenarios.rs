@@ -625,3 +625,22 @@ async fn s13_graceful_close_releases_all_runtimes() {
     );
     assert!(stored_items(&server.session_path(&s2)).is_empty());
 }
+
+/// `serve` runs itself again with glibc's mmap threshold fixed, and its
+/// workers inherit it, so the buffers of large frames go back to the
+/// system when freed (DESIGN.md, the io layer).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_and_its_workers_run_with_a_fixed_mmap_threshold() {
+    let server = TestServer::start("mmap").await;
+    let a = server.connect().await;
+    let created = a.create(params("mmap")).await.unwrap();
+    let fixed = |pid: u32| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+        let wanted = format!("{}=131072", pi_io::cli::MMAP_THRESHOLD_VAR);
+        environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes())
+    };
+    assert!(fixed(server.pid()), "the server");
+    let worker = server.worker_of(&created.id).await;
+    assert!(fixed(worker), "its worker");
+    a.close().await;
+}

@@ -65,11 +65,14 @@ impl From<String> for Failure {
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    init_tracing(&cli.command);
     // The server and the worker are each one loop task (blocking work goes to
     // `spawn_blocking`): a current-thread runtime saves a thread hop per
     // request (BENCHMARKS.md, item 1: context switches per `list` 5.1 → 2.0).
     let single_loop = matches!(cli.command, Commands::Serve(_) | Commands::Worker);
+    if single_loop {
+        run_with_fixed_mmap_threshold();
+    }
+    init_tracing(&cli.command);
     let mut builder = if single_loop {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -94,6 +97,41 @@ pub fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// glibc's environment variable that fixes its mmap threshold.
+pub const MMAP_THRESHOLD_VAR: &str = "MALLOC_MMAP_THRESHOLD_";
+
+/// Runs this process again, once, with glibc's mmap threshold fixed at its
+/// default of 128 KiB, unless the environment already tunes glibc's malloc.
+///
+/// glibc raises the threshold to the size of each large buffer it frees, so
+/// later buffers of that size come from the heap, and their pages stay when
+/// they are freed: a long-lived server's memory then keeps the high-water
+/// mark of the largest frames it ever passed on (a session snapshot of
+/// megabytes, several times a turn; BENCHMARKS.md, the soak). A fixed
+/// threshold keeps every large buffer mapped on its own and returned when
+/// freed. glibc reads it only from the environment at start (setting it
+/// later needs `mallopt`, which is `unsafe`), hence the `exec`; workers
+/// inherit the environment. If the `exec` fails, the process goes on as it
+/// is.
+fn run_with_fixed_mmap_threshold() {
+    use std::os::unix::process::CommandExt;
+    let tuned = |var: &str| std::env::var_os(var).is_some();
+    if !cfg!(all(target_os = "linux", target_env = "gnu"))
+        || tuned(MMAP_THRESHOLD_VAR)
+        || tuned("GLIBC_TUNABLES")
+    {
+        return;
+    }
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_else(|| "pi-server".into());
+    let error = std::process::Command::new("/proc/self/exe")
+        .arg0(argv0)
+        .args(args)
+        .env(MMAP_THRESHOLD_VAR, "131072")
+        .exec();
+    eprintln!("pi-server: cannot fix the allocator's mmap threshold ({error}); going on without");
 }
 
 fn init_tracing(command: &Commands) {

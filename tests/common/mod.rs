@@ -98,7 +98,10 @@ impl TestRoot {
             .env_remove("PI_SERVER_DIR")
             .env_remove("PI_SERVER_ID")
             .env_remove("PI_SERVER_IDLE_EXIT_MS")
-            .env_remove("PI_FAUX_DELAY_MS");
+            .env_remove("PI_FAUX_DELAY_MS")
+            // The servers' own allocator tuning, not the caller's.
+            .env_remove(pi_io::cli::MMAP_THRESHOLD_VAR)
+            .env_remove("GLIBC_TUNABLES");
     }
 
     /// Every live process (other than this one) whose command line or
