@@ -2069,6 +2069,24 @@ fn spliced_session_snapshots_nest_like_the_normal_ones() {
         // A worker packs a transcript for the deepest message that carries it.
         let packed = kernel::protocol::PackedSnapshot::pack(snapshot.clone());
         assert_eq!(packed.is_ok(), normal.is_ok(), "depth {depth}");
+        // A server takes from a worker only what it can pass on: a frame
+        // nests the snapshot one level less deep than a client message.
+        let frame = map! {
+            "type" => Value::text("snapshot"),
+            "snapshot" => snapshot.to_value(),
+        };
+        let mut bytes = Vec::new();
+        let deep = CborLimits {
+            max_depth: 128,
+            ..CborLimits::default()
+        };
+        kernel::wire::cbor::encode_with_limits(&frame, &mut bytes, &deep).expect("encodes");
+        let decoded = worker::decode_worker_frame(&bytes, &CborLimits::default());
+        assert_eq!(
+            decoded.is_ok(),
+            normal.is_ok(),
+            "depth {depth}: {decoded:?}"
+        );
         failed += usize::from(normal.is_err());
     }
     assert!(failed > 0 && failed < 8, "the limit lies within: {failed}");

@@ -488,12 +488,20 @@ pub fn frame_worker_message(frame: &WorkerFrame) -> Result<Vec<u8>, SchemaError>
 /// checked item by item as the CBOR is decoded ([`cbor::decode_streaming`])
 /// and kept as its bytes ([`PackedTranscript`]): the frame is never one
 /// [`Value`] tree, and no typed transcript is built. The checks and the
-/// error texts are the tree's; a frame with errors both inside and outside
+/// error texts are the tree's, one level of nesting stricter (so that every
+/// part can go on to clients); a frame with errors both inside and outside
 /// its transcript reports the one outside.
 pub fn decode_worker_frame(
     payload: &[u8],
     limits: &CborLimits,
 ) -> Result<WorkerFrame, SchemaError> {
+    // A frame nests its snapshot (and its progress) one level less deep
+    // than the client messages that carry them on: what decodes here must
+    // fit there too.
+    let limits = &CborLimits {
+        max_depth: limits.max_depth.saturating_sub(1),
+        ..*limits
+    };
     let outer = std::cell::Cell::new("");
     let at = |key: &str, inner: &str| {
         let snapshot = match key {
