@@ -1041,8 +1041,14 @@ async fn measure(
     let ours = Ours::start(env, mock).await?;
     fresh.push(settled_rss(ours.server.pid).await);
     systems.push(Sys::Ours(Box::new(ours)));
-    match codex_bin {
-        Ok(bin) => {
+    // `BENCH_PEERS=codex,opencode` (a list) chooses the peers run beside ours.
+    let wanted = |peer: &str| {
+        std::env::var("BENCH_PEERS").map_or(true, |v| v.split(',').any(|p| p.trim() == peer))
+    };
+    let not_run = || "not run (BENCH_PEERS)".to_string();
+    match wanted("codex").then_some(codex_bin) {
+        None => report.info("peers", "codex app-server", not_run()),
+        Some(Ok(bin)) => {
             versions.push(version(&bin));
             match Codex::start(env, &bin, mock).await {
                 Ok(c) => {
@@ -1052,10 +1058,11 @@ async fn measure(
                 Err(e) => report.info("peers", "codex app-server cannot run here", e),
             }
         }
-        Err(e) => report.info("peers", "codex app-server is not installed", e),
+        Some(Err(e)) => report.info("peers", "codex app-server is not installed", e),
     }
-    match opencode_bin {
-        Ok(bin) => {
+    match wanted("opencode").then_some(opencode_bin) {
+        None => report.info("peers", "opencode serve", not_run()),
+        Some(Ok(bin)) => {
             versions.push(format!("opencode {}", version(&bin)));
             match Opencode::start(env, &bin, mock).await {
                 Ok(o) => {
@@ -1065,7 +1072,7 @@ async fn measure(
                 Err(e) => report.info("peers", "opencode serve cannot run here", e),
             }
         }
-        Err(e) => report.info("peers", "opencode serve is not installed", e),
+        Some(Err(e)) => report.info("peers", "opencode serve is not installed", e),
     }
     println!("  systems: {}", versions.join(", "));
     let names: Vec<&str> = systems.iter().map(Sys::name).collect();
@@ -1224,6 +1231,7 @@ async fn measure(
     for (i, sys) in systems.iter_mut().enumerate() {
         let id = sys.create().await?;
         let before = settled_rss(sys.pid()).await;
+        let main_before = pss_kib(sys.pid()).unwrap_or(0) as f64;
         let started = Instant::now();
         let mut totals = Vec::with_capacity(long);
         let mut firsts = Vec::with_capacity(long);
@@ -1236,13 +1244,15 @@ async fn measure(
         }
         let elapsed = started.elapsed().as_secs_f64();
         let after = settled_rss(sys.pid()).await;
+        let main_after = pss_kib(sys.pid()).unwrap_or(0) as f64;
         let tenth = (long / 10).max(1);
         report.info(
             "peers",
             format!("{}: {long} turns in one session", names[i]),
             format!(
                 "{elapsed:.1} s; turn p50 first tenth {} → last tenth {}; first delta {} → {}; \
-                 bytes to the prompting client per turn {} → {}; memory {} → {} (**{} per turn**)",
+                 bytes to the prompting client per turn {} → {}; memory {} → {} (**{} per turn**), \
+                 of it the main process {} → {}",
                 fmt_us(median(&totals[..tenth])),
                 fmt_us(median(&totals[long - tenth..])),
                 fmt_us(median(&firsts[..tenth])),
@@ -1251,7 +1261,9 @@ async fn measure(
                 kib(median(&bytes[long - tenth..]) / 1024.0),
                 mib(before),
                 mib(after),
-                kib((after - before) / long as f64)
+                kib((after - before) / long as f64),
+                mib(main_before),
+                mib(main_after)
             ),
         );
     }
