@@ -30,7 +30,8 @@ pub struct PackedTranscript {
 }
 
 impl PackedTranscript {
-    /// Encodes `items` for a snapshot [`SESSION_SNAPSHOT_DEPTH`] deep.
+    /// Encodes `items` for a snapshot as deep as the client messages nest
+    /// it (two levels).
     pub fn pack(items: &[TranscriptItem]) -> Result<Self, CborError> {
         let mut out = Vec::new();
         let limits = CborLimits::default();

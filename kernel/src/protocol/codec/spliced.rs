@@ -4,8 +4,10 @@
 //! instead of rebuilding and re-encoding thousands of entries per message;
 //! and of those that carry one session's snapshot — the responses to
 //! `create`, `attach` and the control commands, and session snapshot events
-//! — around CBOR of the snapshot ([`encode_session_snapshot`]), so that a
-//! long transcript is encoded once per revision rather than once per message.
+//! — around CBOR of the snapshot ([`encode_session_snapshot`], or the pieces
+//! around a worker's packed transcript, [`encode_packed_session_snapshot`]),
+//! so that a long transcript is encoded once per revision rather than once
+//! per message.
 //!
 //! A message comes out as pieces ([`Spliced`]): the envelope before the
 //! list (or snapshot), its shared pieces as given, and the rest; the server
