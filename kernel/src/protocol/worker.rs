@@ -31,10 +31,12 @@ use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
 
-/// Version of the worker channel. Version 2 added [`ToWorker::Snapshot`];
-/// a server sends it only to workers that said hello with version 2 or
-/// later.
+/// Version of the worker channel.
 pub const WORKER_PROTOCOL_VERSION: u64 = 2;
+
+/// The first version with [`ToWorker::Snapshot`]: a server sends it only to
+/// workers that said hello with this version or a later one.
+pub const SNAPSHOT_REQUEST_VERSION: u64 = 2;
 
 /// Every frame of the worker channel.
 #[derive(Debug, Clone, PartialEq)]

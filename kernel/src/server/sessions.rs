@@ -8,6 +8,7 @@ use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::codec::cbor_error;
 use crate::protocol::codec::direct::Shown;
 use crate::protocol::codec::spliced;
+use crate::protocol::worker::SNAPSHOT_REQUEST_VERSION;
 use crate::protocol::{
     AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, LiveState, LiveStatus,
     PackedSnapshot, PackedTranscript, ProtocolError, Request, Response, SchemaError, ServerEvent,
@@ -477,12 +478,7 @@ impl Server {
         {
             Some((Phase::Ready, _)) => self.admit(&session_id, waiter),
             Some((Phase::Opening, _)) | Some((Phase::Disposing, true)) => {
-                self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-                self.sessions
-                    .get_mut(&session_id)
-                    .expect("listed")
-                    .waiters
-                    .push(waiter);
+                self.park(&session_id, waiter)
             }
             Some((Phase::Disposing, false)) => {
                 let message = format!("Session is being removed: {session_id}");
@@ -563,6 +559,14 @@ impl Server {
         });
     }
 
+    /// Keeps a request of a ready connection waiting on a live session: it
+    /// counts as in flight until it is admitted or fails.
+    fn park(&mut self, session_id: &str, waiter: Waiter) {
+        self.conns.get_mut(&waiter.conn).expect("ready").in_flight += 1;
+        let live = self.sessions.get_mut(session_id).expect("live");
+        live.waiters.push(waiter);
+    }
+
     /// Attaches a waiter's connection to a ready session and answers it, or,
     /// if the server let go of the transcript, asks the worker for it and
     /// keeps the waiter until it comes.
@@ -573,12 +577,7 @@ impl Server {
         }
         let live = &self.sessions[session_id];
         if !live.snapshot.as_ref().expect("ready").has_transcript() {
-            self.conns.get_mut(&waiter.conn).expect("ready").in_flight += 1;
-            self.sessions
-                .get_mut(session_id)
-                .expect("ready")
-                .waiters
-                .push(waiter);
+            self.park(session_id, waiter);
             return self.request_snapshot(session_id);
         }
         let Waiter {
@@ -860,7 +859,6 @@ impl Server {
             FromWorker::Failed { error } => self.fail_session(&session_id, error),
             FromWorker::Snapshot { snapshot } => {
                 if self.update_snapshot(&session_id, snapshot) {
-                    self.admit_snapshot_waiters(&session_id);
                     self.broadcast_session(&session_id);
                     self.refresh_busy(&session_id);
                     self.maybe_dispose(&session_id);
@@ -885,7 +883,6 @@ impl Server {
                 self.fail_session(&session_id, error);
             }
         }
-        self.admit_snapshot_waiters(&session_id);
         self.release_transcript(&session_id);
     }
 
@@ -907,26 +904,8 @@ impl Server {
         });
     }
 
-    /// Admits the waiters of a ready session once its transcript is here.
-    fn admit_snapshot_waiters(&mut self, session_id: &str) {
-        let Some(live) = self.sessions.get_mut(session_id) else {
-            return;
-        };
-        if live.phase != Phase::Ready
-            || !live
-                .snapshot
-                .as_ref()
-                .is_some_and(LiveSnapshot::has_transcript)
-        {
-            return;
-        }
-        live.snapshot_requested = false;
-        let waiters = std::mem::take(&mut live.waiters);
-        self.admit_waiters(session_id, waiters);
-    }
-
-    /// Admits waiters to a session that just became ready or got its
-    /// transcript back.
+    /// Admits waiters to a session that just became ready (opened or
+    /// adopted) or got its transcript back.
     fn admit_waiters(&mut self, session_id: &str, waiters: Vec<Waiter>) {
         for waiter in waiters {
             if self.sessions[session_id].phase != Phase::Ready {
@@ -959,8 +938,9 @@ impl Server {
         }
     }
 
-    /// Takes a runtime snapshot if it is not older than the cached one.
-    /// Returns false for a snapshot that is stale or from the wrong phase.
+    /// Takes a runtime snapshot if it is not older than the cached one, and
+    /// admits the attaches that waited for its transcript. Returns false
+    /// for a snapshot that is stale or from the wrong phase.
     fn update_snapshot(&mut self, session_id: &str, snapshot: PackedSnapshot) -> bool {
         let live = self.sessions.get_mut(session_id).expect("indexed");
         let head = snapshot.head();
@@ -975,6 +955,10 @@ impl Server {
             return false;
         }
         live.snapshot = Some(LiveSnapshot::new(snapshot));
+        // A ready session's waiters wait for this transcript (`admit`).
+        live.snapshot_requested = false;
+        let waiters = std::mem::take(&mut live.waiters);
+        self.admit_waiters(session_id, waiters);
         true
     }
 
@@ -1029,11 +1013,10 @@ impl Server {
         self.finish_pending(pending.conn);
         match outcome {
             Ok(snapshot) => {
-                // Attaches waiting for the transcript first: the answer then
-                // says whether its requester is attached as it stands.
-                if self.update_snapshot(session_id, snapshot) {
-                    self.admit_snapshot_waiters(session_id);
-                }
+                // Attaches waiting for the transcript are admitted first
+                // (`update_snapshot`): the answer then says whether its
+                // requester is attached as it stands.
+                self.update_snapshot(session_id, snapshot);
                 let live = &self.sessions[session_id];
                 let attached = live.attached.contains(&pending.conn);
                 let revision = live.snapshot.as_ref().expect("ready").revision;
@@ -1102,7 +1085,7 @@ impl Server {
 
     /// The CBOR of a live session's snapshot normalised for an audience that
     /// is (or is not) attached, encoded once per snapshot (see [`LiveSnapshot`]).
-    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<[Arc<[u8]>; 3], String> {
+    fn session_cbor(&mut self, session_id: &str, attached: bool) -> Result<SnapshotPieces, String> {
         let live = self.sessions.get_mut(session_id).expect("live");
         let snapshot = live.snapshot.as_mut().expect("ready");
         snapshot.encoded(attached).map_err(|e| e.to_string())
@@ -1412,7 +1395,7 @@ impl Server {
             false,
         );
         live.phase = Phase::Ready;
-        live.resends = version >= 2;
+        live.resends = version >= SNAPSHOT_REQUEST_VERSION;
         let stored = self.catalog.contains(&session_id);
         live.foreign = !stored;
         if live.foreign {
@@ -1432,14 +1415,11 @@ impl Server {
             session_id: session_id.clone(),
         });
         self.timers.set(Timer::Expected(session_id.clone()), None);
-        for waiter in self
+        let waiters = self
             .adoption_waiters
             .remove(&session_id)
-            .unwrap_or_default()
-        {
-            self.finish_pending(waiter.conn);
-            self.admit(&session_id, waiter);
-        }
+            .unwrap_or_default();
+        self.admit_waiters(&session_id, waiters);
         self.refresh_busy(&session_id);
         self.publish_server_snapshot();
         self.release_transcript(&session_id);
