@@ -96,7 +96,7 @@ impl PackedTranscript {
 }
 
 /// The status of the newest assistant item among `items` (oldest first).
-pub(crate) fn last_reply<'a>(
+fn last_reply<'a>(
     items: impl DoubleEndedIterator<Item = &'a TranscriptItem>,
 ) -> Option<AssistantStatus> {
     items.rev().find_map(|item| match item {
@@ -133,12 +133,6 @@ impl PackedSnapshot {
             head: snapshot,
             transcript,
         })
-    }
-
-    /// `head` (its transcript is ignored) with `transcript`.
-    pub fn new(mut head: SessionSnapshot, transcript: PackedTranscript) -> Self {
-        head.transcript = Vec::new();
-        Self { head, transcript }
     }
 
     /// Replaces the transcript.
@@ -194,23 +188,9 @@ mod tests {
 
     fn snapshot(transcript: Vec<TranscriptItem>) -> SessionSnapshot {
         SessionSnapshot {
-            id: "s".into(),
             name: Some("n".into()),
-            cwd: "/w".into(),
-            created_at: 1,
-            updated_at: 2,
-            phase: SessionPhase::Idle,
-            model: ModelRef {
-                provider: "faux".into(),
-                id: "faux-1".into(),
-            },
-            thinking_level: ThinkingLevel::Off,
-            attached: false,
-            locked: true,
-            revision: 3,
             transcript,
-            queued_steer: vec![],
-            queued_steer_count: 0,
+            ..crate::protocol::worker::tests::snapshot()
         }
     }
 

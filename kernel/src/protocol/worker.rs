@@ -22,7 +22,7 @@ use super::codec::{
     Fields, MapBuilder, Path, Schema, SchemaError, direct, read_id, read_list, read_string,
     read_uint,
 };
-use super::packed::{PackedSnapshot, PackedTranscript, last_reply};
+use super::packed::{PackedSnapshot, PackedTranscript};
 use super::types::{
     AssistantStatus, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptItem,
     TranscriptProgress,
@@ -528,11 +528,11 @@ pub fn decode_worker_frame(
         let transcript = snapshot.key("transcript");
         match TranscriptItem::from_value_at(&value, &transcript.index(index)) {
             Ok(item) => {
-                if let Some(status) = last_reply(std::iter::once(&item)) {
-                    newest_reply = Some(status);
+                if let TranscriptItem::Assistant(reply) = &item {
+                    newest_reply = Some(reply.status);
                 }
                 items += 1;
-                span = Some(span.take().map_or(bytes.clone(), |s| s.start..bytes.end));
+                span.get_or_insert(bytes.start..bytes.start).end = bytes.end;
             }
             Err(error) => item_error = Some(error),
         }
@@ -583,11 +583,12 @@ fn frame_snapshot(frame: &mut WorkerFrame) -> Option<&mut PackedSnapshot> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::protocol::{ErrorCode, SessionPhase};
 
-    fn snapshot() -> SessionSnapshot {
+    /// A snapshot with no transcript (`packed.rs`'s tests build on it).
+    pub(in crate::protocol) fn snapshot() -> SessionSnapshot {
         SessionSnapshot {
             id: "s".into(),
             name: None,
