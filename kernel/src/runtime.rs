@@ -1569,15 +1569,7 @@ impl Runtime {
                 waiting,
             }) => {
                 assert_eq!(streaming, 0);
-                assert!(
-                    running.contains(&r.as_str()),
-                    "the running tool item is running"
-                );
-                assert_eq!(
-                    running.len(),
-                    waiting.len() + 1,
-                    "exactly the pending tools are running"
-                );
+                check_running_tools(&running, r, waiting.len());
             }
             Some(Stage::Retrying { .. } | Stage::Compacting { .. }) => {
                 assert!(
@@ -1626,19 +1618,11 @@ impl Runtime {
                     .iter()
                     .rev()
                     .take_while(|i| matches!(i, TranscriptItem::Tool(_)));
-                let running_ids: Vec<&str> = tools
+                let running: Vec<&str> = tools
                     .filter(|i| is_running(i))
                     .map(TranscriptItem::id)
                     .collect();
-                assert!(
-                    running_ids.contains(&r.as_str()),
-                    "the running tool item is running"
-                );
-                assert_eq!(
-                    running_ids.len(),
-                    waiting.len() + 1,
-                    "exactly the pending tools are running"
-                );
+                check_running_tools(&running, r, waiting.len());
                 let reply = s
                     .transcript
                     .iter()
@@ -1651,6 +1635,17 @@ impl Runtime {
             }
         }
     }
+}
+
+/// While tools run: the ids of the running tool items hold the one running
+/// now and one for each tool still waiting, no more.
+fn check_running_tools(running: &[&str], now: &str, waiting: usize) {
+    assert!(running.contains(&now), "the running tool item is running");
+    assert_eq!(
+        running.len(),
+        waiting + 1,
+        "exactly the pending tools are running"
+    );
 }
 
 /// A reply still streaming.
