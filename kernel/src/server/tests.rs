@@ -88,6 +88,27 @@ impl Harness {
         }
     }
 
+    /// A server with an empty catalog that keeps transcripts of at most
+    /// `kept` bytes, with these ready connections.
+    fn keeping(kept: usize, conns: &[ConnId]) -> Self {
+        let mut config = config();
+        config.limits.kept_transcript_bytes = kept;
+        let mut h = Self::with(config);
+        h.step(Input::CatalogLoaded {
+            sessions: Vec::new(),
+        });
+        for &conn in conns {
+            h.connect(conn);
+        }
+        h
+    }
+
+    /// Whether the server holds a live session's transcript.
+    fn keeps_transcript(&self, session: &str) -> bool {
+        let live = &self.server.sessions[session];
+        live.snapshot.as_ref().expect("ready").has_transcript()
+    }
+
     /// A server whose catalog holds `sessions`, with one ready connection.
     fn serving(sessions: Vec<SessionMetadata>, conn: ConnId) -> Self {
         let mut h = Self::new();
@@ -1111,23 +1132,11 @@ fn a_shutting_down_server_reports_no_scan_deadline() {
 #[test]
 fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
     let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
-    let mut config = config();
-    config.limits.kept_transcript_bytes = 100;
-    let mut h = Harness::with(config);
-    h.step(Input::CatalogLoaded {
-        sessions: Vec::new(),
-    });
-    for conn in [a, b, c] {
-        h.connect(conn);
-    }
-    let kept = |h: &Harness, session: &str| {
-        let live = &h.server.sessions[session];
-        live.snapshot.as_ref().expect("ready").has_transcript()
-    };
+    let mut h = Harness::keeping(100, &[a, b, c]);
     let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 20));
     let first = with_transcript(&session, 1, SessionPhase::Idle, 20);
     h.assert_sent(a, &session_response("create", &first, true));
-    assert!(!kept(&h, &session), "sent, then let go");
+    assert!(!h.keeps_transcript(&session), "sent, then let go");
 
     // Two attaches: one request to the worker; nobody is answered yet.
     let attach = Command::Attach {
@@ -1160,7 +1169,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
     h.assert_sent(c, &session_response("attach", &now, true));
     assert_eq!(h.frames(a), before_a, "a saw revision 1");
     assert_eq!(h.server.attachments(b), vec![session.clone()]);
-    assert!(!kept(&h, &session), "let go again");
+    assert!(!h.keeps_transcript(&session), "let go again");
 
     // Attached already: the same wait.
     assert_eq!(h.request(b, "attach", attach.clone()), vec![asked]);
@@ -1184,7 +1193,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
             snapshot: short.clone(),
         },
     );
-    assert!(kept(&h, &session));
+    assert!(h.keeps_transcript(&session));
     h.request(
         a,
         "detach",
@@ -1201,14 +1210,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
 #[test]
 fn attaches_waiting_for_a_transcript_fail_with_their_worker() {
     let (a, b) = (ConnId(1), ConnId(2));
-    let mut config = config();
-    config.limits.kept_transcript_bytes = 0;
-    let mut h = Harness::with(config);
-    h.step(Input::CatalogLoaded {
-        sessions: Vec::new(),
-    });
-    h.connect(a);
-    h.connect(b);
+    let mut h = Harness::keeping(0, &[a, b]);
     let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 2));
     let attach = Command::Attach {
         session_id: session.clone(),
@@ -1241,12 +1243,7 @@ fn attaches_waiting_for_a_transcript_fail_with_their_worker() {
 /// the server keeps its transcript, however long.
 #[test]
 fn the_transcript_of_a_version_1_worker_is_kept() {
-    let mut config = config();
-    config.limits.kept_transcript_bytes = 0;
-    let mut h = Harness::with(config);
-    h.step(Input::CatalogLoaded {
-        sessions: Vec::new(),
-    });
+    let mut h = Harness::keeping(0, &[]);
     for (version, channel, id) in [(1, 1, "s-old"), (2, 2, "s-new")] {
         let snapshot = with_transcript(id, 4, SessionPhase::Idle, 3);
         h.step(Input::WorkerAnnounced {
@@ -1256,8 +1253,6 @@ fn the_transcript_of_a_version_1_worker_is_kept() {
             version,
             snapshot: Box::new(PackedSnapshot::pack(snapshot).expect("packs")),
         });
-        let live = &h.server.sessions[id];
-        let kept = live.snapshot.as_ref().expect("ready").has_transcript();
-        assert_eq!(kept, version == 1, "version {version}");
+        assert_eq!(h.keeps_transcript(id), version == 1, "version {version}");
     }
 }
