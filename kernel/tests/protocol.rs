@@ -10,7 +10,7 @@
 //!   `decode(encode(m))`, through `Value` and through bytes.
 
 use kernel::map;
-use kernel::protocol::codec::{MAX_ERROR_LEN, Schema};
+use kernel::protocol::codec::{self, MAX_ERROR_LEN, Schema};
 use kernel::protocol::*;
 use kernel::wire::{CborLimits, MAX_SAFE_INTEGER, Value};
 use proptest::prelude::*;
@@ -1819,6 +1819,247 @@ proptest! {
         let bytes = encode_server_message(&message)?;
         prop_assert_eq!(decode_server_message(&bytes, &CborLimits::default())?, message);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Property: the direct request reader agrees with the tree path.
+// ---------------------------------------------------------------------------
+
+/// Whether the direct reader must take `message` (the commands it reads).
+fn read_directly(message: &ClientMessage) -> bool {
+    matches!(
+        message,
+        ClientMessage::Request(Request {
+            command: Command::List
+                | Command::Status
+                | Command::Attach { .. }
+                | Command::Detach { .. }
+                | Command::Abort { .. }
+                | Command::Remove { .. }
+                | Command::Prompt { .. }
+                | Command::Steer { .. },
+            ..
+        })
+    )
+}
+
+/// One change to an encoded message: overwrite a byte, cut the tail, or
+/// insert a byte.
+#[derive(Debug, Clone)]
+enum Corruption {
+    Set(usize, u8),
+    Cut(usize),
+    Insert(usize, u8),
+}
+
+fn corruption() -> BoxedStrategy<Corruption> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Corruption::Set(at, byte)),
+        any::<usize>().prop_map(Corruption::Cut),
+        (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Corruption::Insert(at, byte)),
+    ]
+    .boxed()
+}
+
+fn corrupt(mut bytes: Vec<u8>, corruptions: &[Corruption]) -> Vec<u8> {
+    for corruption in corruptions {
+        let len = bytes.len().max(1);
+        match *corruption {
+            Corruption::Set(at, byte) => {
+                if let Some(b) = bytes.get_mut(at % len) {
+                    *b = byte;
+                }
+            }
+            Corruption::Cut(at) => bytes.truncate(at % len),
+            Corruption::Insert(at, byte) => bytes.insert(at % (bytes.len() + 1), byte),
+        }
+    }
+    bytes
+}
+
+proptest! {
+    #[test]
+    fn direct_session_id_responses_equal_the_tree_path(
+        request_id in id(),
+        session_id in id(),
+        remove in any::<bool>(),
+    ) {
+        let result = if remove {
+            CommandResult::Remove { session_id: session_id.clone() }
+        } else {
+            CommandResult::Detach { session_id: session_id.clone() }
+        };
+        let mut direct = Vec::new();
+        codec::direct::encode_session_id_response(&request_id, result.name(), &session_id, &mut direct)?;
+        prop_assert!(direct.len() <= codec::direct::session_id_response_capacity(&request_id, &session_id));
+        let tree = encode_server_message(&ServerMessage::Response(Response {
+            id: request_id,
+            outcome: Ok(result),
+        }))?;
+        prop_assert_eq!(hex(&direct), hex(&tree));
+    }
+
+    #[test]
+    fn the_direct_reader_reads_what_the_tree_reads(message in client_message()) {
+        let bytes = encode_client_message(&message)?;
+        let read = codec::read::client_request(&bytes, &CborLimits::default());
+        if read_directly(&message) {
+            prop_assert_eq!(read, Some(message));
+        } else {
+            prop_assert_eq!(read, None);
+        }
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn the_direct_reader_takes_only_what_the_tree_accepts(
+        message in client_message(),
+        corruptions in prop::collection::vec(corruption(), 1..4),
+    ) {
+        let bytes = corrupt(encode_client_message(&message)?, &corruptions);
+        let limits = CborLimits::default();
+        if let Some(read) = codec::read::client_request(&bytes, &limits) {
+            let tree = codec::decode_payload::<ClientMessage>(&bytes, &limits);
+            prop_assert_eq!(tree, Ok(read));
+        }
+    }
+}
+
+#[test]
+fn the_direct_reader_leaves_the_unusual_to_the_tree() {
+    let limits = CborLimits::default();
+    let request = |entries: Vec<(&str, Value)>| {
+        let mut bytes = Vec::new();
+        kernel::wire::cbor::encode(
+            &Value::Map(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+            ),
+            &mut bytes,
+        )
+        .unwrap();
+        bytes
+    };
+    let attach = || {
+        Value::Map(vec![
+            ("command".into(), text("attach")),
+            ("sessionId".into(), text("s1")),
+        ])
+    };
+    // Keys in another order: read directly, as the tree reads them.
+    let reordered = request(vec![
+        ("request", attach()),
+        ("id", text("r1")),
+        ("type", text("request")),
+    ]);
+    let read = codec::read::client_request(&reordered, &limits).expect("read directly");
+    assert_eq!(decode_client_message(&reordered, &limits), Ok(read.clone()));
+    // An integer head in a longer form than needed: the same text.
+    let mut long_head = request(vec![
+        ("type", text("request")),
+        ("id", text("r1")),
+        ("request", attach()),
+    ]);
+    let at = long_head
+        .iter()
+        .position(|&b| b == 0x62)
+        .expect("the id's head");
+    long_head.splice(at..=at, [0x78, 0x02]);
+    assert_eq!(
+        codec::read::client_request(&long_head, &limits),
+        Some(read.clone())
+    );
+    assert_eq!(decode_client_message(&long_head, &limits), Ok(read));
+    // Each of these goes to the tree, which rejects it with its usual error.
+    let unusual = [
+        request(vec![
+            ("type", text("request")),
+            ("id", text("")),
+            ("request", attach()),
+        ]),
+        request(vec![
+            ("type", text("request")),
+            ("id", text("r1")),
+            ("request", attach()),
+            ("extra", Value::Null),
+        ]),
+        request(vec![
+            ("type", text("request")),
+            ("id", Value::Int(1)),
+            ("request", attach()),
+        ]),
+        request(vec![
+            ("type", text("request")),
+            ("id", text("r1")),
+            (
+                "request",
+                Value::Map(vec![("command".into(), text("attach"))]),
+            ),
+        ]),
+        request(vec![
+            ("type", text("request")),
+            ("id", text("r1")),
+            (
+                "request",
+                Value::Map(vec![
+                    ("command".into(), text("list")),
+                    ("sessionId".into(), text("s1")),
+                ]),
+            ),
+        ]),
+        request(vec![
+            ("type", text("request")),
+            ("id", text("r1")),
+            (
+                "request",
+                Value::Map(vec![
+                    ("command".into(), text("launch")),
+                    ("sessionId".into(), text("s1")),
+                ]),
+            ),
+        ]),
+    ];
+    for bytes in unusual {
+        assert_eq!(
+            codec::read::client_request(&bytes, &limits),
+            None,
+            "{}",
+            hex(&bytes)
+        );
+        assert!(
+            decode_client_message(&bytes, &limits).is_err(),
+            "{}",
+            hex(&bytes)
+        );
+    }
+    // A repeated key (the tree's CBOR decoder rejects it).
+    let mut repeated = request(vec![
+        ("type", text("request")),
+        ("id", text("r1")),
+        ("request", attach()),
+    ]);
+    repeated[0] = 0xa4;
+    repeated.extend_from_slice(&[0x62, b'i', b'd', 0x62, b'r', b'2']);
+    assert_eq!(codec::read::client_request(&repeated, &limits), None);
+    assert!(decode_client_message(&repeated, &limits).is_err());
+    // Within a stricter bound than the message needs: the tree decides.
+    let nested = request(vec![
+        ("type", text("request")),
+        ("id", text("r1")),
+        ("request", attach()),
+    ]);
+    let flat = CborLimits {
+        max_depth: 0,
+        ..limits
+    };
+    assert_eq!(codec::read::client_request(&nested, &flat), None);
+    assert!(decode_client_message(&nested, &flat).is_err());
 }
 
 // ---------------------------------------------------------------------------

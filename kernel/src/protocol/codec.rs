@@ -16,7 +16,8 @@
 //! - [`encode_client_message`] and friends: schema plus CBOR in one call.
 //! - [`direct`]: writers of the hot server messages straight to bytes (the
 //!   same bytes, without the tree); [`spliced`]: messages around CBOR
-//!   encoded earlier.
+//!   encoded earlier; [`read`]: a reader of the common client requests
+//!   straight from bytes, which leaves everything else to the tree.
 //!
 //! Encoding writes map keys in the reference's schema order (the struct field
 //! order of [`super::types`]), omits absent optionals, and validates the tree
@@ -28,6 +29,7 @@ pub mod direct;
 mod fields;
 mod items;
 mod messages;
+pub mod read;
 pub mod spliced;
 
 pub use fields::{
@@ -183,12 +185,25 @@ pub(crate) fn cbor_error(error: cbor::CborError) -> SchemaError {
     SchemaError::new(format!("cannot encode CBOR: {error}"))
 }
 
-/// Decodes one client frame payload.
+/// Decodes one client frame payload: a common request through
+/// [`read::client_request`], anything else (and every error) through the
+/// tree. Debug builds check that the two agree.
 pub fn decode_client_message(
     payload: &[u8],
     limits: &CborLimits,
 ) -> Result<ClientMessage, SchemaError> {
-    decode_payload(payload, limits)
+    let Some(message) = read::client_request(payload, limits) else {
+        return decode_payload(payload, limits);
+    };
+    if cfg!(debug_assertions) {
+        let tree = decode_payload::<ClientMessage>(payload, limits);
+        assert_eq!(
+            tree.as_ref(),
+            Ok(&message),
+            "the direct request reader disagrees with the tree"
+        );
+    }
+    Ok(message)
 }
 
 /// Decodes one server frame payload.

@@ -848,22 +848,30 @@ impl Server {
         session_id: &str,
         progress: &TranscriptProgress,
     ) -> Result<Frame, String> {
-        let capacity = FRAME_HEADER_LEN + direct::progress_event_capacity(session_id, progress);
-        let mut frame = Vec::with_capacity(capacity);
-        frame.extend_from_slice(&[0; FRAME_HEADER_LEN]);
-        let frame = direct::encode_progress_event(session_id, progress, &mut frame)
-            .map_err(|e| cbor_error(e).to_string())
-            .and_then(|()| {
-                write_header(&mut frame, self.config.limits.max_frame_len)
-                    .map_err(|e| e.to_string())?;
-                Ok(Frame::from(frame))
-            });
+        let capacity = direct::progress_event_capacity(session_id, progress);
+        let frame = self.direct_frame(capacity, |out| {
+            direct::encode_progress_event(session_id, progress, out)
+        });
         self.checked(frame, || {
             ServerMessage::Event(ServerEvent::SessionProgress {
                 session_id: session_id.to_string(),
                 progress: progress.clone(),
             })
         })
+    }
+
+    /// A frame whose payload `write` appends ([`direct`]), with room for
+    /// `capacity` bytes of it.
+    fn direct_frame(
+        &self,
+        capacity: usize,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), crate::wire::CborError>,
+    ) -> Result<Frame, String> {
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + capacity);
+        frame.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+        write(&mut frame).map_err(|e| cbor_error(e).to_string())?;
+        write_header(&mut frame, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
+        Ok(Frame::from(frame))
     }
 
     /// Encodes and queues one message; an unencodable message closes the connection.
@@ -902,15 +910,32 @@ impl Server {
         request_id: String,
         outcome: Result<CommandResult, ProtocolError>,
     ) {
-        if self.conns.get(&id).is_some_and(Connection::is_ready) {
-            self.send(
-                id,
-                &ServerMessage::Response(Response {
-                    id: request_id,
-                    outcome,
-                }),
-            );
+        if !self.conns.get(&id).is_some_and(Connection::is_ready) {
+            return;
         }
+        let frame = match &outcome {
+            // The answer to every `detach`: written directly.
+            Ok(
+                result @ (CommandResult::Detach { session_id }
+                | CommandResult::Remove { session_id }),
+            ) => {
+                let capacity = direct::session_id_response_capacity(&request_id, session_id);
+                let frame = self.direct_frame(capacity, |out| {
+                    direct::encode_session_id_response(&request_id, result.name(), session_id, out)
+                });
+                self.checked(frame, || {
+                    ServerMessage::Response(Response {
+                        id: request_id.clone(),
+                        outcome: outcome.clone(),
+                    })
+                })
+            }
+            _ => self.encode(&ServerMessage::Response(Response {
+                id: request_id,
+                outcome,
+            })),
+        };
+        self.send_encoded(id, frame);
     }
 
     fn respond_error(&mut self, id: ConnId, request_id: String, code: ErrorCode, message: String) {

@@ -155,7 +155,16 @@ runs! {
     TRANSCRIPT = [Text("transcript")];
     QUEUED_STEER = [Text("queuedSteer")];
     QUEUED_STEER_COUNT = [Text("queuedSteerCount")];
+    /// `{type:"response", id:`
+    RESPONSE_ID = [Map(4), Text("type"), Text("response"), Text("id")];
+    OK = [Text("ok")];
+    /// `result:{command:`
+    RESULT_COMMAND = [Text("result"), Map(2), Text("command")];
+    SESSION_ID = [Text("sessionId")];
 }
+
+/// The longest head of a text or integer.
+const HEAD_LEN_MAX: usize = 9;
 
 /// How deep a `session_progress` event nests its progress map.
 const PROGRESS_DEPTH: usize = 2;
@@ -179,11 +188,46 @@ pub fn encode_progress_event(
     e.finish()
 }
 
+/// Appends the payload of a successful response whose result names only
+/// a session, `{type:"response", id, ok:true, result:{command, sessionId}}`
+/// (`detach` and `remove`: a [`CommandResult::Detach`] or
+/// [`CommandResult::Remove`] in a [`ServerMessage::Response`]).
+pub fn encode_session_id_response(
+    request_id: &str,
+    command: &str,
+    session_id: &str,
+    out: &mut Vec<u8>,
+) -> Result<(), CborError> {
+    let limits = CborLimits::default();
+    let mut e = Encoder::new(out, &limits);
+    e.raw(RESPONSE_ID.bytes());
+    e.text(request_id)?;
+    e.raw(OK.bytes());
+    e.boolean(true);
+    e.raw(RESULT_COMMAND.bytes());
+    e.text(command)?;
+    e.raw(SESSION_ID.bytes());
+    e.text(session_id)?;
+    e.finish()
+}
+
+/// Room for the payload of [`encode_session_id_response`].
+pub fn session_id_response_capacity(request_id: &str, session_id: &str) -> usize {
+    /// The constant runs, `true`, and the heads of the three texts (the
+    /// command's name is short).
+    const FIXED_LEN: usize = RESPONSE_ID.len
+        + OK.len
+        + 1
+        + RESULT_COMMAND.len
+        + SESSION_ID.len
+        + "detach".len()
+        + 3 * HEAD_LEN_MAX;
+    FIXED_LEN + request_id.len() + session_id.len()
+}
+
 /// Room for the payload of [`encode_progress_event`]: enough for an
 /// assistant delta (at most 36 bytes over), a first guess for an item.
 pub fn progress_event_capacity(session_id: &str, progress: &TranscriptProgress) -> usize {
-    /// The longest head of a text or integer.
-    const HEAD_LEN_MAX: usize = 9;
     /// The constant runs of an assistant delta event (the longest kind), the
     /// heads of its three texts and its content index.
     const DELTA_EVENT_LEN: usize =
