@@ -260,6 +260,11 @@ pub(crate) fn kind(payload: &[u8]) -> Kind {
 
 /// True for a v1 `session_progress` event (the type tag sits in the first bytes).
 pub(crate) fn is_progress(payload: &[u8]) -> bool {
+    // Where our encoder's key order puts it: `{type: event, event: {type: …`.
+    const TAG_AT: usize = 25;
+    if payload.get(TAG_AT..TAG_AT + 16) == Some(b"session_progress") {
+        return true;
+    }
     kind(payload) == Kind::Event
         && payload
             .get(..48.min(payload.len()))
