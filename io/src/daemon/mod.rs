@@ -146,9 +146,11 @@ impl Readiness {
         })
     }
 
-    /// The queued connections, in order; the queue is left empty.
-    fn take(&self) -> Vec<ConnId> {
-        std::mem::take(&mut self.lock().conns)
+    /// Swaps the queued connections (in order) into `into`, which must be
+    /// empty: the queue keeps `into`'s room for the next ones.
+    fn take_into(&self, into: &mut Vec<ConnId>) {
+        debug_assert!(into.is_empty());
+        std::mem::swap(&mut self.lock().conns, into);
     }
 }
 
@@ -306,6 +308,10 @@ struct Daemon<P: Platform> {
     dropped: Vec<JoinHandle<()>>,
     /// Inputs waiting while outputs are carried out (see `step`).
     inputs: std::collections::VecDeque<Input>,
+    /// The outputs of the step being carried out (kept for its capacity).
+    outputs: Vec<Output>,
+    /// The connections taken from [`Readiness`] (kept for its capacity).
+    ready: Vec<ConnId>,
     /// Connections with gathered output to write (see `flush`).
     dirty: Vec<ConnId>,
     /// Flushes so far: where each flush starts in `dirty` (see `flush`).
@@ -668,6 +674,8 @@ pub async fn run_on<P: Platform>(
         released: Vec::new(),
         dropped: Vec::new(),
         inputs: Default::default(),
+        outputs: Vec::new(),
+        ready: Vec::new(),
         dirty: Vec::new(),
         flushes: 0,
         readiness: Arc::default(),
@@ -870,14 +878,16 @@ impl<P: Platform> Daemon<P> {
                 let now = self.now();
                 let traced = tracing::enabled!(target: STEPS, tracing::Level::TRACE)
                     .then(|| input.to_string());
-                let outputs = self.server.step(now, input);
+                let mut outputs = std::mem::take(&mut self.outputs);
+                self.server.step_into(now, input, &mut outputs);
                 if let Some(input) = traced {
                     let done: Vec<String> = outputs.iter().map(ToString::to_string).collect();
                     tracing::trace!(target: STEPS, "{input} → [{}]", done.join(", "));
                 }
-                for output in outputs {
+                for output in outputs.drain(..) {
                     self.carry_out(output);
                 }
+                self.outputs = outputs;
             }
             if self.deferring {
                 break;
@@ -1151,7 +1161,9 @@ impl<P: Platform> Daemon<P> {
     /// so, each at most [`READS_PER_TURN`] times; one with more to read is
     /// queued again, behind the others.
     fn read_clients(&mut self) {
-        for conn in self.readiness.take() {
+        let mut ready = std::mem::take(&mut self.ready);
+        self.readiness.take_into(&mut ready);
+        for conn in ready.drain(..) {
             let mut reads = 0;
             while let Some(c) = self.conns.get(&conn) {
                 if c.read_closed {
@@ -1184,6 +1196,7 @@ impl<P: Platform> Daemon<P> {
                 }
             }
         }
+        self.ready = ready;
     }
 
     /// The connection is gone: stop its tasks and tell the kernel (once).

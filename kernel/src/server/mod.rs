@@ -433,6 +433,14 @@ impl Server {
     /// Feeds one input at time `now` (never earlier than the previous step's).
     /// Returns every output, in the order the driver must carry them out.
     pub fn step(&mut self, now: Instant, input: Input) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.step_into(now, input, &mut out);
+        out
+    }
+
+    /// [`Server::step`], appending the outputs to `out`: a driver that keeps
+    /// one buffer for them allocates none per step.
+    pub fn step_into(&mut self, now: Instant, input: Input, out: &mut Vec<Output>) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
         self.now = now;
         self.steps += 1;
@@ -486,7 +494,7 @@ impl Server {
         self.track_idle();
         self.maybe_report_shutdown();
         self.check_step(&scope);
-        std::mem::take(&mut self.out)
+        out.append(&mut self.out);
     }
 
     /// The earliest time at which [`Input::Tick`] has work to do.
