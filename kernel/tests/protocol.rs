@@ -1932,98 +1932,92 @@ proptest! {
 #[test]
 fn the_direct_reader_leaves_the_unusual_to_the_tree() {
     let limits = CborLimits::default();
-    let request = |entries: Vec<(&str, Value)>| {
-        let mut bytes = Vec::new();
-        kernel::wire::cbor::encode(
-            &Value::Map(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v))
-                    .collect(),
-            ),
-            &mut bytes,
-        )
-        .unwrap();
-        bytes
+    let encode = |entries: Vec<(&str, Value)>| {
+        let map = entries.into_iter().map(|(k, v)| (k.to_owned(), v));
+        kernel::wire::cbor::to_vec(&Value::Map(map.collect())).unwrap()
     };
-    let attach = || {
-        Value::Map(vec![
-            ("command".into(), text("attach")),
-            ("sessionId".into(), text("s1")),
+    let command = |entries: Vec<(&str, Value)>| {
+        Value::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        )
+    };
+    let request = |id: Value, command: Value| {
+        encode(vec![
+            ("type", text("request")),
+            ("id", id),
+            ("request", command),
         ])
     };
-    // Keys in another order: read directly, as the tree reads them.
-    let reordered = request(vec![
+    let attach = || command(vec![("command", text("attach")), ("sessionId", text("s1"))]);
+    let normal = request(text("r1"), attach());
+    let read = codec::read::client_request(&normal, &limits).expect("read directly");
+
+    // Keys in another order, and a head longer than it needs: read directly,
+    // as the tree reads them.
+    let reordered = encode(vec![
         ("request", attach()),
         ("id", text("r1")),
         ("type", text("request")),
     ]);
-    let read = codec::read::client_request(&reordered, &limits).expect("read directly");
-    assert_eq!(decode_client_message(&reordered, &limits), Ok(read.clone()));
-    // An integer head in a longer form than needed: the same text.
-    let mut long_head = request(vec![
-        ("type", text("request")),
-        ("id", text("r1")),
-        ("request", attach()),
-    ]);
+    let mut long_head = normal.clone();
     let at = long_head
         .iter()
         .position(|&b| b == 0x62)
         .expect("the id's head");
     long_head.splice(at..=at, [0x78, 0x02]);
-    assert_eq!(
-        codec::read::client_request(&long_head, &limits),
-        Some(read.clone())
-    );
-    assert_eq!(decode_client_message(&long_head, &limits), Ok(read));
+    for bytes in [&normal, &reordered, &long_head] {
+        assert_eq!(
+            codec::read::client_request(bytes, &limits).as_ref(),
+            Some(&read)
+        );
+        assert_eq!(decode_client_message(bytes, &limits).as_ref(), Ok(&read));
+    }
+
     // Each of these goes to the tree, which rejects it with its usual error.
+    let session =
+        |name: &str, session: Value| command(vec![("command", text(name)), ("sessionId", session)]);
+    let extra = encode(vec![
+        ("type", text("request")),
+        ("id", text("r1")),
+        ("request", attach()),
+        ("extra", Value::Null),
+    ]);
+    let mut repeated = normal.clone();
+    repeated[0] = 0xa4;
+    repeated.extend_from_slice(&[0x62, b'i', b'd', 0x62, b'r', b'2']);
+    let mut trailing = normal.clone();
+    trailing.push(0xf6);
     let unusual = [
-        request(vec![
-            ("type", text("request")),
-            ("id", text("")),
-            ("request", attach()),
-        ]),
-        request(vec![
-            ("type", text("request")),
+        request(text(""), attach()),
+        request(Value::Int(1), attach()),
+        request(text("r1"), command(vec![("command", text("attach"))])),
+        request(text("r1"), session("attach", text(""))),
+        request(text("r1"), session("detach", Value::Null)),
+        request(text("r1"), session("list", text("s1"))),
+        request(text("r1"), session("launch", text("s1"))),
+        request(text("r1"), session("prompt", text("s1"))),
+        request(
+            text("r1"),
+            command(vec![
+                ("command", text("attach")),
+                ("sessionId", text("s1")),
+                ("text", text("hi")),
+            ]),
+        ),
+        request(text("r1"), command(vec![("command", Value::Int(3))])),
+        request(text("r1"), Value::Array(Vec::new())),
+        encode(vec![
+            ("type", text("hello")),
             ("id", text("r1")),
             ("request", attach()),
-            ("extra", Value::Null),
         ]),
-        request(vec![
-            ("type", text("request")),
-            ("id", Value::Int(1)),
-            ("request", attach()),
-        ]),
-        request(vec![
-            ("type", text("request")),
-            ("id", text("r1")),
-            (
-                "request",
-                Value::Map(vec![("command".into(), text("attach"))]),
-            ),
-        ]),
-        request(vec![
-            ("type", text("request")),
-            ("id", text("r1")),
-            (
-                "request",
-                Value::Map(vec![
-                    ("command".into(), text("list")),
-                    ("sessionId".into(), text("s1")),
-                ]),
-            ),
-        ]),
-        request(vec![
-            ("type", text("request")),
-            ("id", text("r1")),
-            (
-                "request",
-                Value::Map(vec![
-                    ("command".into(), text("launch")),
-                    ("sessionId".into(), text("s1")),
-                ]),
-            ),
-        ]),
+        extra,
+        repeated,
+        trailing,
+        normal[..normal.len() - 1].to_vec(),
     ];
     for bytes in unusual {
         assert_eq!(
@@ -2038,28 +2032,32 @@ fn the_direct_reader_leaves_the_unusual_to_the_tree() {
             hex(&bytes)
         );
     }
-    // A repeated key (the tree's CBOR decoder rejects it).
-    let mut repeated = request(vec![
-        ("type", text("request")),
-        ("id", text("r1")),
-        ("request", attach()),
-    ]);
-    repeated[0] = 0xa4;
-    repeated.extend_from_slice(&[0x62, b'i', b'd', 0x62, b'r', b'2']);
-    assert_eq!(codec::read::client_request(&repeated, &limits), None);
-    assert!(decode_client_message(&repeated, &limits).is_err());
+
     // Within a stricter bound than the message needs: the tree decides.
-    let nested = request(vec![
-        ("type", text("request")),
-        ("id", text("r1")),
-        ("request", attach()),
-    ]);
-    let flat = CborLimits {
-        max_depth: 0,
-        ..limits
-    };
-    assert_eq!(codec::read::client_request(&nested, &flat), None);
-    assert!(decode_client_message(&nested, &flat).is_err());
+    for strict in [
+        CborLimits {
+            max_depth: 0,
+            ..limits
+        },
+        CborLimits {
+            max_container_len: 2,
+            ..limits
+        },
+        CborLimits {
+            max_byte_len: normal.len() - 1,
+            ..limits
+        },
+    ] {
+        assert_eq!(
+            codec::read::client_request(&normal, &strict),
+            None,
+            "{strict:?}"
+        );
+        assert!(
+            decode_client_message(&normal, &strict).is_err(),
+            "{strict:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
