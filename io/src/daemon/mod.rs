@@ -922,21 +922,22 @@ impl<P: Platform> Daemon<P> {
             if c.out.is_empty() {
                 continue;
             }
-            let mut frames = std::mem::take(&mut c.out);
             let written = if c.handed > 0 {
                 Ok(0)
             } else {
-                match c.socket.try_write_frames(&frames, 0) {
+                match c.socket.try_write_frames(&c.out, 0) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
                     other => other,
                 }
             };
             match written {
                 Ok(n) => {
+                    // Written whole, `out` keeps its room for the next flush.
                     let mut skip = 0;
-                    advance(&mut frames, &mut skip, n);
-                    if !frames.is_empty() {
-                        c.hand(WriterMsg::Frames(frames, skip));
+                    advance(&mut c.out, &mut skip, n);
+                    if !c.out.is_empty() {
+                        let rest = std::mem::take(&mut c.out);
+                        c.hand(WriterMsg::Frames(rest, skip));
                     }
                     if n > 0 {
                         self.inputs.push_back(Input::Written { conn, bytes: n });
@@ -1386,7 +1387,7 @@ impl<P: Platform> Daemon<P> {
         &mut self,
         channel: ChannelId,
         worker: WorkerId,
-        create: Option<CreateSpec>,
+        create: Option<Box<CreateSpec>>,
         revision_floor: u64,
     ) {
         let Some((stream, pid)) = self.announced.remove(&channel) else {
@@ -1398,7 +1399,7 @@ impl<P: Platform> Daemon<P> {
         w.pid = w.pid.or(u32::try_from(pid).ok());
         self.bind_worker_channel(worker, stream);
         let start = WorkerFrame::Start {
-            create,
+            create: create.map(|c| *c),
             revision_floor,
         };
         self.send_to_worker(worker, &start);

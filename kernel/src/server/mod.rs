@@ -304,7 +304,7 @@ pub enum Output {
     SpawnWorker {
         worker: WorkerId,
         session_id: String,
-        create: Option<CreateSpec>,
+        create: Option<Box<CreateSpec>>,
         revision_floor: u64,
     },
     /// The hello on `channel` is `worker`'s: bind the channel to it and send
@@ -312,7 +312,7 @@ pub enum Output {
     StartWorker {
         channel: ChannelId,
         worker: WorkerId,
-        create: Option<CreateSpec>,
+        create: Option<Box<CreateSpec>>,
         /// The highest revision shown so far: the worker starts above it.
         revision_floor: u64,
     },

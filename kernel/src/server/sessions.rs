@@ -90,7 +90,7 @@ pub(crate) struct Live {
 #[derive(Debug, Clone)]
 struct PendingStart {
     token: Option<String>,
-    create: Option<CreateSpec>,
+    create: Option<Box<CreateSpec>>,
     revision_floor: u64,
 }
 
@@ -532,6 +532,8 @@ impl Server {
             !self.sessions.contains_key(&session_id),
             "{session_id}: already live"
         );
+        // Boxed: outputs are moved once per step, and most are small.
+        let create = create.map(Box::new);
         let worker_id = self.fresh_worker_id();
         let deadline = self.now + self.config.limits.worker_start_timeout;
         let dispose_timeout = self.config.limits.worker_dispose_timeout;

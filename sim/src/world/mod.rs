@@ -918,7 +918,7 @@ impl World {
                 ..
             } => {
                 let start = WorkerFrame::Start {
-                    create,
+                    create: create.map(|c| *c),
                     revision_floor,
                 };
                 self.host_step(worker, HostInput::Frame(start));
