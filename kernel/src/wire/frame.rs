@@ -262,11 +262,10 @@ pub fn frame_shared(
 ) -> Result<Frame, FrameError> {
     let payload = head.len() + shared.iter().map(|p| p.len()).sum::<usize>() + tail.len();
     let len = payload_len(payload, max_frame_len)?;
-    let mut first = Vec::with_capacity(FRAME_HEADER_LEN + head.len());
-    first.extend_from_slice(&len.to_be_bytes());
-    first.extend_from_slice(head);
+    // Collected from an iterator of known length: one allocation, no copy.
+    let first: Arc<[u8]> = len.to_be_bytes().iter().chain(head).copied().collect();
     let mut pieces = Vec::with_capacity(shared.len() + 2);
-    pieces.push(Arc::from(first));
+    pieces.push(first);
     pieces.extend(shared.iter().filter(|p| !p.is_empty()).cloned());
     if !tail.is_empty() {
         pieces.push(Arc::from(tail));
