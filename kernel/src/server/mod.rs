@@ -922,7 +922,8 @@ impl Server {
             return;
         }
         let frame = match &outcome {
-            // The answer to every `detach`: written directly.
+            // The answers to `detach` and `remove`, which name only the
+            // session: written directly.
             Ok(
                 result @ (CommandResult::Detach { session_id }
                 | CommandResult::Remove { session_id }),
