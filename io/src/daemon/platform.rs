@@ -13,9 +13,13 @@ use crate::duplex::Duplex;
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::AbortHandle;
 
@@ -113,11 +117,16 @@ pub struct Native {
 }
 
 /// A client connection: a Unix socket or a TCP connection.
+///
+/// A socket is registered with the runtime for reading only. Registered for
+/// writing as well (as tokio's streams are), every read a client makes of
+/// what we sent can wake the loop for nothing. A write that finds the socket
+/// full waits on a registration of its own ([`ClientSocket::writable`]).
 pub enum ClientSocket {
     /// A local client.
-    Unix(UnixStream),
+    Unix(AsyncFd<std::os::unix::net::UnixStream>),
     /// A remote client (token required).
-    Tcp(tokio::net::TcpStream),
+    Tcp(AsyncFd<std::net::TcpStream>),
     /// A WebSocket of the web listener, one frame per message (token required).
     Web(crate::web::WebConn),
 }
@@ -150,32 +159,61 @@ fn read_draining(
 }
 
 impl ClientSocket {
-    async fn writable(&self) -> io::Result<()> {
-        match self {
-            Self::Unix(s) => s.writable().await,
-            Self::Tcp(s) => s.writable().await,
-            Self::Web(_) => unreachable!("a WebSocket is written by messages"),
-        }
+    /// A local client's socket, registered for reading.
+    pub fn unix(stream: UnixStream) -> io::Result<Self> {
+        read_registered(stream.into_std()?).map(Self::Unix)
     }
 
-    /// Reads what is ready, without waiting. `Ok(None)`: nothing yet.
-    ///
-    /// Reads into the thread's scratch buffer, so an idle connection holds
-    /// none. A short read drained the socket: its readiness is cleared then,
-    /// which spares the reader a second `recv` that would only find nothing.
-    fn read_ready(&self) -> io::Result<Option<Vec<u8>>> {
-        READ_SCRATCH.with_borrow_mut(|buf| {
+    /// A remote client's socket, registered for reading.
+    pub fn tcp(stream: tokio::net::TcpStream) -> io::Result<Self> {
+        read_registered(stream.into_std()?).map(Self::Tcp)
+    }
+
+    /// Waits until the socket takes more, on a registration (of a duplicate
+    /// descriptor) that lives only while it waits.
+    async fn writable(&self) -> io::Result<()> {
+        let fd = match self {
+            Self::Unix(s) => s.get_ref().as_fd().try_clone_to_owned()?,
+            Self::Tcp(s) => s.get_ref().as_fd().try_clone_to_owned()?,
+            Self::Web(_) => unreachable!("a WebSocket is written by messages"),
+        };
+        #[allow(deprecated)] // See `read_registered`.
+        let watch = AsyncFd::with_interest(fd, Interest::WRITABLE)?;
+        watch.writable().await?.retain_ready();
+        Ok(())
+    }
+}
+
+/// Registers `socket` with the runtime for reading only.
+///
+/// tokio 1.54 deprecates `with_interest` for `register_with_interest`,
+/// which is `unsafe` (its contract: the descriptor stays open and the same
+/// while registered); this workspace forbids unsafe code. The contract holds
+/// here by ownership: the `AsyncFd` owns the socket, which owns its
+/// descriptor.
+fn read_registered<S: AsRawFd>(socket: S) -> io::Result<AsyncFd<S>> {
+    #[allow(deprecated)]
+    AsyncFd::with_interest(socket, Interest::READABLE)
+}
+
+/// Reads what is ready on `socket`, without waiting: `Ready(Ok(None))` at
+/// its end.
+///
+/// Reads into the thread's scratch buffer, so an idle connection holds
+/// none. A short read drained the socket: its readiness is cleared then,
+/// which spares the reader a second `recv` that would only find nothing.
+fn poll_read_socket<S: AsRawFd + AsFd>(
+    socket: &AsyncFd<S>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<Option<Vec<u8>>>> {
+    loop {
+        let mut guard = ready!(socket.poll_read_ready(cx))?;
+        let read = READ_SCRATCH.with_borrow_mut(|buf| {
             buf.resize(READ_CHUNK, 0);
             let mut got = 0;
-            let result = match self {
-                Self::Unix(s) => s.try_io(tokio::io::Interest::READABLE, || {
-                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
-                }),
-                Self::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || {
-                    read_draining(std::os::fd::AsFd::as_fd(s), buf, &mut got)
-                }),
-                Self::Web(_) => unreachable!("a WebSocket is read by messages"),
-            };
+            let result = guard
+                .try_io(|s| read_draining(s.get_ref().as_fd(), buf, &mut got))
+                .unwrap_or_else(|_| Err(io::ErrorKind::WouldBlock.into()));
             match result {
                 Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => Ok(Some(buf[..n].to_vec())),
@@ -185,25 +223,23 @@ impl ClientSocket {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
                 Err(e) => Err(e),
             }
-        })
+        });
+        // Nothing read cleared the readiness: polled again, it registers the waker.
+        match read {
+            Ok(None) => {}
+            Ok(Some(bytes)) => return Poll::Ready(Ok(Some(bytes))),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(None)),
+            Err(e) => return Poll::Ready(Err(e)),
+        }
     }
 }
 
 impl Conn for ClientSocket {
     fn poll_read(&self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Vec<u8>>>> {
-        loop {
-            match self {
-                Self::Unix(s) => ready!(s.poll_read_ready(cx))?,
-                Self::Tcp(s) => ready!(s.poll_read_ready(cx))?,
-                Self::Web(web) => return web.poll_read(cx).map(Ok),
-            }
-            // Nothing read clears the readiness: polled again, it registers the waker.
-            match self.read_ready() {
-                Ok(None) => {}
-                Ok(Some(bytes)) => return Poll::Ready(Ok(Some(bytes))),
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(None)),
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        match self {
+            Self::Unix(s) => poll_read_socket(s, cx),
+            Self::Tcp(s) => poll_read_socket(s, cx),
+            Self::Web(web) => web.poll_read(cx).map(Ok),
         }
     }
 
@@ -213,8 +249,8 @@ impl Conn for ClientSocket {
         }
         let slices = io_slices(frames, skip);
         match self {
-            Self::Unix(s) => s.try_write_vectored(&slices),
-            Self::Tcp(s) => s.try_write_vectored(&slices),
+            Self::Unix(s) => (&mut s.get_ref()).write_vectored(&slices),
+            Self::Tcp(s) => (&mut s.get_ref()).write_vectored(&slices),
             Self::Web(_) => unreachable!("handled above"),
         }
     }
@@ -236,8 +272,8 @@ impl Conn for ClientSocket {
 
     async fn shutdown_write(&self) {
         let result = match self {
-            Self::Unix(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
-            Self::Tcp(s) => rustix::net::shutdown(s, rustix::net::Shutdown::Write),
+            Self::Unix(s) => rustix::net::shutdown(s.get_ref(), rustix::net::Shutdown::Write),
+            Self::Tcp(s) => rustix::net::shutdown(s.get_ref(), rustix::net::Shutdown::Write),
             Self::Web(web) => return web.shutdown_write().await,
         };
         if let Err(e) = result {
@@ -249,6 +285,7 @@ impl Conn for ClientSocket {
         match self {
             Self::Unix(_) => None,
             Self::Tcp(s) => s
+                .get_ref()
                 .peer_addr()
                 .ok()
                 .map(|a| kernel::ids::PeerAddr(a.ip().to_string())),
@@ -301,7 +338,7 @@ pub enum NativeClients {
 impl Listener<ClientSocket> for NativeClients {
     async fn accept(&mut self) -> io::Result<ClientSocket> {
         match self {
-            Self::Unix(listener) => Ok(ClientSocket::Unix(UnixListener::accept(listener).await?.0)),
+            Self::Unix(listener) => ClientSocket::unix(UnixListener::accept(listener).await?.0),
             Self::Tcp(listener) => {
                 let (stream, peer) = listener.accept().await?;
                 tracing::debug!(%peer, "remote client connected");
@@ -309,7 +346,7 @@ impl Listener<ClientSocket> for NativeClients {
                 if let Err(e) = keep_alive(&stream) {
                     tracing::warn!(%peer, error = %e, "cannot enable TCP keep-alive");
                 }
-                Ok(ClientSocket::Tcp(stream))
+                ClientSocket::tcp(stream)
             }
             Self::Web(listener) => Ok(ClientSocket::Web(listener.accept().await)),
         }
