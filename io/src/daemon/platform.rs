@@ -160,12 +160,12 @@ fn read_draining(
 
 impl ClientSocket {
     /// A local client's socket, registered for reading.
-    pub fn unix(stream: UnixStream) -> io::Result<Self> {
+    fn unix(stream: UnixStream) -> io::Result<Self> {
         read_registered(stream.into_std()?).map(Self::Unix)
     }
 
     /// A remote client's socket, registered for reading.
-    pub fn tcp(stream: tokio::net::TcpStream) -> io::Result<Self> {
+    fn tcp(stream: tokio::net::TcpStream) -> io::Result<Self> {
         read_registered(stream.into_std()?).map(Self::Tcp)
     }
 
