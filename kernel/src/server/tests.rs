@@ -260,12 +260,7 @@ fn targeted_checks_hold_along_a_session_lifecycle() {
         },
     );
     let op = op_of(&outputs);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: snapshot(&session, 2, SessionPhase::Turn),
-        },
-    );
+    h.runtime_snapshot(worker, &snapshot(&session, 2, SessionPhase::Turn));
     h.worker(
         worker,
         FromWorker::Progress {
@@ -476,12 +471,7 @@ fn list_follows_every_change_to_its_inputs() {
     // rename: a snapshot with a new name.
     let mut renamed = snapshot(&created, 2, SessionPhase::Idle);
     renamed.name = Some("renamed".into());
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: renamed.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &renamed);
     let list = h.list(a);
     assert_eq!(
         entry(&list, &created).and_then(|m| m.session_name.as_deref()),
@@ -494,7 +484,7 @@ fn list_follows_every_change_to_its_inputs() {
     busy.revision = 3;
     busy.phase = SessionPhase::Idle;
     busy.queued_steer_count = 0;
-    h.worker(worker, FromWorker::Snapshot { snapshot: busy });
+    h.runtime_snapshot(worker, &busy);
     h.list(a);
     assert!(
         same_pieces(&cached, &h.cached_list()),
@@ -734,6 +724,16 @@ impl Harness {
         assert_eq!(*frame, normal, "{conn}: {expected:?}");
     }
 
+    /// The runtime sends `snap` as its new snapshot.
+    fn runtime_snapshot(&mut self, worker: WorkerId, snap: &SessionSnapshot) -> Vec<Output> {
+        self.worker(
+            worker,
+            FromWorker::Snapshot {
+                snapshot: snap.clone(),
+            },
+        )
+    }
+
     /// The runtime finishes `op` with `snap`.
     fn op_done(&mut self, worker: WorkerId, op: OpId, snap: &SessionSnapshot) {
         let outcome = Ok(snap.clone());
@@ -791,12 +791,7 @@ fn session_frames_follow_every_snapshot() {
     };
     let prompt = op_of(&h.request(a, "prompt", prompt));
     let turn = with_transcript(&session, 2, SessionPhase::Turn, 4);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: turn.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &turn);
     for conn in [a, b] {
         h.assert_sent(conn, &session_event(&turn));
     }
@@ -812,12 +807,7 @@ fn session_frames_follow_every_snapshot() {
     let mut resent = turn.clone();
     resent.name = Some("renamed".into());
     resent.transcript.pop();
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: resent.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &resent);
     assert_eq!((h.frames(a), h.frames(b)), (before_a, before_b));
     h.request(c, "attach", attach.clone());
     h.assert_sent(c, &session_response("attach", &resent, true));
@@ -992,12 +982,7 @@ fn status_reports_each_live_session_and_its_clients() {
         },
     );
     let op = op_of(&outputs);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: snapshot(&session, 2, SessionPhase::Turn),
-        },
-    );
+    h.runtime_snapshot(worker, &snapshot(&session, 2, SessionPhase::Turn));
     let turn = LiveState::Phase(SessionPhase::Turn);
     assert_eq!(status(&mut h, b), vec![(session.clone(), turn, 2)]);
 
@@ -1159,12 +1144,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
     let mut now = first.clone();
     now.phase = SessionPhase::Turn;
     let before_a = h.frames(a);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: now.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &now);
     h.assert_sent(b, &session_response("attach", &now, true));
     h.assert_sent(c, &session_response("attach", &now, true));
     assert_eq!(h.frames(a), before_a, "a saw revision 1");
@@ -1174,12 +1154,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
     // Attached already: the same wait.
     assert_eq!(h.request(b, "attach", attach.clone()), vec![asked]);
     let next = with_transcript(&session, 2, SessionPhase::Idle, 21);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: next.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &next);
     h.assert_sent(b, &session_response("attach", &next, true));
     for conn in [a, c] {
         h.assert_sent(conn, &session_event(&next));
@@ -1187,12 +1162,7 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
 
     // A short transcript is kept: an attach is answered at once.
     let short = with_transcript(&session, 3, SessionPhase::Idle, 1);
-    h.worker(
-        worker,
-        FromWorker::Snapshot {
-            snapshot: short.clone(),
-        },
-    );
+    h.runtime_snapshot(worker, &short);
     assert!(h.keeps_transcript(&session));
     h.request(
         a,
