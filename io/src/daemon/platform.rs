@@ -161,12 +161,12 @@ fn read_draining(
 impl ClientSocket {
     /// A local client's socket, registered for reading.
     fn unix(stream: UnixStream) -> io::Result<Self> {
-        read_registered(stream.into_std()?).map(Self::Unix)
+        registered(stream.into_std()?, Interest::READABLE).map(Self::Unix)
     }
 
     /// A remote client's socket, registered for reading.
     fn tcp(stream: tokio::net::TcpStream) -> io::Result<Self> {
-        read_registered(stream.into_std()?).map(Self::Tcp)
+        registered(stream.into_std()?, Interest::READABLE).map(Self::Tcp)
     }
 
     /// Waits until the socket takes more, on a registration (of a duplicate
@@ -177,23 +177,22 @@ impl ClientSocket {
             Self::Tcp(s) => s.get_ref().as_fd().try_clone_to_owned()?,
             Self::Web(_) => unreachable!("a WebSocket is written by messages"),
         };
-        #[allow(deprecated)] // See `read_registered`.
-        let watch = AsyncFd::with_interest(fd, Interest::WRITABLE)?;
+        let watch = registered(fd, Interest::WRITABLE)?;
         watch.writable().await?.retain_ready();
         Ok(())
     }
 }
 
-/// Registers `socket` with the runtime for reading only.
+/// Registers `socket` with the runtime for `interest` only.
 ///
 /// tokio 1.54 deprecates `with_interest` for `register_with_interest`,
 /// which is `unsafe` (its contract: the descriptor stays open and the same
 /// while registered); this workspace forbids unsafe code. The contract holds
 /// here by ownership: the `AsyncFd` owns the socket, which owns its
 /// descriptor.
-fn read_registered<S: AsRawFd>(socket: S) -> io::Result<AsyncFd<S>> {
+fn registered<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
     #[allow(deprecated)]
-    AsyncFd::with_interest(socket, Interest::READABLE)
+    AsyncFd::with_interest(socket, interest)
 }
 
 /// Reads what is ready on `socket`, without waiting: `Ready(Ok(None))` at
