@@ -1488,10 +1488,9 @@ impl Server {
 /// made a broadcast to N connections cost O(N²). Checking the touched
 /// connection and session (not the session's whole audience) keeps the
 /// per-step cost independent of the number of connections; the periodic
-/// sweep still catches corruption anywhere,
-/// within 1,024 steps, at an amortised cost below 0.1 µs per step at 1,000
-/// connections. Debug builds (every test and the simulator) sweep after
-/// every step.
+/// sweep still catches corruption anywhere, within 1,024 steps, at an
+/// amortised cost below 0.1 µs per step at 1,000 connections. Debug builds
+/// (every test and the simulator) sweep after every step.
 const FULL_CHECK_INTERVAL: u64 = 1024;
 
 /// Encoded CBOR. Its `Debug` is its length: the bytes say nothing to a
