@@ -81,7 +81,12 @@ const serverServices = {
                 ops: [["a", ["text"], `w${String(i).padStart(4, "0")} `]],
               };
               for (const s of subscribers) sent.push(s.publish(s.subscriptionId, update, context));
+              // Each update in a turn of the event loop of its own, as a
+              // streamed reply's chunks arrive: the server writes as it goes.
+              // (In one synchronous loop nothing went out until all n were
+              // published, seconds after the first.)
               if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+              else await new Promise((resolve) => setImmediate(resolve));
             }
             await Promise.all(sent);
             return n;

@@ -8,6 +8,9 @@
 //!
 //! - deliveries/s: progress frames received by all clients together, divided
 //!   by the time from the first to the last progress arrival;
+//! - first delivery: from the request that starts the stream to the first
+//!   progress arrival at any client (a server that holds its events back and
+//!   sends them at the end would look fast by the rate alone);
 //! - delivery latency: for each event, each client's arrival minus the
 //!   earliest arrival of the same event at any client (the fan-out skew; the
 //!   worker → server hop before the first delivery is not in it);
@@ -41,6 +44,8 @@ pub(crate) struct FanoutResult {
     pub(crate) events: usize,
     /// First to last arrival.
     pub(crate) span: Duration,
+    /// The request that started the stream to the first arrival.
+    pub(crate) first_delivery: Duration,
     /// Per (client, event): arrival minus the event's earliest arrival, µs.
     pub(crate) skew: Vec<f64>,
     /// The same, for the first and the last tenth of the clients in the
@@ -66,8 +71,9 @@ impl FanoutResult {
 }
 
 /// Matches the same event across clients (hash + occurrence number).
-/// `per_client` is in the order the clients connected.
-pub(crate) fn analyze(per_client: &[Arrivals]) -> FanoutResult {
+/// `per_client` is in the order the clients connected; `started` is when
+/// the request that starts the stream was about to go out.
+pub(crate) fn analyze(per_client: &[Arrivals], started: Instant) -> FanoutResult {
     let mut by_event: HashMap<(u64, u32), Vec<(usize, Instant)>> = HashMap::new();
     let mut first: Option<Instant> = None;
     let mut last: Option<Instant> = None;
@@ -107,6 +113,7 @@ pub(crate) fn analyze(per_client: &[Arrivals]) -> FanoutResult {
             (Some(f), Some(l)) => l - f,
             _ => Duration::ZERO,
         },
+        first_delivery: first.map_or(Duration::ZERO, |f| f.saturating_duration_since(started)),
         skew,
         skew_first,
         skew_last,
@@ -188,6 +195,7 @@ impl Audience {
         let (cpu0, wait0) = tree_sched(server_pid);
         let (me0, me_wait0) = schedstat(std::process::id());
         let mut tasks = Vec::with_capacity(conns.len());
+        let started = Instant::now();
         // Client 0 is spawned last, so every other reader is waiting before the prompt goes out.
         for (i, conn) in conns.into_iter().enumerate().rev() {
             let first = (i == 0).then(|| prompt.to_vec());
@@ -208,7 +216,7 @@ impl Audience {
         back.reverse();
         per_client.reverse();
         self.conns = back;
-        let mut result = analyze(&per_client);
+        let mut result = analyze(&per_client, started);
         let (cpu1, wait1) = tree_sched(server_pid);
         result.server_cpu = cpu1 - cpu0;
         result.server_wait = wait1 - wait0;
@@ -290,6 +298,8 @@ pub(crate) struct Summary {
     /// p99 skew of the first and the last tenth of the clients (connect order).
     pub(crate) p99_first: f64,
     pub(crate) p99_last: f64,
+    /// Median over rounds of [`FanoutResult::first_delivery`], µs.
+    pub(crate) first_delivery: f64,
     pub(crate) cpu_per_delivery_us: f64,
     pub(crate) cpu_per_event_us: f64,
     pub(crate) client_cpu_per_delivery_us: f64,
@@ -330,6 +340,12 @@ pub(crate) fn summarize(results: &[FanoutResult]) -> Summary {
         p99_max: p99s.iter().copied().fold(0.0, f64::max),
         p99_first: p99_of(|r| &r.skew_first),
         p99_last: p99_of(|r| &r.skew_last),
+        first_delivery: median(
+            &results
+                .iter()
+                .map(|r| us(r.first_delivery))
+                .collect::<Vec<_>>(),
+        ),
         cpu_per_delivery_us: cpu * 1e6 / deliveries.max(1) as f64,
         cpu_per_event_us: cpu * 1e6 / events.max(1) as f64,
         client_cpu_per_delivery_us: client * 1e6 / deliveries.max(1) as f64,

@@ -8,9 +8,11 @@
 //!   session);
 //! - fan-out: K clients subscribe to the host's `bench.stream` state member
 //!   and client 0 asks it to publish N updates (one appended word each) to
-//!   every subscriber, vs our K attached clients receiving the N progress
-//!   events of a prompt's reply (burst, `PI_FAUX_DELAY_MS=0`). Ours has one
-//!   more hop (worker process → server) than the in-process host.
+//!   every subscriber, each in a turn of Node's event loop of its own (as a
+//!   streamed reply's chunks arrive), vs our K attached clients receiving the
+//!   N progress events of a prompt's reply (burst, `PI_FAUX_DELAY_MS=0`).
+//!   Ours has one more hop (worker process → server) than the in-process
+//!   host. Both report the time from the request to the first delivery.
 
 use crate::fanout::{Audience, FanoutResult, analyze, prompt_frame, summarize};
 use crate::raw::{Kind, RawConn, kind, map, text, v1_request, value_frame};
@@ -214,6 +216,7 @@ impl Subscribers {
             vec![Value::Int(n as i64), Value::Int(delay_ms)],
         );
         let cpu0 = crate::fanout::tree_cpu(pid);
+        let started = Instant::now();
         let me0 = crate::util::schedstat(std::process::id()).0;
         let conns = std::mem::take(&mut self.conns);
         let k = conns.len();
@@ -235,7 +238,7 @@ impl Subscribers {
         back.reverse();
         per_client.reverse();
         self.conns = back;
-        let mut result = analyze(&per_client);
+        let mut result = analyze(&per_client, started);
         result.server_cpu = crate::fanout::tree_cpu(pid) - cpu0;
         result.client_cpu = (crate::util::schedstat(std::process::id()).0 - me0) as f64 / 1e9;
         Ok(result)
@@ -362,13 +365,15 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 "6",
                 format!("event fan-out to {k} clients, {n_events} events: our progress fan-out vs TS subscription updates"),
                 format!(
-                    "ours {}/s (skew p99 {}; first/last tenth of the clients {}/{}; {:.2} µs CPU/delivery) vs TS {}/s (skew p99 {}; {}/{}; {:.2} µs CPU/delivery) → **ours {:.2}× theirs**",
+                    "ours {}/s (first delivery after {}; skew p99 {}; first/last tenth of the clients {}/{}; {:.2} µs CPU/delivery) vs TS {}/s ({}; {}; {}/{}; {:.2} µs CPU/delivery) → **ours {:.2}× theirs**",
                     fmt_rate(o.rate),
+                    crate::util::fmt_us(o.first_delivery),
                     crate::util::fmt_us(o.p99),
                     crate::util::fmt_us(o.p99_first),
                     crate::util::fmt_us(o.p99_last),
                     o.cpu_per_delivery_us,
                     fmt_rate(t.rate),
+                    crate::util::fmt_us(t.first_delivery),
                     crate::util::fmt_us(t.p99),
                     crate::util::fmt_us(t.p99_first),
                     crate::util::fmt_us(t.p99_last),
