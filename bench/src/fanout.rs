@@ -22,8 +22,8 @@
 use crate::raw::{RawConn, decode, is_progress, v1_request};
 use crate::server::{Server, create_sessions};
 use crate::util::{
-    Env, Report, children, fmt_rate, fmt_us, hash_bytes, median, percentile, rss_kib, schedstat,
-    sorted, us, wait_no_children,
+    Env, Report, Split, children, fmt_rate, fmt_us, hash_bytes, median, percentile, rss_kib,
+    schedstat, sorted, us, wait_no_children,
 };
 use kernel::protocol::{
     Command, CommandResult, Response, ServerEvent, ServerMessage, SessionPhase,
@@ -367,10 +367,8 @@ pub(crate) fn summarize(results: &[FanoutResult]) -> Summary {
 
 /// Item 2.
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let split = Split::from_env()?;
+    let runtime = Split::client_runtime(split.as_ref())?;
     let sessions = env.fresh_dir("fanout-sessions");
     // A fresh session for each audience and for the paced run: every turn
     // grows the transcript, and with it the session snapshots that open and
@@ -384,6 +382,9 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
 
     // Burst: the faux model streams with no delay, so the pipeline is the bottleneck.
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "0".into())])?;
+    if let Some(split) = &split {
+        split.place(&[server.pid]);
+    }
     // `BENCH_FANOUT_K=100` runs only that audience (for profiling).
     let ks: Vec<usize> = std::env::var("BENCH_FANOUT_K")
         .ok()
@@ -408,9 +409,10 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             let s = summarize(&results);
             let per_client_kib = (rss1 as f64 - rss0 as f64) / k as f64;
             let what = format!(
-                "fan-out burst (`PI_FAUX_DELAY_MS=0`), {k} attached client{}, {} events/turn",
+                "fan-out burst (`PI_FAUX_DELAY_MS=0`), {k} attached client{}, {} events/turn{}",
                 if k == 1 { "" } else { "s" },
-                s.events
+                s.events,
+                Split::describe(split.as_ref())
             );
             let figure = format!(
                 "**{}/s** deliveries; skew p50 {} p99 {} (p99 of the first tenth of the clients {}, of the last tenth {}); server+worker CPU {:.2} µs/delivery ({:.1} µs/event); bench clients {:.2} µs/delivery; waiting for a CPU per second of the burst: server+worker {:.0} ms, bench clients {:.0} ms; server RSS {:+.1} KiB per attached client",
@@ -446,6 +448,9 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
 
     // Paced: 1 ms between deltas, as a model streams; the latency that a client sees.
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
+    if let Some(split) = &split {
+        split.place(&[server.pid]);
+    }
     let paced_words = env.pick(200, 1000);
     let id = paced_id;
     let prompt = prompt_frame(&id, paced_words);
@@ -460,8 +465,9 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         report.push(
             "2",
             format!(
-                "fan-out paced (`PI_FAUX_DELAY_MS=1`), 100 attached clients, {} events/turn",
-                s.events
+                "fan-out paced (`PI_FAUX_DELAY_MS=1`), 100 attached clients, {} events/turn{}",
+                s.events,
+                Split::describe(split.as_ref())
             ),
             format!(
                 "{}/s deliveries (paced by the model); skew **p50 {} p99 {}** (median of {} rounds; worst round's p99 {}); server+worker CPU {:.2} µs/delivery; their threads waited for a CPU {:.0} ms per second of streaming",

@@ -18,7 +18,7 @@ use crate::fanout::{Audience, FanoutResult, analyze, prompt_frame, summarize};
 use crate::raw::{Kind, RawConn, kind, map, text, v1_request, value_frame};
 use crate::rtt::{Pair, cycles};
 use crate::server::{Server, create_sessions};
-use crate::util::{Env, Placement, Report, fmt_rate, hash_bytes, median};
+use crate::util::{Env, Placement, Report, Split, fmt_rate, hash_bytes, median};
 use kernel::protocol::Command;
 use kernel::wire::Value;
 use std::io::{BufRead, BufReader};
@@ -287,6 +287,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let node_version = String::from_utf8_lossy(&node_version.stdout)
         .trim()
         .to_string();
+    let split = Split::from_env()?;
     let dir = install(env)?;
     let host = NodeHost::start(&dir, &env.fresh_dir("node").join("node.sock"), 1)?;
     let host_pid = host.child.id();
@@ -342,10 +343,15 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 ),
             );
         }
-        drop(theirs);
-        drop(ours);
+        Ok::<(), String>(())
+    })?;
 
-        // Fan-out.
+    // Fan-out.
+    let clients = Split::client_runtime(split.as_ref())?;
+    if let Some(split) = &split {
+        split.place(&[host_pid, server.pid]);
+    }
+    clients.block_on(async {
         let words = env.pick(300, 2000);
         for (k, id) in [(10usize, &ids[0]), (100, &ids[1])] {
             let prompt = prompt_frame(id, words);
@@ -363,7 +369,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
             let (t, o) = (summarize(&theirs), summarize(&ours));
             report.info(
                 "6",
-                format!("event fan-out to {k} clients, {n_events} events: our progress fan-out vs TS subscription updates"),
+                format!("event fan-out to {k} clients, {n_events} events: our progress fan-out vs TS subscription updates{}", Split::describe(split.as_ref())),
                 format!(
                     "ours {}/s (first delivery after {}; skew p99 {}; first/last tenth of the clients {}/{}; {:.2} µs CPU/delivery) vs TS {}/s ({}; {}; {}/{}; {:.2} µs CPU/delivery) → **ours {:.2}× theirs**",
                     fmt_rate(o.rate),
@@ -391,7 +397,10 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
 
     // Paced: one event per millisecond (the model's pace) to 100 clients; the latency they see.
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
-    runtime.block_on(async {
+    if let Some(split) = &split {
+        split.place(&[host_pid, server.pid]);
+    }
+    clients.block_on(async {
         let k = 100;
         let prompt = prompt_frame(&ids[2], env.pick(200, 1000));
         let mut audience = Audience::attach(&server.socket, &ids[2], k).await?;
@@ -406,7 +415,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
         let (t, o) = (summarize(&theirs), summarize(&ours));
         report.info(
             "6",
-            format!("paced fan-out (1 event/ms) to {k} clients, {n_events} events: delivery skew, ours vs TS"),
+            format!("paced fan-out (1 event/ms) to {k} clients, {n_events} events: delivery skew, ours vs TS{}", Split::describe(split.as_ref())),
             format!(
                 "ours p50 {} p99 {} ({}/s, {:.2} µs CPU/delivery) vs TS p50 {} p99 {} ({}/s, {:.2} µs CPU/delivery) (medians of {} rounds)",
                 crate::util::fmt_us(o.p50),

@@ -485,22 +485,153 @@ impl Placement {
     /// thread of `pids` on one CPU (`true`) or frees them.
     pub(crate) fn apply(&self, pinned: bool, pids: &[u32]) -> Result<(), String> {
         let set = if pinned { &self.one } else { &self.free };
-        let err = |e: rustix::io::Errno| format!("sched_setaffinity: {e}");
-        rustix::thread::sched_setaffinity(None, set).map_err(err)?;
+        rustix::thread::sched_setaffinity(None, set).map_err(affinity_error)?;
         for &pid in pids {
-            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-                continue;
-            };
-            for task in tasks.flatten() {
-                let tid = task.file_name().to_string_lossy().parse::<i32>().ok();
-                if let Some(tid) = tid.and_then(rustix::process::Pid::from_raw) {
-                    // A thread may have exited since the listing.
-                    let _ = rustix::thread::sched_setaffinity(Some(tid), set);
-                }
-            }
+            pin_threads(pid, set);
         }
         Ok(())
     }
+}
+
+fn affinity_error(e: rustix::io::Errno) -> String {
+    format!("sched_setaffinity: {e}")
+}
+
+/// Puts every thread of process `pid` on `set`; threads it starts later
+/// inherit the mask of the thread that starts them.
+fn pin_threads(pid: u32, set: &rustix::thread::CpuSet) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let tid = task.file_name().to_string_lossy().parse::<i32>().ok();
+        if let Some(tid) = tid.and_then(rustix::process::Pid::from_raw) {
+            // A thread may have exited since the listing.
+            let _ = rustix::thread::sched_setaffinity(Some(tid), set);
+        }
+    }
+}
+
+/// `BENCH_SPLIT=<server CPUs>/<client CPUs>` (CPU lists as `taskset -c`
+/// takes them: `0-1/2-3`, `0/1,2,3`): the servers under test, and the
+/// workers they start, run on the first set; the bench's clients on the
+/// second, read by one thread per CPU of it.
+///
+/// For the fan-out skew: where clients and server share the CPUs, the skew
+/// measures when the clients get one (BENCHMARKS.md, item 3). Unset,
+/// everything runs where the scheduler puts it and one thread reads every
+/// client.
+#[derive(Debug)]
+pub(crate) struct Split {
+    server: rustix::thread::CpuSet,
+    clients: rustix::thread::CpuSet,
+    client_cpus: usize,
+    spec: String,
+}
+
+impl Split {
+    /// `None` when `BENCH_SPLIT` is unset; an error names what is wrong with it.
+    pub(crate) fn from_env() -> Result<Option<Self>, String> {
+        let Ok(spec) = std::env::var("BENCH_SPLIT") else {
+            return Ok(None);
+        };
+        let bad = |why: String| format!("BENCH_SPLIT={spec:?}: {why}");
+        let (server, clients) = spec
+            .split_once('/')
+            .ok_or_else(|| bad("expected <server CPUs>/<client CPUs>, e.g. 0-1/2-3".into()))?;
+        let allowed = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+        let (server, _) = cpu_list(server, &allowed).map_err(&bad)?;
+        let (clients, client_cpus) = cpu_list(clients, &allowed).map_err(&bad)?;
+        if let Some(cpu) =
+            (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| server.is_set(c) && clients.is_set(c))
+        {
+            return Err(bad(format!("CPU {cpu} is in both sets")));
+        }
+        Ok(Some(Self {
+            server,
+            clients,
+            client_cpus,
+            spec,
+        }))
+    }
+
+    /// Moves every thread of `pids` and of their child processes to the
+    /// server CPUs, and every thread of this process to the client CPUs.
+    pub(crate) fn place(&self, pids: &[u32]) {
+        for &pid in pids {
+            pin_threads(pid, &self.server);
+            for child in children(pid) {
+                pin_threads(child, &self.server);
+            }
+        }
+        pin_threads(std::process::id(), &self.clients);
+    }
+
+    /// The runtime that reads the clients: one thread, or with a split one
+    /// per client CPU, kept on those CPUs.
+    pub(crate) fn client_runtime(split: Option<&Self>) -> Result<tokio::runtime::Runtime, String> {
+        let Some(split) = split else {
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string());
+        };
+        let set = split.clients;
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(split.client_cpus)
+            .on_thread_start(move || {
+                let _ = rustix::thread::sched_setaffinity(None, &set);
+            })
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    }
+
+    /// For a figure's description: `` (`BENCH_SPLIT=0-1/2-3`: …)``, or
+    /// nothing without a split.
+    pub(crate) fn describe(split: Option<&Self>) -> String {
+        split.map_or_else(String::new, |s| {
+            format!(
+                " (`BENCH_SPLIT={}`: server and worker on their CPUs, clients read by {} thread{} on theirs)",
+                s.spec,
+                s.client_cpus,
+                if s.client_cpus == 1 { "" } else { "s" }
+            )
+        })
+    }
+}
+
+/// Parses a CPU list (`0-1,3`), each CPU one this process may use; returns
+/// the set and how many CPUs it holds.
+fn cpu_list(
+    text: &str,
+    allowed: &rustix::thread::CpuSet,
+) -> Result<(rustix::thread::CpuSet, usize), String> {
+    let mut set = rustix::thread::CpuSet::new();
+    let mut count = 0;
+    for item in text.split(',') {
+        let item = item.trim();
+        let (from, to) = item.split_once('-').unwrap_or((item, item));
+        let parse = |n: &str| {
+            n.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{item:?} is not a CPU number or range"))
+        };
+        let (from, to) = (parse(from)?, parse(to)?);
+        if from > to {
+            return Err(format!("{item:?} is an empty range"));
+        }
+        for cpu in from..=to {
+            if cpu >= rustix::thread::CpuSet::MAX_CPU || !allowed.is_set(cpu) {
+                return Err(format!("CPU {cpu} is not one this process may use"));
+            }
+            if !set.is_set(cpu) {
+                set.set(cpu);
+                count += 1;
+            }
+        }
+    }
+    Ok((set, count))
 }
 
 /// Reads one HTTP/1.1 request from `reader`: its request line and its body
