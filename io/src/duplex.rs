@@ -2,14 +2,18 @@
 //! writer task.
 //!
 //! A worker channel carries every delta of a turn, so its halves must not
-//! share a lock: a Unix stream splits into halves that need none
-//! ([`UnixStream::into_split`]). Any other stream (a simulated TCP stream,
-//! an in-memory pipe) is wrapped in [`Locked`], which splits it with
-//! [`tokio::io::split`] and its lock.
+//! share a lock: a [`UnixChannel`] splits into halves that need none. Any
+//! other stream (a simulated TCP stream, an in-memory pipe) is wrapped in
+//! [`Locked`], which splits it with [`tokio::io::split`] and its lock.
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 /// A stream that splits into a read half and a write half.
 pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -22,12 +26,107 @@ pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn into_halves(self) -> (Self::Read, Self::Write);
 }
 
-impl Duplex for UnixStream {
-    type Read = OwnedReadHalf;
-    type Write = OwnedWriteHalf;
+/// Registers `socket` with the runtime for `interest` only.
+///
+/// tokio 1.54 deprecates `with_interest` for `register_with_interest`,
+/// which is `unsafe` (its contract: the descriptor stays open and the same
+/// while registered); this workspace forbids unsafe code. The contract holds
+/// here by ownership: the `AsyncFd` owns the socket, which owns its
+/// descriptor.
+pub(crate) fn registered<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
+    #[allow(deprecated)]
+    AsyncFd::with_interest(socket, interest)
+}
 
-    fn into_halves(self) -> (OwnedReadHalf, OwnedWriteHalf) {
-        self.into_split()
+/// A Unix stream registered with the runtime for reading only, as the
+/// server's client sockets are.
+///
+/// Registered for writing as well (as tokio's streams are), each read the
+/// peer makes of what we sent wakes this side for nothing: a worker
+/// streaming deltas woke once more per delta. A write that finds the socket
+/// full waits on a registration of a duplicate descriptor, which lives only
+/// while it waits. Both halves share the socket; each uses one direction.
+pub struct UnixChannel {
+    socket: Arc<AsyncFd<std::os::unix::net::UnixStream>>,
+    /// Set while a write waits for room.
+    waiting: Option<AsyncFd<OwnedFd>>,
+}
+
+impl UnixChannel {
+    /// Re-registers `stream` for reading only.
+    pub fn new(stream: UnixStream) -> io::Result<Self> {
+        let socket = registered(stream.into_std()?, Interest::READABLE)?;
+        Ok(Self {
+            socket: Arc::new(socket),
+            waiting: None,
+        })
+    }
+}
+
+impl Duplex for UnixChannel {
+    type Read = UnixChannel;
+    type Write = UnixChannel;
+
+    fn into_halves(self) -> (UnixChannel, UnixChannel) {
+        let read = Self {
+            socket: Arc::clone(&self.socket),
+            waiting: None,
+        };
+        (read, self)
+    }
+}
+
+impl AsyncRead for UnixChannel {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.socket.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|s| s.get_ref().read(unfilled)) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => {}
+            }
+        }
+    }
+}
+
+impl AsyncWrite for UnixChannel {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(watch) = &this.waiting {
+                ready!(watch.poll_write_ready(cx))?.retain_ready();
+                this.waiting = None;
+            }
+            match this.socket.get_ref().write(data) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Registering reports the state it finds: a socket that
+                    // drained meanwhile is ready at once.
+                    let fd = this.socket.get_ref().as_fd().try_clone_to_owned()?;
+                    this.waiting = Some(registered(fd, Interest::WRITABLE)?);
+                }
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
     }
 }
 
@@ -76,5 +175,59 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Locked<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A write that finds the socket full waits on a registration of its
+    /// own; more than a socket buffer holds then goes through whole and in
+    /// order while the reader lags, and the reader sees the end after the
+    /// writer's shutdown.
+    #[tokio::test(flavor = "current_thread")]
+    async fn unix_channel_waits_for_room_and_loses_nothing() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_, mut write) = UnixChannel::new(a).unwrap().into_halves();
+        let (mut read, _keep) = UnixChannel::new(b).unwrap().into_halves();
+        let sent: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+
+        // Nobody reads yet: the socket fills, and the next write waits.
+        let mut at = 0;
+        while let Ok(n) =
+            tokio::time::timeout(Duration::from_millis(20), write.write(&sent[at..])).await
+        {
+            at += n.unwrap();
+        }
+        assert!(
+            at > 0 && at < sent.len(),
+            "the socket took {at} bytes before it was full"
+        );
+        assert!(
+            write.waiting.is_some(),
+            "the full socket's write waits on its own registration"
+        );
+
+        let expected = sent.clone();
+        let writer = tokio::spawn(async move {
+            write.write_all(&sent[at..]).await.unwrap();
+            write.shutdown().await.unwrap();
+        });
+        let mut got = Vec::new();
+        let mut chunk = vec![0; 64 * 1024];
+        loop {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            let n = read.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        writer.await.unwrap();
+        assert_eq!(got.len(), expected.len());
+        assert!(got == expected, "the bytes arrive in order");
     }
 }

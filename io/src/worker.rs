@@ -9,7 +9,7 @@
 //! durable before any frame that mentions it leaves the process.
 
 use crate::agent::{self, CancellationToken, ModelRegistry};
-use crate::duplex::Duplex;
+use crate::duplex::{Duplex, UnixChannel};
 use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, WorkerHost};
@@ -86,11 +86,12 @@ pub trait Dial: Clone + Send + Sync + 'static {
 pub struct UnixDial(pub PathBuf);
 
 impl Dial for UnixDial {
-    type Stream = UnixStream;
+    type Stream = UnixChannel;
 
-    async fn dial(&self) -> Result<UnixStream, String> {
+    async fn dial(&self) -> Result<UnixChannel, String> {
         UnixStream::connect(&self.0)
             .await
+            .and_then(UnixChannel::new)
             .map_err(|e| format!("cannot reach the server at {}: {e}", self.0.display()))
     }
 

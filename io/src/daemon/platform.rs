@@ -9,7 +9,7 @@
 //! tasks running the real worker loop, jobs inline), so the loop they drive
 //! is [`super::run`]'s own.
 
-use crate::duplex::Duplex;
+use crate::duplex::{Duplex, UnixChannel, registered};
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
@@ -183,18 +183,6 @@ impl ClientSocket {
     }
 }
 
-/// Registers `socket` with the runtime for `interest` only.
-///
-/// tokio 1.54 deprecates `with_interest` for `register_with_interest`,
-/// which is `unsafe` (its contract: the descriptor stays open and the same
-/// while registered); this workspace forbids unsafe code. The contract holds
-/// here by ownership: the `AsyncFd` owns the socket, which owns its
-/// descriptor.
-fn registered<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
-    #[allow(deprecated)]
-    AsyncFd::with_interest(socket, interest)
-}
-
 /// Reads what is ready on `socket`, without waiting: `Ready(Ok(None))` at
 /// its end.
 ///
@@ -352,9 +340,9 @@ impl Listener<ClientSocket> for NativeClients {
     }
 }
 
-impl Listener<UnixStream> for UnixListener {
-    async fn accept(&mut self) -> io::Result<UnixStream> {
-        Ok(UnixListener::accept(self).await?.0)
+impl Listener<UnixChannel> for UnixListener {
+    async fn accept(&mut self) -> io::Result<UnixChannel> {
+        UnixChannel::new(UnixListener::accept(self).await?.0)
     }
 }
 
@@ -382,7 +370,7 @@ fn keep_alive(stream: &tokio::net::TcpStream) -> rustix::io::Result<()> {
 
 impl Platform for Native {
     type Conn = ClientSocket;
-    type Channel = UnixStream;
+    type Channel = UnixChannel;
     type Clients = NativeClients;
     type Workers = UnixListener;
 
