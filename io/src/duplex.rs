@@ -6,7 +6,7 @@
 //! other stream (a simulated TCP stream, an in-memory pipe) is wrapped in
 //! [`Locked`], which splits it with [`tokio::io::split`] and its lock.
 
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,6 +36,24 @@ pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 pub(crate) fn registered<S: AsRawFd>(socket: S, interest: Interest) -> io::Result<AsyncFd<S>> {
     #[allow(deprecated)]
     AsyncFd::with_interest(socket, interest)
+}
+
+/// One `read`; a short one reports would-block after it (`*got` holds the
+/// count), so tokio clears the readiness: the socket is drained, and the
+/// reader is spared a second `read` that would only find nothing. Data that
+/// arrives meanwhile is a new readiness event, which the clearing keeps.
+pub(crate) fn read_draining(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    got: &mut usize,
+) -> io::Result<usize> {
+    let len = buf.len();
+    let n = rustix::io::read(fd, buf)?;
+    *got = n;
+    if n > 0 && n < len {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(n)
 }
 
 /// A Unix stream registered with the runtime for reading only, as the
@@ -85,12 +103,18 @@ impl AsyncRead for UnixChannel {
         loop {
             let mut guard = ready!(self.socket.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|s| s.get_ref().read(unfilled)) {
+            let mut got = 0;
+            match guard.try_io(|s| read_draining(s.get_ref().as_fd(), unfilled, &mut got)) {
                 Ok(Ok(n)) => {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) => return Poll::Ready(Err(e)),
+                // A short read: the data, and the readiness cleared.
+                Err(_drained) if got > 0 => {
+                    buf.advance(got);
+                    return Poll::Ready(Ok(()));
+                }
                 Err(_would_block) => {}
             }
         }

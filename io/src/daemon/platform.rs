@@ -9,7 +9,7 @@
 //! tasks running the real worker loop, jobs inline), so the loop they drive
 //! is [`super::run`]'s own.
 
-use crate::duplex::{Duplex, UnixChannel, registered};
+use crate::duplex::{Duplex, UnixChannel, read_draining, registered};
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
@@ -140,22 +140,6 @@ const MAX_SLICES: usize = 512;
 thread_local! {
     /// The buffer every client connection reads into (all on the loop's thread).
     static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// One `read`; a short one reports would-block after it (`*got` holds the
-/// count), so tokio clears the readiness: the socket is drained.
-fn read_draining(
-    fd: std::os::fd::BorrowedFd<'_>,
-    buf: &mut [u8],
-    got: &mut usize,
-) -> io::Result<usize> {
-    let len = buf.len();
-    let n = rustix::io::read(fd, buf)?;
-    *got = n;
-    if n > 0 && n < len {
-        return Err(io::ErrorKind::WouldBlock.into());
-    }
-    Ok(n)
 }
 
 impl ClientSocket {
