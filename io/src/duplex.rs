@@ -42,7 +42,7 @@ pub(crate) fn registered<S: AsRawFd>(socket: S, interest: Interest) -> io::Resul
 /// count), so tokio clears the readiness: the socket is drained, and the
 /// reader is spared a second `read` that would only find nothing. Data that
 /// arrives meanwhile is a new readiness event, which the clearing keeps.
-pub(crate) fn read_draining(
+fn read_draining(
     fd: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
     got: &mut usize,
@@ -54,6 +54,33 @@ pub(crate) fn read_draining(
         return Err(io::ErrorKind::WouldBlock.into());
     }
     Ok(n)
+}
+
+/// One read of what is ready on `socket` into `buf`: the count, 0 at its
+/// end. Waits (registering `cx`) while nothing is there; a short read
+/// clears the readiness ([`read_draining`]).
+pub(crate) fn poll_read_ready_into<S: AsRawFd + AsFd>(
+    socket: &AsyncFd<S>,
+    cx: &mut Context<'_>,
+    buf: &mut [u8],
+) -> Poll<io::Result<usize>> {
+    loop {
+        let mut guard = ready!(socket.poll_read_ready(cx))?;
+        let mut got = 0;
+        match guard.try_io(|s| read_draining(s.get_ref().as_fd(), buf, &mut got)) {
+            Ok(read) => return Poll::Ready(read),
+            // A short read: the data, and the readiness cleared.
+            Err(_drained) if got > 0 => return Poll::Ready(Ok(got)),
+            // Nothing read cleared the readiness: polled again, it registers the waker.
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// A registration for writing of a duplicate of `fd`, to wait on while a
+/// socket registered for reading only is full; it lives only while it waits.
+pub(crate) fn write_watch(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
+    registered(fd.try_clone_to_owned()?, Interest::WRITABLE)
 }
 
 /// A Unix stream registered with the runtime for reading only, as the
@@ -100,24 +127,13 @@ impl AsyncRead for UnixChannel {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        loop {
-            let mut guard = ready!(self.socket.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            let mut got = 0;
-            match guard.try_io(|s| read_draining(s.get_ref().as_fd(), unfilled, &mut got)) {
-                Ok(Ok(n)) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                // A short read: the data, and the readiness cleared.
-                Err(_drained) if got > 0 => {
-                    buf.advance(got);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(_would_block) => {}
-            }
-        }
+        let n = ready!(poll_read_ready_into(
+            &self.socket,
+            cx,
+            buf.initialize_unfilled()
+        ))?;
+        buf.advance(n);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -137,8 +153,7 @@ impl AsyncWrite for UnixChannel {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Registering reports the state it finds: a socket that
                     // drained meanwhile is ready at once.
-                    let fd = this.socket.get_ref().as_fd().try_clone_to_owned()?;
-                    this.waiting = Some(registered(fd, Interest::WRITABLE)?);
+                    this.waiting = Some(write_watch(this.socket.get_ref().as_fd())?);
                 }
                 done => return Poll::Ready(done),
             }

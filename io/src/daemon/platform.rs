@@ -9,7 +9,7 @@
 //! tasks running the real worker loop, jobs inline), so the loop they drive
 //! is [`super::run`]'s own.
 
-use crate::duplex::{Duplex, UnixChannel, read_draining, registered};
+use crate::duplex::{Duplex, UnixChannel, poll_read_ready_into, registered, write_watch};
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
@@ -17,7 +17,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::{UnixListener, UnixStream};
@@ -156,12 +156,11 @@ impl ClientSocket {
     /// Waits until the socket takes more, on a registration (of a duplicate
     /// descriptor) that lives only while it waits.
     async fn writable(&self) -> io::Result<()> {
-        let fd = match self {
-            Self::Unix(s) => s.get_ref().as_fd().try_clone_to_owned()?,
-            Self::Tcp(s) => s.get_ref().as_fd().try_clone_to_owned()?,
+        let watch = match self {
+            Self::Unix(s) => write_watch(s.get_ref().as_fd())?,
+            Self::Tcp(s) => write_watch(s.get_ref().as_fd())?,
             Self::Web(_) => unreachable!("a WebSocket is written by messages"),
         };
-        let watch = registered(fd, Interest::WRITABLE)?;
         watch.writable().await?.retain_ready();
         Ok(())
     }
@@ -177,32 +176,10 @@ fn poll_read_socket<S: AsRawFd + AsFd>(
     socket: &AsyncFd<S>,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<Option<Vec<u8>>>> {
-    loop {
-        let mut guard = ready!(socket.poll_read_ready(cx))?;
-        let read = READ_SCRATCH.with_borrow_mut(|buf| {
-            buf.resize(READ_CHUNK, 0);
-            let mut got = 0;
-            let result = guard
-                .try_io(|s| read_draining(s.get_ref().as_fd(), buf, &mut got))
-                .unwrap_or_else(|_| Err(io::ErrorKind::WouldBlock.into()));
-            match result {
-                Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => Ok(Some(buf[..n].to_vec())),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
-                    Ok(Some(buf[..got].to_vec()))
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(e),
-            }
-        });
-        // Nothing read cleared the readiness: polled again, it registers the waker.
-        match read {
-            Ok(None) => {}
-            Ok(Some(bytes)) => return Poll::Ready(Ok(Some(bytes))),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(None)),
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
+    READ_SCRATCH.with_borrow_mut(|buf| {
+        buf.resize(READ_CHUNK, 0);
+        poll_read_ready_into(socket, cx, buf).map_ok(|n| (n > 0).then(|| buf[..n].to_vec()))
+    })
 }
 
 impl Conn for ClientSocket {
