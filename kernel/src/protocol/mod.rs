@@ -4,6 +4,7 @@
 pub mod codec;
 pub mod packed;
 pub mod types;
+pub mod v8;
 pub mod worker;
 
 pub use codec::{

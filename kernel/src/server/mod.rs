@@ -23,6 +23,7 @@ mod list;
 mod sessions;
 mod throttle;
 mod timers;
+mod v8;
 
 pub use connection::Stage;
 
@@ -31,6 +32,7 @@ use crate::limits::Limits;
 use crate::protocol::codec::cbor_error;
 use crate::protocol::codec::direct;
 use crate::protocol::codec::spliced::{self, EncodedSnapshot, Spliced};
+use crate::protocol::v8::PROTOCOL_VERSION_V8;
 use crate::protocol::{
     ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
     PackedSnapshot, ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage,
@@ -127,6 +129,7 @@ impl fmt::Debug for Server {
             list_cache,
             models_cbor: _,
             auth_throttle,
+            directory,
         } = self;
         f.debug_struct("Server")
             .field("server_id", &config.server_id)
@@ -150,6 +153,7 @@ impl fmt::Debug for Server {
             .field("steps", steps)
             .field("list_cache", list_cache)
             .field("auth_throttle", auth_throttle)
+            .field("directory", directory)
             .finish()
     }
 }
@@ -379,6 +383,8 @@ pub struct Server {
     models_cbor: Result<Cbor, SchemaError>,
     /// Failed tokens, per remote address.
     auth_throttle: AuthThrottle,
+    /// `pi.session-directory`'s state, while v8 clients subscribe to it.
+    directory: Option<crate::chord::State>,
 }
 
 impl Server {
@@ -422,6 +428,7 @@ impl Server {
             steps: 0,
             list_cache: None,
             models_cbor,
+            directory: None,
         }
     }
 
@@ -637,6 +644,10 @@ impl Server {
             {
                 return;
             }
+            if self.is_v8(id) {
+                self.on_v8_payload(id, &payload);
+                continue;
+            }
             match decode_client_message(&payload, &self.config.limits.cbor) {
                 Ok(message) => self.on_message(id, message),
                 Err(e) => return self.fail_protocol(id, ErrorCode::InvalidRequest, e.to_string()),
@@ -677,6 +688,9 @@ impl Server {
     }
 
     fn on_hello(&mut self, id: ConnId, hello: ClientHello) {
+        if hello.version == PROTOCOL_VERSION_V8 {
+            return self.on_hello_v8(id);
+        }
         if let Some(expected) = &self.config.token {
             let peer = self.conns.get(&id).expect("checked").peer.clone();
             if let Some(wait) = peer
@@ -718,9 +732,31 @@ impl Server {
         }
     }
 
+    /// A v8 hello. v8 carries no token: the Unix socket's permissions are
+    /// its authentication, as pi's server prescribes; a remote listener with
+    /// a token refuses it, since nothing at its transport checked one.
+    fn on_hello_v8(&mut self, id: ConnId) {
+        let remote = self.conns[&id].peer.is_some();
+        if self.config.token.is_some() && remote {
+            let message = "Protocol v8 carries no token; this listener needs one (use protocol v1, or the Unix socket)";
+            return self.fail_protocol(id, ErrorCode::Auth, message.into());
+        }
+        let conn = self.conns.get_mut(&id).expect("checked");
+        conn.v8 = Some(Box::default());
+        conn.stage = Stage::Handshaking;
+        if self.catalog.is_loaded() {
+            self.complete_handshake(id);
+        }
+    }
+
     fn complete_handshake(&mut self, id: ConnId) {
-        let connection_id = self.rng.uuid_v4();
-        let frame = self.hello_frame(&connection_id);
+        let frame = match self.is_v8(id) {
+            true => self.v8_hello_frame(),
+            false => {
+                let connection_id = self.rng.uuid_v4();
+                self.hello_frame(&connection_id)
+            }
+        };
         self.send_encoded(id, frame);
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
@@ -730,6 +766,7 @@ impl Server {
         }
         conn.stage = Stage::Ready;
         self.timers.set(Timer::Handshake(id), None);
+        self.v8_run_deferred(id);
         while let Some(request) = self.conns.get_mut(&id).and_then(|c| c.deferred.pop_front()) {
             if !self.conns.get(&id).is_some_and(Connection::is_ready) {
                 break;
@@ -921,6 +958,9 @@ impl Server {
         if !self.conns.get(&id).is_some_and(Connection::is_ready) {
             return;
         }
+        if self.is_v8(id) {
+            return self.v8_respond(id, &request_id, outcome);
+        }
         let frame = match &outcome {
             // The answers to `detach` and `remove`, which name only the
             // session: written directly.
@@ -1105,10 +1145,11 @@ impl Server {
         if self.shutting_down {
             return;
         }
+        self.v8_publish_directory();
         let ready: Vec<ConnId> = self
             .conns
             .values()
-            .filter(|c| c.is_ready())
+            .filter(|c| c.is_ready() && c.v8.is_none())
             .map(|c| c.id)
             .collect();
         if ready.is_empty() {
@@ -1398,6 +1439,21 @@ impl Server {
             "{}: deferred",
             conn.id
         );
+        if let Some(v8) = &conn.v8 {
+            ensure!(
+                v8.active_len() <= limits.max_requests_in_flight_per_connection,
+                "{}: v8 requests in flight",
+                conn.id
+            );
+            let routed: Vec<&String> = v8.route.iter().map(|r| &r.session_id).collect();
+            let attached: Vec<&String> = conn.attached.iter().collect();
+            ensure_eq!(
+                routed,
+                attached,
+                "{}: a v8 route is its one attachment",
+                conn.id
+            );
+        }
         if conn.stage != Stage::Ready {
             ensure!(
                 conn.attached.is_empty(),
@@ -1544,6 +1600,8 @@ fn metadata_of(snap: &SessionSnapshot) -> SessionMetadata {
 pub(crate) enum Acquire {
     Create,
     Attach,
+    /// A v8 `create`: stored and answered with its summary, not attached.
+    Create8,
 }
 
 #[cfg(test)]

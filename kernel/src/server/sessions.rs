@@ -45,6 +45,16 @@ pub(crate) struct Waiter {
     kind: Acquire,
 }
 
+impl Waiter {
+    pub(crate) fn new(conn: ConnId, request_id: String, kind: Acquire) -> Self {
+        Self {
+            conn,
+            request_id,
+            kind,
+        }
+    }
+}
+
 /// A control operation forwarded to the worker.
 #[derive(Debug, Clone)]
 pub(crate) struct PendingOp {
@@ -65,6 +75,8 @@ pub(crate) struct Live {
     waiters: Vec<Waiter>,
     /// Set for a session being created: the id the runtime must report.
     creating: bool,
+    /// pi's session states, while a v8 client is attached.
+    pub(crate) v8: Option<Box<super::v8::SessionView>>,
     /// Remove requests waiting for the worker to exit.
     removing: Vec<(ConnId, String)>,
     /// Dispose as soon as the worker is ready (shutdown during opening).
@@ -141,6 +153,7 @@ impl Live {
             start: None,
             resends: true,
             snapshot_requested: false,
+            v8: None,
         }
     }
 
@@ -150,7 +163,7 @@ impl Live {
             .map_or(SessionPhase::Idle, |s| s.phase)
     }
 
-    fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         !self.ops.is_empty() || self.runtime_phase() != SessionPhase::Idle
     }
 
@@ -323,7 +336,7 @@ impl LiveSnapshot {
 
     /// The snapshot with its transcript decoded, for debug builds'
     /// comparisons.
-    fn unpacked(&self) -> SessionSnapshot {
+    pub(super) fn unpacked(&self) -> SessionSnapshot {
         let mut snapshot = self.head.clone();
         if let Some(transcript) = &self.transcript {
             snapshot.transcript = transcript.unpack().expect("checked when it arrived");
@@ -457,7 +470,7 @@ impl Server {
         self.open(session_id, Some(spec), vec![waiter]);
     }
 
-    fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
+    pub(super) fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
         let waiter = Waiter {
             conn,
             request_id,
@@ -516,7 +529,7 @@ impl Server {
         }
     }
 
-    fn live_capacity_error(&self) -> Option<ProtocolError> {
+    pub(super) fn live_capacity_error(&self) -> Option<ProtocolError> {
         let max = self.config.limits.max_live_sessions;
         (self.sessions.len() >= max).then(|| {
             ProtocolError::new(
@@ -527,7 +540,12 @@ impl Server {
     }
 
     /// Spawns a worker for the session; the waiters are admitted when it is ready.
-    fn open(&mut self, session_id: String, create: Option<CreateSpec>, waiters: Vec<Waiter>) {
+    pub(super) fn open(
+        &mut self,
+        session_id: String,
+        create: Option<CreateSpec>,
+        waiters: Vec<Waiter>,
+    ) {
         assert!(
             !self.sessions.contains_key(&session_id),
             "{session_id}: already live"
@@ -587,6 +605,9 @@ impl Server {
             request_id,
             kind,
         } = waiter;
+        if self.is_v8(conn) {
+            return self.v8_admit(session_id, conn, request_id, kind);
+        }
         let max = self.config.limits.max_attachments_per_connection;
         let c = self.conns.get_mut(&conn).expect("ready");
         if c.attached.len() >= max && !c.attached.contains(session_id) {
@@ -602,7 +623,7 @@ impl Server {
             .expect("ready")
             .take_revision(session_id, revision);
         let name = match kind {
-            Acquire::Create => "create",
+            Acquire::Create | Acquire::Create8 => "create",
             Acquire::Attach => "attach",
         };
         self.respond_with_session(conn, request_id, name, session_id, true);
@@ -627,7 +648,7 @@ impl Server {
     }
 
     /// Removes one attachment. Returns whether there was one.
-    fn detach(&mut self, conn: ConnId, session_id: &str) -> bool {
+    pub(super) fn detach(&mut self, conn: ConnId, session_id: &str) -> bool {
         let Some(c) = self.conns.get_mut(&conn) else {
             return false;
         };
@@ -637,6 +658,7 @@ impl Server {
         if let Some(live) = self.sessions.get_mut(session_id) {
             live.attached.remove(&conn);
         }
+        self.v8_release(conn, true);
         true
     }
 
@@ -653,7 +675,7 @@ impl Server {
         }
     }
 
-    fn on_remove(&mut self, conn: ConnId, request_id: String, session_id: String) {
+    pub(super) fn on_remove(&mut self, conn: ConnId, request_id: String, session_id: String) {
         let stored = self.catalog.contains(&session_id);
         if self.removals.contains_key(&session_id)
             || (!stored && !self.sessions.contains_key(&session_id))
@@ -730,7 +752,7 @@ impl Server {
             let ready: Vec<ConnId> = self
                 .conns
                 .values()
-                .filter(|c| c.is_ready())
+                .filter(|c| c.is_ready() && c.v8.is_none())
                 .map(|c| c.id)
                 .collect();
             for &c in &ready {
@@ -771,23 +793,46 @@ impl Server {
                 not_live(&session_id),
             );
         }
+        let name = operation.name();
+        self.start_op(conn, &request_id, &session_id, name, operation);
+    }
+
+    /// Sends an operation to a ready session's worker, to be answered to
+    /// `request_id` under `name` when it ends. An operation with no request
+    /// id (a v8 prompt, answered at once) is not counted in flight.
+    pub(super) fn start_op(
+        &mut self,
+        conn: ConnId,
+        request_id: &str,
+        session_id: &str,
+        name: &'static str,
+        operation: Operation,
+    ) -> OpId {
         let op = self.fresh_op_id();
-        self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-        let live = self.sessions.get_mut(&session_id).expect("ready");
+        if !request_id.is_empty() {
+            self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+        }
+        let live = self.sessions.get_mut(session_id).expect("ready");
+        assert_eq!(
+            live.phase,
+            Phase::Ready,
+            "{session_id}: an operation while not ready"
+        );
         live.ops.insert(
             op,
             PendingOp {
                 conn,
-                request_id,
-                name: operation.name(),
+                request_id: request_id.to_string(),
+                name,
             },
         );
         let worker = live.worker.id();
-        self.step_worker(&session_id, WorkerInput::Busy(true));
+        self.step_worker(session_id, WorkerInput::Busy(true));
         self.out.push(Output::ToWorker {
             worker,
             message: ToWorker::Operation { op, operation },
         });
+        op
     }
 
     // ---- worker events -----------------------------------------------------
@@ -869,7 +914,16 @@ impl Server {
             FromWorker::Progress { progress } => {
                 let live = &self.sessions[&session_id];
                 if live.phase == Phase::Ready {
-                    let to: Vec<ConnId> = live.attached.iter().copied().collect();
+                    if live.v8.is_some() {
+                        self.v8_on_progress(&session_id, &progress);
+                    }
+                    let live = &self.sessions[&session_id];
+                    let to: Vec<ConnId> = live
+                        .attached
+                        .iter()
+                        .copied()
+                        .filter(|c| self.conns[c].v8.is_none())
+                        .collect();
                     if !to.is_empty() {
                         let frame = self.progress_frame(&session_id, &progress);
                         self.broadcast_frame(&to, frame);
@@ -1012,7 +1066,36 @@ impl Server {
         let Some(pending) = live.ops.remove(&op) else {
             return;
         };
-        self.finish_pending(pending.conn);
+        if !pending.request_id.is_empty() {
+            self.finish_pending(pending.conn);
+        }
+        if pending.name.starts_with("v8.") {
+            let outcome = match outcome {
+                Ok(snapshot) => {
+                    self.update_snapshot(session_id, snapshot);
+                    let snapshot = self.sessions[session_id].snapshot.as_ref().expect("ready");
+                    Ok(snapshot.unpacked())
+                }
+                Err(e) => Err(e),
+            };
+            let (conn, name) = (pending.conn, pending.name);
+            let outcome = outcome.as_ref().map_err(Clone::clone);
+            self.v8_op_done(session_id, conn, &pending.request_id, name, op, outcome);
+        } else {
+            self.answer_op(session_id, pending, outcome);
+        }
+        self.broadcast_session(session_id);
+        self.refresh_busy(session_id);
+        self.maybe_dispose(session_id);
+    }
+
+    /// Answers a v1 operation's request with the session as it stands.
+    fn answer_op(
+        &mut self,
+        session_id: &str,
+        pending: PendingOp,
+        outcome: Result<PackedSnapshot, ProtocolError>,
+    ) {
         match outcome {
             Ok(snapshot) => {
                 // Attaches waiting for the transcript are admitted first
@@ -1032,9 +1115,6 @@ impl Server {
             }
             Err(error) => self.respond(pending.conn, pending.request_id, Err(error)),
         }
-        self.broadcast_session(session_id);
-        self.refresh_busy(session_id);
-        self.maybe_dispose(session_id);
     }
 
     /// Sends the current snapshot to every attached connection that has not seen it.
@@ -1045,13 +1125,17 @@ impl Server {
         if live.phase != Phase::Ready {
             return;
         }
+        if live.v8.is_some() {
+            self.v8_on_snapshot(session_id);
+        }
+        let live = &self.sessions[session_id];
         let snapshot = live.snapshot.as_ref().expect("ready");
         let revision = snapshot.revision;
         let to: Vec<ConnId> = live
             .attached
             .iter()
             .copied()
-            .filter(|c| self.conns[c].is_news(session_id, revision))
+            .filter(|c| self.conns[c].v8.is_none() && self.conns[c].is_news(session_id, revision))
             .collect();
         if to.is_empty() {
             return;
@@ -1166,9 +1250,10 @@ impl Server {
 
     /// Forgets a live session and every timer of it.
     fn remove_live(&mut self, session_id: &str) -> Live {
-        let live = self.sessions.remove(session_id).expect("live");
+        let mut live = self.sessions.remove(session_id).expect("live");
         self.timers.set(Timer::Worker(session_id.to_owned()), None);
         self.timers.set(Timer::Hold(session_id.to_owned()), None);
+        self.v8_session_gone(live.v8.take());
         live
     }
 
@@ -1234,7 +1319,10 @@ impl Server {
         live.phase = Phase::Terminal;
         let waiters = std::mem::take(&mut live.waiters);
         let removing = std::mem::take(&mut live.removing);
-        let attached: Vec<ConnId> = live.attached.iter().copied().collect();
+        let (v8, attached): (Vec<ConnId>, Vec<ConnId>) = live
+            .attached
+            .iter()
+            .partition(|c| self.conns[c].v8.is_some());
         for conn in attached {
             self.close(conn, CloseReason::RuntimeError);
         }
@@ -1252,6 +1340,11 @@ impl Server {
             error
         };
         self.fail_ops(session_id, masked);
+        // pi's worker-exit order for v8 clients: their calls fail, then
+        // they hear that the route is gone; the connection stays.
+        for conn in v8 {
+            self.detach(conn, session_id);
+        }
         if self.step_worker(session_id, WorkerInput::Retire) == Some(WorkerOutput::SendDispose) {
             let worker = self.sessions[session_id].worker.id();
             self.out.push(Output::ToWorker {
@@ -1264,9 +1357,23 @@ impl Server {
     fn fail_ops(&mut self, session_id: &str, error: ProtocolError) {
         let live = self.sessions.get_mut(session_id).expect("live");
         let ops = std::mem::take(&mut live.ops);
-        for pending in ops.into_values() {
-            self.finish_pending(pending.conn);
-            self.respond(pending.conn, pending.request_id, Err(error.clone()));
+        for (op, pending) in ops {
+            if !pending.request_id.is_empty() {
+                self.finish_pending(pending.conn);
+            }
+            if pending.name.starts_with("v8.") {
+                let (conn, name) = (pending.conn, pending.name);
+                self.v8_op_done(
+                    session_id,
+                    conn,
+                    &pending.request_id,
+                    name,
+                    op,
+                    Err(error.clone()),
+                );
+            } else {
+                self.respond(pending.conn, pending.request_id, Err(error.clone()));
+            }
         }
     }
 

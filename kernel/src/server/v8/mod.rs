@@ -1,0 +1,1238 @@
+//! Protocol v8 connections: routing, attachments, and pi's chord services.
+//!
+//! A connection whose hello says version 8 speaks v8 for the rest of its
+//! life. It has at most one attachment (a route `{sessionId,
+//! attachmentId}`, a fresh id each time), announced by an `attachment`
+//! envelope before the call that made it answers. Requests are routed by
+//! target: the server's services (`pi.session-directory`,
+//! `pi.session-management`, `pi.presentation-plugins`), or the attached
+//! session's (`pi.agent-controller`, `pi.session-plugins`, `pi.models`,
+//! `pi.transcript`); a session target that is not the current route is
+//! `session_not_attached`, which fences frames sent under an older one.
+//!
+//! The sessions are the ones v1 clients see, through the same registry:
+//! attaching opens the session's worker as a v1 `attach` does, and a prompt
+//! is the same worker operation. What differs is only what goes out: a v8
+//! subscriber of a session's transcript gets the ops that changed it
+//! ([`view`]), encoded per subscription ([`chord::wire::Encoder`]), never
+//! the transcript again.
+
+mod view;
+
+use super::connection::Connection;
+use super::sessions::Waiter;
+use super::{Acquire, Server};
+use crate::chord::call::{CallError, Control, Mode, ServiceCall};
+use crate::chord::ops::Op;
+use crate::chord::wire::Encoder;
+use crate::chord::{self, Member, State};
+use crate::ids::{ConnId, OpId};
+use crate::protocol::v8::{self as proto, ClientMessage, ServerMessage, Target};
+use crate::protocol::{
+    CommandResult, ErrorCode, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel,
+    TranscriptItem, TranscriptProgress,
+};
+use crate::server::Frame;
+use crate::wire::Value;
+use crate::wire::frame::encode_frame;
+use crate::worker::{CreateSpec, Operation};
+use std::collections::{BTreeMap, VecDeque};
+
+/// pi's services, by the scope that provides them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Svc {
+    Directory,
+    Management,
+    Presentation,
+    Agent,
+    SessionPlugins,
+    Models,
+    Transcript,
+}
+
+/// The server scope's catalogue, in pi's order.
+const SERVER_SERVICES: [Svc; 3] = [Svc::Directory, Svc::Management, Svc::Presentation];
+/// A session's catalogue.
+const SESSION_SERVICES: [Svc; 4] = [
+    Svc::Agent,
+    Svc::SessionPlugins,
+    Svc::Models,
+    Svc::Transcript,
+];
+
+impl Svc {
+    fn id(self) -> &'static str {
+        match self {
+            Self::Directory => "pi.session-directory",
+            Self::Management => "pi.session-management",
+            Self::Presentation => "pi.presentation-plugins",
+            Self::Agent => "pi.agent-controller",
+            Self::SessionPlugins => "pi.session-plugins",
+            Self::Models => "pi.models",
+            Self::Transcript => "pi.transcript",
+        }
+    }
+
+    fn methods(self) -> &'static [&'static str] {
+        match self {
+            Self::Directory | Self::Transcript => &[],
+            Self::Management => &["attach", "create", "detach", "remove"],
+            Self::Presentation => &["prepareSession", "reload"],
+            Self::Agent => &[
+                "abort",
+                "cancelQueued",
+                "compact",
+                "followUp",
+                "prompt",
+                "steer",
+                "waitForPrompt",
+            ],
+            Self::SessionPlugins => &["reload"],
+            Self::Models => &[
+                "cycleThinking",
+                "getThinkingLevels",
+                "refresh",
+                "select",
+                "selectThinking",
+            ],
+        }
+    }
+
+    fn has_state(self) -> bool {
+        matches!(self, Self::Directory | Self::Models | Self::Transcript)
+    }
+
+    fn find(scope: &[Svc], id: &str) -> Option<Svc> {
+        scope.iter().copied().find(|s| s.id() == id)
+    }
+
+    fn catalogue(scope: &[Svc]) -> Value {
+        let entries: Vec<(&str, Mode)> = scope.iter().map(|s| (s.id(), Mode::Singleton)).collect();
+        chord::catalogue(&entries)
+    }
+}
+
+/// A v8 connection's route: the session it is attached to, under which id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) session_id: String,
+    pub(crate) attachment_id: String,
+}
+
+/// One subscription of a client: a service, the attachment it was made
+/// under (session services), and the encoder of its one state stream.
+#[derive(Debug, Clone)]
+struct Sub {
+    svc: Svc,
+    attachment: Option<String>,
+    encoder: Encoder,
+}
+
+/// What a v8 connection adds to [`Connection`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct V8Conn {
+    pub(crate) route: Option<Route>,
+    /// Requests not answered yet, with their target (a cancel must name it).
+    active: BTreeMap<String, Target>,
+    subs: BTreeMap<String, Sub>,
+    /// Requests that arrived before the server hello went out.
+    deferred: VecDeque<(String, Target, Value)>,
+    /// `prepareSession` was called on this connection (`reload` needs it).
+    prepared: bool,
+}
+
+impl V8Conn {
+    pub(crate) fn active_len(&self) -> usize {
+        self.active.len()
+    }
+}
+
+/// A prompt's end, as `waitForPrompt` tells it.
+#[derive(Debug, Clone, PartialEq)]
+enum PromptEnd {
+    Done(String),
+    Unanswered(String),
+}
+
+/// A `waitForPrompt` waiting for its prompt's end.
+#[derive(Debug, Clone)]
+struct PromptWait {
+    conn: ConnId,
+    request_id: String,
+    op: u64,
+}
+
+/// pi's session-scope states of one live session, kept while v8 clients
+/// are attached to it.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionView {
+    transcript: State,
+    models: State,
+    /// Entries in the view (the finished prefix of the transcript).
+    finished: usize,
+    /// Items after it: a streaming reply and running tools.
+    streaming: Vec<TranscriptItem>,
+    /// Prompts started through `pi.agent-controller`, by operation id:
+    /// `None` while they run. The newest [`KEPT_PROMPTS`] ended ones are kept.
+    prompts: BTreeMap<u64, Option<PromptEnd>>,
+    waits: Vec<PromptWait>,
+}
+
+/// How many ended prompts a session remembers for `waitForPrompt`.
+const KEPT_PROMPTS: usize = 64;
+
+/// How a v1 error reads on a v8 connection: `not_found` is pi's
+/// `session_not_found`; every other code keeps its name and message.
+fn call_error(error: &ProtocolError) -> CallError {
+    let code = match error.code {
+        ErrorCode::NotFound => "session_not_found",
+        code => code.as_str(),
+    };
+    CallError::new(code, error.message.clone())
+}
+
+fn object(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+fn in_band_error(code: &str, message: &str) -> Value {
+    object(vec![
+        ("code", Value::text(code)),
+        ("message", Value::text(message)),
+    ])
+}
+
+/// `AgentOperationResponse` / `AgentQueueResponse`: `key` is `operationId` or `entryId`.
+fn accepted(key: &str, id: Option<u64>, error: Option<(&str, &str)>) -> Value {
+    object(vec![
+        ("accepted", Value::Bool(id.is_some())),
+        (
+            key,
+            id.map_or(Value::Null, |id| Value::text(id.to_string())),
+        ),
+        (
+            "error",
+            error.map_or(Value::Null, |(c, m)| in_band_error(c, m)),
+        ),
+    ])
+}
+
+/// pi's session id rule: `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`.
+fn is_session_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// The text of an `AgentPromptRequest` (`{message, images}`).
+fn prompt_text(args: &[Value]) -> Option<String> {
+    let [request] = args else {
+        return None;
+    };
+    match request.get("message") {
+        Some(Value::Text(text)) if !text.is_empty() => Some(text.clone()),
+        _ => None,
+    }
+}
+
+impl SessionView {
+    fn new(snapshot: &SessionSnapshot, models: &[crate::protocol::ModelMetadata]) -> Self {
+        let finished = view::finished_prefix(&snapshot.transcript);
+        Self {
+            transcript: State::new(view::conversation_view(snapshot)),
+            models: State::new(view::models_state(snapshot, models)),
+            finished,
+            streaming: snapshot.transcript[finished..].to_vec(),
+            prompts: BTreeMap::new(),
+            waits: Vec::new(),
+        }
+    }
+
+    fn state(&self, svc: Svc) -> Option<&State> {
+        match svc {
+            Svc::Transcript => Some(&self.transcript),
+            Svc::Models => Some(&self.models),
+            _ => None,
+        }
+    }
+
+    /// A progress event: the ops on the transcript it makes, if any.
+    fn advance(&mut self, progress: &TranscriptProgress) -> Option<Vec<Op>> {
+        if !view::advance(&mut self.streaming, progress) {
+            return None;
+        }
+        let mut ops = Vec::new();
+        let done = view::finished_prefix(&self.streaming);
+        if done > 0 {
+            let entries: Vec<Value> = self
+                .streaming
+                .drain(..done)
+                .enumerate()
+                .map(|(i, item)| view::entry(self.finished + i, &item))
+                .collect();
+            ops.push(Op::Splice(
+                crate::chord_path!["entries"],
+                self.finished,
+                0,
+                entries.clone(),
+            ));
+            self.finished += entries.len();
+        }
+        let live = view::live_doc(true, &self.streaming);
+        let old = self
+            .transcript
+            .value()
+            .get("docs")
+            .and_then(|d| d.get("pi.live"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        chord::ops::diff(
+            &old,
+            &live,
+            &mut crate::chord_path!["docs", "pi.live"],
+            &mut ops,
+        );
+        if ops.is_empty() {
+            return None;
+        }
+        match self.transcript.apply(&ops) {
+            Ok(()) => Some(ops),
+            Err(_) => None, // the next snapshot sets it right
+        }
+    }
+
+    fn remember(&mut self, op: u64, end: PromptEnd) {
+        self.prompts.insert(op, Some(end));
+        while self.prompts.values().filter(|p| p.is_some()).count() > KEPT_PROMPTS {
+            let oldest = self
+                .prompts
+                .iter()
+                .find(|(_, p)| p.is_some())
+                .map(|(k, _)| *k)
+                .expect("counted");
+            self.prompts.remove(&oldest);
+        }
+    }
+}
+
+impl Server {
+    fn v8(&self, conn: ConnId) -> Option<&V8Conn> {
+        self.conns.get(&conn)?.v8.as_deref()
+    }
+
+    fn v8_mut(&mut self, conn: ConnId) -> Option<&mut V8Conn> {
+        self.conns.get_mut(&conn)?.v8.as_deref_mut()
+    }
+
+    /// Whether `conn` speaks v8.
+    pub(super) fn is_v8(&self, conn: ConnId) -> bool {
+        self.v8(conn).is_some()
+    }
+
+    /// The server hello of a v8 connection.
+    pub(super) fn v8_hello_frame(&self) -> Result<Frame, String> {
+        let hello = ServerMessage::Hello {
+            server_id: self.config.server_id.clone(),
+        };
+        self.v8_frame(&hello.to_value())
+    }
+
+    fn v8_frame(&self, message: &Value) -> Result<Frame, String> {
+        let payload = proto::encode(message, &self.config.limits.cbor)?;
+        let frame =
+            encode_frame(&payload, self.config.limits.max_frame_len).map_err(|e| e.to_string())?;
+        Ok(Frame::from(frame))
+    }
+
+    fn v8_send(&mut self, conn: ConnId, message: &ServerMessage) {
+        let frame = self.v8_frame(&message.to_value());
+        self.send_encoded(conn, frame);
+    }
+
+    /// One frame of a v8 connection after its hello.
+    pub(super) fn on_v8_payload(&mut self, conn: ConnId, payload: &[u8]) {
+        let message = match proto::decode_client_message(payload, &self.config.limits.cbor) {
+            Ok(message) => message,
+            Err(e) => return self.v8_fail(conn, e),
+        };
+        let ready = self.conns[&conn].is_ready();
+        match message {
+            ClientMessage::Hello => {
+                self.v8_fail(conn, "hello may only be sent as the first message".into())
+            }
+            ClientMessage::Request { id, target, call } if ready => {
+                self.on_v8_request(conn, id, target, call)
+            }
+            ClientMessage::Request { id, target, call } => {
+                let max = self.config.limits.max_deferred_requests;
+                let v8 = self.v8_mut(conn).expect("v8");
+                if v8.deferred.len() >= max {
+                    let message =
+                        format!("More than {max} requests sent before the handshake completed");
+                    return self.v8_fail(conn, message);
+                }
+                v8.deferred.push_back((id, target, call));
+            }
+            ClientMessage::Cancel { id, target } => self.on_v8_cancel(conn, id, target),
+        }
+    }
+
+    /// A broken envelope ends the connection, as a v1 one does.
+    fn v8_fail(&mut self, conn: ConnId, message: String) {
+        self.fail_protocol(conn, ErrorCode::InvalidRequest, message);
+    }
+
+    /// Runs the requests that waited for the handshake.
+    pub(super) fn v8_run_deferred(&mut self, conn: ConnId) {
+        while let Some((id, target, call)) =
+            self.v8_mut(conn).and_then(|v8| v8.deferred.pop_front())
+        {
+            if !self.conns.get(&conn).is_some_and(Connection::is_ready) {
+                break;
+            }
+            self.on_v8_request(conn, id, target, call);
+        }
+    }
+
+    /// Answers a request that is still active (one cancelled meanwhile is not answered twice).
+    fn v8_reply(&mut self, conn: ConnId, id: &str, result: Result<Option<Value>, CallError>) {
+        let Some(v8) = self.v8_mut(conn) else {
+            return;
+        };
+        if v8.active.remove(id).is_none() {
+            return;
+        }
+        let message = match result {
+            Ok(result) => ServerMessage::Ok {
+                id: id.to_string(),
+                result,
+            },
+            Err(error) => ServerMessage::Err {
+                id: id.to_string(),
+                error,
+            },
+        };
+        self.v8_send(conn, &message);
+    }
+
+    fn on_v8_request(&mut self, conn: ConnId, id: String, target: Target, call: Value) {
+        let limit = self.config.limits.max_requests_in_flight_per_connection;
+        let c = self.conns.get_mut(&conn).expect("ready");
+        let v8 = c.v8.as_deref_mut().expect("v8");
+        if v8.active.contains_key(&id) {
+            let error = CallError::invalid("Request ID is already active");
+            return self.v8_send(conn, &ServerMessage::Err { id, error });
+        }
+        if v8.active.len() >= limit {
+            let error = CallError::invalid(format!(
+                "More than {limit} requests in flight on this connection"
+            ));
+            return self.v8_send(conn, &ServerMessage::Err { id, error });
+        }
+        v8.active.insert(id.clone(), target.clone());
+        if target.server_id() != self.config.server_id {
+            let error = CallError::new("wrong_server", "Request was addressed to another server");
+            return self.v8_reply(conn, &id, Err(error));
+        }
+        let Some(call) = ServiceCall::parse(&call) else {
+            return self.v8_reply(conn, &id, Err(CallError::invalid("Invalid service call")));
+        };
+        match target {
+            Target::Server { .. } => self.on_server_call(conn, id, call),
+            Target::Session {
+                session_id,
+                attachment_id,
+                ..
+            } => {
+                let route = Route {
+                    session_id,
+                    attachment_id,
+                };
+                if self.v8(conn).and_then(|v| v.route.as_ref()) != Some(&route) {
+                    let error = CallError::new(
+                        "session_not_attached",
+                        "Session is not attached to this client",
+                    );
+                    return self.v8_reply(conn, &id, Err(error));
+                }
+                self.on_session_call(conn, id, route, call)
+            }
+        }
+    }
+
+    /// `cancel{id, target}`: answers the request `cancelled` when both match.
+    fn on_v8_cancel(&mut self, conn: ConnId, id: String, target: Target) {
+        if target.server_id() != self.config.server_id
+            || self.v8(conn).and_then(|v| v.active.get(&id)) != Some(&target)
+        {
+            return;
+        }
+        let error = CallError::new("cancelled", "RPC request cancelled");
+        self.v8_reply(conn, &id, Err(error));
+    }
+
+    /// Checks the call against its service's shape: a control call, or a
+    /// method of a known service in this scope.
+    fn resolve_call(&self, scope: &[Svc], call: &ServiceCall) -> Result<Option<Svc>, CallError> {
+        if Control::of(call).is_some() {
+            return Ok(None);
+        }
+        let Some(svc) = Svc::find(scope, &call.service_id) else {
+            return Err(CallError::not_allowed(&call.service_id));
+        };
+        if call.instance.is_some() {
+            return Err(CallError::mode_mismatch(
+                svc.id(),
+                Mode::Singleton,
+                Mode::Keyed,
+            ));
+        }
+        if svc.methods().contains(&call.member.as_str()) {
+            Ok(Some(svc))
+        } else if svc.has_state() && call.member == "state" {
+            Err(CallError::member_mismatch(svc.id(), &call.member))
+        } else {
+            Err(CallError::member_not_found(svc.id(), &call.member))
+        }
+    }
+
+    /// A `$chord.service` call in a scope.
+    fn on_control(
+        &mut self,
+        conn: ConnId,
+        id: String,
+        scope: &[Svc],
+        route: Option<&Route>,
+        call: &ServiceCall,
+    ) {
+        let result = match Control::of(call).expect("a control call") {
+            Control::Catalogue => Ok(Some(Svc::catalogue(scope))),
+            Control::Subscribe {
+                subscription_id,
+                service_id,
+                mode,
+            } => self.subscribe(conn, scope, route, subscription_id, &service_id, mode),
+            Control::Unsubscribe { subscription_id } => {
+                match self
+                    .v8_mut(conn)
+                    .and_then(|v| v.subs.remove(&subscription_id))
+                {
+                    Some(_) => Ok(None),
+                    None => Err(CallError::internal()),
+                }
+            }
+        };
+        self.v8_reply(conn, &id, result);
+    }
+
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        scope: &[Svc],
+        route: Option<&Route>,
+        subscription_id: String,
+        service_id: &str,
+        mode: Mode,
+    ) -> Result<Option<Value>, CallError> {
+        let Some(svc) = Svc::find(scope, service_id) else {
+            return Err(CallError::not_allowed(service_id));
+        };
+        if mode != Mode::Singleton {
+            return Err(CallError::mode_mismatch(svc.id(), Mode::Singleton, mode));
+        }
+        if self
+            .v8(conn)
+            .is_some_and(|v| v.subs.contains_key(&subscription_id))
+        {
+            return Err(CallError::invalid(format!(
+                "Duplicate service subscription {subscription_id}"
+            )));
+        }
+        if svc == Svc::Directory {
+            // Existing subscribers first, then (when there are none) the
+            // state that may have gone stale while nobody subscribed.
+            self.v8_publish_directory();
+            self.refresh_directory(&[]);
+        }
+        let snapshot = {
+            let state = match (svc, route) {
+                (Svc::Directory, _) => self.directory.as_ref(),
+                (_, Some(route)) => self
+                    .sessions
+                    .get(&route.session_id)
+                    .and_then(|l| l.v8.as_deref())
+                    .and_then(|v| v.state(svc)),
+                (_, None) => None,
+            };
+            if svc.has_state() && state.is_none() {
+                return Err(CallError::no_provider(svc.id()));
+            }
+            let mut members: Vec<Member<'_>> =
+                svc.methods().iter().map(|m| Member::Method(m)).collect();
+            if let Some(state) = state {
+                members.push(Member::State("state", state));
+            }
+            chord::singleton_snapshot(svc.id(), &members)
+        };
+        let sub = Sub {
+            svc,
+            attachment: route.map(|r| r.attachment_id.clone()),
+            encoder: Encoder::new(),
+        };
+        self.v8_mut(conn)
+            .expect("v8")
+            .subs
+            .insert(subscription_id, sub);
+        Ok(Some(snapshot))
+    }
+
+    // ---- the server scope ----------------------------------------------
+
+    fn on_server_call(&mut self, conn: ConnId, id: String, call: ServiceCall) {
+        let svc = match self.resolve_call(&SERVER_SERVICES, &call) {
+            Ok(None) => return self.on_control(conn, id, &SERVER_SERVICES, None, &call),
+            Ok(Some(svc)) => svc,
+            Err(error) => return self.v8_reply(conn, &id, Err(error)),
+        };
+        let args = call.args.as_slice();
+        match (svc, call.member.as_str()) {
+            (Svc::Management, "create") => self.v8_create(conn, id, args),
+            (Svc::Management, "attach") => match args {
+                [Value::Text(session_id), ..] if !session_id.is_empty() => {
+                    self.v8_attach(conn, id, session_id.clone())
+                }
+                _ => self.v8_reply(conn, &id, Err(invalid_args(&call, "a session id"))),
+            },
+            (Svc::Management, "detach") => {
+                if let Some(route) = self.v8(conn).and_then(|v| v.route.clone()) {
+                    self.detach(conn, &route.session_id);
+                    self.maybe_dispose(&route.session_id);
+                }
+                self.v8_reply(conn, &id, Ok(None));
+            }
+            (Svc::Management, "remove") => match args {
+                // The v1 path, answered through `respond` (see `v8_respond`).
+                [Value::Text(session_id), ..] if !session_id.is_empty() => {
+                    self.on_remove(conn, id, session_id.clone())
+                }
+                _ => self.v8_reply(conn, &id, Err(invalid_args(&call, "a session id"))),
+            },
+            (Svc::Presentation, "prepareSession") => {
+                let selection = args.first().and_then(|a| a.get("packagePaths"));
+                match selection {
+                    Some(Value::Null) | None => {
+                        self.v8_mut(conn).expect("v8").prepared = true;
+                        self.v8_reply(conn, &id, Ok(Some(no_bundles())))
+                    }
+                    Some(Value::Array(paths)) if paths.is_empty() => {
+                        self.v8_mut(conn).expect("v8").prepared = true;
+                        self.v8_reply(conn, &id, Ok(Some(no_bundles())))
+                    }
+                    Some(_) => {
+                        let error = CallError::new(
+                            "service_invalid_value",
+                            "This server does not load plugin packages",
+                        );
+                        self.v8_reply(conn, &id, Err(error))
+                    }
+                }
+            }
+            (Svc::Presentation, "reload") => {
+                let result = match self.v8(conn).is_some_and(|v| v.prepared) {
+                    true => Ok(Some(no_bundles())),
+                    false => Err(CallError::internal()),
+                };
+                self.v8_reply(conn, &id, result)
+            }
+            _ => unreachable!("resolve_call admits only these members"),
+        }
+    }
+
+    /// `create([{id?}])`: a new stored session, not attached.
+    fn v8_create(&mut self, conn: ConnId, id: String, args: &[Value]) {
+        let requested = match args.first() {
+            None | Some(Value::Null) => None,
+            Some(Value::Map(_)) => match args[0].get("id") {
+                None | Some(Value::Null) => None,
+                Some(Value::Text(s)) if is_session_id(s) => Some(s.clone()),
+                Some(_) => return self.v8_reply(conn, &id, Err(CallError::internal())),
+            },
+            Some(_) => {
+                let error =
+                    CallError::invalid_value(Svc::Management.id(), "create", "expected {id?}");
+                return self.v8_reply(conn, &id, Err(error));
+            }
+        };
+        if let Some(error) = self.live_capacity_error() {
+            return self.v8_reply(conn, &id, Err(call_error(&error)));
+        }
+        let taken = |server: &Server, s: &str| {
+            server.sessions.contains_key(s)
+                || server.catalog.contains(s)
+                || server.removals.contains_key(s)
+        };
+        let session_id = match requested {
+            Some(s) if taken(self, &s) => {
+                return self.v8_reply(conn, &id, Err(CallError::internal()));
+            }
+            Some(s) => s,
+            None => loop {
+                let s = self.rng.uuid_v4();
+                if !taken(self, &s) {
+                    break s;
+                }
+            },
+        };
+        let spec = CreateSpec {
+            cwd: None,
+            name: None,
+            model: None,
+            thinking_level: None,
+        };
+        // A waiter counts in flight until it is admitted, as v1's do.
+        self.conns.get_mut(&conn).expect("ready").in_flight += 1;
+        let waiter = Waiter::new(conn, id, Acquire::Create8);
+        self.open(session_id, Some(spec), vec![waiter]);
+    }
+
+    /// `attach([sessionId])`: releases the current attachment (silently) and
+    /// attaches through the v1 path, which opens the worker; the answer goes
+    /// through [`Self::v8_admit`].
+    fn v8_attach(&mut self, conn: ConnId, id: String, session_id: String) {
+        let route = self.v8(conn).and_then(|v| v.route.clone());
+        if route.as_ref().is_some_and(|r| r.session_id == session_id) {
+            return self.v8_reply(conn, &id, Ok(None));
+        }
+        if let Some(route) = route {
+            self.v8_release(conn, false);
+            self.detach(conn, &route.session_id);
+            self.maybe_dispose(&route.session_id);
+        }
+        self.on_attach(conn, id, session_id);
+    }
+
+    /// A v8 acquire is ready: for an attach, the new route (announced before
+    /// the answer); for a create, the session's summary.
+    pub(super) fn v8_admit(
+        &mut self,
+        session_id: &str,
+        conn: ConnId,
+        request_id: String,
+        kind: Acquire,
+    ) {
+        if kind == Acquire::Create8 {
+            self.v8_publish_directory();
+            let created_at = self.sessions[session_id]
+                .snapshot
+                .as_ref()
+                .map_or(0, |s| s.created_at);
+            let summary = self.summary(session_id, created_at);
+            return self.v8_reply(conn, &request_id, Ok(Some(summary)));
+        }
+        let attachment_id = self.rng.uuid_v4();
+        let c = self.conns.get_mut(&conn).expect("ready");
+        c.attached.insert(session_id.to_string());
+        c.v8.as_deref_mut().expect("v8").route = Some(Route {
+            session_id: session_id.to_string(),
+            attachment_id: attachment_id.clone(),
+        });
+        let models = self.config.models.clone();
+        let live = self.sessions.get_mut(session_id).expect("ready");
+        live.attached.insert(conn);
+        if live.v8.is_none() {
+            let snapshot = live.snapshot.as_ref().expect("ready").unpacked();
+            live.v8 = Some(Box::new(SessionView::new(&snapshot, &models)));
+        }
+        let route = Target::Session {
+            server_id: self.config.server_id.clone(),
+            session_id: session_id.to_string(),
+            attachment_id,
+        };
+        self.v8_send(conn, &ServerMessage::Attachment(Some(route)));
+        self.v8_reply(conn, &request_id, Ok(None));
+    }
+
+    fn summary(&self, session_id: &str, created_at: u64) -> Value {
+        object(vec![
+            ("serverId", Value::text(&self.config.server_id)),
+            ("sessionId", Value::text(session_id)),
+            ("createdAt", Value::Int(created_at as i64)),
+        ])
+    }
+
+    /// The connection's route is gone: its session subscriptions end (no
+    /// update of the old attachment arrives after this), and the client is
+    /// told when `publish`.
+    pub(super) fn v8_release(&mut self, conn: ConnId, publish: bool) {
+        let Some(v8) = self.v8_mut(conn) else {
+            return;
+        };
+        if v8.route.take().is_none() {
+            return;
+        }
+        v8.subs.retain(|_, sub| sub.attachment.is_none());
+        if publish {
+            self.v8_send(conn, &ServerMessage::Attachment(None));
+        }
+    }
+
+    /// A v1-path answer to a v8 request (attach errors, remove).
+    pub(super) fn v8_respond(
+        &mut self,
+        conn: ConnId,
+        request_id: &str,
+        outcome: Result<CommandResult, ProtocolError>,
+    ) {
+        let result = outcome.map(|_| None).map_err(|e| call_error(&e));
+        let Some(v8) = self.v8_mut(conn) else {
+            return;
+        };
+        if v8.active.remove(request_id).is_none() {
+            return;
+        }
+        let message = match result {
+            Ok(result) => ServerMessage::Ok {
+                id: request_id.to_string(),
+                result,
+            },
+            Err(error) => ServerMessage::Err {
+                id: request_id.to_string(),
+                error,
+            },
+        };
+        self.v8_send(conn, &message);
+    }
+
+    // ---- the session scope ---------------------------------------------
+
+    fn on_session_call(&mut self, conn: ConnId, id: String, route: Route, call: ServiceCall) {
+        let svc = match self.resolve_call(&SESSION_SERVICES, &call) {
+            Ok(None) => return self.on_control(conn, id, &SESSION_SERVICES, Some(&route), &call),
+            Ok(Some(svc)) => svc,
+            Err(error) => return self.v8_reply(conn, &id, Err(error)),
+        };
+        let session_id = route.session_id;
+        let Some(live) = self.sessions.get(&session_id) else {
+            return self.v8_reply(conn, &id, Err(CallError::internal()));
+        };
+        let busy = live.is_busy();
+        let snapshot = live.snapshot.as_deref().cloned();
+        let args = call.args.as_slice();
+        match (svc, call.member.as_str()) {
+            (Svc::Agent, "prompt" | "followUp" | "steer") => {
+                let Some(text) = prompt_text(args) else {
+                    let error = invalid_args(&call, "{message, images}");
+                    return self.v8_reply(conn, &id, Err(error));
+                };
+                let key = if call.member == "prompt" {
+                    "operationId"
+                } else {
+                    "entryId"
+                };
+                if !busy {
+                    let op = self.start_op(
+                        conn,
+                        "",
+                        &session_id,
+                        "v8.prompt",
+                        Operation::Prompt { text },
+                    );
+                    let view = self.session_view(&session_id);
+                    view.prompts.insert(op.0, None);
+                    return self.v8_reply(conn, &id, Ok(Some(accepted(key, Some(op.0), None))));
+                }
+                if call.member == "steer" {
+                    self.start_op(
+                        conn,
+                        &id,
+                        &session_id,
+                        "v8.steer",
+                        Operation::Steer { text },
+                    );
+                    return;
+                }
+                let message = match call.member.as_str() {
+                    "prompt" => "The session is running a turn; steer it, or wait",
+                    _ => "Follow-ups are not queued by this server; send it when the turn ends",
+                };
+                let result = accepted(key, None, Some(("busy", message)));
+                self.v8_reply(conn, &id, Ok(Some(result)))
+            }
+            (Svc::Agent, "abort") => match busy {
+                true => {
+                    self.start_op(conn, &id, &session_id, "v8.void", Operation::Abort);
+                }
+                false => self.v8_reply(conn, &id, Ok(None)),
+            },
+            (Svc::Agent, "cancelQueued") => {
+                let outcome = object(vec![("outcome", Value::text("not_found"))]);
+                self.v8_reply(conn, &id, Ok(Some(outcome)))
+            }
+            (Svc::Agent, "compact") => {
+                let result = accepted(
+                    "operationId",
+                    None,
+                    Some((
+                        "unsupported",
+                        "Sessions compact on their own when the context fills",
+                    )),
+                );
+                self.v8_reply(conn, &id, Ok(Some(result)))
+            }
+            (Svc::Agent, "waitForPrompt") => {
+                let op = match args {
+                    [Value::Text(op)] => op.parse::<u64>().ok(),
+                    _ => None,
+                };
+                let view = self.session_view(&session_id);
+                match op.and_then(|op| view.prompts.get(&op).map(|end| (op, end.clone()))) {
+                    Some((_, Some(end))) => self.v8_reply(conn, &id, Ok(Some(prompt_result(&end)))),
+                    Some((op, None)) => view.waits.push(PromptWait {
+                        conn,
+                        request_id: id,
+                        op,
+                    }),
+                    None => self.v8_reply(conn, &id, Err(CallError::internal())),
+                }
+            }
+            (Svc::SessionPlugins, "reload") | (Svc::Models, "refresh") => {
+                self.v8_reply(conn, &id, Ok(None))
+            }
+            (Svc::Models, "getThinkingLevels") => {
+                let levels = self.thinking_levels(snapshot.as_ref().map(|s| &s.model));
+                let levels = levels.iter().map(|l| Value::text(l.as_str())).collect();
+                self.v8_reply(conn, &id, Ok(Some(Value::Array(levels))))
+            }
+            (Svc::Models, "select") => {
+                let model =
+                    args.first()
+                        .and_then(|a| match (a.get("provider"), a.get("modelId")) {
+                            (Some(Value::Text(p)), Some(Value::Text(m))) => Some(ModelRef {
+                                provider: p.clone(),
+                                id: m.clone(),
+                            }),
+                            _ => None,
+                        });
+                match model {
+                    Some(model) => {
+                        self.start_op(
+                            conn,
+                            &id,
+                            &session_id,
+                            "v8.void",
+                            Operation::SetModel { model },
+                        );
+                    }
+                    None => {
+                        self.v8_reply(conn, &id, Err(invalid_args(&call, "{provider, modelId}")))
+                    }
+                }
+            }
+            (Svc::Models, "selectThinking" | "cycleThinking") => {
+                let levels = self.thinking_levels(snapshot.as_ref().map(|s| &s.model));
+                let level = if call.member == "selectThinking" {
+                    match args {
+                        [Value::Text(l)] => ThinkingLevel::parse(l).filter(|l| levels.contains(l)),
+                        _ => None,
+                    }
+                } else {
+                    let current = snapshot
+                        .as_ref()
+                        .map_or(ThinkingLevel::Off, |s| s.thinking_level);
+                    let at = levels.iter().position(|l| *l == current);
+                    let next = at.map_or(0, |i| (i + 1) % levels.len());
+                    levels.get(next).copied()
+                };
+                match level {
+                    Some(level) => {
+                        self.start_op(
+                            conn,
+                            &id,
+                            &session_id,
+                            "v8.void",
+                            Operation::SetThinking { level },
+                        );
+                    }
+                    None => self.v8_reply(conn, &id, Err(CallError::internal())),
+                }
+            }
+            _ => unreachable!("resolve_call admits only these members"),
+        }
+    }
+
+    /// The thinking levels a model offers (`off` alone for one we do not know).
+    fn thinking_levels(&self, model: Option<&ModelRef>) -> Vec<ThinkingLevel> {
+        let levels = model.and_then(|model| {
+            self.config
+                .models
+                .iter()
+                .find(|m| m.provider == model.provider && m.id == model.id)
+                .map(|m| m.supported_thinking_levels.clone())
+        });
+        match levels {
+            Some(levels) if !levels.is_empty() => levels,
+            _ => vec![ThinkingLevel::Off],
+        }
+    }
+
+    fn session_view(&mut self, session_id: &str) -> &mut SessionView {
+        self.sessions
+            .get_mut(session_id)
+            .and_then(|l| l.v8.as_deref_mut())
+            .expect("a v8 client is attached")
+    }
+
+    /// A worker operation of a v8 request ended (`name` says which kind).
+    pub(super) fn v8_op_done(
+        &mut self,
+        session_id: &str,
+        conn: ConnId,
+        request_id: &str,
+        name: &'static str,
+        op: OpId,
+        outcome: Result<&SessionSnapshot, ProtocolError>,
+    ) {
+        match name {
+            "v8.prompt" => {
+                let end = match outcome {
+                    Ok(snapshot) => prompt_end(snapshot),
+                    Err(e) => PromptEnd::Unanswered(e.message),
+                };
+                self.v8_prompt_ended(session_id, op.0, end);
+            }
+            "v8.steer" => {
+                let result = match outcome {
+                    Ok(_) => accepted("entryId", Some(op.0), None),
+                    Err(e) => accepted(
+                        "entryId",
+                        None,
+                        Some((call_error(&e).code.as_str(), &e.message)),
+                    ),
+                };
+                self.v8_reply(conn, request_id, Ok(Some(result)));
+            }
+            _ => {
+                let result = outcome.map(|_| None).map_err(|e| call_error(&e));
+                self.v8_reply(conn, request_id, result);
+            }
+        }
+    }
+
+    fn v8_prompt_ended(&mut self, session_id: &str, op: u64, end: PromptEnd) {
+        let Some(view) = self
+            .sessions
+            .get_mut(session_id)
+            .and_then(|l| l.v8.as_deref_mut())
+        else {
+            return;
+        };
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut view.waits)
+            .into_iter()
+            .partition(|w| w.op == op);
+        view.waits = waiting;
+        view.remember(op, end.clone());
+        for wait in ready {
+            self.v8_reply(wait.conn, &wait.request_id, Ok(Some(prompt_result(&end))));
+        }
+    }
+
+    /// The session is going away: every `waitForPrompt` still waiting fails.
+    pub(super) fn v8_session_gone(&mut self, view: Option<Box<SessionView>>) {
+        for wait in view.map(|v| v.waits).unwrap_or_default() {
+            self.v8_reply(wait.conn, &wait.request_id, Err(CallError::internal()));
+        }
+    }
+
+    // ---- publishing ----------------------------------------------------
+
+    /// A session's new snapshot: the session states move to it (a diff), and
+    /// their subscribers get the ops.
+    pub(super) fn v8_on_snapshot(&mut self, session_id: &str) {
+        let models = &self.config.models;
+        let Some(live) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        let (Some(view), Some(snapshot)) = (live.v8.as_deref_mut(), live.snapshot.as_ref()) else {
+            return;
+        };
+        if !snapshot.has_transcript() {
+            return;
+        }
+        let snapshot = snapshot.unpacked();
+        let finished = view::finished_prefix(&snapshot.transcript);
+        view.finished = finished;
+        view.streaming = snapshot.transcript[finished..].to_vec();
+        let transcript = view
+            .transcript
+            .publish(view::conversation_view(&snapshot))
+            .map(|ops| (view.transcript.sequence(), ops));
+        let models = view
+            .models
+            .publish(view::models_state(&snapshot, models))
+            .map(|ops| (view.models.sequence(), ops));
+        if let Some((sequence, ops)) = transcript {
+            self.v8_publish_session(session_id, Svc::Transcript, sequence, &ops);
+        }
+        if let Some((sequence, ops)) = models {
+            self.v8_publish_session(session_id, Svc::Models, sequence, &ops);
+        }
+    }
+
+    /// A progress event: the transcript's live part moves.
+    pub(super) fn v8_on_progress(&mut self, session_id: &str, progress: &TranscriptProgress) {
+        let Some(view) = self
+            .sessions
+            .get_mut(session_id)
+            .and_then(|l| l.v8.as_deref_mut())
+        else {
+            return;
+        };
+        if let Some(ops) = view.advance(progress) {
+            let sequence = view.transcript.sequence();
+            self.v8_publish_session(session_id, Svc::Transcript, sequence, &ops);
+        }
+    }
+
+    fn v8_publish_session(&mut self, session_id: &str, svc: Svc, sequence: u64, ops: &[Op]) {
+        let to: Vec<ConnId> = self.sessions[session_id].attached.iter().copied().collect();
+        for conn in to {
+            self.v8_publish_to(conn, svc, sequence, ops);
+        }
+    }
+
+    /// Sends one publication to every subscription of `conn` to `svc`,
+    /// each through its own encoder.
+    fn v8_publish_to(&mut self, conn: ConnId, svc: Svc, sequence: u64, ops: &[Op]) {
+        let Some(v8) = self.v8_mut(conn) else {
+            return;
+        };
+        let mut updates = Vec::new();
+        for (id, sub) in v8.subs.iter_mut().filter(|(_, s)| s.svc == svc) {
+            let wire = sub.encoder.encode(ops);
+            updates.push(ServerMessage::ServiceUpdate {
+                subscription_id: id.clone(),
+                update: chord::state_update("state", sequence, wire),
+            });
+        }
+        for update in updates {
+            self.v8_send(conn, &update);
+        }
+    }
+
+    /// The directory's state now: stored sessions and adopted live ones,
+    /// by id.
+    fn directory_sessions(&self) -> Value {
+        let mut sessions: BTreeMap<&str, u64> = BTreeMap::new();
+        for (id, stored) in self.catalog.iter() {
+            sessions.insert(id, stored.meta.created_at);
+        }
+        for live in self.sessions.values() {
+            if let Some(snapshot) = live.snapshot.as_deref() {
+                sessions.insert(&live.id, snapshot.created_at);
+            }
+        }
+        Value::Array(
+            sessions
+                .into_iter()
+                .map(|(id, created_at)| self.summary(id, created_at))
+                .collect(),
+        )
+    }
+
+    /// Brings `pi.session-directory` up to date and tells its subscribers.
+    /// Kept only while someone subscribes: a server with no v8 client
+    /// builds no list for it.
+    pub(super) fn v8_publish_directory(&mut self) {
+        let subscribers: Vec<ConnId> = self
+            .conns
+            .values()
+            .filter(|c| {
+                c.v8.as_ref()
+                    .is_some_and(|v| v.subs.values().any(|s| s.svc == Svc::Directory))
+            })
+            .map(|c| c.id)
+            .collect();
+        if !subscribers.is_empty() {
+            self.refresh_directory(&subscribers);
+        }
+    }
+
+    /// [`Self::v8_publish_directory`] to these subscribers (none, to make
+    /// the state a new subscription's snapshot shows).
+    fn refresh_directory(&mut self, subscribers: &[ConnId]) {
+        let sessions = self.directory_sessions();
+        let state = self.directory.get_or_insert_with(|| {
+            State::new(object(vec![
+                ("revision", Value::Int(0)),
+                ("sessions", Value::Array(vec![])),
+            ]))
+        });
+        if state.value().get("sessions") == Some(&sessions) && state.sequence() > 0 {
+            return;
+        }
+        let revision = match state.value().get("revision") {
+            Some(Value::Int(n)) => n + 1,
+            _ => 1,
+        };
+        let next = object(vec![
+            ("revision", Value::Int(revision)),
+            ("sessions", sessions),
+        ]);
+        let Some(ops) = state.publish(next) else {
+            return;
+        };
+        let sequence = state.sequence();
+        for &conn in subscribers {
+            self.v8_publish_to(conn, Svc::Directory, sequence, &ops);
+        }
+    }
+}
+
+fn no_bundles() -> Value {
+    object(vec![("presentationFacetBundles", Value::Array(vec![]))])
+}
+
+fn invalid_args(call: &ServiceCall, what: &str) -> CallError {
+    CallError::invalid_value(&call.service_id, &call.member, &format!("expected {what}"))
+}
+
+/// How a prompt's turn ended: the text of its last reply, or why there is none.
+fn prompt_end(snapshot: &SessionSnapshot) -> PromptEnd {
+    let reply = snapshot
+        .transcript
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            TranscriptItem::Assistant(a) => Some(a),
+            _ => None,
+        });
+    match reply {
+        Some(a) if matches!(a.status, crate::protocol::AssistantStatus::Complete(_)) => {
+            PromptEnd::Done(view::reply_text(a))
+        }
+        Some(a) => PromptEnd::Unanswered(
+            a.error_message
+                .clone()
+                .unwrap_or_else(|| "The turn was aborted".into()),
+        ),
+        None => PromptEnd::Unanswered("The turn produced no reply".into()),
+    }
+}
+
+fn prompt_result(end: &PromptEnd) -> Value {
+    match end {
+        PromptEnd::Done(text) => object(vec![
+            ("status", Value::text("done")),
+            ("text", Value::text(text)),
+            ("reason", Value::Null),
+        ]),
+        PromptEnd::Unanswered(reason) => object(vec![
+            ("status", Value::text("unanswered")),
+            ("text", Value::Null),
+            ("reason", Value::text(reason)),
+        ]),
+    }
+}
