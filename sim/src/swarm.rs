@@ -447,9 +447,14 @@ impl Swarm {
                 let bytes: Vec<u8> = (0..len).map(|_| self.prng.next_u64() as u8).collect();
                 self.world.send_bytes(conn, bytes);
             }
-            1 => self
-                .world
-                .hello(conn, self.prng.range_inclusive(2, 9), None),
+            1 => {
+                // A version the server speaks neither of: 8 is protocol v8.
+                let version = match self.prng.range_inclusive(2, 9) {
+                    8 => 9,
+                    v => v,
+                };
+                self.world.hello(conn, version, None)
+            }
             2 if first => {
                 let request = Request {
                     id: "r0".into(),

@@ -1226,3 +1226,5 @@ fn the_transcript_of_a_version_1_worker_is_kept() {
         assert_eq!(h.keeps_transcript(id), version == 1, "version {version}");
     }
 }
+
+mod v8;

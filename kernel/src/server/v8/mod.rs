@@ -251,6 +251,12 @@ impl SessionView {
         }
     }
 
+    /// The transcript state as JSON-ish text, for tests.
+    #[cfg(test)]
+    pub(crate) fn transcript_value(&self) -> String {
+        format!("{:?}", self.transcript.value())
+    }
+
     fn state(&self, svc: Svc) -> Option<&State> {
         match svc {
             Svc::Transcript => Some(&self.transcript),

@@ -1,0 +1,700 @@
+//! Protocol v8 connections, step by step: the handshake, routing and its
+//! error table, attachments and their fencing, pi's services, and what a
+//! turn costs a subscriber.
+
+use super::*;
+use crate::protocol::v8::PROTOCOL_VERSION_V8;
+use crate::protocol::{AssistantItem, Content, ModelRef, StopReason, UserItem};
+use crate::wire::{Value, cbor};
+
+const SERVER: &str = "00000000-0000-4000-8000-000000000001";
+
+/// JSON text of a value, for assertions.
+fn json(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Int(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Text(s) => format!("{s:?}"),
+        Value::Bytes(_) => "<bytes>".into(),
+        Value::Array(items) => {
+            format!("[{}]", items.iter().map(json).collect::<Vec<_>>().join(","))
+        }
+        Value::Map(entries) => format!(
+            "{{{}}}",
+            entries
+                .iter()
+                .map(|(k, v)| format!("{k:?}:{}", json(v)))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
+fn obj(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+fn server_target() -> Value {
+    obj(vec![("serverId", Value::text(SERVER))])
+}
+
+fn call(service: &str, member: &str, args: Vec<Value>) -> Value {
+    obj(vec![
+        ("serviceId", Value::text(service)),
+        ("member", Value::text(member)),
+        ("args", Value::Array(args)),
+    ])
+}
+
+fn raw(message: Value) -> Vec<u8> {
+    let payload = cbor::to_vec(&message).expect("encodes");
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits")
+}
+
+impl Harness {
+    /// A v8 connection, handshake done.
+    fn connect_v8(&mut self, conn: ConnId) {
+        self.step(Input::Accepted { conn, peer: None });
+        let hello = obj(vec![
+            ("type", Value::text("hello")),
+            ("version", Value::Int(PROTOCOL_VERSION_V8 as i64)),
+        ]);
+        self.step(Input::Received {
+            conn,
+            bytes: raw(hello),
+        });
+        assert_eq!(self.server.connection_stage(conn), Some(Stage::Ready));
+    }
+
+    fn send_v8(&mut self, conn: ConnId, id: &str, target: Value, call: Value) -> Vec<Output> {
+        let request = obj(vec![
+            ("type", Value::text("request")),
+            ("id", Value::text(id)),
+            ("target", target),
+            ("call", call),
+        ]);
+        self.step(Input::Received {
+            conn,
+            bytes: raw(request),
+        })
+    }
+
+    /// Every message sent to `conn`, decoded, as JSON text.
+    fn v8_sent(&self, conn: ConnId) -> Vec<String> {
+        self.sent
+            .get(&conn)
+            .map(|frames| {
+                frames
+                    .iter()
+                    .map(|f| json(&cbor::decode(&f.bytes()[4..], &Default::default()).unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The messages sent to `conn` since the `from`th.
+    fn v8_since(&self, conn: ConnId, from: usize) -> Vec<String> {
+        self.v8_sent(conn).split_off(from)
+    }
+
+    /// The session target of the route the last `attachment` envelope announced.
+    fn route(&self, conn: ConnId) -> Value {
+        let frame = self.sent[&conn]
+            .iter()
+            .rev()
+            .map(|f| cbor::decode(&f.bytes()[4..], &Default::default()).unwrap())
+            .find(|m| m.get("type") == Some(&Value::text("attachment")))
+            .expect("an attachment envelope");
+        frame.get("attachment").unwrap().clone()
+    }
+
+    /// Attaches a v8 connection to a stored session and brings its worker up.
+    fn attach_v8(&mut self, conn: ConnId, session: &str, first: &SessionSnapshot) -> WorkerId {
+        let outputs = self.send_v8(
+            conn,
+            "attach",
+            server_target(),
+            call(
+                "pi.session-management",
+                "attach",
+                vec![Value::text(session)],
+            ),
+        );
+        let (worker, _) = spawned(&outputs);
+        self.step(Input::WorkerSpawned {
+            worker,
+            token: String::new(),
+        });
+        self.worker(
+            worker,
+            FromWorker::Ready {
+                snapshot: first.clone(),
+            },
+        );
+        worker
+    }
+}
+
+fn result_of(messages: &[String], id: &str) -> String {
+    let key = format!("\"id\":{id:?}");
+    messages
+        .iter()
+        .find(|m| m.contains("\"type\":\"response\"") && m.contains(&key))
+        .unwrap_or_else(|| panic!("no response to {id} in {messages:#?}"))
+        .clone()
+}
+
+#[test]
+fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    h.connect_v8(ConnId(2));
+    assert_eq!(
+        h.v8_sent(ConnId(2)),
+        [format!(
+            r#"{{"type":"hello","version":8,"serverId":"{SERVER}"}}"#
+        )]
+    );
+    let c = ConnId(2);
+    h.send_v8(
+        c,
+        "cat",
+        server_target(),
+        call("$chord.service", "catalogue", vec![]),
+    );
+    let other = obj(vec![(
+        "serverId",
+        Value::text("00000000-0000-4000-8000-000000000002"),
+    )]);
+    h.send_v8(
+        c,
+        "wrong",
+        other,
+        call("$chord.service", "catalogue", vec![]),
+    );
+    h.send_v8(c, "bad", server_target(), Value::text("not a call"));
+    h.send_v8(c, "unknown", server_target(), call("no.such", "x", vec![]));
+    h.send_v8(
+        c,
+        "state",
+        server_target(),
+        call("pi.session-directory", "state", vec![]),
+    );
+    h.send_v8(
+        c,
+        "member",
+        server_target(),
+        call("pi.session-management", "nope", vec![]),
+    );
+    let keyed = vec![
+        Value::text("s1"),
+        Value::text("pi.session-directory"),
+        Value::text("keyed"),
+    ];
+    h.send_v8(
+        c,
+        "keyed",
+        server_target(),
+        call("$chord.service", "subscribe", keyed),
+    );
+    let session = obj(vec![
+        ("serverId", Value::text(SERVER)),
+        ("sessionId", Value::text("s1")),
+        ("attachmentId", Value::text("a1")),
+    ]);
+    h.send_v8(c, "fenced", session, call("pi.models", "refresh", vec![]));
+    h.send_v8(
+        c,
+        "missing",
+        server_target(),
+        call("pi.session-management", "attach", vec![Value::text("nope")]),
+    );
+    h.send_v8(
+        c,
+        "unsub",
+        server_target(),
+        call("$chord.service", "unsubscribe", vec![Value::text("x")]),
+    );
+    let sent = h.v8_sent(c);
+    let expect = [
+        (
+            "cat",
+            r#""result":[{"serviceId":"pi.session-directory","mode":"singleton"},{"serviceId":"pi.session-management","mode":"singleton"},{"serviceId":"pi.presentation-plugins","mode":"singleton"}]"#,
+        ),
+        (
+            "wrong",
+            r#"{"code":"wrong_server","message":"Request was addressed to another server"}"#,
+        ),
+        (
+            "bad",
+            r#"{"code":"invalid_request","message":"Invalid service call"}"#,
+        ),
+        (
+            "unknown",
+            r#"{"code":"service_not_allowed","message":"Remote service no.such is not allowlisted"}"#,
+        ),
+        (
+            "state",
+            r#"{"code":"service_member_mismatch","message":"Remote service member pi.session-directory.state is not a method"}"#,
+        ),
+        (
+            "member",
+            r#"{"code":"service_member_not_found","message":"Unknown remote service member pi.session-management.nope"}"#,
+        ),
+        (
+            "keyed",
+            r#"{"code":"service_mode_mismatch","message":"Remote service pi.session-directory is singleton, not keyed"}"#,
+        ),
+        (
+            "fenced",
+            r#"{"code":"session_not_attached","message":"Session is not attached to this client"}"#,
+        ),
+        ("missing", r#""code":"session_not_found""#),
+        (
+            "unsub",
+            r#"{"code":"internal_error","message":"Internal server error"}"#,
+        ),
+    ];
+    for (id, fragment) in expect {
+        let response = result_of(&sent, id);
+        assert!(response.contains(fragment), "{id}: {response}");
+    }
+
+    // A broken envelope ends the connection (and only it).
+    let outputs = h.step(Input::Received {
+        conn: c,
+        bytes: raw(obj(vec![("type", Value::text("request"))])),
+    });
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Close { conn, .. } if *conn == c))
+    );
+    assert_eq!(h.server.connection_stage(ConnId(1)), Some(Stage::Ready));
+}
+
+#[test]
+fn a_remote_v8_hello_needs_the_transport_to_have_checked_a_token() {
+    let mut config = config();
+    config.token = Some("secret".into());
+    let mut h = Harness::with(config);
+    h.step(Input::CatalogLoaded { sessions: vec![] });
+    let conn = ConnId(1);
+    h.step(Input::Accepted {
+        conn,
+        peer: Some(PeerAddr("203.0.113.9".into())),
+    });
+    let hello = obj(vec![
+        ("type", Value::text("hello")),
+        ("version", Value::Int(8)),
+    ]);
+    let outputs = h.step(Input::Received {
+        conn,
+        bytes: raw(hello),
+    });
+    assert!(h.v8_sent(conn)[0].contains(r#""code":"auth""#));
+    assert!(outputs.iter().any(|o| matches!(o, Output::Close { .. })));
+    // Over the Unix socket, its permissions are the check.
+    h.connect_v8(ConnId(2));
+}
+
+fn reply(id: &str, text: &str) -> TranscriptItem {
+    TranscriptItem::Assistant(AssistantItem {
+        id: id.into(),
+        content: vec![Content::Text { text: text.into() }],
+        model: ModelRef {
+            provider: "faux".into(),
+            id: "faux-1".into(),
+        },
+        response_model: None,
+        usage: None,
+        timestamp: 50,
+        status: AssistantStatus::Complete(StopReason::Stop),
+        error_message: None,
+    })
+}
+
+fn user(id: &str, text: &str) -> TranscriptItem {
+    TranscriptItem::User(UserItem {
+        id: id.into(),
+        content: vec![Content::Text { text: text.into() }],
+        timestamp: 40,
+    })
+}
+
+/// `n` finished turns of history.
+fn history(id: &str, revision: u64, n: usize) -> SessionSnapshot {
+    let mut snap = snapshot(id, revision, SessionPhase::Idle);
+    for i in 0..n {
+        snap.transcript
+            .push(user(&format!("u{i}"), &format!("question {i}")));
+        snap.transcript
+            .push(reply(&format!("a{i}"), &"answer ".repeat(40)));
+    }
+    snap
+}
+
+#[test]
+fn attach_announces_the_route_first_and_fences_the_old_one() {
+    let mut h = Harness::serving(vec![stored(1), stored(2)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let first = stored(1).id;
+    let second = stored(2).id;
+    h.attach_v8(c, &first, &history(&first, 1, 0));
+    let sent = h.v8_sent(c);
+    let n = sent.len();
+    assert!(
+        sent[n - 2].starts_with(r#"{"type":"attachment","attachment":{"serverId""#),
+        "{sent:#?}"
+    );
+    assert_eq!(
+        sent[n - 1],
+        r#"{"type":"response","id":"attach","ok":true}"#
+    );
+    let old = h.route(c);
+
+    // The same session again: nothing changes, no new envelope.
+    h.send_v8(
+        c,
+        "again",
+        server_target(),
+        call("pi.session-management", "attach", vec![Value::text(&first)]),
+    );
+    assert_eq!(
+        h.v8_since(c, n),
+        [r#"{"type":"response","id":"again","ok":true}"#]
+    );
+
+    // Another session: a new route; the old one is fenced.
+    h.attach_v8(c, &second, &history(&second, 1, 0));
+    assert_ne!(h.route(c), old);
+    let before = h.frames(c);
+    h.send_v8(c, "late", old, call("pi.models", "refresh", vec![]));
+    assert!(h.v8_since(c, before)[0].contains("session_not_attached"));
+
+    // Detach: `attachment: null` before the answer; a second detach is a no-op.
+    let before = h.frames(c);
+    h.send_v8(
+        c,
+        "d1",
+        server_target(),
+        call("pi.session-management", "detach", vec![]),
+    );
+    h.send_v8(
+        c,
+        "d2",
+        server_target(),
+        call("pi.session-management", "detach", vec![]),
+    );
+    assert_eq!(
+        h.v8_since(c, before),
+        [
+            r#"{"type":"attachment","attachment":null}"#,
+            r#"{"type":"response","id":"d1","ok":true}"#,
+            r#"{"type":"response","id":"d2","ok":true}"#,
+        ]
+    );
+    assert!(h.server.attachments(c).is_empty());
+}
+
+/// Subscribes `conn` to a session service and returns the snapshot response.
+fn subscribe(h: &mut Harness, conn: ConnId, sub: &str, service: &str) -> String {
+    let route = h.route(conn);
+    let args = vec![
+        Value::text(sub),
+        Value::text(service),
+        Value::text("singleton"),
+    ];
+    let before = h.frames(conn);
+    h.send_v8(conn, sub, route, call("$chord.service", "subscribe", args));
+    result_of(&h.v8_since(conn, before), sub)
+}
+
+#[test]
+fn a_prompt_answers_at_once_streams_small_ops_and_is_waited_for() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let session = stored(1).id;
+    let worker = h.attach_v8(c, &session, &history(&session, 1, 0));
+    let snapshot = subscribe(&mut h, c, "t", "pi.transcript");
+    assert!(
+        snapshot.contains(r#"["r",{"conversation":{"id":1},"entries":[],"docs":{"pi.agent""#),
+        "{snapshot}"
+    );
+    let route = h.route(c);
+    let prompt = call(
+        "pi.agent-controller",
+        "prompt",
+        vec![obj(vec![
+            ("message", Value::text("hi")),
+            ("images", Value::Null),
+        ])],
+    );
+    let outputs = h.send_v8(c, "p", route.clone(), prompt.clone());
+    let op = op_of(&outputs);
+    let answer = result_of(&h.v8_sent(c), "p");
+    assert!(
+        answer.contains(&format!(
+            r#""result":{{"accepted":true,"operationId":"{}","error":null}}"#,
+            op.0
+        )),
+        "{answer}"
+    );
+    h.send_v8(
+        c,
+        "w",
+        route.clone(),
+        call(
+            "pi.agent-controller",
+            "waitForPrompt",
+            vec![Value::text(op.0.to_string())],
+        ),
+    );
+    // Busy now: a second prompt is refused in band.
+    h.send_v8(c, "p2", route.clone(), prompt);
+    assert!(
+        result_of(&h.v8_sent(c), "p2")
+            .contains(r#""accepted":false,"operationId":null,"error":{"code":"busy""#)
+    );
+
+    let mut turn = history(&session, 2, 0);
+    turn.phase = SessionPhase::Turn;
+    turn.transcript.push(user("u0", "hi"));
+    h.runtime_snapshot(worker, &turn);
+    let streaming = TranscriptItem::Assistant(AssistantItem {
+        content: vec![],
+        status: AssistantStatus::Streaming,
+        ..match reply("a0", "") {
+            TranscriptItem::Assistant(a) => a,
+            _ => unreachable!(),
+        }
+    });
+    let before = h.frames(c);
+    h.worker(
+        worker,
+        FromWorker::Progress {
+            progress: TranscriptProgress::ItemStarted { item: streaming },
+        },
+    );
+    for word in ["Hello", " there"] {
+        h.worker(
+            worker,
+            FromWorker::Progress {
+                progress: TranscriptProgress::AssistantDelta {
+                    message_id: "a0".into(),
+                    content_index: 0,
+                    kind: DeltaKind::Text,
+                    delta: word.into(),
+                },
+            },
+        );
+    }
+    let updates = h.v8_since(c, before);
+    assert!(updates[1].contains(r#"["p",["docs","pi.live","generation","message","content"],0,0,[{"type":"text","text":"Hello"}]]"#), "{updates:#?}");
+    assert!(updates[2].ends_with(r#""ops":[["a",["docs","pi.live","generation","message","content",0,"text"]," there"]]}}"#), "{updates:#?}");
+
+    let mut done = history(&session, 3, 0);
+    done.transcript.push(user("u0", "hi"));
+    done.transcript.push(reply("a0", "Hello there"));
+    h.op_done(worker, op, &done);
+    let w = result_of(&h.v8_sent(c), "w");
+    assert!(
+        w.contains(r#""result":{"status":"done","text":"Hello there","reason":null}"#),
+        "{w}"
+    );
+    let sent = h.v8_sent(c);
+    let last_update = sent
+        .iter()
+        .rev()
+        .find(|m| m.contains("service_update"))
+        .unwrap();
+    assert!(
+        !last_update.contains("question"),
+        "no history is re-sent: {last_update}"
+    );
+    assert!(
+        h.server.sessions[&session]
+            .v8
+            .as_ref()
+            .unwrap()
+            .transcript_value()
+            .contains("pi.assistant")
+    );
+}
+
+#[test]
+fn a_turn_costs_a_subscriber_what_it_adds_not_the_history() {
+    let bytes_of_a_turn = |history_turns: usize| {
+        let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+        let c = ConnId(2);
+        h.connect_v8(c);
+        let session = stored(1).id;
+        let worker = h.attach_v8(c, &session, &history(&session, 1, history_turns));
+        subscribe(&mut h, c, "t", "pi.transcript");
+        let route = h.route(c);
+        let prompt = call(
+            "pi.agent-controller",
+            "prompt",
+            vec![obj(vec![
+                ("message", Value::text("next")),
+                ("images", Value::Null),
+            ])],
+        );
+        let before: usize = h.sent[&c].iter().map(Frame::len).sum();
+        let op = op_of(&h.send_v8(c, "p", route, prompt));
+        let mut turn = history(&session, 2, history_turns);
+        turn.phase = SessionPhase::Turn;
+        turn.transcript.push(user("un", "next"));
+        h.runtime_snapshot(worker, &turn);
+        let mut done = history(&session, 3, history_turns);
+        done.transcript.push(user("un", "next"));
+        done.transcript.push(reply("an", "a short answer"));
+        h.op_done(worker, op, &done);
+        let after: usize = h.sent[&c].iter().map(Frame::len).sum();
+        after - before
+    };
+    let small = bytes_of_a_turn(10);
+    let large = bytes_of_a_turn(1_000);
+    // Only the entry ids' and indices' digits grow.
+    assert!(
+        large <= small + 16,
+        "a turn after 1,000 turns costs {large} bytes, after 10 {small}"
+    );
+    assert!(small < 2_000, "{small} bytes for a short turn");
+}
+
+#[test]
+fn a_dead_worker_fails_the_calls_then_drops_the_route_and_keeps_the_connection() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let session = stored(1).id;
+    let worker = h.attach_v8(c, &session, &history(&session, 1, 0));
+    let route = h.route(c);
+    let prompt = call(
+        "pi.agent-controller",
+        "prompt",
+        vec![obj(vec![
+            ("message", Value::text("hi")),
+            ("images", Value::Null),
+        ])],
+    );
+    let op = op_of(&h.send_v8(c, "p", route.clone(), prompt));
+    h.send_v8(
+        c,
+        "w",
+        route.clone(),
+        call(
+            "pi.agent-controller",
+            "waitForPrompt",
+            vec![Value::text(op.0.to_string())],
+        ),
+    );
+    h.send_v8(
+        c,
+        "w2",
+        route.clone(),
+        call(
+            "pi.agent-controller",
+            "waitForPrompt",
+            vec![Value::text(op.0.to_string())],
+        ),
+    );
+    // A cancel names the request and its target; the answer is `cancelled`, once.
+    let cancel = obj(vec![
+        ("type", Value::text("cancel")),
+        ("id", Value::text("w2")),
+        ("target", route.clone()),
+    ]);
+    h.step(Input::Received {
+        conn: c,
+        bytes: raw(cancel),
+    });
+    let before = h.frames(c);
+    h.step(Input::WorkerExited { worker });
+    let sent = h.v8_since(c, before);
+    assert_eq!(
+        sent,
+        [
+            // The prompt settled: unanswered, in band.
+            r#"{"type":"response","id":"w","ok":true,"result":{"status":"unanswered","text":null,"reason":"Internal server error"}}"#,
+            r#"{"type":"attachment","attachment":null}"#,
+        ]
+    );
+    assert!(result_of(&h.v8_sent(c), "w2").contains(r#""code":"cancelled""#));
+    assert_eq!(h.server.connection_stage(c), Some(Stage::Ready));
+    assert!(h.server.attachments(c).is_empty());
+}
+
+#[test]
+fn v1_and_v8_clients_share_a_session() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let v8 = ConnId(2);
+    h.connect_v8(v8);
+    let session = stored(1).id;
+    let worker = h.attach_v8(v8, &session, &history(&session, 1, 0));
+    h.request(
+        ConnId(1),
+        "attach",
+        Command::Attach {
+            session_id: session.clone(),
+        },
+    );
+    assert_eq!(h.server.attachments(ConnId(1)), [session.clone()]);
+    // The v1 client prompts; the v8 client sees the turn as ops.
+    subscribe(&mut h, v8, "t", "pi.transcript");
+    let outputs = h.request(
+        ConnId(1),
+        "prompt",
+        Command::Prompt {
+            session_id: session.clone(),
+            text: "from v1".into(),
+        },
+    );
+    let op = op_of(&outputs);
+    // Busy for both.
+    h.send_v8(
+        v8,
+        "p",
+        h.route(v8),
+        call(
+            "pi.agent-controller",
+            "prompt",
+            vec![obj(vec![
+                ("message", Value::text("x")),
+                ("images", Value::Null),
+            ])],
+        ),
+    );
+    assert!(result_of(&h.v8_sent(v8), "p").contains(r#""code":"busy""#));
+    let mut done = history(&session, 2, 0);
+    done.transcript.push(user("u0", "from v1"));
+    done.transcript.push(reply("a0", "answered"));
+    h.op_done(worker, op, &done);
+    let last = h
+        .v8_sent(v8)
+        .into_iter()
+        .rev()
+        .find(|m| m.contains("service_update"))
+        .unwrap();
+    assert!(
+        last.contains("from v1") && last.contains("answered"),
+        "{last}"
+    );
+    // The v8 client leaves; the v1 client stays attached.
+    h.send_v8(
+        v8,
+        "d",
+        server_target(),
+        call("pi.session-management", "detach", vec![]),
+    );
+    assert!(
+        h.v8_sent(v8)
+            .iter()
+            .any(|m| m == r#"{"type":"attachment","attachment":null}"#)
+    );
+    assert_eq!(h.server.attachments(ConnId(1)), [session]);
+}
