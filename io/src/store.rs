@@ -132,6 +132,17 @@ pub enum StoreError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The directory holds only pi's `meta.json` (`{createdAt, cwd}`): pi's
+    /// own durable server listed the session and never opened it, so there
+    /// is nothing to open yet ([`SessionStore::adopt`] writes its store).
+    Unopened {
+        /// The session id.
+        id: String,
+        /// When pi created it (ms).
+        created_at: u64,
+        /// Its working directory.
+        cwd: String,
+    },
     /// An SQLite operation failed.
     Sqlite {
         /// What was being done, naming the session and path.
@@ -168,7 +179,7 @@ impl StoreError {
         let kind = match self {
             Self::InvalidId(_) => StoreFailureKind::InvalidId,
             Self::Exists(_) => StoreFailureKind::Exists,
-            Self::NotFound(_) => StoreFailureKind::NotFound,
+            Self::NotFound(_) | Self::Unopened { .. } => StoreFailureKind::NotFound,
             Self::Locked(_) => StoreFailureKind::Locked,
             _ if self.is_out_of_space() => StoreFailureKind::Full,
             Self::Corrupt(_) | Self::Invalid(_) | Self::Io { .. } | Self::Sqlite { .. } => {
@@ -204,6 +215,10 @@ impl fmt::Display for StoreError {
             | Self::Invalid(m) => f.write_str(m),
             Self::Io { context, source } => write!(f, "{context}: {source}"),
             Self::Sqlite { context, source } => write!(f, "{context}: {source}"),
+            Self::Unopened { id, .. } => write!(
+                f,
+                "Session {id} was listed by pi's own server and never opened: it has no store yet"
+            ),
         }
     }
 }
@@ -298,8 +313,19 @@ pub fn scan_catalog(session_dir: &Path) -> Vec<SessionMetadata> {
             continue;
         }
         let dir = entry.path();
-        let meta = match meta::read(&dir, &id) {
-            Ok(meta) => meta,
+        let meta = match meta::read_any(&dir, &id) {
+            Ok(meta::AnyMeta::Ours(meta)) => meta,
+            Ok(meta::AnyMeta::Pi { created_at, cwd }) => {
+                sessions.push(SessionMetadata {
+                    id,
+                    created_at,
+                    updated_at: None,
+                    parent_session_id: None,
+                    session_name: None,
+                    cwd: Some(cwd),
+                });
+                continue;
+            }
             Err(StoreError::NotFound(_)) => {
                 tracing::debug!(session = %id, "session directory without meta.json skipped");
                 continue;
@@ -450,6 +476,45 @@ impl SessionStore {
         }
     }
 
+    /// Writes the store of a session that has only pi's `meta.json`
+    /// ([`StoreError::Unopened`]) into its directory: the database with
+    /// `initial`, then our `meta.json` in place of pi's. If the directory
+    /// changed meanwhile (a database appeared, the metadata is no longer
+    /// pi's), nothing is written.
+    pub fn adopt(session_dir: &Path, initial: &StoredSession) -> Result<Self, StoreError> {
+        let id = initial.id.as_str();
+        validate_session_id(id)?;
+        let meta = Meta::of(initial);
+        meta.validate().map_err(|problem| {
+            StoreError::Invalid(format!("Session {id}: cannot store it: {problem}"))
+        })?;
+        let dir = session_dir.join(id);
+        let lock = acquire_lock(&dir, id)?;
+        let db_path = dir.join(DB_FILE);
+        if !matches!(meta::read_any(&dir, id)?, meta::AnyMeta::Pi { .. }) || db_path.exists() {
+            return Err(StoreError::Exists(format!(
+                "Session {id} changed while it was being opened ({})",
+                dir.display()
+            )));
+        }
+        match Self::create_locked(
+            lock,
+            session_dir,
+            dir.clone(),
+            initial,
+            meta,
+            Synchronous::Normal,
+        ) {
+            Ok(store) => Ok(store),
+            Err(error) => {
+                for file in [DB_FILE, "session.sqlite-wal", "session.sqlite-shm"] {
+                    let _ = fs::remove_file(dir.join(file));
+                }
+                Err(error)
+            }
+        }
+    }
+
     fn create_in(
         session_dir: &Path,
         dir: PathBuf,
@@ -457,8 +522,20 @@ impl SessionStore {
         meta: Meta,
         synchronous: Synchronous,
     ) -> Result<Self, StoreError> {
+        let lock = acquire_lock(&dir, &initial.id)?;
+        Self::create_locked(lock, session_dir, dir, initial, meta, synchronous)
+    }
+
+    /// [`Self::create_in`] with the session's lock already held.
+    fn create_locked(
+        lock: File,
+        session_dir: &Path,
+        dir: PathBuf,
+        initial: &StoredSession,
+        meta: Meta,
+        synchronous: Synchronous,
+    ) -> Result<Self, StoreError> {
         let id = initial.id.clone();
-        let lock = acquire_lock(&dir, &id)?;
         let mut conn = db::open(&dir, &id, true, synchronous)?;
         db::migrate(&mut conn, &dir, &id)?;
         db::write_initial(&mut conn, &dir, initial)?;
@@ -500,8 +577,24 @@ impl SessionStore {
             return Err(not_found(id, &dir));
         }
         let lock = acquire_lock(&dir, id)?;
-        let mut meta = meta::read(&dir, id)?;
         let db_path = dir.join(DB_FILE);
+        let mut meta = match meta::read_any(&dir, id)? {
+            meta::AnyMeta::Ours(meta) => meta,
+            meta::AnyMeta::Pi { .. } if db_path.exists() => {
+                return Err(StoreError::Corrupt(format!(
+                    "Session {id} is stored by pi's own durable server ({} is pi-durable \
+                     storage), which this server does not read; it is left as it is",
+                    db_path.display()
+                )));
+            }
+            meta::AnyMeta::Pi { created_at, cwd } => {
+                return Err(StoreError::Unopened {
+                    id: id.to_owned(),
+                    created_at,
+                    cwd,
+                });
+            }
+        };
         if !db_path.is_file() {
             return Err(StoreError::Corrupt(format!(
                 "Session {id} is corrupt: its database {} is missing",

@@ -388,14 +388,29 @@ impl<D: Dial> Worker<D> {
                     None
                 }
                 HostOutput::OpenStore => {
-                    let opened = SessionStore::open(&self.session_dir, &self.session_id);
+                    match SessionStore::open(&self.session_dir, &self.session_id) {
+                        Err(StoreError::Unopened {
+                            created_at, cwd, ..
+                        }) => Some(HostInput::StoreUnopened { created_at, cwd }),
+                        opened => Some(HostInput::StoreOpened(
+                            opened
+                                .map(|(store, stored)| {
+                                    self.opened(store, &stored.cwd);
+                                    stored
+                                })
+                                .map_err(|e| self.store_failed("cannot open the session", &e)),
+                        )),
+                    }
+                }
+                HostOutput::AdoptStore(stored) => {
+                    let adopted = SessionStore::adopt(&self.session_dir, &stored);
                     Some(HostInput::StoreOpened(
-                        opened
-                            .map(|(store, stored)| {
+                        adopted
+                            .map(|store| {
                                 self.opened(store, &stored.cwd);
                                 stored
                             })
-                            .map_err(|e| self.store_failed("cannot open the session", &e)),
+                            .map_err(|e| self.store_failed("cannot open pi's session", &e)),
                     ))
                 }
                 HostOutput::CreateStore(stored) => {

@@ -143,6 +143,15 @@ pub enum HostInput {
     /// The answer to [`HostOutput::OpenStore`] or [`HostOutput::CreateStore`]:
     /// the session as stored.
     StoreOpened(Result<StoredSession, StoreFailure>),
+    /// The answer to [`HostOutput::OpenStore`] for a session that pi's own
+    /// durable server listed and never opened: its directory holds only
+    /// pi's `meta.json` (`createdAt`, `cwd`), no model and no database.
+    StoreUnopened {
+        /// When pi created it (ms).
+        created_at: u64,
+        /// Its working directory.
+        cwd: String,
+    },
     /// The answer to [`HostOutput::Commit`].
     Committed(Result<(), StoreFailure>),
     /// The answer to [`HostOutput::ReloadStore`].
@@ -184,6 +193,10 @@ pub enum HostOutput {
     OpenStore,
     /// Create the session's store holding this; answer [`HostInput::StoreOpened`].
     CreateStore(StoredSession),
+    /// Write the store of a session that has only pi's `meta.json` (see
+    /// [`HostInput::StoreUnopened`]), holding this, into its existing
+    /// directory; answer [`HostInput::StoreOpened`].
+    AdoptStore(StoredSession),
     /// Note in the store which server this worker serves (for a server
     /// started after a crash to find it).
     RecordServer,
@@ -383,6 +396,11 @@ impl WorkerHost {
                 self.exit(Err("the server closed the channel before start".into()))
             }
             (HostStage::Opening, HostInput::StoreOpened(result)) => self.on_opened(result),
+            (HostStage::Opening, HostInput::StoreUnopened { created_at, cwd })
+                if self.creating.is_none() =>
+            {
+                self.on_unopened(created_at, cwd)
+            }
             (HostStage::Running, HostInput::Committed(result)) => self.on_committed(result),
             (HostStage::Running, HostInput::Reloaded(result)) => self.on_reloaded(result),
             (HostStage::Running, HostInput::Frame(frame)) => self.on_frame(frame),
@@ -445,6 +463,20 @@ impl WorkerHost {
             self.out.push(HostOutput::OpenStore);
             return;
         };
+        match self.initial(spec, self.now.as_millis()) {
+            Err(error) => self.fail(error),
+            Ok(stored) => {
+                self.stage = HostStage::Opening;
+                self.creating = Some(stored.clone());
+                self.out.push(HostOutput::CreateStore(stored));
+            }
+        }
+    }
+
+    /// A new session's first state: the model asked for, else the user's
+    /// default if offered, else the faux default; the cwd asked for, else
+    /// the process's, else `/`.
+    fn initial(&self, spec: CreateSpec, created_at: u64) -> Result<StoredSession, ProtocolError> {
         let default = self
             .config
             .default_model
@@ -456,29 +488,41 @@ impl WorkerHost {
                     .any(|x| x.provider == m.provider && x.id == m.id)
             })
             .unwrap_or_else(faux::default_model);
-        match Runtime::resolve_create(&spec, &default, &self.config.models) {
+        let (model, thinking_level) =
+            Runtime::resolve_create(&spec, &default, &self.config.models)?;
+        let cwd = spec
+            .cwd
+            .or_else(|| self.config.cwd.clone())
+            .unwrap_or_else(|| "/".to_string());
+        Ok(StoredSession {
+            id: self.config.session_id.clone(),
+            name: spec.name,
+            cwd,
+            created_at,
+            updated_at: self.now.as_millis(),
+            model,
+            thinking_level,
+            revision: 0,
+            transcript: Vec::new(),
+            queued_steer: Vec::new(),
+            summary: None,
+        })
+    }
+
+    /// A session pi listed and never opened: it starts here, as a new one
+    /// does, keeping pi's creation time and cwd.
+    fn on_unopened(&mut self, created_at: u64, cwd: String) {
+        let spec = CreateSpec {
+            cwd: Some(cwd),
+            name: None,
+            model: None,
+            thinking_level: None,
+        };
+        match self.initial(spec, created_at) {
             Err(error) => self.fail(error),
-            Ok((model, thinking_level)) => {
-                let cwd = spec
-                    .cwd
-                    .or_else(|| self.config.cwd.clone())
-                    .unwrap_or_else(|| "/".to_string());
-                let stored = StoredSession {
-                    id: self.config.session_id.clone(),
-                    name: spec.name,
-                    cwd,
-                    created_at: self.now.as_millis(),
-                    updated_at: self.now.as_millis(),
-                    model,
-                    thinking_level,
-                    revision: 0,
-                    transcript: Vec::new(),
-                    queued_steer: Vec::new(),
-                    summary: None,
-                };
-                self.stage = HostStage::Opening;
+            Ok(stored) => {
                 self.creating = Some(stored.clone());
-                self.out.push(HostOutput::CreateStore(stored));
+                self.out.push(HostOutput::AdoptStore(stored));
             }
         }
     }

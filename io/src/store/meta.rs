@@ -110,6 +110,48 @@ pub(super) fn parse(text: &[u8]) -> Result<Meta, String> {
     Ok(meta)
 }
 
+/// The `meta.json` pi's own durable server writes: `{createdAt, cwd}`,
+/// nothing else (no model: pi picks one when it first opens the session).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PiMetaFile {
+    created_at: u64,
+    cwd: String,
+}
+
+/// A session directory's `meta.json`: ours, or pi's.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum AnyMeta {
+    Ours(Meta),
+    /// pi's: when it was created and where.
+    Pi {
+        created_at: u64,
+        cwd: String,
+    },
+}
+
+/// Reads `<dir>/meta.json` as ours or, failing that, as pi's; the error is
+/// [`read`]'s.
+pub(super) fn read_any(dir: &Path, id: &str) -> Result<AnyMeta, StoreError> {
+    match read(dir, id) {
+        Ok(meta) => Ok(AnyMeta::Ours(meta)),
+        Err(StoreError::Corrupt(why)) => {
+            let text = fs::read(dir.join(META_FILE))
+                .map_err(|e| StoreError::io(format!("Session {id}: cannot read {META_FILE}"), e))?;
+            match serde_json::from_slice::<PiMetaFile>(&text) {
+                Ok(pi) if !pi.cwd.is_empty() && pi.created_at <= MAX_SAFE_INTEGER as u64 => {
+                    Ok(AnyMeta::Pi {
+                        created_at: pi.created_at,
+                        cwd: pi.cwd,
+                    })
+                }
+                _ => Err(StoreError::Corrupt(why)),
+            }
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Reads `<dir>/meta.json`: [`StoreError::NotFound`] if it is missing,
 /// [`StoreError::Corrupt`] if it is not a valid metadata file.
 pub(super) fn read(dir: &Path, id: &str) -> Result<Meta, StoreError> {
