@@ -389,7 +389,9 @@ impl World {
                 }
                 HostOutput::Send(_) | HostOutput::RecordServer => None,
                 HostOutput::OpenStore => Some(HostInput::StoreOpened(self.store_open(worker))),
-                HostOutput::CreateStore(stored) => {
+                // The fake store holds no session of pi's own server, so
+                // nothing is ever adopted; an adoption would be a create.
+                HostOutput::CreateStore(stored) | HostOutput::AdoptStore(stored) => {
                     Some(HostInput::StoreOpened(self.store_create(worker, stored)))
                 }
                 HostOutput::Commit(batch) => {
