@@ -382,3 +382,62 @@ async fn remote_clients_over_tcp_need_the_token() {
     remote.close().await;
     local.close().await;
 }
+
+/// Protocol v8 has no token in its hello: over the WebSocket, a remote
+/// client presents it at the upgrade (`Authorization: Bearer`). With it
+/// the v8 hello is answered; without it, or with a wrong one, `auth`.
+#[tokio::test(flavor = "multi_thread")]
+async fn v8_over_a_websocket_authenticates_at_the_upgrade() {
+    use futures_util::{SinkExt, StreamExt};
+    use kernel::wire::{Value, cbor};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut server = TestServer::new(
+        "ws-v8",
+        Options {
+            token: Some("t0ken".into()),
+            serve_args: vec!["--listen".into(), format!("http://{address}")],
+            ..Options::default()
+        },
+    );
+    server.spawn();
+    server.wait_ready().await;
+    let hello = {
+        let value = Value::Map(vec![
+            ("type".into(), Value::text("hello")),
+            ("version".into(), Value::Int(8)),
+        ]);
+        let payload = cbor::to_vec(&value).unwrap();
+        kernel::wire::frame::encode_frame(&payload, kernel::wire::frame::DEFAULT_MAX_FRAME_LEN)
+            .unwrap()
+    };
+    for (token, expected) in [
+        (Some("t0ken"), r#"Text("hello")"#),
+        (Some("wrong"), "Invalid token"),
+        (None, "present it at the transport"),
+    ] {
+        let mut request = format!("ws://{address}/ws").into_client_request().unwrap();
+        let headers = request.headers_mut();
+        headers.insert("origin", format!("http://{address}").parse().unwrap());
+        if let Some(token) = token {
+            headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        socket.send(Message::binary(hello.clone())).await.unwrap();
+        let answer = tokio::time::timeout(WAIT, socket.next())
+            .await
+            .expect("an answer")
+            .unwrap()
+            .unwrap()
+            .into_data();
+        let value = cbor::decode(&answer[4..], &Default::default()).unwrap();
+        let text = format!("{value:?}");
+        assert!(text.contains(expected), "{token:?}: {text}");
+        if token == Some("t0ken") {
+            assert!(text.contains("Int(8)"), "{text}");
+        }
+        // Failed tokens back off per address: let the next one be looked at.
+        tokio::time::sleep(kernel::limits::Limits::default().auth_backoff_base * 2).await;
+    }
+}

@@ -186,8 +186,28 @@ fn refuse(status: u16, reason: String) -> Refusal {
     Refusal { status, reason }
 }
 
+/// The token of an `Authorization: Bearer <token>` header (the scheme in
+/// any case, one or more spaces after it), which a WebSocket client
+/// presents at its upgrade for protocol v8 (whose hello has no token).
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let value = authorization?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_bearer_token_is_read_from_its_header() {
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("bearer   abc ")), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(Some("Bearer")), None);
+        assert_eq!(bearer(None), None);
+    }
     use super::*;
 
     fn at(ip: &str, port: u16) -> ListenAddr {

@@ -1084,6 +1084,7 @@ impl<P: Platform> Daemon<P> {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         let peer = socket.peer();
+        let credential = socket.credential();
         let socket = Arc::new(socket);
         let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
         let tx = self.events.clone();
@@ -1152,6 +1153,12 @@ impl<P: Platform> Daemon<P> {
             },
         );
         self.step(Input::Accepted { conn, peer });
+        if let Some(token) = credential {
+            self.step(Input::Presented {
+                conn,
+                token: kernel::server::Secret(token),
+            });
+        }
         // The first read registers the waker.
         if let Some(c) = self.conns.get(&conn) {
             c.read_waker.wake_by_ref();

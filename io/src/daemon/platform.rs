@@ -52,6 +52,11 @@ pub trait Conn: Send + Sync + 'static {
     fn peer(&self) -> Option<kernel::ids::PeerAddr> {
         None
     }
+
+    /// A credential the transport carried (see `kernel::server::Input::Presented`).
+    fn credential(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Something that accepts connections of type `S`.
@@ -238,6 +243,13 @@ impl Conn for ClientSocket {
                 .ok()
                 .map(|a| kernel::ids::PeerAddr(a.ip().to_string())),
             Self::Web(web) => Some(web.peer()),
+        }
+    }
+
+    fn credential(&self) -> Option<String> {
+        match self {
+            Self::Web(web) => web.credential(),
+            Self::Unix(_) | Self::Tcp(_) => None,
         }
     }
 }

@@ -31,6 +31,8 @@ enum Out {
 /// The loop's side of one WebSocket.
 pub struct WebConn {
     peer: PeerAddr,
+    /// The bearer token of its upgrade request, if it had one.
+    credential: Option<String>,
     incoming: Mutex<mpsc::Receiver<Vec<u8>>>,
     outgoing: mpsc::Sender<Out>,
 }
@@ -39,6 +41,11 @@ impl WebConn {
     /// The client's address (behind a trusted proxy, the one it reported).
     pub fn peer(&self) -> PeerAddr {
         self.peer.clone()
+    }
+
+    /// The bearer token its upgrade request carried.
+    pub fn credential(&self) -> Option<String> {
+        self.credential.clone()
     }
 
     /// The next message's bytes, if one is there; `None` once the socket
@@ -95,11 +102,13 @@ impl WebConn {
 pub(super) fn bridge(
     socket: WebSocket,
     peer: PeerAddr,
+    credential: Option<String>,
 ) -> (WebConn, impl Future<Output = ()> + Send) {
     let (in_tx, in_rx) = mpsc::channel(IN_MESSAGES);
     let (out_tx, out_rx) = mpsc::channel(OUT_FRAMES);
     let conn = WebConn {
         peer,
+        credential,
         incoming: Mutex::new(in_rx),
         outgoing: out_tx,
     };

@@ -166,15 +166,20 @@ async fn guard(
 async fn socket(
     State(web): State<Web>,
     axum::Extension(admitted): axum::Extension<Admitted>,
+    headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let credential = kernel::web::bearer(authorization).map(str::to_owned);
     let upgrade = match upgrade {
         Ok(upgrade) => upgrade,
         Err(rejection) => {
             let mut response = plain(
                 StatusCode::UPGRADE_REQUIRED,
                 format!(
-                    "{SOCKET_PATH} is pi protocol v1 over a WebSocket ({rejection}); open / for the web client\n"
+                    "{SOCKET_PATH} is pi protocol v1 or v8 over a WebSocket ({rejection}); open / for the web client\n"
                 ),
             );
             response
@@ -188,7 +193,7 @@ async fn socket(
         .max_message_size(web.max_message)
         .max_frame_size(web.max_message)
         .on_upgrade(move |socket| async move {
-            let (conn, serve) = conn::bridge(socket, admitted.client);
+            let (conn, serve) = conn::bridge(socket, admitted.client, credential);
             if upgraded.send(conn).await.is_ok() {
                 serve.await;
             }

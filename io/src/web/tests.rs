@@ -89,7 +89,10 @@ async fn the_socket_path_without_an_upgrade_is_a_plain_426() {
     let (status, head, body) = exchange(addr, &format!("GET /ws HTTP/1.1\r\nHost: {addr}")).await;
     assert_eq!(status, 426, "{head}");
     assert!(head.contains("upgrade: websocket"), "{head}");
-    assert!(body.contains("pi protocol v1 over a WebSocket"), "{body}");
+    assert!(
+        body.contains("pi protocol v1 or v8 over a WebSocket"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -117,6 +120,20 @@ async fn a_socket_from_a_foreign_origin_is_refused_and_the_page_origin_upgrades(
         .expect("the upgraded socket reaches the loop")
         .unwrap();
     assert_eq!(conn.peer(), PeerAddr("127.0.0.1".into()));
+    assert_eq!(conn.credential(), None);
+}
+
+/// A bearer token at the upgrade travels with the connection, for a v8
+/// hello (which has none) to be checked with.
+#[tokio::test]
+async fn the_upgrade_s_bearer_token_goes_with_the_connection() {
+    let (addr, mut rx) = listener().await;
+    let head = upgrade(addr, &addr.to_string(), &format!("http://{addr}"));
+    let (status, head, _) =
+        exchange(addr, &format!("{head}\r\nAuthorization: Bearer s3cret")).await;
+    assert_eq!(status, 101, "{head}");
+    let conn = rx.recv().await.unwrap();
+    assert_eq!(conn.credential().as_deref(), Some("s3cret"));
 }
 
 /// One message is one frame, both ways, and the end of the socket is the

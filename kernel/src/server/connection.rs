@@ -49,6 +49,8 @@ pub(crate) struct Connection {
     pub(crate) revisions: BTreeMap<String, u64>,
     /// The remote peer's address; `None` for a local client.
     pub(crate) peer: Option<PeerAddr>,
+    /// A credential its transport carried ([`super::Input::Presented`]).
+    pub(crate) presented: Option<super::Secret>,
     /// Set once a hello chose protocol v8: its route, requests and subscriptions.
     pub(crate) v8: Option<Box<super::v8::V8Conn>>,
 }
@@ -65,6 +67,7 @@ impl Connection {
             attached: BTreeSet::new(),
             revisions: BTreeMap::new(),
             peer,
+            presented: None,
             v8: None,
         }
     }

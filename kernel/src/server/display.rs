@@ -21,6 +21,7 @@ impl fmt::Display for Input {
                 conn,
                 peer: Some(peer),
             } => write!(f, "{conn} accepted from {peer}"),
+            Self::Presented { conn, .. } => write!(f, "{conn} presented a token"),
             Self::Received { conn, bytes } => write!(f, "{conn} received {}B", bytes.len()),
             Self::Written { conn, bytes } => write!(f, "{conn} wrote {bytes}B"),
             Self::Disconnected { conn } => write!(f, "{conn} disconnected"),

@@ -177,6 +177,16 @@ macro_rules! ensure_eq {
     }};
 }
 
+/// A credential: never printed (a server's inputs and state go to logs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
 /// Why the kernel closes a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
@@ -241,6 +251,10 @@ pub enum Input {
         conn: ConnId,
         peer: Option<PeerAddr>,
     },
+    /// The transport of `conn` carried a credential before any byte (a
+    /// WebSocket's `Authorization: Bearer` at its upgrade): a v8 hello,
+    /// which has no token, is checked with it.
+    Presented { conn: ConnId, token: Secret },
     /// Bytes arrived from a client, in stream order.
     Received { conn: ConnId, bytes: Vec<u8> },
     /// The driver wrote `bytes` of this connection's queued output.
@@ -469,6 +483,13 @@ impl Server {
             }
             Input::CatalogScanned { scan, sessions } => self.on_catalog_scanned(scan, sessions),
             Input::Accepted { conn, peer } => self.on_accepted(conn, peer),
+            Input::Presented { conn, token } => {
+                if let Some(c) = self.conns.get_mut(&conn)
+                    && c.stage == Stage::AwaitingHello
+                {
+                    c.presented = Some(token);
+                }
+            }
             Input::Received { conn, bytes } => self.on_received(conn, &bytes),
             Input::Written { conn, bytes } => self.on_written(conn, bytes),
             Input::Disconnected { conn } => self.on_disconnected(conn),
@@ -691,33 +712,8 @@ impl Server {
         if hello.version == PROTOCOL_VERSION_V8 {
             return self.on_hello_v8(id);
         }
-        if let Some(expected) = &self.config.token {
-            let peer = self.conns.get(&id).expect("checked").peer.clone();
-            if let Some(wait) = peer
-                .as_ref()
-                .and_then(|p| self.auth_throttle.locked(p, self.now))
-            {
-                let message = format!(
-                    "Too many failed tokens from this address; retry in {} s",
-                    wait.as_millis().div_ceil(1000)
-                );
-                return self.fail_protocol(id, ErrorCode::Auth, message);
-            }
-            let given = hello.token.as_deref().unwrap_or("");
-            if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-                let message = if hello.token.is_none() {
-                    "A token is required"
-                } else {
-                    "Invalid token"
-                };
-                if let Some(p) = peer {
-                    self.auth_throttle.failed(p, self.now);
-                }
-                return self.fail_protocol(id, ErrorCode::Auth, message.into());
-            }
-            if let Some(p) = &peer {
-                self.auth_throttle.succeeded(p);
-            }
+        if !self.authenticate(id, hello.token.as_deref(), "A token is required") {
+            return;
         }
         if hello.version != PROTOCOL_VERSION {
             let message = format!(
@@ -732,14 +728,57 @@ impl Server {
         }
     }
 
-    /// A v8 hello. v8 carries no token: the Unix socket's permissions are
-    /// its authentication, as pi's server prescribes; a remote listener with
-    /// a token refuses it, since nothing at its transport checked one.
+    /// Checks the token a client gave (in its v1 hello, or at its transport
+    /// for v8) against the configured one, in constant time, with failures
+    /// backing off per remote address. With no token configured anything
+    /// passes. A failure ends the connection with `hello_error auth`
+    /// (`missing` when no token was given) and returns false.
+    fn authenticate(&mut self, id: ConnId, given: Option<&str>, missing: &str) -> bool {
+        let Some(expected) = &self.config.token else {
+            return true;
+        };
+        let peer = self.conns.get(&id).expect("checked").peer.clone();
+        if let Some(wait) = peer
+            .as_ref()
+            .and_then(|p| self.auth_throttle.locked(p, self.now))
+        {
+            let message = format!(
+                "Too many failed tokens from this address; retry in {} s",
+                wait.as_millis().div_ceil(1000)
+            );
+            self.fail_protocol(id, ErrorCode::Auth, message);
+            return false;
+        }
+        if !constant_time_eq(given.unwrap_or("").as_bytes(), expected.as_bytes()) {
+            let message = match given {
+                None => missing,
+                Some(_) => "Invalid token",
+            };
+            if let Some(p) = peer {
+                self.auth_throttle.failed(p, self.now);
+            }
+            self.fail_protocol(id, ErrorCode::Auth, message.into());
+            return false;
+        }
+        if let Some(p) = &peer {
+            self.auth_throttle.succeeded(p);
+        }
+        true
+    }
+
+    /// A v8 hello. v8 carries no token: over the Unix socket its
+    /// permissions are the check, as pi's server prescribes; a remote
+    /// client presents the token at its transport (the WebSocket upgrade's
+    /// `Authorization: Bearer`, [`Input::Presented`]).
     fn on_hello_v8(&mut self, id: ConnId) {
-        let remote = self.conns[&id].peer.is_some();
-        if self.config.token.is_some() && remote {
-            let message = "Protocol v8 carries no token; this listener needs one (use protocol v1, or the Unix socket)";
-            return self.fail_protocol(id, ErrorCode::Auth, message.into());
+        let conn = &self.conns[&id];
+        if conn.peer.is_some() {
+            let presented = conn.presented.as_ref().map(|s| s.0.clone());
+            let missing = "Protocol v8 carries no token: present it at the transport \
+                 (Authorization: Bearer on the WebSocket upgrade), or use protocol v1";
+            if !self.authenticate(id, presented.as_deref(), missing) {
+                return;
+            }
         }
         let conn = self.conns.get_mut(&id).expect("checked");
         conn.v8 = Some(Box::default());
@@ -1229,6 +1268,7 @@ impl Server {
     fn scope_of(&self, input: &Input) -> Scope {
         match input {
             Input::Accepted { conn, .. }
+            | Input::Presented { conn, .. }
             | Input::Received { conn, .. }
             | Input::Written { conn, .. }
             | Input::Disconnected { conn } => Scope::Touched {

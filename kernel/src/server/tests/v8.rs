@@ -295,8 +295,50 @@ fn a_remote_v8_hello_needs_the_transport_to_have_checked_a_token() {
     });
     assert!(h.v8_sent(conn)[0].contains(r#""code":"auth""#));
     assert!(outputs.iter().any(|o| matches!(o, Output::Close { .. })));
+    assert!(h.v8_sent(conn)[0].contains("present it at the transport"));
     // Over the Unix socket, its permissions are the check.
     h.connect_v8(ConnId(2));
+    // A remote client that presented the token at its transport is in; a
+    // wrong one is refused as a wrong v1 token is, and backs off.
+    let hello = || {
+        raw(obj(vec![
+            ("type", Value::text("hello")),
+            ("version", Value::Int(8)),
+        ]))
+    };
+    for (conn, token, admitted) in [(ConnId(3), "secret", true), (ConnId(4), "guess", false)] {
+        h.step(Input::Accepted {
+            conn,
+            peer: Some(PeerAddr("203.0.113.10".into())),
+        });
+        h.step(Input::Presented {
+            conn,
+            token: Secret(token.into()),
+        });
+        h.step(Input::Received {
+            conn,
+            bytes: hello(),
+        });
+        let first = &h.v8_sent(conn)[0];
+        assert_eq!(
+            first.contains(r#""type":"hello","version":8"#),
+            admitted,
+            "{first}"
+        );
+        if !admitted {
+            assert!(first.contains("Invalid token"), "{first}");
+        }
+    }
+    assert!(
+        !format!(
+            "{:?}",
+            Input::Presented {
+                conn: ConnId(9),
+                token: Secret("secret".into())
+            }
+        )
+        .contains("secret\"")
+    );
 }
 
 fn reply(id: &str, text: &str) -> TranscriptItem {

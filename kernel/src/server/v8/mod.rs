@@ -333,6 +333,15 @@ impl Server {
         self.conns.get_mut(&conn)?.v8.as_deref_mut()
     }
 
+    /// `pi.transcript`'s state of a live session (its value, and the
+    /// sequence of its last publication) while the session keeps pi's
+    /// states for v8 clients: from its first v8 attach until it is no
+    /// longer live. Read-only; the simulator compares v8 subscribers'
+    /// replicas with it.
+    pub fn v8_transcript(&self, session_id: &str) -> Option<&State> {
+        Some(&self.sessions.get(session_id)?.v8.as_deref()?.transcript)
+    }
+
     /// Whether `conn` speaks v8.
     pub(super) fn is_v8(&self, conn: ConnId) -> bool {
         self.v8(conn).is_some()
