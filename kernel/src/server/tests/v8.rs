@@ -743,3 +743,127 @@ fn v1_and_v8_clients_share_a_session() {
     );
     assert_eq!(h.server.attachments(ConnId(1)), [session]);
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces v8 requests are made of: real service and member names, and
+    /// arguments of every shape, so that both the routing and the services'
+    /// argument checks are reached.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-3i64..5).prop_map(Value::Int),
+            prop::sample::select(vec!["", "s1", "demo-1", "1", "x", "probe", "hi"])
+                .prop_map(Value::text),
+        ];
+        leaf.prop_recursive(2, 8, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop::sample::select(vec![
+                        "id",
+                        "message",
+                        "images",
+                        "provider",
+                        "modelId",
+                        "packagePaths",
+                    ]),
+                    inner,
+                    0..3
+                )
+                .prop_map(|pairs| obj(pairs.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn request() -> impl Strategy<Value = (u8, String, String, Vec<Value>, bool)> {
+        (
+            0u8..4,
+            prop::sample::select(vec![
+                "$chord.service",
+                "pi.session-directory",
+                "pi.session-management",
+                "pi.presentation-plugins",
+                "pi.agent-controller",
+                "pi.models",
+                "pi.transcript",
+                "pi.session-plugins",
+                "no.such",
+            ])
+            .prop_map(String::from),
+            prop::sample::select(vec![
+                "catalogue",
+                "subscribe",
+                "unsubscribe",
+                "create",
+                "attach",
+                "detach",
+                "remove",
+                "prompt",
+                "steer",
+                "abort",
+                "waitForPrompt",
+                "select",
+                "selectThinking",
+                "cycleThinking",
+                "getThinkingLevels",
+                "prepareSession",
+                "reload",
+                "state",
+                "x",
+            ])
+            .prop_map(String::from),
+            prop::collection::vec(value(), 0..3),
+            any::<bool>(),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Any sequence of well-framed v8 requests, to either scope, with
+        /// any arguments: the server never panics (debug builds check every
+        /// invariant after each step), every request is answered or still
+        /// active, and a v1 client beside it is still served.
+        #[test]
+        fn any_requests_leave_the_server_whole(requests in prop::collection::vec(request(), 1..24)) {
+            let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+            let c = ConnId(2);
+            h.connect_v8(c);
+            let session = stored(1).id;
+            h.attach_v8(c, &session, &history(&session, 1, 1));
+            for (i, (target, service, member, args, bad_id)) in requests.into_iter().enumerate() {
+                let target = match target {
+                    0 | 1 => server_target(),
+                    2 => h.route(c),
+                    _ => obj(vec![
+                        ("serverId", Value::text(SERVER)),
+                        ("sessionId", Value::text(&session)),
+                        ("attachmentId", Value::text("stale")),
+                    ]),
+                };
+                let id = if bad_id { "same".to_string() } else { format!("r{i}") };
+                let args = match (service.as_str(), member.as_str()) {
+                    ("$chord.service", "subscribe") if args.is_empty() => vec![
+                        Value::text(format!("sub{i}")),
+                        Value::text("pi.transcript"),
+                        Value::text("singleton"),
+                    ],
+                    _ => args,
+                };
+                h.send_v8(c, &id, target.clone(), call(&service, &member, args));
+                if h.server.connection_stage(c) != Some(Stage::Ready) {
+                    break;
+                }
+            }
+            let outputs = h.request(ConnId(1), "list", Command::List);
+            let closed = outputs
+                .iter()
+                .any(|o| matches!(o, Output::Close { conn, .. } if *conn == ConnId(1)));
+            prop_assert!(!closed, "the v1 client was closed");
+            prop_assert!(matches!(h.last(ConnId(1)), ServerMessage::Response(_)));
+        }
+    }
+}
