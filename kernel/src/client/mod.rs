@@ -53,6 +53,7 @@
 #![warn(missing_docs)]
 
 pub mod follow;
+pub mod front;
 pub mod lease;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,487 @@
+//! The client side of one session, as every front end sees it: what a
+//! typed line becomes and when it may go, what a refused or interrupted
+//! line becomes, and where the user's turn starts. The terminal UI, the
+//! CLI's line mode and `prompt`, and the ACP adapter drive it; none of
+//! them decides any of this again.
+//!
+//! ```text
+//!  Typed ──► held ──(link up; idle, no prompt of ours on its way)──► Prompt
+//!              └────(link up; the server says a turn runs)─────────► Steer
+//! ```
+//!
+//! **What a line becomes.** A line goes out as a prompt when the session is
+//! idle and no prompt of ours is on its way; as a steer once the server
+//! says a turn runs (a steer sent before the turn started would be
+//! refused); otherwise, and while the connection is away, it is held, in
+//! order.
+//!
+//! **What a refusal does (one rule).** A line refused because the session
+//! was not in the state it needed (`busy`: a steer whose turn ended first,
+//! a prompt that met another client's turn) is held again and decided
+//! afresh, at most [`MAX_RETRIES`] times; any other refusal, and a line
+//! whose call was lost with the connection (it cannot be known to have
+//! run), is handed back to the user ([`Output::HandBack`]). An abort hands
+//! back the lines still held and the steers it withdrew. So no typed line
+//! is lost silently, and none is taken twice: a line is resent only after
+//! the server refused it.
+//!
+//! **Where a turn starts.** At the transcript length the session had when
+//! our prompt went out ([`Front::turn_start`]): its user item and
+//! everything after it are the turn's.
+//!
+//! The machine takes no time (it has no deadline) and no bytes: its driver
+//! sends the requests through a [`super::Client`] and reports answers,
+//! phases and the connection's state.
+
+use super::ClientError;
+use crate::protocol::{ErrorCode, SessionPhase};
+use std::collections::{BTreeMap, VecDeque};
+
+/// How often a line refused for the session's state is decided again
+/// before it is handed back.
+pub const MAX_RETRIES: u8 = 2;
+
+/// What a line is sent as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Start a turn.
+    Prompt(String),
+    /// Queue text into the running turn.
+    Steer(String),
+    /// End the running turn.
+    Abort,
+}
+
+/// A call's answer, as the driver reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The prompt's turn ended; the session's phase after it.
+    Prompt {
+        /// The phase the answer's snapshot shows.
+        phase: SessionPhase,
+    },
+    /// The steer was queued.
+    Steer,
+    /// The abort was taken; the steers it withdrew (the model never saw them).
+    Abort {
+        /// Their texts, oldest first.
+        withdrawn: Vec<String>,
+    },
+}
+
+/// The connection as the front end's client reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Connected and attached.
+    Up,
+    /// Lost; a reconnection is under way.
+    Reconnecting,
+    /// Gone for good.
+    Closed,
+}
+
+/// One input to [`Front::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The user entered a line (blank ones are ignored).
+    Typed(String),
+    /// The user asks to end the running turn.
+    Abort,
+    /// No more lines will be typed (end of input).
+    EndOfInput,
+    /// The server's latest word on the session: its phase and transcript length.
+    Session {
+        /// Its phase.
+        phase: SessionPhase,
+        /// Items in its transcript.
+        transcript_len: usize,
+    },
+    /// A call from an [`Output::Send`] finished.
+    Answered {
+        /// The call.
+        call: u64,
+        /// Its outcome.
+        outcome: Result<Answer, ClientError>,
+    },
+    /// The connection changed.
+    Link(Link),
+}
+
+/// Why a line came back to the user.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Why {
+    /// The server refused it (and it was not a matter of waiting).
+    Refused(ClientError),
+    /// It was refused for the session's state too often.
+    StillBusy,
+    /// Its call was lost with the connection: it may or may not have run.
+    Lost(String),
+    /// The user aborted before it went out.
+    Aborted,
+    /// The abort withdrew it before the model saw it.
+    Withdrawn,
+    /// The connection is closed for good.
+    Closed,
+}
+
+/// Something the front end tells the user.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// Lines are held until the connection is back.
+    Held {
+        /// How many.
+        lines: usize,
+    },
+    /// The connection was lost; a reconnection is under way.
+    Reconnecting,
+    /// The connection is back.
+    Reconnected,
+    /// A refused line goes again, as a prompt or a steer.
+    Retrying {
+        /// The line.
+        text: String,
+    },
+    /// An abort was asked with no turn running.
+    NothingToAbort,
+    /// An abort went out.
+    Aborting,
+    /// The abort was refused.
+    AbortRefused(ClientError),
+}
+
+/// One output of [`Front::step`], carried out in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Send `request`; report its answer as [`Input::Answered`] with `call`.
+    Send {
+        /// A token unique within this machine.
+        call: u64,
+        /// What to send.
+        request: Request,
+    },
+    /// Give the line back to the user (the TUI puts it in the input, a
+    /// line-mode CLI prints it, ACP answers with the reason).
+    HandBack {
+        /// The line.
+        text: String,
+        /// Why.
+        why: Why,
+    },
+    /// Tell the user.
+    Notice(Notice),
+    /// Input ended, every line went out or came back, and no turn of ours runs.
+    Finished,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Held {
+    text: String,
+    /// A steer of it was refused because no turn ran: only a prompt will do.
+    prompt_only: bool,
+    retries: u8,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Sent {
+    Prompt(Held),
+    Steer(Held),
+    Abort,
+}
+
+/// The client side of one session. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Front {
+    phase: SessionPhase,
+    transcript_len: usize,
+    link: Link,
+    held: VecDeque<Held>,
+    sent: BTreeMap<u64, Sent>,
+    /// The call of our prompt on its way, if one is.
+    prompting: Option<u64>,
+    aborting: bool,
+    ended: bool,
+    finished: bool,
+    turn_start: Option<usize>,
+    next_call: u64,
+    out: Vec<Output>,
+}
+
+impl Front {
+    /// A session as its attach showed it.
+    pub fn new(phase: SessionPhase, transcript_len: usize) -> Self {
+        Self {
+            phase,
+            transcript_len,
+            link: Link::Up,
+            held: VecDeque::new(),
+            sent: BTreeMap::new(),
+            prompting: None,
+            aborting: false,
+            ended: false,
+            finished: false,
+            turn_start: None,
+            next_call: 1,
+            out: Vec::new(),
+        }
+    }
+
+    /// Processes one input; returns what to do, in order.
+    pub fn step(&mut self, input: Input) -> Vec<Output> {
+        match input {
+            Input::Typed(text) if self.link == Link::Closed && !text.trim().is_empty() => {
+                self.out.push(Output::HandBack {
+                    text,
+                    why: Why::Closed,
+                });
+            }
+            Input::Typed(text) => {
+                if !text.trim().is_empty() {
+                    self.held.push_back(Held {
+                        text,
+                        prompt_only: false,
+                        retries: 0,
+                    });
+                    if self.link == Link::Reconnecting {
+                        let lines = self.held.len();
+                        self.out.push(Output::Notice(Notice::Held { lines }));
+                    }
+                }
+            }
+            Input::Abort => self.on_abort(),
+            Input::EndOfInput => self.ended = true,
+            Input::Session {
+                phase,
+                transcript_len,
+            } => {
+                if phase == SessionPhase::Idle {
+                    self.aborting = false;
+                }
+                self.phase = phase;
+                self.transcript_len = transcript_len;
+            }
+            Input::Answered { call, outcome } => self.on_answer(call, outcome),
+            Input::Link(link) => self.on_link(link),
+        }
+        self.pump();
+        self.check();
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether a turn runs or our prompt is on its way: what Enter would
+    /// be, what the input box says, what Ctrl-C does.
+    pub fn busy(&self) -> bool {
+        self.prompting.is_some() || self.phase != SessionPhase::Idle
+    }
+
+    /// Whether an abort of ours is on its way or not yet seen to end the turn.
+    pub fn aborting(&self) -> bool {
+        self.aborting
+    }
+
+    /// Lines typed and not sent yet.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The connection as last reported.
+    pub fn link(&self) -> Link {
+        self.link
+    }
+
+    /// Where our latest prompt's turn starts in the transcript (the length
+    /// it had when the prompt went out).
+    pub fn turn_start(&self) -> Option<usize> {
+        self.turn_start
+    }
+
+    fn call(&mut self, sent: Sent) -> u64 {
+        let call = self.next_call;
+        self.next_call += 1;
+        let request = match &sent {
+            Sent::Prompt(line) => Request::Prompt(line.text.clone()),
+            Sent::Steer(line) => Request::Steer(line.text.clone()),
+            Sent::Abort => Request::Abort,
+        };
+        self.sent.insert(call, sent);
+        self.out.push(Output::Send { call, request });
+        call
+    }
+
+    /// Sends what may go now.
+    fn pump(&mut self) {
+        while self.link == Link::Up
+            && let Some(line) = self.held.front()
+        {
+            if self.phase != SessionPhase::Idle && !line.prompt_only {
+                let line = self.held.pop_front().expect("a front");
+                self.call(Sent::Steer(line));
+            } else if self.busy() {
+                break;
+            } else {
+                let line = self.held.pop_front().expect("a front");
+                self.turn_start = Some(self.transcript_len);
+                let call = self.call(Sent::Prompt(line));
+                self.prompting = Some(call);
+            }
+        }
+        if self.ended
+            && !self.finished
+            && self.held.is_empty()
+            && self.sent.is_empty()
+            && !self.busy()
+        {
+            self.finished = true;
+            self.out.push(Output::Finished);
+        }
+    }
+
+    fn on_abort(&mut self) {
+        if !self.busy() {
+            self.out.push(Output::Notice(Notice::NothingToAbort));
+            return;
+        }
+        for line in std::mem::take(&mut self.held) {
+            self.out.push(Output::HandBack {
+                text: line.text,
+                why: Why::Aborted,
+            });
+        }
+        if !self.aborting {
+            self.aborting = true;
+            self.out.push(Output::Notice(Notice::Aborting));
+            self.call(Sent::Abort);
+        }
+    }
+
+    fn on_answer(&mut self, call: u64, outcome: Result<Answer, ClientError>) {
+        let Some(sent) = self.sent.remove(&call) else {
+            return;
+        };
+        if self.prompting == Some(call) {
+            self.prompting = None;
+        }
+        match (sent, outcome) {
+            (Sent::Prompt(_), Ok(Answer::Prompt { phase })) => self.phase = phase,
+            (Sent::Steer(_), Ok(_)) | (Sent::Prompt(_), Ok(_)) => {}
+            (Sent::Abort, Ok(answer)) => {
+                if let Answer::Abort { withdrawn } = answer {
+                    for text in withdrawn {
+                        self.out.push(Output::HandBack {
+                            text,
+                            why: Why::Withdrawn,
+                        });
+                    }
+                }
+            }
+            (Sent::Abort, Err(error)) => {
+                self.aborting = false;
+                self.out.push(Output::Notice(Notice::AbortRefused(error)));
+            }
+            (Sent::Prompt(line), Err(error)) if is_busy(&error) => self.retry(line, false),
+            (Sent::Steer(line), Err(error)) if is_busy(&error) => self.retry(line, true),
+            (Sent::Prompt(line) | Sent::Steer(line), Err(error)) => {
+                let why = match error {
+                    ClientError::Disconnected(how) => Why::Lost(how),
+                    other => Why::Refused(other),
+                };
+                self.out.push(Output::HandBack {
+                    text: line.text,
+                    why,
+                });
+            }
+        }
+    }
+
+    /// A line refused for the session's state: held again (first, since it
+    /// was typed before the rest), or handed back after [`MAX_RETRIES`].
+    /// A refused steer found no turn: only a prompt will do now. A refused
+    /// prompt met a turn: it steers that one once the server shows it.
+    fn retry(&mut self, mut line: Held, was_steer: bool) {
+        let why = match self.link {
+            Link::Closed => Some(Why::Closed),
+            _ if line.retries >= MAX_RETRIES => Some(Why::StillBusy),
+            _ => None,
+        };
+        if let Some(why) = why {
+            self.out.push(Output::HandBack {
+                text: line.text,
+                why,
+            });
+            return;
+        }
+        line.retries += 1;
+        line.prompt_only = was_steer;
+        if !was_steer && self.phase == SessionPhase::Idle {
+            // The server just said a turn runs; its snapshot is on its way.
+            self.phase = SessionPhase::Turn;
+        }
+        self.out.push(Output::Notice(Notice::Retrying {
+            text: line.text.clone(),
+        }));
+        self.held.push_front(line);
+    }
+
+    fn on_link(&mut self, link: Link) {
+        let was = self.link;
+        self.link = link;
+        match (was, link) {
+            (Link::Up, Link::Reconnecting) => self.out.push(Output::Notice(Notice::Reconnecting)),
+            (Link::Reconnecting, Link::Up) => self.out.push(Output::Notice(Notice::Reconnected)),
+            (_, Link::Closed) => {
+                for line in std::mem::take(&mut self.held) {
+                    self.out.push(Output::HandBack {
+                        text: line.text,
+                        why: Why::Closed,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The machine's invariants, asserted after every step in debug builds.
+    pub fn invariants(&self) -> Result<(), String> {
+        if let Some(call) = self.prompting
+            && !matches!(self.sent.get(&call), Some(Sent::Prompt(_)))
+        {
+            return Err(format!("prompting {call} is not a prompt on its way"));
+        }
+        let prompts = self
+            .sent
+            .values()
+            .filter(|s| matches!(s, Sent::Prompt(_)))
+            .count();
+        if prompts > 1 {
+            return Err(format!("{prompts} prompts of ours on their way"));
+        }
+        if self.held.iter().any(|l| l.text.trim().is_empty()) {
+            return Err("a blank line is held".into());
+        }
+        if self.held.iter().any(|l| l.retries > MAX_RETRIES) {
+            return Err("a line was retried past the bound".into());
+        }
+        if self.link == Link::Closed && !self.held.is_empty() {
+            return Err("lines held on a closed connection".into());
+        }
+        if self.finished && !(self.held.is_empty() && self.sent.is_empty()) {
+            return Err("finished with lines left".into());
+        }
+        Ok(())
+    }
+
+    fn check(&self) {
+        if cfg!(debug_assertions)
+            && let Err(broken) = self.invariants()
+        {
+            panic!("front: {broken}");
+        }
+    }
+}
+
+/// A refusal that says the session was not in the state the line needed.
+fn is_busy(error: &ClientError) -> bool {
+    matches!(error, ClientError::Server(e) if e.code == ErrorCode::Busy)
+}
+
+#[cfg(test)]
+mod tests;
