@@ -111,6 +111,21 @@ impl From<machine::ClientError> for ClientError {
     }
 }
 
+/// The kernel machines' view of a failed call: a socket error is a lost
+/// connection.
+impl From<ClientError> for machine::ClientError {
+    fn from(error: ClientError) -> Self {
+        match error {
+            ClientError::Io(e) => Self::Disconnected(e.to_string()),
+            ClientError::Server(e) => Self::Server(e),
+            ClientError::Protocol(m) => Self::Protocol(m),
+            ClientError::Disconnected(m) => Self::Disconnected(m),
+            ClientError::Ownership { session_id } => Self::Ownership { session_id },
+            ClientError::Detached { session_id } => Self::Detached { session_id },
+        }
+    }
+}
+
 impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -635,6 +650,46 @@ impl Client {
 /// final snapshot, as its response would have.
 fn resumed_result(session: SessionSnapshot) -> CommandResult {
     CommandResult::Prompt { session }
+}
+
+impl Client {
+    /// Carries out a request of a session's [`machine::front::Front`] and
+    /// returns its answer for the machine, with the answer's snapshot (a
+    /// prompt's is its turn's end, for the front end to show).
+    pub async fn front_request(
+        &self,
+        session_id: &str,
+        request: &machine::front::Request,
+    ) -> (
+        Result<machine::front::Answer, machine::ClientError>,
+        Option<SessionSnapshot>,
+    ) {
+        use machine::front::{Answer, Request};
+        let result = match request {
+            Request::Prompt(text) => self.prompt(session_id, text).await,
+            Request::Steer(text) => self.steer(session_id, text).await,
+            Request::Abort => self.abort(session_id).await,
+        };
+        match result {
+            Err(e) => (Err(e.into()), None),
+            Ok(snapshot) => {
+                let answer = match request {
+                    Request::Prompt(_) => Answer::Prompt {
+                        phase: snapshot.phase,
+                    },
+                    Request::Steer(_) => Answer::Steer,
+                    Request::Abort => Answer::Abort {
+                        withdrawn: snapshot
+                            .queued_steer
+                            .iter()
+                            .map(|u| machine::follow::text_of(&u.content))
+                            .collect(),
+                    },
+                };
+                (Ok(answer), Some(snapshot))
+            }
+        }
+    }
 }
 
 fn session_of(result: CommandResult) -> Result<SessionSnapshot, ClientError> {

@@ -3,15 +3,17 @@
 //! them.
 //!
 //! What is new in the session is the kernel [`Follower`]'s decision; when a
-//! line may go out, and as what, is [`Feed`]'s; [`Plain`] only formats.
+//! line may go out, as what, and what a refused one becomes is the kernel
+//! [`Front`]'s; [`Plain`] only formats.
 
 use super::Failure;
 use crate::client::{Client, Status};
 use crate::tui::view::sanitize;
 use kernel::client::follow::{self, Follower, Update};
+use kernel::client::front::{self, Front, Link, Notice, Output, Request};
 use kernel::protocol::codec::Schema;
-use kernel::protocol::{AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ToolStatus};
-use std::collections::{BTreeSet, VecDeque};
+use kernel::protocol::{AssistantStatus, ServerEvent, SessionSnapshot, ToolStatus};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
@@ -177,87 +179,6 @@ pub(super) fn print_log(snapshot: &SessionSnapshot, json: bool) {
     print(&out);
 }
 
-/// What to send for a line of input.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Send {
-    Prompt(String),
-    Steer(String),
-}
-
-/// Lines of input waiting for the session to take them. A line goes out as
-/// a prompt when the session is idle and no prompt of ours is on its way,
-/// as a steer once the server says a turn runs, and otherwise waits (a
-/// steer sent before the turn started would be refused). A steer the
-/// server refused (its turn ended first) comes back as a prompt, so no line
-/// is lost. At end of input the feed is finished once the last turn ended.
-#[derive(Debug)]
-pub(super) struct Feed {
-    /// Lines to send, and whether each must wait for an idle session.
-    queue: VecDeque<(String, bool)>,
-    eof: bool,
-    prompting: bool,
-    phase: SessionPhase,
-}
-
-impl Feed {
-    pub(super) fn new(phase: SessionPhase) -> Self {
-        Self {
-            queue: VecDeque::new(),
-            eof: false,
-            prompting: false,
-            phase,
-        }
-    }
-
-    pub(super) fn line(&mut self, line: String) {
-        if !line.trim().is_empty() {
-            self.queue.push_back((line, false));
-        }
-    }
-
-    /// A steer was refused (the turn ended before it arrived): the line is
-    /// sent again, first, as a prompt.
-    pub(super) fn steer_refused(&mut self, line: String) {
-        self.queue.push_front((line, true));
-    }
-
-    pub(super) fn end_of_input(&mut self) {
-        self.eof = true;
-    }
-
-    pub(super) fn phase(&mut self, phase: SessionPhase) {
-        self.phase = phase;
-    }
-
-    /// Our prompt's request settled.
-    pub(super) fn prompt_done(&mut self, phase: SessionPhase) {
-        self.prompting = false;
-        self.phase = phase;
-    }
-
-    pub(super) fn busy(&self) -> bool {
-        self.prompting || self.phase != SessionPhase::Idle
-    }
-
-    /// The next line to send now, if any.
-    pub(super) fn next(&mut self) -> Option<Send> {
-        let (_, prompt_only) = self.queue.front()?;
-        if self.phase != SessionPhase::Idle && !prompt_only {
-            return self.queue.pop_front().map(|(line, _)| Send::Steer(line));
-        }
-        if self.prompting || self.phase != SessionPhase::Idle {
-            return None;
-        }
-        self.prompting = true;
-        self.queue.pop_front().map(|(line, _)| Send::Prompt(line))
-    }
-
-    /// Input ended, every line went out and the last turn is over.
-    pub(super) fn finished(&self) -> bool {
-        self.eof && self.queue.is_empty() && !self.busy()
-    }
-}
-
 /// Lines of stdin, read on a plain thread (a blocking read must not hold up
 /// the runtime's shutdown). The channel closes at end of input.
 fn stdin_lines() -> mpsc::Receiver<String> {
@@ -273,16 +194,32 @@ fn stdin_lines() -> mpsc::Receiver<String> {
     receiver
 }
 
-enum Done {
-    Prompt(Result<SessionSnapshot, String>),
-    /// A steer's result, with its text.
-    Steer(Result<(), String>, String),
-    Abort(Result<(), String>),
+/// The answer to a call of the session's [`Front`], with its snapshot.
+type Answered = (
+    u64,
+    Result<front::Answer, kernel::client::ClientError>,
+    Option<SessionSnapshot>,
+);
+
+/// Why a line came back, as the user reads it.
+fn why(why: &front::Why) -> String {
+    match why {
+        front::Why::Refused(e) => format!("refused: {e}"),
+        front::Why::StillBusy => "the session stayed busy".into(),
+        front::Why::Lost(how) => {
+            format!("the connection was lost while it was sent ({how}); it may have run")
+        }
+        front::Why::Aborted => "the turn was aborted before it went out".into(),
+        front::Why::Withdrawn => "the abort withdrew it before the model saw it".into(),
+        front::Why::Closed => "the connection is closed".into(),
+    }
 }
 
 /// `attach` without a terminal: follows session `id` (attached by `client`,
-/// its snapshot `snapshot`), feeding it stdin's lines, until input ends and
-/// the last turn is over, Ctrl-C when idle, or the session goes away.
+/// its snapshot `snapshot`), feeding it stdin's lines as the kernel's
+/// [`Front`] decides, until input ends and the last turn is over, Ctrl-C
+/// when idle, or the session goes away. A line the session does not take
+/// is printed back on stderr, never dropped.
 pub(super) async fn run_lines(
     client: Arc<Client>,
     id: &str,
@@ -299,11 +236,12 @@ pub(super) async fn run_lines(
         label_others: true,
         ..Plain::default()
     };
-    let mut feed = Feed::new(snapshot.phase);
+    let mut front = Front::new(snapshot.phase, snapshot.transcript.len());
     let mut lines = stdin_lines();
     let mut lines_open = true;
-    let mut aborting = false;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    // Calls on their way are bounded by the front: one prompt, one abort,
+    // and the steers of the lines typed.
+    let (done_tx, mut done_rx) = mpsc::channel::<Answered>(16);
     eprintln!(
         "attached to session {id} ({}, {} transcript items); each line of input is a prompt, or a steer while a turn runs",
         snapshot.phase.as_str(),
@@ -311,25 +249,26 @@ pub(super) async fn run_lines(
     );
     loop {
         let mut out = String::new();
-        tokio::select! {
+        let input = tokio::select! {
             biased;
             changed = status.changed() => match changed {
                 Ok(()) => match &*status.borrow_and_update() {
                     Status::Reconnecting { reason } => {
                         follower.gap();
                         plain.finish(&mut out);
-                        eprintln!("(lost the server: {reason}; reconnecting)");
+                        eprintln!("(lost the server: {reason})");
+                        front::Input::Link(Link::Reconnecting)
                     }
-                    Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
-                    Status::Ready { .. } => {}
+                    Status::Ready { .. } => front::Input::Link(Link::Up),
                     Status::Closed { error } => {
+                        front.step(front::Input::Link(Link::Closed));
                         break Err(format!("the connection to the server ended: {error}").into());
                     }
                 },
                 Err(_) => break Err("the client ended".to_string().into()),
             },
-            Some(done) = done_rx.recv() => match done {
-                Done::Prompt(Ok(snapshot)) => {
+            Some((call, outcome, answered)) = done_rx.recv() => {
+                if let Some(snapshot) = answered.filter(|_| matches!(outcome, Ok(front::Answer::Prompt { .. }))) {
                     if !json {
                         for update in follower.on_snapshot(&snapshot) {
                             plain.show(update, &mut out);
@@ -342,20 +281,8 @@ pub(super) async fn run_lines(
                         Ok(summary) => eprintln!("[turn complete: {summary}]"),
                         Err(problem) => eprintln!("[turn ended: {problem}]"),
                     }
-                    let phase = client.session_snapshot(id).map_or(snapshot.phase, |s| s.phase);
-                    feed.prompt_done(phase);
                 }
-                Done::Prompt(Err(e)) => {
-                    let phase = client.session_snapshot(id).map_or(SessionPhase::Idle, |s| s.phase);
-                    feed.prompt_done(phase);
-                    eprintln!("(prompt refused: {e})");
-                }
-                Done::Steer(Err(e), text) => {
-                    eprintln!("(steer refused: {e}; sending it as a prompt)");
-                    feed.steer_refused(text);
-                }
-                Done::Abort(Err(e)) => eprintln!("(cannot abort: {e})"),
-                Done::Steer(Ok(()), _) | Done::Abort(Ok(())) => {}
+                front::Input::Answered { call, outcome }
             },
             event = events.recv() => match event {
                 Ok(event) => {
@@ -368,69 +295,77 @@ pub(super) async fn run_lines(
                     }
                     match &event {
                         ServerEvent::SessionSnapshot { snapshot } if snapshot.id == id => {
-                            let phase = client.session_snapshot(id).map_or(snapshot.phase, |s| s.phase);
-                            feed.phase(phase);
-                            if phase == SessionPhase::Idle {
-                                aborting = false;
+                            front::Input::Session {
+                                phase: snapshot.phase,
+                                transcript_len: snapshot.transcript.len(),
                             }
                         }
                         ServerEvent::SessionRemoved { session_id } if session_id == id => {
                             print(&out);
                             break Err(format!("session {id} was removed").into());
                         }
-                        _ => {}
+                        _ => {
+                            print(&out);
+                            continue;
+                        }
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => follower.gap(),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    follower.gap();
+                    continue;
+                }
                 Err(broadcast::error::RecvError::Closed) => break Err("the client ended".to_string().into()),
             },
             line = lines.recv(), if lines_open => match line {
-                Some(line) => feed.line(line),
+                Some(line) => front::Input::Typed(line),
                 None => {
                     lines_open = false;
-                    feed.end_of_input();
+                    front::Input::EndOfInput
                 }
             },
             _ = sigint.recv() => {
                 plain.finish(&mut out);
                 print(&out);
-                if !feed.busy() || aborting {
+                out.clear();
+                if !front.busy() || front.aborting() {
                     break Err(Failure::interrupted());
                 }
-                aborting = true;
-                eprintln!("(aborting the turn; Ctrl-C again leaves)");
-                let (client, id, done) = (Arc::clone(&client), id.to_owned(), done_tx.clone());
-                tokio::spawn(async move {
-                    let r = client.abort(&id).await.map(drop).map_err(|e| e.to_string());
-                    let _ = done.send(Done::Abort(r));
-                });
-                continue;
+                front::Input::Abort
             }
-        }
-        while let Some(send) = feed.next() {
-            let (client, id, done) = (Arc::clone(&client), id.to_owned(), done_tx.clone());
-            match send {
-                Send::Prompt(text) => {
-                    follower.expect_own(text.clone());
+        };
+        let mut finished = false;
+        for output in front.step(input) {
+            match output {
+                Output::Send { call, request } => {
+                    if let Request::Prompt(text) | Request::Steer(text) = &request {
+                        follower.expect_own(text.clone());
+                    }
+                    let (client, id, done) = (Arc::clone(&client), id.to_owned(), done_tx.clone());
                     tokio::spawn(async move {
-                        let r = client.prompt(&id, &text).await.map_err(|e| e.to_string());
-                        let _ = done.send(Done::Prompt(r));
+                        let (outcome, snapshot) = client.front_request(&id, &request).await;
+                        let _ = done.send((call, outcome, snapshot)).await;
                     });
                 }
-                Send::Steer(text) => {
-                    follower.expect_own(text.clone());
-                    tokio::spawn(async move {
-                        let r = client
-                            .steer(&id, &text)
-                            .await
-                            .map(drop)
-                            .map_err(|e| e.to_string());
-                        let _ = done.send(Done::Steer(r, text));
-                    });
+                Output::HandBack { text, why: reason } => {
+                    eprintln!("(line not taken: {}) {text}", why(&reason))
                 }
+                Output::Notice(notice) => match notice {
+                    Notice::Held { lines } => {
+                        eprintln!("(holding {lines} line(s) until the server is back)")
+                    }
+                    Notice::Reconnecting => eprintln!("(reconnecting)"),
+                    Notice::Reconnected => eprintln!("(reconnected)"),
+                    Notice::Retrying { text } => {
+                        eprintln!("(the session was busy; sending again) {text}")
+                    }
+                    Notice::NothingToAbort => {}
+                    Notice::Aborting => eprintln!("(aborting the turn; Ctrl-C again leaves)"),
+                    Notice::AbortRefused(e) => eprintln!("(cannot abort: {e})"),
+                },
+                Output::Finished => finished = true,
             }
         }
-        if feed.finished() {
+        if finished {
             plain.finish(&mut out);
             print(&out);
             break Ok(());
@@ -442,45 +377,6 @@ pub(super) async fn run_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lines_go_out_when_the_session_can_take_them() {
-        let mut feed = Feed::new(SessionPhase::Idle);
-        feed.line("first".into());
-        feed.line("second".into());
-        feed.line("   ".into());
-        assert_eq!(feed.next(), Some(Send::Prompt("first".into())));
-        assert_eq!(
-            feed.next(),
-            None,
-            "no steer before the turn is known to run"
-        );
-        feed.phase(SessionPhase::Turn);
-        assert_eq!(feed.next(), Some(Send::Steer("second".into())));
-        feed.line("third".into());
-        feed.end_of_input();
-        feed.prompt_done(SessionPhase::Idle);
-        assert!(!feed.finished(), "a line is still waiting");
-        assert_eq!(feed.next(), Some(Send::Prompt("third".into())));
-        assert!(!feed.finished(), "its turn runs");
-        feed.prompt_done(SessionPhase::Idle);
-        assert!(feed.finished());
-    }
-
-    #[test]
-    fn a_refused_steer_comes_back_as_a_prompt() {
-        let mut feed = Feed::new(SessionPhase::Turn);
-        feed.line("late".into());
-        assert_eq!(feed.next(), Some(Send::Steer("late".into())));
-        feed.steer_refused("late".into());
-        assert_eq!(
-            feed.next(),
-            None,
-            "not steered again while the turn seems to run"
-        );
-        feed.phase(SessionPhase::Idle);
-        assert_eq!(feed.next(), Some(Send::Prompt("late".into())));
-    }
 
     #[test]
     fn plain_text_of_a_turn() {
