@@ -90,7 +90,9 @@ pub(crate) async fn run(client: Arc<Client>, id: &str, history: History) -> Resu
     let mut view = View::new(&snapshot, history);
     let mut screen = Screen::enter().map_err(|e| format!("cannot set up the terminal: {e}"))?;
     let mut keys = terminal_events();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    // Calls on their way are the front's: one prompt, one abort, the steers
+    // typed; a full channel only makes their tasks wait.
+    let (done_tx, mut done_rx) = mpsc::channel::<Done>(16);
     // https://no-color.org: styles stay (bold, dim, reverse), colours go.
     let colour = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut tick = tokio::time::interval(TICK);
@@ -112,17 +114,17 @@ pub(crate) async fn run(client: Arc<Client>, id: &str, history: History) -> Resu
             biased;
             changed = status.changed() => match changed {
                 Ok(()) => match &*status.borrow_and_update() {
-                    Status::Reconnecting { reason } => view.on_connection(Some(reason.clone())),
-                    Status::Ready { .. } => view.on_connection(None),
+                    Status::Reconnecting { reason } => actions.extend(view.on_connection(Some(reason.clone()))),
+                    Status::Ready { .. } => actions.extend(view.on_connection(None)),
                     Status::Closed { error } => {
                         break Err(format!("the connection to the server ended: {error}"));
                     }
                 },
                 Err(_) => break Err("the client ended".into()),
             },
-            Some(done) = done_rx.recv() => view.on_done(done),
+            Some(done) = done_rx.recv() => actions.extend(view.on_done(done)),
             event = events.recv() => match event {
-                Ok(event) => view.on_event(&event),
+                Ok(event) => actions.extend(view.on_event(&event)),
                 Err(broadcast::error::RecvError::Lagged(_)) => view.on_gap(),
                 Err(broadcast::error::RecvError::Closed) => break Err("the client ended".into()),
             },
@@ -138,12 +140,12 @@ pub(crate) async fn run(client: Arc<Client>, id: &str, history: History) -> Resu
         }
         loop {
             if let Ok(done) = done_rx.try_recv() {
-                view.on_done(done);
+                actions.extend(view.on_done(done));
                 continue;
             }
             match events.try_recv() {
                 Ok(event) => {
-                    view.on_event(&event);
+                    actions.extend(view.on_event(&event));
                     continue;
                 }
                 Err(broadcast::error::TryRecvError::Lagged(_)) => {
@@ -183,38 +185,20 @@ fn on_terminal(view: &mut View, event: TermEvent) -> Vec<Action> {
 }
 
 /// Carries an action out on the client; its result comes back as a [`Done`].
-fn perform(client: &Arc<Client>, id: &str, action: Action, done: &mpsc::UnboundedSender<Done>) {
+fn perform(client: &Arc<Client>, id: &str, action: Action, done: &mpsc::Sender<Done>) {
+    let Action::Send { call, request } = action else {
+        return;
+    };
     let (client, id, done) = (Arc::clone(client), id.to_owned(), done.clone());
     tokio::spawn(async move {
-        let result = match action {
-            Action::Prompt(text) => Done::Prompt(
-                client
-                    .prompt(&id, &text)
-                    .await
-                    .map(Box::new)
-                    .map_err(|e| e.to_string()),
-            ),
-            Action::Steer(text) => Done::Steer(
-                client
-                    .steer(&id, &text)
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-            ),
-            Action::Abort => Done::Abort(
-                client
-                    .abort(&id)
-                    .await
-                    .map(|s| {
-                        s.queued_steer
-                            .iter()
-                            .map(|u| kernel::client::follow::text_of(&u.content))
-                            .collect()
-                    })
-                    .map_err(|e| e.to_string()),
-            ),
-            Action::Detach => return,
-        };
-        let _ = done.send(result);
+        let (outcome, snapshot) = client.front_request(&id, &request).await;
+        let snapshot = snapshot.map(Box::new);
+        let _ = done
+            .send(Done {
+                call,
+                outcome,
+                snapshot,
+            })
+            .await;
     });
 }

@@ -17,7 +17,9 @@
 //!   says which first.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use kernel::client::ClientError;
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
+use kernel::client::front::{self, Answer, Front, Link, Notice, Output, Request, Why};
 use kernel::protocol::{
     AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ThinkingLevel, ToolStatus,
     TranscriptItem,
@@ -48,26 +50,27 @@ impl std::str::FromStr for History {
 /// What the host must do for a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Action {
-    /// Send a prompt (the session was idle).
-    Prompt(String),
-    /// Send a steering message (a turn runs).
-    Steer(String),
-    /// Abort the running turn.
-    Abort,
+    /// Send a request the session's [`Front`] decided on; its answer comes
+    /// back as a [`Done`] with the same call.
+    Send {
+        /// The front's token for it.
+        call: u64,
+        /// What to send.
+        request: Request,
+    },
     /// Detach and leave.
     Detach,
 }
 
-/// The result of a request the host made for an [`Action`].
+/// The answer to an [`Action::Send`].
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Done {
-    /// The prompt's turn ended with this snapshot, or the prompt failed.
-    Prompt(Result<Box<SessionSnapshot>, String>),
-    /// The steer was queued, or refused.
-    Steer(Result<(), String>),
-    /// The abort was taken, with the texts of the steers it withdrew (the
-    /// model never saw them), or refused.
-    Abort(Result<Vec<String>, String>),
+pub(crate) struct Done {
+    /// The call answered.
+    pub(crate) call: u64,
+    /// Its outcome, for the front.
+    pub(crate) outcome: Result<Answer, ClientError>,
+    /// The answer's snapshot (a prompt's is its turn's end).
+    pub(crate) snapshot: Option<Box<SessionSnapshot>>,
 }
 
 /// How a notice looks.
@@ -272,10 +275,8 @@ pub(crate) struct View {
     pub(crate) editor: Editor,
     /// While the connection is being re-established: why it was lost.
     pub(crate) reconnecting: Option<String>,
-    /// Our prompt's request is pending.
-    prompting: bool,
-    /// An abort was asked for this turn.
-    aborting: bool,
+    /// What typed lines become and what refused ones do (the kernel decides).
+    front: Front,
     /// Lines scrolled up from the bottom of the transcript (0 follows it).
     pub(crate) scroll: usize,
     pub(crate) show_thinking: bool,
@@ -285,6 +286,18 @@ pub(crate) struct View {
     turn_base: usize,
     /// The session was removed: the host leaves.
     pub(crate) removed: bool,
+}
+
+/// Why a line came back, as the input's notice says it.
+fn reason(why: &Why) -> String {
+    match why {
+        Why::Refused(e) => format!("refused: {}", sanitize(&e.to_string())),
+        Why::StillBusy => "the session stayed busy".into(),
+        Why::Lost(_) => "the connection was lost while it was sent; it may have run".into(),
+        Why::Aborted => "the turn was aborted".into(),
+        Why::Withdrawn => "the model had not seen it".into(),
+        Why::Closed => "the connection is closed".into(),
+    }
 }
 
 /// Spinner frames.
@@ -299,8 +312,7 @@ impl View {
             status: Status::of(snapshot),
             editor: Editor::default(),
             reconnecting: None,
-            prompting: false,
-            aborting: false,
+            front: Front::new(snapshot.phase, snapshot.transcript.len()),
             scroll: 0,
             show_thinking: false,
             tick: 0,
@@ -354,7 +366,7 @@ impl View {
 
     /// True while a turn runs or our prompt is on its way: Enter steers.
     pub(crate) fn busy(&self) -> bool {
-        self.prompting || self.status.phase != SessionPhase::Idle
+        self.front.busy()
     }
 
     /// True while something runs that the spinner shows.
@@ -362,23 +374,28 @@ impl View {
         self.busy() || self.reconnecting.is_some()
     }
 
-    /// A server event (any session; others are ignored).
-    pub(crate) fn on_event(&mut self, event: &ServerEvent) {
+    /// A server event (any session; others are ignored). Held lines may go.
+    pub(crate) fn on_event(&mut self, event: &ServerEvent) -> Vec<Action> {
         let updates = self.follower.on_event(event);
         self.apply(updates);
         match event {
             ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.status.session => {
-                self.on_snapshot(snapshot);
+                self.on_snapshot(snapshot)
             }
             ServerEvent::SessionRemoved { session_id } if *session_id == self.status.session => {
                 self.notice(Level::Error, "this session was removed".into());
                 self.removed = true;
+                Vec::new()
             }
-            _ => {}
+            _ => Vec::new(),
         }
     }
 
-    fn on_snapshot(&mut self, snapshot: &SessionSnapshot) {
+    fn on_snapshot(&mut self, snapshot: &SessionSnapshot) -> Vec<Action> {
+        let actions = self.front_step(front::Input::Session {
+            phase: snapshot.phase,
+            transcript_len: snapshot.transcript.len(),
+        });
         let before = self.status.phase;
         self.status = Status::of(snapshot);
         let now = snapshot.phase;
@@ -400,11 +417,11 @@ impl View {
         if before != SessionPhase::Idle && now == SessionPhase::Idle {
             self.turn_ended(snapshot);
         }
+        actions
     }
 
     /// The line that says how a turn ended, when no reply says it.
     fn turn_ended(&mut self, snapshot: &SessionSnapshot) {
-        self.aborting = false;
         let base = turn_base(snapshot).min(self.turn_base);
         // An aborted or failed reply says so itself; these endings have no reply to say it.
         match follow::turn_outcome(snapshot, base) {
@@ -431,8 +448,9 @@ impl View {
         self.follower.gap();
     }
 
-    /// The connection was lost (`Some(reason)`) or is back (`None`).
-    pub(crate) fn on_connection(&mut self, lost: Option<String>) {
+    /// The connection was lost (`Some(reason)`) or is back (`None`); held
+    /// lines may go.
+    pub(crate) fn on_connection(&mut self, lost: Option<String>) -> Vec<Action> {
         match lost {
             Some(reason) => {
                 self.follower.gap();
@@ -443,62 +461,85 @@ impl View {
                     );
                 }
                 self.reconnecting = Some(reason);
+                self.front_step(front::Input::Link(Link::Reconnecting))
             }
             None => {
-                if self.reconnecting.take().is_some() {
-                    self.notice(Level::Info, "reconnected".into());
-                }
+                self.reconnecting = None;
+                self.front_step(front::Input::Link(Link::Up))
             }
         }
     }
 
     /// A request the host made finished.
-    pub(crate) fn on_done(&mut self, done: Done) {
-        match done {
-            Done::Prompt(result) => {
-                self.prompting = false;
-                match result {
-                    Ok(snapshot) => {
-                        // Whatever the stream missed of the turn, then its end.
-                        let updates = self.follower.on_snapshot(&snapshot);
-                        self.apply(updates);
-                        let was = self.status.phase;
-                        self.on_snapshot(&snapshot);
-                        if was == SessionPhase::Idle && snapshot.phase == SessionPhase::Idle {
-                            // The turn ran between two snapshots we never saw busy.
-                            self.turn_ended(&snapshot);
-                        }
-                    }
-                    Err(e) => {
-                        self.notice(Level::Error, format!("prompt refused: {}", sanitize(&e)))
-                    }
-                }
+    pub(crate) fn on_done(&mut self, done: Done) -> Vec<Action> {
+        if let (Some(snapshot), Ok(Answer::Prompt { .. })) = (&done.snapshot, &done.outcome) {
+            // Whatever the stream missed of the turn, then its end.
+            let updates = self.follower.on_snapshot(snapshot);
+            self.apply(updates);
+            let was = self.status.phase;
+            let mut actions = self.on_snapshot(snapshot);
+            if was == SessionPhase::Idle && snapshot.phase == SessionPhase::Idle {
+                // The turn ran between two snapshots we never saw busy.
+                self.turn_ended(snapshot);
             }
-            Done::Steer(Err(e)) => {
-                self.notice(Level::Error, format!("steer refused: {}", sanitize(&e)))
-            }
-            Done::Abort(Err(e)) => {
-                self.aborting = false;
-                self.notice(Level::Error, format!("cannot abort: {}", sanitize(&e)));
-            }
-            Done::Abort(Ok(withdrawn)) => {
-                if !withdrawn.is_empty() {
-                    // Back into the input, before whatever was typed since.
-                    let mut text = withdrawn.join("\n");
-                    if !self.editor.text.is_empty() {
-                        text.push('\n');
-                    }
-                    let draft = std::mem::take(&mut self.editor.text);
-                    self.editor.show(sanitize(&text) + &draft);
-                    let s = if withdrawn.len() == 1 { "" } else { "s" };
-                    self.notice(
-                        Level::Info,
-                        format!("the model had not seen your steer{s}: back in the input"),
-                    );
-                }
-            }
-            Done::Steer(Ok(())) => {}
+            actions.extend(self.front_step(front::Input::Answered {
+                call: done.call,
+                outcome: done.outcome,
+            }));
+            return actions;
         }
+        self.front_step(front::Input::Answered {
+            call: done.call,
+            outcome: done.outcome,
+        })
+    }
+
+    /// Steps the front and shows what it says; returns what to send.
+    fn front_step(&mut self, input: front::Input) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut back = Vec::new();
+        for output in self.front.step(input) {
+            match output {
+                Output::Send { call, request } => actions.push(Action::Send { call, request }),
+                Output::HandBack { text, why } => {
+                    self.notice(
+                        Level::Warn,
+                        format!("not sent ({}): back in the input", reason(&why)),
+                    );
+                    back.push(text);
+                }
+                Output::Notice(notice) => match notice {
+                    Notice::Held { lines } => {
+                        let s = if lines == 1 { "" } else { "s" };
+                        self.notice(
+                            Level::Info,
+                            format!("{lines} message{s} held until the server is back"),
+                        );
+                    }
+                    Notice::Reconnected => self.notice(Level::Info, "reconnected".into()),
+                    Notice::Reconnecting | Notice::NothingToAbort => {}
+                    Notice::Retrying { .. } => {
+                        self.notice(Level::Info, "the session was busy; sending it again".into())
+                    }
+                    Notice::Aborting => self.notice(Level::Info, "aborting the turn…".into()),
+                    Notice::AbortRefused(e) => self.notice(
+                        Level::Error,
+                        format!("cannot abort: {}", sanitize(&e.to_string())),
+                    ),
+                },
+                Output::Finished => {}
+            }
+        }
+        if !back.is_empty() {
+            // Back into the input, before whatever was typed since.
+            let mut text = back.join("\n");
+            if !self.editor.text.is_empty() {
+                text.push('\n');
+            }
+            let draft = std::mem::take(&mut self.editor.text);
+            self.editor.show(sanitize(&text) + &draft);
+        }
+        actions
     }
 
     /// A bracketed paste: inserted whole, newlines kept, sent as one message.
@@ -556,10 +597,8 @@ impl View {
 
     /// Ctrl-C: aborts a running turn; pressed again, or when idle, clears the input.
     fn interrupt(&mut self) -> Vec<Action> {
-        if self.busy() && !self.aborting {
-            self.aborting = true;
-            self.notice(Level::Info, "aborting the turn…".into());
-            return vec![Action::Abort];
+        if self.busy() && !self.front.aborting() {
+            return self.front_step(front::Input::Abort);
         }
         if self.editor.text.is_empty() && !self.busy() {
             self.notice(Level::Info, "Ctrl-D detaches".into());
@@ -572,23 +611,10 @@ impl View {
         if self.editor.text.trim().is_empty() {
             return Vec::new();
         }
-        if self.reconnecting.is_some() {
-            self.notice(
-                Level::Warn,
-                "not sent: the server is reconnecting; press Enter again once it is back".into(),
-            );
-            return Vec::new();
-        }
         let text = self.editor.take();
         self.scroll = 0;
         self.follower.expect_own(text.clone());
-        if self.busy() {
-            vec![Action::Steer(text)]
-        } else {
-            self.prompting = true;
-            self.aborting = false;
-            vec![Action::Prompt(text)]
-        }
+        self.front_step(front::Input::Typed(text))
     }
 
     fn notice(&mut self, level: Level, text: String) {

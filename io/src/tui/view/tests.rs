@@ -8,6 +8,7 @@ use kernel::protocol::{
     AssistantItem, Content, ModelRef, StopReason, ToolItem, TranscriptProgress, Usage, UsageCost,
     UserItem,
 };
+use kernel::protocol::{ErrorCode, ProtocolError};
 use kernel::wire::Value;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -245,7 +246,7 @@ fn a_streamed_turn_with_a_tool_call() {
     assert!(screen(&view, 80, 30).contains(" prompt › "));
     assert_eq!(
         view.on_key(key(KeyCode::Enter)),
-        [Action::Prompt("list files".into())]
+        [send(1, Request::Prompt("list files".into()))]
     );
     assert_eq!(view.editor.text(), "");
     let u = user("u1", "list files");
@@ -289,7 +290,7 @@ fn a_steer_and_another_clients_message() {
     typed(&mut view, "also check tests");
     assert_eq!(
         view.on_key(key(KeyCode::Enter)),
-        [Action::Steer("also check tests".into())]
+        [send(1, Request::Steer("also check tests".into()))]
     );
     view.on_event(&started(user("u2", "also check tests")));
     view.on_event(&started(user("u3", "and docs please")));
@@ -313,7 +314,7 @@ fn a_retry_then_an_abort() {
     let busy = snapshot(SessionPhase::Turn, vec![u.clone()]);
     let mut view = View::new(&busy, History::All);
     view.on_event(&snap(snapshot(SessionPhase::Retry, vec![u.clone()])));
-    assert_eq!(view.on_key(ctrl('c')), [Action::Abort]);
+    assert_eq!(view.on_key(ctrl('c')), [send(1, Request::Abort)]);
     typed(&mut view, "half");
     assert!(
         view.on_key(ctrl('c')).is_empty(),
@@ -381,7 +382,7 @@ fn a_multi_line_paste_is_one_message() {
     typed(&mut view, "four");
     assert_eq!(
         view.on_key(key(KeyCode::Enter)),
-        [Action::Prompt("one\ntwo\nthree\nfour".into())]
+        [send(1, Request::Prompt("one\ntwo\nthree\nfour".into()))]
     );
 }
 
@@ -406,18 +407,26 @@ fn line_editing_and_history() {
     view.on_key(key(KeyCode::Backspace));
     assert_eq!(
         view.on_key(key(KeyCode::Enter)),
-        [Action::Prompt("hello ther".into())]
+        [send(1, Request::Prompt("hello ther".into()))]
     );
-    view.on_done(Done::Prompt(Err("busy".into())));
     typed(&mut view, "draft");
     view.on_key(key(KeyCode::Up));
     assert_eq!(view.editor.text(), "hello ther");
     view.on_key(key(KeyCode::Down));
     assert_eq!(view.editor.text(), "draft");
+    // Refused for another reason than the session's state: the line comes
+    // back into the input, before the draft, never lost.
+    let refused = ProtocolError::new(ErrorCode::InvalidRequest, "no such model");
+    view.on_done(Done {
+        call: 1,
+        outcome: Err(ClientError::Server(refused)),
+        snapshot: None,
+    });
+    assert_eq!(view.editor.text(), "hello ther\ndraft");
     assert_eq!(view.on_key(ctrl('d')), [], "Ctrl-D with text deletes");
     view.on_key(ctrl('c'));
     assert_eq!(view.on_key(ctrl('d')), [Action::Detach]);
-    assert!(screen(&view, 80, 30).contains("prompt refused: busy"));
+    assert!(screen(&view, 80, 30).contains("back in the input"));
 }
 
 #[test]
@@ -458,9 +467,36 @@ fn no_color_strips_colours_and_keeps_styles() {
 fn withdrawn_steers_come_back_into_the_input() {
     let busy = snapshot(SessionPhase::Turn, vec![user("u1", "go")]);
     let mut view = View::new(&busy, History::All);
-    assert_eq!(view.on_key(ctrl('c')), [Action::Abort]);
+    assert_eq!(view.on_key(ctrl('c')), [send(1, Request::Abort)]);
     typed(&mut view, "new");
-    view.on_done(Done::Abort(Ok(vec!["use cargo".into()])));
+    view.on_done(Done {
+        call: 1,
+        outcome: Ok(Answer::Abort {
+            withdrawn: vec!["use cargo".into()],
+        }),
+        snapshot: None,
+    });
     assert_eq!(view.editor.text(), "use cargo\nnew");
     assert!(screen(&view, 80, 30).contains("back in the input"));
+}
+
+fn send(call: u64, request: Request) -> Action {
+    Action::Send { call, request }
+}
+
+/// A message typed while the server is away waits, and goes once it is back.
+#[test]
+fn a_message_typed_while_reconnecting_waits_and_goes() {
+    let mut view = View::new(&snapshot(SessionPhase::Idle, vec![]), History::All);
+    assert!(
+        view.on_connection(Some("server replaced".into()))
+            .is_empty()
+    );
+    typed(&mut view, "hello");
+    assert!(view.on_key(key(KeyCode::Enter)).is_empty());
+    assert!(screen(&view, 80, 30).contains("held until the server is back"));
+    assert_eq!(
+        view.on_connection(None),
+        [send(1, Request::Prompt("hello".into()))]
+    );
 }
