@@ -24,6 +24,18 @@ impl Names {
             .clone()
     }
 
+    /// The short name of an attachment id (`a1`, `a2`, …).
+    pub fn attachment(&mut self, id: &str) -> String {
+        if id == crate::world::v8::UNKNOWN_ATTACHMENT {
+            return "unknown".into();
+        }
+        let n = self.map.values().filter(|v| v.starts_with('a')).count() + 1;
+        self.map
+            .entry(id.to_string())
+            .or_insert_with(|| format!("a{n}"))
+            .clone()
+    }
+
     /// Gives a session id a fixed short name (for ids that never exist).
     pub fn alias(&mut self, id: &str, short: &str) {
         self.map.insert(id.to_string(), short.to_string());
@@ -257,4 +269,160 @@ pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
         },
         FromWorker::Fatal { message } => format!("fatal {message}"),
     }
+}
+
+/// A v8 route: `s1/a2`.
+fn v8_route(names: &mut Names, route: &crate::world::v8::Route) -> String {
+    format!(
+        "{}/{}",
+        names.session(&route.session_id),
+        names.attachment(&route.attachment_id)
+    )
+}
+
+/// One argument of a v8 call, short.
+fn v8_arg(names: &mut Names, v: &kernel::wire::Value) -> String {
+    use kernel::wire::Value;
+    match v {
+        Value::Text(t) if kernel::rng::is_uuid_v4(t) => names.session(t),
+        Value::Text(t) => short(t),
+        Value::Null => "null".into(),
+        Value::Map(_) => match (v.get("message"), v.get("provider"), v.get("modelId")) {
+            (Some(Value::Text(m)), _, _) => format!("{:?}", short(m)),
+            (_, Some(Value::Text(p)), Some(Value::Text(m))) => format!("{p}/{m}"),
+            _ => "{…}".into(),
+        },
+        other => short(&crate::world::v8::json(other)),
+    }
+}
+
+/// A v8 client → server request.
+pub fn v8_request(
+    names: &mut Names,
+    id: &str,
+    target: &kernel::protocol::v8::Target,
+    call: &kernel::chord::call::ServiceCall,
+) -> String {
+    let args: Vec<String> = call.args.iter().map(|a| v8_arg(names, a)).collect();
+    let name = match call.service_id.as_str() {
+        crate::world::v8::CONTROL => call.member.clone(),
+        service => format!("{service}.{}", call.member),
+    };
+    let at = match crate::world::v8::route_of(target) {
+        Some(route) => format!(" @{}", v8_route(names, &route)),
+        None => String::new(),
+    };
+    let args = if args.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", args.join(" "))
+    };
+    format!("#{id} {name}{args}{at}")
+}
+
+/// What a v8 result says, short.
+fn v8_result(names: &mut Names, v: &kernel::wire::Value) -> String {
+    use kernel::wire::Value;
+    let text = |v: Option<&Value>| match v {
+        Some(Value::Text(t)) => t.clone(),
+        _ => String::new(),
+    };
+    match v {
+        Value::Map(_) if v.get("instances").is_some() => {
+            let sequence = match v.get("instances") {
+                Some(Value::Array(instances)) => instances
+                    .iter()
+                    .filter_map(|i| match i.get("members") {
+                        Some(Value::Array(members)) => members
+                            .iter()
+                            .find_map(|m| m.get("sequence"))
+                            .map(crate::world::v8::json),
+                        _ => None,
+                    })
+                    .next(),
+                _ => None,
+            };
+            let sequence = sequence.map_or(String::new(), |s| format!(" seq={s}"));
+            format!("snapshot {}{sequence}", text(v.get("serviceId")))
+        }
+        Value::Map(_) if v.get("accepted").is_some() => {
+            match (v.get("accepted"), v.get("operationId").or(v.get("entryId"))) {
+                (Some(Value::Bool(true)), Some(Value::Text(id))) => format!("accepted {id}"),
+                _ => format!(
+                    "refused {}",
+                    text(v.get("error").and_then(|e| e.get("code")))
+                ),
+            }
+        }
+        Value::Map(_) if v.get("status").is_some() => match text(v.get("status")).as_str() {
+            "done" => format!("done {:?}", short(&text(v.get("text")))),
+            status => format!("{status}: {}", shorten(names, &text(v.get("reason")))),
+        },
+        Value::Map(_) if v.get("sessionId").is_some() => {
+            format!("session {}", names.session(&text(v.get("sessionId"))))
+        }
+        Value::Map(_) if v.get("outcome").is_some() => {
+            format!("outcome {}", text(v.get("outcome")))
+        }
+        Value::Array(items) if items.iter().all(|i| i.get("serviceId").is_some()) => {
+            let ids: Vec<String> = items.iter().map(|i| text(i.get("serviceId"))).collect();
+            format!("catalogue [{}]", ids.join(","))
+        }
+        other => short(&crate::world::v8::json(other)),
+    }
+}
+
+/// A server → v8 client message; `None` for an update that only streams
+/// text (an `a` op or path ids), unless `deltas`.
+pub fn v8_server(
+    names: &mut Names,
+    m: &crate::world::v8::V8Message,
+    deltas: bool,
+) -> Option<String> {
+    use crate::world::v8::V8Message;
+    use kernel::wire::Value;
+    Some(match m {
+        V8Message::Hello { .. } => "hello v8".into(),
+        V8Message::HelloError(e) => format!("hello_error {}: {}", e.code, e.message),
+        V8Message::Response { id, outcome } => match outcome {
+            Ok(None) => format!("#{id} ok"),
+            Ok(Some(result)) => format!("#{id} ok {}", v8_result(names, result)),
+            Err(e) => format!("#{id} err {}: {}", e.code, shorten(names, &e.message)),
+        },
+        V8Message::Attachment(Some(route)) => format!("attachment {}", v8_route(names, route)),
+        V8Message::Attachment(None) => "attachment null".into(),
+        V8Message::Update {
+            subscription_id,
+            update,
+        } => {
+            let verbs: Vec<String> = match update.get("ops") {
+                Some(Value::Array(ops)) => ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Value::Array(t) => match t.first() {
+                            Some(Value::Text(verb)) => Some(verb.clone()),
+                            _ => None,
+                        },
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if !deltas && !verbs.is_empty() && verbs.iter().all(|v| v == "a" || v == "#") {
+                return None;
+            }
+            let kind = match update.get("type") {
+                Some(Value::Text(t)) => t.clone(),
+                _ => "?".into(),
+            };
+            let sequence = update.get("sequence").map_or(String::new(), |s| {
+                format!(" seq={}", crate::world::v8::json(s))
+            });
+            format!(
+                "update {subscription_id} {kind}{sequence} [{}]",
+                verbs.join(" ")
+            )
+        }
+        V8Message::Malformed(why) => format!("malformed {}", short(why)),
+    })
 }

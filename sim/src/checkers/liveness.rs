@@ -47,6 +47,9 @@ pub fn pending(world: &World, checkers: &Checkers) -> Option<String> {
             ));
         }
     }
+    if let Some(reason) = checkers.v8.settled(world) {
+        return Some(reason);
+    }
     for (worker, session_id, stage, phase) in world.workers() {
         if stage != WorkerStage::Running || phase != Some(SessionPhase::Idle) {
             return Some(format!(

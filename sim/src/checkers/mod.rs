@@ -17,6 +17,7 @@
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
 //! | [`processes`] | at most one live runtime and one worker per session; world and kernel agree on workers |
 //! | [`bounds`] | no output queue passes its bound; the world and the kernel count the same bytes |
+//! | [`v8`] | v8 clients: update sequences, decoding, replicas equal to the kernel's state, fencing, envelopes before answers, chord 0.85.1's vocabulary |
 //! | [`liveness`] | once faults stop, everything settles ([`pending`] says why not) |
 
 pub mod bounds;
@@ -30,6 +31,7 @@ pub mod shown;
 pub mod snapshots;
 pub mod store;
 pub mod turns;
+pub mod v8;
 
 pub use liveness::pending;
 
@@ -78,6 +80,8 @@ pub struct Checkers {
     pub busy: busy::Busy,
     /// Model attempts per turn, steer delivery.
     pub turns: turns::Turns,
+    /// Protocol v8 clients.
+    pub v8: v8::V8,
     /// Facts seen so far.
     pub facts_seen: u64,
 }
@@ -99,6 +103,7 @@ impl Checkers {
         self.shown.check(world)?;
         self.rules.check_handshakes(world)?;
         self.rules.check_disposals(world)?;
+        self.v8.check(world)?;
         processes::check(world)?;
         bounds::check(world)
     }
@@ -110,6 +115,7 @@ impl Checkers {
         self.shown.observe(world, fact);
         self.rules.observe(world, fact)?;
         listed::observe(fact)?;
+        self.v8.observe(world, fact)?;
         let max_attempts = World::worker_policy().max_attempts;
         self.turns.observe(fact, max_attempts)?;
         self.busy.observe(fact)
@@ -120,5 +126,6 @@ impl Checkers {
         self.requests.fingerprint(hasher);
         self.busy.fingerprint(hasher);
         self.snapshots.fingerprint(hasher);
+        self.v8.fingerprint(hasher);
     }
 }

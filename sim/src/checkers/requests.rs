@@ -8,6 +8,7 @@
 
 use super::{Check, Violation};
 use crate::world::Fact;
+use crate::world::v8::V8Message;
 use kernel::ids::ConnId;
 use kernel::protocol::ServerMessage;
 use std::collections::BTreeMap;
@@ -57,6 +58,28 @@ impl Requests {
                     return Err(Violation::new("requests", message));
                 }
             }
+            Fact::V8RequestSent { conn, id, call, .. } => {
+                self.sent += 1;
+                let owed = self.conns.entry(*conn).or_default();
+                let previous = owed.owed.insert(id.clone(), v8_name(call));
+                if previous.is_some() {
+                    let message = format!("{conn}: request id {id} sent twice");
+                    return Err(Violation::new("requests", message));
+                }
+            }
+            Fact::V8Emitted { conn, message, .. } => {
+                let V8Message::Response { id, .. } = message.as_ref() else {
+                    return Ok(());
+                };
+                self.responses += 1;
+                let owed = self.conns.entry(*conn).or_default();
+                if owed.owed.remove(id).is_none() {
+                    let message = format!(
+                        "{conn}: response to {id} which is not owed (answered twice or never sent)"
+                    );
+                    return Err(Violation::new("requests", message));
+                }
+            }
             Fact::ConnClosed { conn } => self.conns.entry(*conn).or_default().closed = true,
             Fact::ServerRestarted => self.conns.values_mut().for_each(|c| c.closed = true),
             _ => {}
@@ -85,4 +108,32 @@ impl Requests {
             }
         }
     }
+}
+
+/// A v8 call's name, for reports: `v8 <member>` for pi's members.
+fn v8_name(call: &kernel::chord::call::ServiceCall) -> &'static str {
+    const NAMES: [&str; 18] = [
+        "catalogue",
+        "subscribe",
+        "unsubscribe",
+        "create",
+        "attach",
+        "detach",
+        "remove",
+        "prepareSession",
+        "reload",
+        "prompt",
+        "steer",
+        "followUp",
+        "abort",
+        "waitForPrompt",
+        "cancelQueued",
+        "select",
+        "selectThinking",
+        "getThinkingLevels",
+    ];
+    NAMES
+        .into_iter()
+        .find(|n| *n == call.member)
+        .unwrap_or("v8 call")
 }

@@ -343,6 +343,17 @@ impl Rules {
                     _ => Ok(()),
                 }
             }
+            Fact::V8Emitted { conn, message, .. }
+                if matches!(
+                    message.as_ref(),
+                    crate::world::v8::V8Message::Hello { .. }
+                        | crate::world::v8::V8Message::HelloError(_)
+                ) =>
+            {
+                // v8 carries no token: only the handshake deadline is judged.
+                self.handshaking.remove(conn);
+                Ok(())
+            }
             Fact::Emitted {
                 conn,
                 message,

@@ -3,6 +3,7 @@
 //! back-pressure, what the world does with the frames and closes the kernel
 //! queues for a client, and the accessors for client state and responses.
 
+use super::v8::{V8Client, V8Message};
 use super::{Fact, Memo, World, is_delta};
 use crate::summary;
 use kernel::ids::ConnId;
@@ -25,6 +26,8 @@ pub(super) enum Incoming {
         message: Option<Arc<ServerMessage>>,
         /// The frame's bytes, kept for a tapped client only.
         bytes: Option<Frame>,
+        /// The message, for a v8 client (always decoded: it drives the client).
+        v8: Option<Arc<V8Message>>,
     },
     Close,
 }
@@ -62,6 +65,8 @@ pub struct Client {
     /// For a client driven by a client machine: the frames it read, in
     /// order, not yet taken ([`World::take_read`]).
     pub(super) tap: Option<Vec<Frame>>,
+    /// For a v8 client: what it knows ([`World::connect_v8`]).
+    pub v8: Option<Box<V8Client>>,
 }
 
 impl Client {
@@ -82,6 +87,7 @@ impl Client {
             frame_ends: VecDeque::new(),
             delivered: 0,
             tap: None,
+            v8: None,
         }
     }
 
@@ -97,6 +103,7 @@ impl World {
         conn: ConnId,
         frame: Frame,
         message: Option<Arc<ServerMessage>>,
+        v8: Option<Arc<V8Message>>,
     ) {
         let len = frame.len();
         if let Some(message) = &message
@@ -122,6 +129,13 @@ impl World {
             let line = summary::server(&mut self.names, message);
             trace!(self, "{conn} ← {line}");
         }
+        if let Some(message) = &v8
+            && self.options.trace
+            && let Some(line) =
+                summary::v8_server(&mut self.names, message, self.options.trace_deltas)
+        {
+            trace!(self, "{conn} ← {line}");
+        }
         let held = self.options.holds.to_client;
         let seq = self.next_seq();
         let Some(client) = self.clients.get_mut(&conn) else {
@@ -134,6 +148,7 @@ impl World {
                     len,
                     message,
                     bytes,
+                    v8,
                 };
                 client.inbox.push_back((seq, Memo::new(incoming)));
             }
@@ -144,6 +159,12 @@ impl World {
         {
             tap.push(frame);
         }
+        if let Some(v8) = &v8
+            && !client.closed
+        {
+            self.v8_read(conn, v8);
+        }
+        let client = self.clients.get_mut(&conn).expect("checked");
         if let Some(message) = message {
             if let ServerMessage::Hello(_) = message.as_ref() {
                 client.ready = true;
@@ -290,7 +311,14 @@ impl World {
         self.write(conn, bytes, false);
     }
 
-    fn write(&mut self, conn: ConnId, bytes: Vec<u8>, frame: bool) {
+    pub(super) fn write(&mut self, conn: ConnId, bytes: Vec<u8>, frame: bool) {
+        self.write_with(conn, bytes, frame, true);
+    }
+
+    /// [`Self::write`]; without `run`, unheld bytes wait in the kernel's
+    /// inbox for the run under way (a client answering what it reads
+    /// while the kernel's outputs are carried out).
+    pub(super) fn write_with(&mut self, conn: ConnId, bytes: Vec<u8>, frame: bool, run: bool) {
         if self.options.holds.to_server {
             let seq = self.next_seq();
             let client = self.clients.get_mut(&conn).expect("known client");
@@ -304,7 +332,9 @@ impl World {
             return;
         }
         self.push(Input::Received { conn, bytes });
-        self.run();
+        if run {
+            self.run();
+        }
     }
 
     /// Sends one message.

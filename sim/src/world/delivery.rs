@@ -193,6 +193,7 @@ impl World {
         let keep = self.options.keep_received;
         let mut written = 0;
         let mut closed = false;
+        let mut v8_read = Vec::new();
         let Some(c) = self.clients.get_mut(&conn) else {
             return;
         };
@@ -208,8 +209,10 @@ impl World {
                     len,
                     message,
                     bytes,
+                    v8,
                 } => {
                     written += len;
+                    v8_read.extend(v8);
                     if let (Some(tap), Some(bytes)) = (&mut c.tap, bytes) {
                         tap.push(bytes);
                     }
@@ -227,6 +230,9 @@ impl World {
                     break;
                 }
             }
+        }
+        for message in &v8_read {
+            self.v8_read(conn, message);
         }
         if written > 0 {
             self.push(Input::Written {

@@ -69,6 +69,7 @@ mod delivery;
 mod memo;
 mod replacement;
 mod store;
+pub mod v8;
 mod workers;
 
 pub use clients::Client;
@@ -214,6 +215,22 @@ pub enum Fact {
         token: Option<String>,
         expected: Option<String>,
     },
+    /// A v8 client sent a request: one response is owed while the connection lives.
+    V8RequestSent {
+        conn: ConnId,
+        id: String,
+        target: kernel::protocol::v8::Target,
+        call: kernel::chord::call::ServiceCall,
+    },
+    /// The kernel queued `message` for the v8 client `conn`; `open_after`
+    /// says whether the kernel still served `conn` after that step.
+    V8Emitted {
+        conn: ConnId,
+        message: Arc<v8::V8Message>,
+        open_after: bool,
+    },
+    /// A v8 client read something that did not decode or apply.
+    V8Broken { conn: ConnId, problem: String },
     /// A connection was accepted at `at`: its handshake is owed by the deadline.
     Accepted { conn: ConnId, at: Instant },
     /// A connection ended (closed by the kernel, by the client, or by a restart).
@@ -245,9 +262,10 @@ pub enum Fact {
         session_id: Option<String>,
     },
     /// The worker of a ready session (idle or busy, not told to dispose)
-    /// died; `open_after` are the connections attached to the session before
-    /// the kernel learnt it that are still open after: a runtime error
-    /// closes them.
+    /// died; `open_after` are the v1 connections attached to the session
+    /// before the kernel learnt it that are still open after: a runtime
+    /// error closes them. (A v8 connection stays open and is told its
+    /// route is gone.)
     WorkerLost {
         worker: WorkerId,
         session_id: String,
@@ -738,17 +756,18 @@ impl World {
                     }
                 }
             }
-            let decoded = self.run_decode(&outputs);
+            let (decoded, decoded_v8) = self.run_decode(&outputs);
             if self.options.record_facts {
                 self.run_record(&outputs, &decoded, ambiguous);
+                self.run_record_v8(&outputs, &decoded_v8);
             }
             if let Some(conn) = disconnected
                 && self.server.connection_stage(conn).is_none()
             {
                 self.unwritten.remove(&conn);
             }
-            for (output, message) in outputs.into_iter().zip(decoded) {
-                self.carry_out(output, message);
+            for ((output, message), v8) in outputs.into_iter().zip(decoded).zip(decoded_v8) {
+                self.carry_out(output, message, v8);
             }
         }
     }
@@ -766,9 +785,11 @@ impl World {
                 })?;
         let attached = self
             .clients
-            .keys()
-            .copied()
-            .filter(|c| self.server.attachments(*c).contains(&session_id))
+            .iter()
+            .filter(|(c, client)| {
+                client.v8.is_none() && self.server.attachments(**c).contains(&session_id)
+            })
+            .map(|(c, _)| *c)
             .collect();
         Some((worker, session_id, attached))
     }
@@ -815,16 +836,27 @@ impl World {
         }
     }
 
-    /// Decodes every frame of a step once (a broadcast shares one frame).
-    fn run_decode(&mut self, outputs: &[Output]) -> Vec<Option<Arc<ServerMessage>>> {
+    /// Decodes every frame of a step once (a broadcast shares one frame):
+    /// v1 messages, and apart from them those to v8 clients.
+    fn run_decode(&mut self, outputs: &[Output]) -> (Vec<Decoded>, Vec<DecodedV8>) {
         let mut last: Option<(&Frame, Arc<ServerMessage>)> = None;
         let mut decoded = Vec::with_capacity(outputs.len());
+        let mut decoded_v8 = Vec::with_capacity(outputs.len());
         for output in outputs {
             let Output::Send { conn, frame } = output else {
                 decoded.push(None);
+                decoded_v8.push(None);
                 continue;
             };
             *self.unwritten.entry(*conn).or_insert(0) += frame.len();
+            if self.clients.get(conn).is_some_and(|c| c.v8.is_some()) {
+                let bytes = frame.bytes();
+                let message = v8::V8Message::decode(&bytes[FRAME_HEADER_LEN..]);
+                decoded.push(None);
+                decoded_v8.push(Some(Arc::new(message)));
+                continue;
+            }
+            decoded_v8.push(None);
             let o = &self.options;
             let needed = o.record_facts || o.keep_received || o.trace;
             if !needed || (o.skip_unchecked && is_unchecked(frame)) {
@@ -838,7 +870,25 @@ impl World {
             last = Some((frame, message.clone()));
             decoded.push(Some(message));
         }
-        decoded
+        (decoded, decoded_v8)
+    }
+
+    /// Records the messages queued for v8 clients.
+    fn run_record_v8(&mut self, outputs: &[Output], decoded: &[DecodedV8]) {
+        for (output, message) in outputs.iter().zip(decoded) {
+            if let (Output::Send { conn, .. }, Some(message)) = (output, message) {
+                let open_after = self
+                    .server
+                    .connection_stage(*conn)
+                    .is_some_and(|s| s != kernel::server::Stage::Closing);
+                let fact = Fact::V8Emitted {
+                    conn: *conn,
+                    message: message.clone(),
+                    open_after,
+                };
+                self.fact(fact);
+            }
+        }
     }
 
     /// Records what the checkers must know about a step's messages, judged
@@ -901,9 +951,9 @@ impl World {
         }
     }
 
-    fn carry_out(&mut self, output: Output, message: Option<Arc<ServerMessage>>) {
+    fn carry_out(&mut self, output: Output, message: Decoded, v8: DecodedV8) {
         match output {
-            Output::Send { conn, frame } => self.on_send(conn, frame, message),
+            Output::Send { conn, frame } => self.on_send(conn, frame, message, v8),
             Output::Close { conn, reason } => self.on_close(conn, reason),
             Output::SpawnWorker {
                 worker,
@@ -1129,6 +1179,9 @@ impl World {
             for (_, incoming) in &c.inbox {
                 out.0.write_u64(incoming.hash());
             }
+            if let Some(v8) = &c.v8 {
+                v8.fingerprint(&mut out);
+            }
         }
         let _ = write!(out, "|{:?} {:?}", self.orphaned_at, self.removed);
         let removals: Vec<(&String, u64)> =
@@ -1149,6 +1202,11 @@ impl World {
         self.trace.join("\n") + "\n"
     }
 }
+
+/// A v1 message as decoded for facts, traces and clients (`None`: not decoded).
+type Decoded = Option<Arc<ServerMessage>>;
+/// A message to a v8 client, decoded.
+type DecodedV8 = Option<Arc<v8::V8Message>>;
 
 /// Which connections a kernel step may have run several requests of.
 #[derive(Debug, Clone, Copy)]

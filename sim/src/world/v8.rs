@@ -1,0 +1,881 @@
+//! Protocol v8 clients: byte-level peers that say `hello` with version 8
+//! and speak chord services ([`V8Client`]).
+//!
+//! A v8 client sends requests (`{type:"request", id, target, call}`) and
+//! cancels, and reads what the server sends as plain CBOR values
+//! ([`V8Message`]): the hello, responses, `service_update`s and
+//! `attachment` envelopes. It keeps what a real client keeps:
+//!
+//! - the **route** the last `attachment` envelope announced (its session
+//!   requests are addressed with it, and may be fenced when it is stale);
+//! - one **replica** per subscription ([`Replica`]): the snapshot's value,
+//!   then every `state` update decoded (`kernel::chord::wire::Decoder`) and
+//!   applied (`kernel::chord::ops::apply_all`), its sequence checked;
+//! - the requests it is owed an answer for, and the operation ids its
+//!   prompts were given.
+//!
+//! What does not decode or apply is reported as a problem; the world
+//! records it as a [`super::Fact::V8Broken`] and the checkers judge it.
+//! The same machine, fed at emission instead of at reading, is the
+//! checkers' mirror of each v8 connection (`crate::checkers::v8`).
+
+use super::{Fact, World};
+use crate::summary;
+use kernel::chord::call::{CallError, ServiceCall};
+use kernel::chord::ops;
+use kernel::chord::wire::Decoder;
+use kernel::ids::ConnId;
+use kernel::protocol::v8::{PROTOCOL_VERSION_V8, Target};
+use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
+use kernel::wire::{CborLimits, Value, cbor};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The control service's id.
+pub const CONTROL: &str = "$chord.service";
+/// Server-scope services.
+pub const DIRECTORY: &str = "pi.session-directory";
+/// `create`, `attach`, `detach`, `remove`.
+pub const MANAGEMENT: &str = "pi.session-management";
+/// `prepareSession`, `reload`.
+pub const PRESENTATION: &str = "pi.presentation-plugins";
+/// `prompt`, `steer`, `abort`, `waitForPrompt`, …
+pub const AGENT: &str = "pi.agent-controller";
+/// `select`, `selectThinking`, and the models state.
+pub const MODELS: &str = "pi.models";
+/// The conversation as replicated state.
+pub const TRANSCRIPT: &str = "pi.transcript";
+
+/// The attachment id a client addresses its session calls with when it
+/// knows no route (they are fenced: `session_not_attached`).
+pub const UNKNOWN_ATTACHMENT: &str = "00000000-0000-4000-8000-0000000000aa";
+
+/// The op verbs chord 0.85.1 accepts (`#` defines a path id).
+pub const VERBS: [&str; 7] = ["r", "s", "d", "a", "t", "p", "#"];
+/// The update types chord 0.85.1 accepts.
+pub const UPDATE_TYPES: [&str; 5] = ["state", "unavailable", "replaced", "spawned", "closed"];
+
+/// A connection's route: the session it is attached to, under which id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// The session.
+    pub session_id: String,
+    /// The attachment's id (a fresh one each attach).
+    pub attachment_id: String,
+}
+
+/// One message the server sent on a v8 connection, parsed strictly.
+#[derive(Debug, Clone, PartialEq)]
+pub enum V8Message {
+    /// `{type:"hello", version:8, serverId}`.
+    Hello {
+        /// The server's id.
+        server_id: String,
+    },
+    /// `{type:"hello_error", error}` (then the server closes).
+    HelloError(CallError),
+    /// `{type:"response", id, ok, result?|error}`.
+    Response {
+        /// The request answered.
+        id: String,
+        /// `Ok(None)` is a void result (no `result` key).
+        outcome: Result<Option<Value>, CallError>,
+    },
+    /// `{type:"service_update", subscriptionId, update}`.
+    Update {
+        /// The client's subscription.
+        subscription_id: String,
+        /// The chord provider update.
+        update: Value,
+    },
+    /// `{type:"attachment", attachment}`: the route now (`None`: detached).
+    Attachment(Option<Route>),
+    /// Anything else: why it is not a v8 server message.
+    Malformed(String),
+}
+
+fn keys(value: &Value) -> Vec<&str> {
+    match value {
+        Value::Map(entries) => {
+            let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+            keys.sort_unstable();
+            keys
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn text(value: &Value, key: &str) -> Option<String> {
+    match value.get(key) {
+        Some(Value::Text(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn call_error(value: Option<&Value>) -> Option<CallError> {
+    let error = value?;
+    let extra = keys(error)
+        .into_iter()
+        .any(|k| !matches!(k, "code" | "message" | "details"));
+    if extra {
+        return None;
+    }
+    let message = match error.get("message") {
+        Some(Value::Text(s)) => s.clone(),
+        _ => return None,
+    };
+    Some(CallError::new(&text(error, "code")?, message))
+}
+
+impl V8Message {
+    /// Parses one payload (a frame without its length header).
+    pub fn decode(payload: &[u8]) -> Self {
+        match cbor::decode(payload, &CborLimits::default()) {
+            Ok(value) => Self::parse(&value),
+            Err(e) => Self::Malformed(format!("not CBOR: {e}")),
+        }
+    }
+
+    /// Parses one message value, with exact key sets.
+    pub fn parse(value: &Value) -> Self {
+        let malformed = || Self::Malformed(format!("{value:?}"));
+        let Some(Value::Text(kind)) = value.get("type") else {
+            return malformed();
+        };
+        let keys = keys(value);
+        match (kind.as_str(), keys.as_slice()) {
+            ("hello", ["serverId", "type", "version"]) => {
+                match (value.get("version"), text(value, "serverId")) {
+                    (Some(Value::Int(v)), Some(server_id)) if *v as u64 == PROTOCOL_VERSION_V8 => {
+                        Self::Hello { server_id }
+                    }
+                    _ => malformed(),
+                }
+            }
+            ("hello_error", ["error", "type"]) => match call_error(value.get("error")) {
+                Some(error) => Self::HelloError(error),
+                None => malformed(),
+            },
+            ("response", ["id", "ok", "type"] | ["id", "ok", "result", "type"]) => {
+                match (text(value, "id"), value.get("ok")) {
+                    (Some(id), Some(Value::Bool(true))) => Self::Response {
+                        id,
+                        outcome: Ok(value.get("result").cloned()),
+                    },
+                    _ => malformed(),
+                }
+            }
+            ("response", ["error", "id", "ok", "type"]) => {
+                match (
+                    text(value, "id"),
+                    value.get("ok"),
+                    call_error(value.get("error")),
+                ) {
+                    (Some(id), Some(Value::Bool(false)), Some(error)) => Self::Response {
+                        id,
+                        outcome: Err(error),
+                    },
+                    _ => malformed(),
+                }
+            }
+            ("service_update", ["subscriptionId", "type", "update"]) => {
+                match text(value, "subscriptionId") {
+                    Some(subscription_id) => Self::Update {
+                        subscription_id,
+                        update: value.get("update").expect("keyed").clone(),
+                    },
+                    None => malformed(),
+                }
+            }
+            ("attachment", ["attachment", "type"]) => match value.get("attachment") {
+                Some(Value::Null) => Self::Attachment(None),
+                Some(route @ Value::Map(_))
+                    if keys_of(route) == ["attachmentId", "serverId", "sessionId"] =>
+                {
+                    match (text(route, "sessionId"), text(route, "attachmentId")) {
+                        (Some(session_id), Some(attachment_id)) => Self::Attachment(Some(Route {
+                            session_id,
+                            attachment_id,
+                        })),
+                        _ => malformed(),
+                    }
+                }
+                _ => malformed(),
+            },
+            _ => malformed(),
+        }
+    }
+}
+
+fn keys_of(value: &Value) -> Vec<&str> {
+    keys(value)
+}
+
+/// A request as the client remembers it until its answer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Asked {
+    /// `$chord.service.subscribe`: the subscription, its service, and the
+    /// route it was made under (session scope).
+    Subscribe {
+        /// The subscription id.
+        subscription_id: String,
+        /// The service.
+        service: String,
+        /// The route of a session-scope subscription.
+        route: Option<Route>,
+    },
+    /// `$chord.service.unsubscribe`.
+    Unsubscribe(String),
+    /// `pi.session-management.attach`.
+    Attach(String),
+    /// `pi.session-management.detach`.
+    Detach,
+    /// `pi.session-management.remove`.
+    Remove(String),
+    /// `pi.session-management.create`.
+    Create,
+    /// `pi.agent-controller.prompt`.
+    Prompt,
+    /// Anything else.
+    Other,
+}
+
+impl Asked {
+    /// What `call` (to `target`) asks.
+    pub fn of(target: &Target, call: &ServiceCall) -> Self {
+        let arg = |i: usize| match call.args.get(i) {
+            Some(Value::Text(s)) => s.clone(),
+            _ => String::new(),
+        };
+        match (call.service_id.as_str(), call.member.as_str()) {
+            (CONTROL, "subscribe") => Self::Subscribe {
+                subscription_id: arg(0),
+                service: arg(1),
+                route: route_of(target),
+            },
+            (CONTROL, "unsubscribe") => Self::Unsubscribe(arg(0)),
+            (MANAGEMENT, "attach") if matches!(target, Target::Server { .. }) => {
+                Self::Attach(arg(0))
+            }
+            (MANAGEMENT, "detach") if matches!(target, Target::Server { .. }) => Self::Detach,
+            (MANAGEMENT, "remove") if matches!(target, Target::Server { .. }) => {
+                Self::Remove(arg(0))
+            }
+            (MANAGEMENT, "create") if matches!(target, Target::Server { .. }) => Self::Create,
+            (AGENT, "prompt") => Self::Prompt,
+            _ => Self::Other,
+        }
+    }
+
+    /// True for a request that may change the connection's route.
+    pub fn routes(&self) -> bool {
+        matches!(self, Self::Attach(_) | Self::Detach | Self::Remove(_))
+    }
+
+    /// True for `pi.session-management`'s calls, which pi's server runs
+    /// one at a time, in order (pi-v8.md §3.2).
+    pub fn serialised(&self) -> bool {
+        self.routes() || *self == Self::Create
+    }
+}
+
+/// The route a target names, if it is a session target.
+pub fn route_of(target: &Target) -> Option<Route> {
+    match target {
+        Target::Server { .. } => None,
+        Target::Session {
+            session_id,
+            attachment_id,
+            ..
+        } => Some(Route {
+            session_id: session_id.clone(),
+            attachment_id: attachment_id.clone(),
+        }),
+    }
+}
+
+/// The replica of one subscription's state member.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// The service subscribed to.
+    pub service: String,
+    /// The route it was made under (session-scope services).
+    pub route: Option<Route>,
+    /// The state's sequence and value, for a service with a state member.
+    pub state: Option<(u64, Value)>,
+    decoder: Decoder,
+}
+
+impl Replica {
+    /// The replica a subscription snapshot starts: a singleton's one
+    /// instance, its state member (if any) from its one `r` op.
+    pub fn from_snapshot(
+        service: &str,
+        route: Option<Route>,
+        snapshot: &Value,
+    ) -> Result<Self, String> {
+        let instances = match snapshot.get("instances") {
+            Some(Value::Array(instances)) => instances,
+            _ => return Err(format!("{service}: a snapshot without instances")),
+        };
+        if keys(snapshot) != ["instances", "mode", "serviceId"] {
+            return Err(format!("{service}: snapshot keys {:?}", keys(snapshot)));
+        }
+        if snapshot.get("serviceId") != Some(&Value::text(service)) {
+            return Err(format!("{service}: a snapshot of another service"));
+        }
+        let [instance] = instances.as_slice() else {
+            return Err(format!(
+                "{service}: a singleton snapshot with {} instances",
+                instances.len()
+            ));
+        };
+        let Some(Value::Array(members)) = instance.get("members") else {
+            return Err(format!("{service}: an instance without members"));
+        };
+        let mut state = None;
+        for member in members {
+            if member.get("kind") != Some(&Value::text("state")) {
+                continue;
+            }
+            let sequence = match member.get("sequence") {
+                Some(Value::Int(n)) if *n >= 0 => *n as u64,
+                _ => return Err(format!("{service}: a state member without a sequence")),
+            };
+            let value = match member.get("ops") {
+                Some(Value::Array(ops)) => match ops.as_slice() {
+                    [Value::Array(op)] if op.len() == 2 && op[0] == Value::text("r") => {
+                        op[1].clone()
+                    }
+                    _ => return Err(format!("{service}: a snapshot's ops are not one r")),
+                },
+                _ => return Err(format!("{service}: a state member without ops")),
+            };
+            state = Some((sequence, value));
+        }
+        Ok(Self {
+            service: service.to_string(),
+            route,
+            state,
+            decoder: Decoder::new(),
+        })
+    }
+
+    /// Applies one `service_update`: checks its type and keys, that its
+    /// sequence follows the last, that its ops use only chord 0.85.1's
+    /// verbs, decode and apply.
+    pub fn update(&mut self, update: &Value) -> Result<(), String> {
+        let service = &self.service;
+        let kind = match update.get("type") {
+            Some(Value::Text(t)) => t.as_str(),
+            _ => return Err(format!("{service}: an update without a type")),
+        };
+        if !UPDATE_TYPES.contains(&kind) {
+            return Err(format!(
+                "{service}: update type {kind:?} (chord 0.85.1 refuses it)"
+            ));
+        }
+        if kind != "state" {
+            return Err(format!(
+                "{service}: an update {kind:?} on a singleton subscription the server never withdraws"
+            ));
+        }
+        if keys(update) != ["member", "ops", "sequence", "type"] {
+            return Err(format!("{service}: state update keys {:?}", keys(update)));
+        }
+        let Some((sequence, value)) = &mut self.state else {
+            return Err(format!(
+                "{service}: a state update for a service without state"
+            ));
+        };
+        if update.get("member") != Some(&Value::text("state")) {
+            return Err(format!(
+                "{service}: an update of member {:?}",
+                update.get("member")
+            ));
+        }
+        let next = match update.get("sequence") {
+            Some(Value::Int(n)) if *n >= 1 => *n as u64,
+            other => return Err(format!("{service}: update sequence {other:?}")),
+        };
+        if next != *sequence + 1 {
+            return Err(format!(
+                "{service}: update sequence {next} after {sequence} (a gap or a repeat)"
+            ));
+        }
+        let wire = update.get("ops").expect("keyed");
+        if let Value::Array(tuples) = wire {
+            for tuple in tuples {
+                let verb = match tuple {
+                    Value::Array(t) => t.first(),
+                    _ => None,
+                };
+                match verb {
+                    Some(Value::Text(v)) if VERBS.contains(&v.as_str()) => {}
+                    other => {
+                        return Err(format!(
+                            "{service}: op verb {other:?} (chord 0.85.1 refuses it)"
+                        ));
+                    }
+                }
+            }
+        }
+        let decoded = self
+            .decoder
+            .decode(wire)
+            .map_err(|e| format!("{service}: sequence {next} does not decode: {}", e.0))?;
+        ops::apply_all(value, &decoded)
+            .map_err(|e| format!("{service}: sequence {next} does not apply: {e}"))?;
+        *sequence = next;
+        Ok(())
+    }
+}
+
+/// What a v8 client knows from what it sent and read. See the module documentation.
+#[derive(Debug, Clone, Default)]
+pub struct V8Client {
+    /// The server hello arrived.
+    pub ready: bool,
+    /// The route the last `attachment` envelope announced.
+    pub route: Option<Route>,
+    /// Requests not answered yet.
+    pub pending: BTreeMap<String, Asked>,
+    /// Active subscriptions, by id.
+    pub subs: BTreeMap<String, Replica>,
+    /// Why subscriptions ended: `unsubscribed`, or the envelope that ended their route.
+    pub ended: BTreeMap<String, String>,
+    /// Operation ids the prompts were given, newest last.
+    pub operations: Vec<String>,
+    /// Every answer, by request id (kept with
+    /// [`Options::keep_received`](super::Options::keep_received)).
+    pub answers: BTreeMap<String, Result<Option<Value>, CallError>>,
+    /// Every message read, in order (kept with `keep_received`).
+    pub received: Vec<V8Message>,
+    /// Services subscribed to afresh whenever a new route is announced.
+    pub auto_subscribe: Vec<&'static str>,
+    pub(super) next_subscription: u64,
+}
+
+/// What reading one message did.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// What was wrong with it.
+    pub problems: Vec<String>,
+    /// The route changed to a new one.
+    pub new_route: bool,
+}
+
+impl V8Client {
+    /// Notes a request sent.
+    pub fn sent(&mut self, id: &str, asked: Asked) {
+        self.pending.insert(id.to_string(), asked);
+    }
+
+    /// Reads one message in stream order.
+    pub fn read(&mut self, message: &V8Message, keep: bool) -> Read {
+        let mut read = Read::default();
+        if keep {
+            self.received.push(message.clone());
+        }
+        match message {
+            V8Message::Hello { .. } => self.ready = true,
+            V8Message::HelloError(_) => {}
+            V8Message::Malformed(why) => read.problems.push(format!("malformed message: {why}")),
+            V8Message::Attachment(route) => {
+                if *route != self.route {
+                    let why = match route {
+                        Some(r) => format!("replaced by route {}", r.attachment_id),
+                        None => "ended by attachment null".to_string(),
+                    };
+                    let gone: Vec<String> = self
+                        .subs
+                        .iter()
+                        .filter(|(_, s)| s.route.is_some() && s.route != *route)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in gone {
+                        self.subs.remove(&id);
+                        self.ended.insert(id, why.clone());
+                    }
+                    read.new_route = route.is_some();
+                    self.route = route.clone();
+                }
+            }
+            V8Message::Response { id, outcome } => {
+                if keep {
+                    self.answers.insert(id.clone(), outcome.clone());
+                }
+                match (self.pending.remove(id), outcome) {
+                    (
+                        Some(Asked::Subscribe {
+                            subscription_id,
+                            service,
+                            route,
+                        }),
+                        Ok(Some(snapshot)),
+                    ) => match Replica::from_snapshot(&service, route, snapshot) {
+                        Ok(replica) => {
+                            self.ended.remove(&subscription_id);
+                            self.subs.insert(subscription_id, replica);
+                        }
+                        Err(e) => read.problems.push(e),
+                    },
+                    (Some(Asked::Subscribe { service, .. }), Ok(None)) => read.problems.push(
+                        format!("{service}: a subscribe answered without a snapshot"),
+                    ),
+                    (Some(Asked::Unsubscribe(sub)), Ok(_)) => {
+                        self.subs.remove(&sub);
+                        self.ended.insert(sub, "unsubscribed".into());
+                    }
+                    (Some(Asked::Prompt), Ok(Some(result))) => {
+                        if let Some(Value::Text(op)) = result.get("operationId") {
+                            self.operations.push(op.clone());
+                            if self.operations.len() > 8 {
+                                self.operations.remove(0);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            V8Message::Update {
+                subscription_id,
+                update,
+            } => {
+                if let Some(replica) = self.subs.get_mut(subscription_id)
+                    && let Err(e) = replica.update(update)
+                {
+                    read.problems.push(format!("{subscription_id}: {e}"));
+                }
+            }
+        }
+        read
+    }
+
+    /// Folds what decides this client's future into a fingerprint.
+    pub fn fingerprint(&self, out: &mut impl std::fmt::Write) {
+        let _ = write!(
+            out,
+            "|v8 {} {:?} {:?} {:?} {} {:?}",
+            self.ready,
+            self.route,
+            self.pending,
+            self.operations,
+            self.next_subscription,
+            self.auto_subscribe
+        );
+        for (id, r) in &self.subs {
+            let state = r.state.as_ref().map(|(s, v)| (s, json(v)));
+            let _ = write!(
+                out,
+                " {id} {} {:?} {state:?} {:?}",
+                r.service, r.route, r.decoder
+            );
+        }
+    }
+
+    /// The id the next subscription gets (`service-N`, as pi's client names them).
+    pub fn next_subscription_id(&self) -> String {
+        format!("service-{}", self.next_subscription + 1)
+    }
+
+    /// The replica of the active subscription to `service`, if any.
+    pub fn replica(&self, service: &str) -> Option<&Replica> {
+        self.subs.values().find(|r| r.service == service)
+    }
+
+    /// The state of the active subscription to `service`, if any.
+    pub fn state(&self, service: &str) -> Option<&Value> {
+        self.replica(service)
+            .and_then(|r| r.state.as_ref())
+            .map(|(_, v)| v)
+    }
+}
+
+/// A value as JSON-ish text (for fingerprints and messages).
+pub fn json(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Int(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Text(s) => format!("{s:?}"),
+        Value::Bytes(_) => "<bytes>".into(),
+        Value::Array(items) => {
+            format!("[{}]", items.iter().map(json).collect::<Vec<_>>().join(","))
+        }
+        Value::Map(entries) => format!(
+            "{{{}}}",
+            entries
+                .iter()
+                .map(|(k, v)| format!("{k:?}:{}", json(v)))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
+/// Equality as JSON sees it: maps compare by key, whatever their order.
+pub fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Map(x), Value::Map(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.iter().any(|(k2, v2)| k == k2 && same(v, v2)))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        _ => a == b,
+    }
+}
+
+fn object(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// A target as its wire value.
+pub fn target_value(target: &Target) -> Value {
+    match target {
+        Target::Server { server_id } => object(vec![("serverId", Value::text(server_id))]),
+        Target::Session {
+            server_id,
+            session_id,
+            attachment_id,
+        } => object(vec![
+            ("serverId", Value::text(server_id)),
+            ("sessionId", Value::text(session_id)),
+            ("attachmentId", Value::text(attachment_id)),
+        ]),
+    }
+}
+
+/// The server target of the simulated server.
+pub fn server_target() -> Target {
+    Target::Server {
+        server_id: super::SERVER_ID.to_string(),
+    }
+}
+
+/// The session target of `route`.
+pub fn session_target(route: &Route) -> Target {
+    Target::Session {
+        server_id: super::SERVER_ID.to_string(),
+        session_id: route.session_id.clone(),
+        attachment_id: route.attachment_id.clone(),
+    }
+}
+
+fn frame(value: &Value) -> Vec<u8> {
+    let payload = cbor::to_vec(value).expect("a client value encodes");
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits")
+}
+
+/// `{message, images:null}`, an `AgentPromptRequest`.
+pub fn prompt_request(text: &str) -> Value {
+    object(vec![
+        ("message", Value::text(text)),
+        ("images", Value::Null),
+    ])
+}
+
+impl World {
+    /// Opens a connection for a v8 client (it has not said hello yet).
+    pub fn connect_v8_silent(&mut self) -> ConnId {
+        let conn = self.connect();
+        let client = self.clients.get_mut(&conn).expect("connected");
+        client.v8 = Some(Box::default());
+        conn
+    }
+
+    /// Opens a connection for a v8 client and says hello with version 8.
+    pub fn connect_v8(&mut self) -> ConnId {
+        let conn = self.connect_v8_silent();
+        self.v8_hello(conn);
+        conn
+    }
+
+    /// Sends `{type:"hello", version:8}` (v8 carries no token).
+    pub fn v8_hello(&mut self, conn: ConnId) {
+        trace!(self, "{conn} → hello v8");
+        let client = self.clients.get_mut(&conn).expect("known client");
+        client.said_hello = true;
+        let hello = object(vec![
+            ("type", Value::text("hello")),
+            ("version", Value::Int(PROTOCOL_VERSION_V8 as i64)),
+        ]);
+        self.write(conn, frame(&hello), true);
+    }
+
+    /// The v8 state of a client.
+    pub fn v8_client(&self, conn: ConnId) -> &V8Client {
+        self.clients[&conn].v8.as_deref().expect("a v8 client")
+    }
+
+    /// Whether `conn` is a v8 client's.
+    pub fn is_v8(&self, conn: ConnId) -> bool {
+        self.clients.get(&conn).is_some_and(|c| c.v8.is_some())
+    }
+
+    /// Sends a request; returns its id.
+    pub fn v8_request(&mut self, conn: ConnId, target: Target, call: ServiceCall) -> String {
+        self.v8_request_with(conn, target, call, true)
+    }
+
+    fn v8_request_with(
+        &mut self,
+        conn: ConnId,
+        target: Target,
+        call: ServiceCall,
+        run: bool,
+    ) -> String {
+        let client = self.clients.get_mut(&conn).expect("known client");
+        let id = format!("r{}", client.next_request);
+        client.next_request += 1;
+        let open = !client.closed && client.eof.is_none() && !client.garbled;
+        let asked = Asked::of(&target, &call);
+        if let Some(v8) = client.v8.as_deref_mut()
+            && open
+        {
+            v8.sent(&id, asked);
+        }
+        if open && self.options.record_facts {
+            self.fact(Fact::V8RequestSent {
+                conn,
+                id: id.clone(),
+                target: target.clone(),
+                call: call.clone(),
+            });
+        }
+        if self.options.trace {
+            let line = summary::v8_request(&mut self.names, &id, &target, &call);
+            trace!(self, "{conn} → {line}");
+        }
+        let request = object(vec![
+            ("type", Value::text("request")),
+            ("id", Value::text(&id)),
+            ("target", target_value(&target)),
+            ("call", call.to_value()),
+        ]);
+        self.write(conn, frame(&request), run);
+        id
+    }
+
+    /// A call to a server-scope service.
+    pub fn v8_server_call(
+        &mut self,
+        conn: ConnId,
+        service: &str,
+        member: &str,
+        args: Vec<Value>,
+    ) -> String {
+        let call = ServiceCall::singleton(service, member, args);
+        self.v8_request(conn, server_target(), call)
+    }
+
+    /// A call to a session-scope service, addressed with the route the
+    /// client knows (a made-up one when it knows none: it is fenced).
+    pub fn v8_session_call(
+        &mut self,
+        conn: ConnId,
+        service: &str,
+        member: &str,
+        args: Vec<Value>,
+    ) -> String {
+        let target = self.v8_target(conn);
+        let call = ServiceCall::singleton(service, member, args);
+        self.v8_request(conn, target, call)
+    }
+
+    /// The session target of the route `conn` knows, or a made-up one.
+    pub fn v8_target(&self, conn: ConnId) -> Target {
+        let route = self.v8_client(conn).route.clone().unwrap_or(Route {
+            session_id: crate::swarm::UNKNOWN_SESSION.to_string(),
+            attachment_id: UNKNOWN_ATTACHMENT.to_string(),
+        });
+        session_target(&route)
+    }
+
+    /// Subscribes to `service`: a server-scope one at the server, any other
+    /// under the route the client knows. Returns the request id.
+    pub fn v8_subscribe(&mut self, conn: ConnId, service: &str) -> String {
+        self.v8_subscribe_with(conn, service, true)
+    }
+
+    fn v8_subscribe_with(&mut self, conn: ConnId, service: &str, run: bool) -> String {
+        let server_scope = matches!(service, DIRECTORY | MANAGEMENT | PRESENTATION);
+        let target = if server_scope {
+            server_target()
+        } else {
+            self.v8_target(conn)
+        };
+        let v8 = self
+            .clients
+            .get_mut(&conn)
+            .and_then(|c| c.v8.as_deref_mut());
+        let v8 = v8.expect("a v8 client");
+        v8.next_subscription += 1;
+        let sub = format!("service-{}", v8.next_subscription);
+        let args = vec![
+            Value::text(sub),
+            Value::text(service),
+            Value::text("singleton"),
+        ];
+        let call = ServiceCall::singleton(CONTROL, "subscribe", args);
+        self.v8_request_with(conn, target, call, run)
+    }
+
+    /// Cancels request `id`, naming `target`.
+    pub fn v8_cancel(&mut self, conn: ConnId, id: &str, target: &Target) {
+        trace!(self, "{conn} → cancel #{id}");
+        let cancel = object(vec![
+            ("type", Value::text("cancel")),
+            ("id", Value::text(id)),
+            ("target", target_value(target)),
+        ]);
+        self.write(conn, frame(&cancel), true);
+    }
+
+    /// Sends a framed but broken envelope (the server closes the connection).
+    pub fn v8_send_broken(&mut self, conn: ConnId) {
+        trace!(self, "{conn} → a broken envelope");
+        let broken = object(vec![("type", Value::text("request"))]);
+        self.write(conn, frame(&broken), true);
+    }
+
+    /// The answer to request `id` on `conn`, if it arrived (kept with `keep_received`).
+    pub fn v8_answer(&self, conn: ConnId, id: &str) -> Option<&Result<Option<Value>, CallError>> {
+        self.v8_client(conn).answers.get(id)
+    }
+
+    /// A v8 client reads one message.
+    pub(super) fn v8_read(&mut self, conn: ConnId, message: &Arc<V8Message>) {
+        let keep = self.options.keep_received;
+        let Some(client) = self.clients.get_mut(&conn) else {
+            return;
+        };
+        if matches!(**message, V8Message::Hello { .. }) {
+            client.ready = true;
+        }
+        let Some(v8) = client.v8.as_deref_mut() else {
+            return;
+        };
+        let read = v8.read(message, keep);
+        let resubscribe = if read.new_route {
+            v8.auto_subscribe.clone()
+        } else {
+            Vec::new()
+        };
+        for problem in read.problems {
+            self.fact(Fact::V8Broken { conn, problem });
+        }
+        let open = self
+            .clients
+            .get(&conn)
+            .is_some_and(|c| !c.closed && c.eof.is_none());
+        for service in resubscribe.into_iter().filter(|_| open) {
+            // Queued behind what the kernel is doing now, not run inside it.
+            self.v8_subscribe_with(conn, service, false);
+        }
+    }
+}
