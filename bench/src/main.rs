@@ -14,7 +14,10 @@
 //! (10,000 turns, 100 reconnects, 50 sessions created and removed: RSS over
 //! time, store size, idle CPU), `peers` (the same scripted turns on
 //! pi-server, `codex app-server` and `opencode serve`, all streaming from one
-//! mock model server), or `all`. Each pair is measured in the same run,
+//! mock model server), `v8` (protocol v8 beside v1: round trips, a turn's
+//! bytes and first text at turn 10 and turn 1,000, fan-out to 100
+//! transcript subscribers, and the TypeScript pi-server on the same work),
+//! or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -46,6 +49,7 @@ mod server;
 mod soak;
 mod tui;
 mod util;
+mod v8;
 mod web;
 
 use std::process::ExitCode;
@@ -69,6 +73,7 @@ const ALL: &[&str] = &[
     "caching",
     "soak",
     "peers",
+    "v8",
 ];
 
 fn main() -> ExitCode {
@@ -130,6 +135,7 @@ fn main() -> ExitCode {
             "caching" => caching::run(&env, &mut report),
             "soak" => soak::run(&env, &mut report),
             "peers" => peers::run(&env, &mut report),
+            "v8" => v8::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

@@ -33,9 +33,11 @@ const PACKAGES: &[&str] = &[
 ];
 
 const HOST: &str = include_str!("../node/host.mjs");
+/// pi's v8 services for the same work as ours (`bench -- v8`).
+const HOST_V8: &str = include_str!("../node/host-v8.mjs");
 
 /// Installs the packages under `<target>/bench-node` (once) and writes the host there.
-fn install(env: &Env) -> Result<PathBuf, String> {
+pub(crate) fn install(env: &Env) -> Result<PathBuf, String> {
     let dir = env.target_dir.join("bench-node");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let installed = dir.join("node_modules/@earendil-works/pi-server/package.json");
@@ -62,24 +64,36 @@ fn install(env: &Env) -> Result<PathBuf, String> {
         }
     }
     std::fs::write(dir.join("host.mjs"), HOST).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("host-v8.mjs"), HOST_V8).map_err(|e| e.to_string())?;
     Ok(dir)
 }
 
 /// The Node host process; killed on drop.
-struct NodeHost {
-    child: Child,
-    socket: PathBuf,
+pub(crate) struct NodeHost {
+    pub(crate) child: Child,
+    pub(crate) socket: PathBuf,
     server_id: String,
 }
 
 impl NodeHost {
     fn start(dir: &Path, socket: &Path, sessions: usize) -> Result<Self, String> {
+        Self::start_script(dir, "host.mjs", socket, &[sessions.to_string()])
+    }
+
+    /// Runs `script` (in `dir`) with the socket, a new server id and `args`;
+    /// waits for its "ready".
+    pub(crate) fn start_script(
+        dir: &Path,
+        script: &str,
+        socket: &Path,
+        args: &[String],
+    ) -> Result<Self, String> {
         let server_id = pi_io::config::new_uuid();
         let mut child = Process::new("node")
-            .arg(dir.join("host.mjs"))
+            .arg(dir.join(script))
             .arg(socket)
             .arg(&server_id)
-            .arg(sessions.to_string())
+            .args(args)
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -246,7 +260,7 @@ impl Subscribers {
 }
 
 /// One subscriber's reader: records `n` service updates.
-async fn record_updates(
+pub(crate) async fn record_updates(
     mut conn: RawConn,
     n: usize,
     first: Option<Vec<u8>>,

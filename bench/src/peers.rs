@@ -213,15 +213,15 @@ impl Drop for Proc {
 // ---- one turn's timings -------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy)]
-struct Turn {
+pub(crate) struct Turn {
     /// Prompt sent → first text delta received.
-    first: Duration,
+    pub(crate) first: Duration,
     /// Prompt sent → turn end received.
-    total: Duration,
+    pub(crate) total: Duration,
     /// Text delta messages received.
-    deltas: usize,
+    pub(crate) deltas: usize,
     /// Bytes received by the prompting client during the turn.
-    bytes: usize,
+    pub(crate) bytes: usize,
 }
 
 async fn deadline<T>(what: &str, f: impl std::future::Future<Output = Res<T>>) -> Res<T> {
@@ -292,87 +292,93 @@ impl Ours {
     }
 
     async fn turn(&mut self, id: &str, text: &str) -> Res<Turn> {
-        let prompt = v1_request(
-            "p",
-            Command::Prompt {
-                session_id: id.into(),
-                text: text.into(),
-            },
-        );
-        let start = Instant::now();
-        self.conn.send(&prompt).await.map_err(err)?;
-        let mut first = None;
-        let mut deltas = 0;
-        let mut bytes = 0;
-        // The turn ends at the first idle snapshot of the session after a
-        // delta (an event, or the prompt's answer, which comes at the end
-        // of the turn); the answer is read before returning in both cases.
-        // A snapshot carries the whole transcript: its id and phase come
-        // first, and are read from its head (see `snapshot_head`), so that
-        // this client's cost does not grow with the session.
-        let mut idle_at = None;
-        let mut answered = false;
-        loop {
-            self.conn.fill().await.map_err(err)?;
-            let now = Instant::now();
-            let mut failure = None;
-            self.conn.drain(|payload| {
-                bytes += payload.len();
-                if is_progress(payload) {
-                    if payload.windows(15).any(|w| w == b"assistant_delta") {
-                        deltas += 1;
-                        first.get_or_insert(now);
-                    }
-                    return;
+        v1_turn(&mut self.conn, id, text).await
+    }
+}
+
+/// One v1 turn of `conn` (attached to `id`): prompt → first text delta → turn end,
+/// and the bytes it received meanwhile (`v8` measures v1 this way too).
+pub(crate) async fn v1_turn(conn: &mut RawConn, id: &str, text: &str) -> Res<Turn> {
+    let prompt = v1_request(
+        "p",
+        Command::Prompt {
+            session_id: id.into(),
+            text: text.into(),
+        },
+    );
+    let start = Instant::now();
+    conn.send(&prompt).await.map_err(err)?;
+    let mut first = None;
+    let mut deltas = 0;
+    let mut bytes = 0;
+    // The turn ends at the first idle snapshot of the session after a
+    // delta (an event, or the prompt's answer, which comes at the end
+    // of the turn); the answer is read before returning in both cases.
+    // A snapshot carries the whole transcript: its id and phase come
+    // first, and are read from its head (see `snapshot_head`), so that
+    // this client's cost does not grow with the session.
+    let mut idle_at = None;
+    let mut answered = false;
+    loop {
+        conn.fill().await.map_err(err)?;
+        let now = Instant::now();
+        let mut failure = None;
+        conn.drain(|payload| {
+            bytes += payload.len();
+            if is_progress(payload) {
+                if payload.windows(15).any(|w| w == b"assistant_delta") {
+                    deltas += 1;
+                    first.get_or_insert(now);
                 }
-                let head = snapshot_head(payload, id);
-                match kind(payload) {
-                    Kind::Event if head == Some(Some(true)) && first.is_some() => {
+                return;
+            }
+            let head = snapshot_head(payload, id);
+            match kind(payload) {
+                Kind::Event if head == Some(Some(true)) && first.is_some() => {
+                    idle_at.get_or_insert(now);
+                }
+                Kind::Response if head.is_some() && find(payload, b"\x62ok\xf5").is_some() => {
+                    answered = true;
+                    if head == Some(Some(true)) {
                         idle_at.get_or_insert(now);
                     }
-                    Kind::Response if head.is_some() && find(payload, b"\x62ok\xf5").is_some() => {
+                }
+                Kind::Event if head.is_some() => {}
+                _ => match decode(payload) {
+                    Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }))
+                        if snapshot.id == id
+                            && snapshot.phase == SessionPhase::Idle
+                            && first.is_some() =>
+                    {
+                        idle_at.get_or_insert(now);
+                    }
+                    Ok(ServerMessage::Response(Response {
+                        outcome: Ok(CommandResult::Prompt { session }),
+                        ..
+                    })) => {
                         answered = true;
-                        if head == Some(Some(true)) {
+                        if session.phase == SessionPhase::Idle {
                             idle_at.get_or_insert(now);
                         }
                     }
-                    Kind::Event if head.is_some() => {}
-                    _ => match decode(payload) {
-                        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot }))
-                            if snapshot.id == id
-                                && snapshot.phase == SessionPhase::Idle
-                                && first.is_some() =>
-                        {
-                            idle_at.get_or_insert(now);
-                        }
-                        Ok(ServerMessage::Response(Response {
-                            outcome: Ok(CommandResult::Prompt { session }),
-                            ..
-                        })) => {
-                            answered = true;
-                            if session.phase == SessionPhase::Idle {
-                                idle_at.get_or_insert(now);
-                            }
-                        }
-                        Ok(ServerMessage::Response(Response {
-                            outcome: Err(e), ..
-                        })) => failure = Some(short(format!("prompt failed: {e:?}"))),
-                        _ => {}
-                    },
-                }
+                    Ok(ServerMessage::Response(Response {
+                        outcome: Err(e), ..
+                    })) => failure = Some(short(format!("prompt failed: {e:?}"))),
+                    _ => {}
+                },
+            }
+        });
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if answered && let Some(end) = idle_at {
+            let first = first.ok_or("the turn ended without a text delta")?;
+            return Ok(Turn {
+                first: first - start,
+                total: end - start,
+                deltas,
+                bytes,
             });
-            if let Some(f) = failure {
-                return Err(f);
-            }
-            if answered && let Some(end) = idle_at {
-                let first = first.ok_or("the turn ended without a text delta")?;
-                return Ok(Turn {
-                    first: first - start,
-                    total: end - start,
-                    deltas,
-                    bytes,
-                });
-            }
         }
     }
 }
@@ -399,7 +405,7 @@ fn snapshot_head(payload: &[u8], id: &str) -> Option<Option<bool>> {
 }
 
 /// Attaches `conn` (after its hello) to `id`.
-async fn attach(conn: &mut RawConn, id: &str) -> Res<()> {
+pub(crate) async fn attach(conn: &mut RawConn, id: &str) -> Res<()> {
     let attach = v1_request(
         "a",
         Command::Attach {
