@@ -17,8 +17,12 @@
 //! - Invariant: every JSON-RPC request gets exactly one response (a result
 //!   or an error), and a `session/prompt`'s response comes after every
 //!   update of its turn.
-//! - Invariant: at most one `session/prompt` per session is pending here;
-//!   a second is refused as busy, never queued.
+//! - What a `session/prompt` becomes is the kernel's [`Front`]'s decision,
+//!   one per open session, as for every front end: it waits for the session
+//!   to be idle and for our previous prompt, and a refusal follows the
+//!   front's one rule (held again for the session's state, else answered
+//!   with the error); `session/cancel` is the front's abort, and a prompt
+//!   it withdraws before it went out ends `cancelled`.
 //! - Invariant: stdout carries JSON-RPC lines only; everything else is a
 //!   [`Output::Log`].
 
@@ -28,6 +32,7 @@ use agent_client_protocol_schema::v1 as acp;
 use kernel::client::follow::{
     Follower, TurnOutcome, Update, input_text, tool_path, tool_title, turn_outcome,
 };
+use kernel::client::front::{self, Answer, Front, Request, Why};
 use kernel::protocol::{
     Command, CommandResult, Content, CreateParams, ErrorCode, JsonValue, ModelMetadata, ModelRef,
     ServerEvent, SessionMetadata, SessionSnapshot, ThinkingLevel, ToolStatus,
@@ -94,15 +99,40 @@ pub(crate) enum Output {
 /// What a pi call in flight was for.
 #[derive(Debug)]
 enum Pending {
-    New { rpc: Value },
-    Open { rpc: Value, session: String },
-    List { rpc: Value, cwd: Option<String> },
-    Prompt { rpc: Value, session: String },
-    Steer { rpc: Value },
-    Cancel { session: String },
-    SetConfig { rpc: Value, session: String },
-    Close { rpc: Value, session: String },
-    Delete { rpc: Value, session: String },
+    New {
+        rpc: Value,
+    },
+    Open {
+        rpc: Value,
+        session: String,
+    },
+    List {
+        rpc: Value,
+        cwd: Option<String>,
+    },
+    /// A request of the session's front: `call` is the front's, `tag` the
+    /// prompt it carries (0 for an abort).
+    Front {
+        session: String,
+        call: u64,
+        tag: u64,
+        abort: bool,
+    },
+    Steer {
+        rpc: Value,
+    },
+    SetConfig {
+        rpc: Value,
+        session: String,
+    },
+    Close {
+        rpc: Value,
+        session: String,
+    },
+    Delete {
+        rpc: Value,
+        session: String,
+    },
 }
 
 /// A session this editor connection has open.
@@ -112,11 +142,10 @@ struct Open {
     /// True until the first snapshot after a `session/resume`: that
     /// snapshot is marked as shown, not replayed.
     quiet: bool,
-    /// The transcript length of the latest snapshot.
-    len: usize,
-    /// The pending `session/prompt`: the transcript length when it
-    /// was sent, and whether `session/cancel` asked to stop it.
-    prompt: Option<Prompting>,
+    /// What its prompts become (the kernel decides).
+    front: Front,
+    /// `session/cancel` asked to stop the turn of our prompt in flight.
+    cancelled: bool,
     /// The model and level the editor was last told of.
     config: Option<(ModelRef, ThinkingLevel)>,
     /// A `set_config_option` of ours is in flight: snapshots meanwhile
@@ -134,12 +163,6 @@ struct Open {
 /// for a notification.
 type Deferred = (Option<Value>, String, Value);
 
-#[derive(Debug)]
-struct Prompting {
-    base: usize,
-    cancelled: bool,
-}
-
 impl Open {
     /// A session that has shown nothing yet. With `quiet`, its first
     /// snapshot is marked as shown; with `deferred`, messages for it wait
@@ -148,8 +171,8 @@ impl Open {
         Self {
             follower: Follower::new(session),
             quiet,
-            len: 0,
-            prompt: None,
+            front: Front::new(kernel::protocol::SessionPhase::Idle, 0),
+            cancelled: false,
             config: None,
             setting: false,
             announced: BTreeSet::new(),
@@ -165,6 +188,8 @@ pub(crate) struct Adapter {
     sessions: BTreeMap<String, Open>,
     pending: BTreeMap<Token, Pending>,
     next_token: Token,
+    /// The `session/prompt` requests not answered yet, by their front tag.
+    prompts: BTreeMap<u64, (String, Value)>,
     /// `mcpServers` were reported once.
     mcp_reported: bool,
     out: Vec<Output>,
@@ -196,6 +221,7 @@ impl Adapter {
             models,
             sessions: BTreeMap::new(),
             pending: BTreeMap::new(),
+            prompts: BTreeMap::new(),
             next_token: 1,
             mcp_reported: false,
             out: Vec::new(),
@@ -402,43 +428,107 @@ impl Adapter {
     }
 
     fn prompt(&mut self, rpc: Value, session: String, text: String) -> Result<(), RpcError> {
+        let tag = self.next_token;
+        self.next_token += 1;
         let open = self.opened(&session)?;
-        if open.prompt.is_some() {
-            return Err(RpcError::new(
-                code::BUSY,
-                format!(
-                    "busy: a prompt of this connection is already running in session {session}"
-                ),
-            ));
-        }
         open.follower.expect_own(text.clone());
-        open.prompt = Some(Prompting {
-            base: open.len,
-            cancelled: false,
-        });
-        let command = Command::Prompt {
-            session_id: session.clone(),
-            text,
-        };
-        self.call(Pending::Prompt { rpc, session }, command);
+        let outputs = open.front.step(front::Input::Prompt { text, tag });
+        self.prompts.insert(tag, (session.clone(), rpc));
+        self.front_outputs(&session, outputs);
         Ok(())
     }
 
     fn cancel(&mut self, session: String) {
-        let Some(prompting) = self
-            .sessions
-            .get_mut(&session)
-            .and_then(|o| o.prompt.as_mut())
-        else {
+        let Some(open) = self.sessions.get_mut(&session) else {
+            return self.log(format!("session/cancel: session {session} is not open"));
+        };
+        if !open.front.busy() {
             return self.log(format!(
                 "session/cancel: no prompt of ours runs in {session}"
             ));
-        };
-        prompting.cancelled = true;
-        let command = Command::Abort {
-            session_id: session.clone(),
-        };
-        self.call(Pending::Cancel { session }, command);
+        }
+        open.cancelled = true;
+        let outputs = open.front.step(front::Input::Abort);
+        self.front_outputs(&session, outputs);
+    }
+
+    /// Forgets an open session; its prompts not answered yet are answered
+    /// with `end` (a stop reason, or an error).
+    fn drop_session(&mut self, session: &str, end: Result<acp::StopReason, RpcError>) {
+        self.sessions.remove(session);
+        let tags: Vec<u64> = self
+            .prompts
+            .iter()
+            .filter(|(_, (s, _))| s == session)
+            .map(|(tag, _)| *tag)
+            .collect();
+        for tag in tags {
+            let (_, rpc) = self.prompts.remove(&tag).expect("listed");
+            match &end {
+                Ok(stop) => self.respond(rpc, to_value(acp::PromptResponse::new(stop.clone()))),
+                Err(e) => self.error(rpc, RpcError::new(e.code, e.message.clone())),
+            }
+        }
+    }
+
+    /// Carries out what a session's front decided.
+    fn front_outputs(&mut self, session: &str, outputs: Vec<front::Output>) {
+        for output in outputs {
+            match output {
+                front::Output::Send { call, request, tag } => {
+                    let session_id = session.to_owned();
+                    let (command, abort) = match request {
+                        Request::Prompt(text) => (Command::Prompt { session_id, text }, false),
+                        Request::Steer(text) => (Command::Steer { session_id, text }, false),
+                        Request::Abort => (Command::Abort { session_id }, true),
+                    };
+                    let pending = Pending::Front {
+                        session: session.to_owned(),
+                        call,
+                        tag,
+                        abort,
+                    };
+                    self.call(pending, command);
+                }
+                front::Output::HandBack { why, tag, .. } => {
+                    let Some((_, rpc)) = self.prompts.remove(&tag) else {
+                        continue;
+                    };
+                    match why {
+                        Why::Aborted | Why::Withdrawn => {
+                            let response = acp::PromptResponse::new(acp::StopReason::Cancelled);
+                            self.respond(rpc, to_value(response));
+                        }
+                        Why::Refused(e) => {
+                            let error = ClientError::from(e);
+                            self.error(rpc, pi_error(&error, Some(session)));
+                        }
+                        Why::Busy => self.error(
+                            rpc,
+                            RpcError::new(
+                                code::BUSY,
+                                format!("busy: a turn is already running in session {session}"),
+                            ),
+                        ),
+                        Why::Lost(how) => self.error(
+                            rpc,
+                            RpcError::new(
+                                code::INTERNAL,
+                                format!("the connection was lost while the prompt was sent ({how}); it may have run"),
+                            ),
+                        ),
+                        Why::Closed => self.error(
+                            rpc,
+                            RpcError::new(code::INTERNAL, "the connection to the server is closed"),
+                        ),
+                    }
+                }
+                front::Output::Notice(front::Notice::AbortRefused(e)) => {
+                    self.log(format!("cannot cancel the turn of session {session}: {e}"));
+                }
+                front::Output::Notice(_) | front::Output::Finished => {}
+            }
+        }
     }
 
     fn set_config(
@@ -530,9 +620,10 @@ impl Adapter {
                 let updates = open.follower.on_event(event);
                 self.show(session_id, updates);
             }
-            // A prompt still pending is answered by its own response.
             ServerEvent::SessionRemoved { session_id } => {
-                self.sessions.remove(session_id);
+                let error =
+                    RpcError::new(code::NOT_FOUND, format!("session {session_id} was removed"));
+                self.drop_session(session_id, Err(error));
             }
         }
     }
@@ -543,7 +634,10 @@ impl Adapter {
         let Some(open) = self.sessions.get_mut(&snapshot.id) else {
             return;
         };
-        open.len = snapshot.transcript.len();
+        let held = open.front.step(front::Input::Session {
+            phase: snapshot.phase,
+            transcript_len: snapshot.transcript.len(),
+        });
         if std::mem::take(&mut open.quiet) {
             open.follower.resume(snapshot);
         }
@@ -559,6 +653,7 @@ impl Adapter {
                 acp::SessionUpdate::ConfigOptionUpdate(acp::ConfigOptionUpdate::new(options));
             self.notify(&snapshot.id, update);
         }
+        self.front_outputs(&snapshot.id, held);
     }
 
     fn on_done(&mut self, token: Token, result: Result<CommandResult, ClientError>) {
@@ -609,16 +704,16 @@ impl Adapter {
                 Ok(_) => self.error(rpc, unexpected("a list")),
                 Err(e) => self.error(rpc, pi_error(&e, None)),
             },
-            Pending::Prompt { rpc, session } => self.prompt_done(rpc, &session, result),
+            Pending::Front {
+                session,
+                call,
+                tag,
+                abort,
+            } => self.front_done(&session, call, tag, abort, result),
             Pending::Steer { rpc } => match result {
                 Ok(_) => self.respond(rpc, json!({})),
                 Err(e) => self.error(rpc, pi_error(&e, None)),
             },
-            Pending::Cancel { session } => {
-                if let Err(e) = result {
-                    self.log(format!("cannot cancel the turn of session {session}: {e}"));
-                }
-            }
             Pending::SetConfig { rpc, session } => {
                 if let Some(open) = self.sessions.get_mut(&session) {
                     open.setting = false;
@@ -635,7 +730,7 @@ impl Adapter {
                 }
             }
             Pending::Close { rpc, session } | Pending::Delete { rpc, session } => {
-                self.sessions.remove(&session);
+                self.drop_session(&session, Ok(acp::StopReason::Cancelled));
                 match result {
                     Ok(_) => self.respond(rpc, json!({})),
                     Err(e) => self.error(rpc, pi_error(&e, Some(&session))),
@@ -659,37 +754,68 @@ impl Adapter {
         }
     }
 
-    fn prompt_done(
+    /// A front request answered: a prompt's turn is shown and its request
+    /// answered with how the turn ended; then the front takes the answer.
+    fn front_done(
         &mut self,
-        rpc: Value,
         session: &str,
+        call: u64,
+        tag: u64,
+        abort: bool,
         result: Result<CommandResult, ClientError>,
     ) {
-        let prompting = self.sessions.get_mut(session).and_then(|o| o.prompt.take());
-        let (base, cancelled) = prompting.map_or((0, false), |p| (p.base, p.cancelled));
         let snapshot = match result.map(CommandResult::into_session) {
-            Ok(Ok(snapshot)) => snapshot,
-            Ok(Err(what)) => return self.error(rpc, unexpected(what)),
-            Err(e) => return self.error(rpc, pi_error(&e, Some(session))),
+            Ok(Ok(snapshot)) => Ok(snapshot),
+            Ok(Err(what)) => Err(ClientError::Protocol(format!("unexpected {what} result"))),
+            Err(e) => Err(e),
         };
-        // Every update of the turn goes before its answer.
-        self.on_snapshot(&snapshot);
-        let stop = match turn_outcome(&snapshot, base) {
-            TurnOutcome::Completed => acp::StopReason::EndTurn,
-            TurnOutcome::MaxTokens => acp::StopReason::MaxTokens,
-            TurnOutcome::Aborted { .. } => acp::StopReason::Cancelled,
-            TurnOutcome::Failed { message } if !cancelled => {
-                return self.error(
+        let Some(open) = self.sessions.get_mut(session) else {
+            // The session was closed meanwhile; its prompts were answered then.
+            return;
+        };
+        let base = open.front.turn_start().unwrap_or(0);
+        let outcome = match (&snapshot, abort) {
+            (Err(e), _) => Err(e.clone().into()),
+            (Ok(s), true) => Ok(Answer::Abort {
+                withdrawn: s
+                    .queued_steer
+                    .iter()
+                    .map(|u| kernel::client::follow::text_of(&u.content))
+                    .collect(),
+            }),
+            (Ok(s), false) if tag != 0 => Ok(Answer::Prompt { phase: s.phase }),
+            (Ok(_), false) => Ok(Answer::Steer),
+        };
+        if let (Ok(snapshot), false, Some((_, rpc))) =
+            (&snapshot, abort, self.prompts.get(&tag).cloned())
+        {
+            let cancelled = std::mem::take(&mut open.cancelled);
+            self.prompts.remove(&tag);
+            // Every update of the turn goes before its answer.
+            self.on_snapshot(snapshot);
+            let stop = match turn_outcome(snapshot, base) {
+                TurnOutcome::Completed => Ok(acp::StopReason::EndTurn),
+                TurnOutcome::MaxTokens => Ok(acp::StopReason::MaxTokens),
+                TurnOutcome::Aborted { .. } => Ok(acp::StopReason::Cancelled),
+                TurnOutcome::Failed { .. } if cancelled => Ok(acp::StopReason::Cancelled),
+                TurnOutcome::Failed { message } => Err(message),
+            };
+            match stop {
+                Ok(stop) => self.respond(rpc, to_value(acp::PromptResponse::new(stop))),
+                Err(message) => self.error(
                     rpc,
                     RpcError::new(
                         code::INTERNAL,
                         format!("the model reported an error: {message}"),
                     ),
-                );
+                ),
             }
-            TurnOutcome::Failed { .. } => acp::StopReason::Cancelled,
+        }
+        let Some(open) = self.sessions.get_mut(session) else {
+            return;
         };
-        self.respond(rpc, to_value(acp::PromptResponse::new(stop)));
+        let outputs = open.front.step(front::Input::Answered { call, outcome });
+        self.front_outputs(session, outputs);
     }
 
     // -----------------------------------------------------------------------

@@ -205,7 +205,7 @@ type Answered = (
 fn why(why: &front::Why) -> String {
     match why {
         front::Why::Refused(e) => format!("refused: {e}"),
-        front::Why::StillBusy => "the session stayed busy".into(),
+        front::Why::Busy => "the session was busy".into(),
         front::Why::Lost(how) => {
             format!("the connection was lost while it was sent ({how}); it may have run")
         }
@@ -336,7 +336,7 @@ pub(super) async fn run_lines(
         let mut finished = false;
         for output in front.step(input) {
             match output {
-                Output::Send { call, request } => {
+                Output::Send { call, request, .. } => {
                     if let Request::Prompt(text) | Request::Steer(text) = &request {
                         follower.expect_own(text.clone());
                     }
@@ -346,7 +346,9 @@ pub(super) async fn run_lines(
                         let _ = done.send((call, outcome, snapshot)).await;
                     });
                 }
-                Output::HandBack { text, why: reason } => {
+                Output::HandBack {
+                    text, why: reason, ..
+                } => {
                     eprintln!("(line not taken: {}) {text}", why(&reason))
                 }
                 Output::Notice(notice) => match notice {

@@ -292,7 +292,7 @@ pub(crate) struct View {
 fn reason(why: &Why) -> String {
     match why {
         Why::Refused(e) => format!("refused: {}", sanitize(&e.to_string())),
-        Why::StillBusy => "the session stayed busy".into(),
+        Why::Busy => "the session was busy".into(),
         Why::Lost(_) => "the connection was lost while it was sent; it may have run".into(),
         Why::Aborted => "the turn was aborted".into(),
         Why::Withdrawn => "the model had not seen it".into(),
@@ -500,8 +500,8 @@ impl View {
         let mut back = Vec::new();
         for output in self.front.step(input) {
             match output {
-                Output::Send { call, request } => actions.push(Action::Send { call, request }),
-                Output::HandBack { text, why } => {
+                Output::Send { call, request, .. } => actions.push(Action::Send { call, request }),
+                Output::HandBack { text, why, .. } => {
                     self.notice(
                         Level::Warn,
                         format!("not sent ({}): back in the input", reason(&why)),

@@ -9,16 +9,18 @@
 //!              └────(link up; the server says a turn runs)─────────► Steer
 //! ```
 //!
-//! **What a line becomes.** A line goes out as a prompt when the session is
-//! idle and no prompt of ours is on its way; as a steer once the server
-//! says a turn runs (a steer sent before the turn started would be
+//! **What a line becomes.** A typed line goes out as a prompt when the
+//! session is idle and no prompt of ours is on its way; as a steer once the
+//! server says a turn runs (a steer sent before the turn started would be
 //! refused); otherwise, and while the connection is away, it is held, in
-//! order.
+//! order. A request to start a turn now ([`Input::Prompt`]) is a prompt or
+//! nothing: it is handed back at once when the session is busy.
 //!
-//! **What a refusal does (one rule).** A line refused because the session
-//! was not in the state it needed (`busy`: a steer whose turn ended first,
-//! a prompt that met another client's turn) is held again and decided
-//! afresh, at most [`MAX_RETRIES`] times; any other refusal, and a line
+//! **What a refusal does (one rule).** A line that can wait, refused
+//! because the session was not in the state it needed (`busy`: a steer
+//! whose turn ended first, a prompt that met another client's turn), is
+//! held again and decided afresh, at most [`MAX_RETRIES`] times; any other
+//! refusal, and a line
 //! whose call was lost with the connection (it cannot be known to have
 //! run), is handed back to the user ([`Output::HandBack`]). An abort hands
 //! back the lines still held and the steers it withdrew. So no typed line
@@ -85,6 +87,17 @@ pub enum Link {
 pub enum Input {
     /// The user entered a line (blank ones are ignored).
     Typed(String),
+    /// A request to start a turn now (ACP's `session/prompt`): a prompt or
+    /// nothing. It waits out a reconnection, but not a busy session: busy
+    /// (a turn runs, ours or another client's), it is handed back at once,
+    /// and a `busy` refusal hands it back too. `tag` comes back with what
+    /// becomes of it, for the front end to answer the request it came with.
+    Prompt {
+        /// The text.
+        text: String,
+        /// The front end's name for it.
+        tag: u64,
+    },
     /// The user asks to end the running turn.
     Abort,
     /// No more lines will be typed (end of input).
@@ -112,8 +125,9 @@ pub enum Input {
 pub enum Why {
     /// The server refused it (and it was not a matter of waiting).
     Refused(ClientError),
-    /// It was refused for the session's state too often.
-    StillBusy,
+    /// The session was busy: a line that cannot wait found a turn running,
+    /// or a line was refused for the session's state [`MAX_RETRIES`] times.
+    Busy,
     /// Its call was lost with the connection: it may or may not have run.
     Lost(String),
     /// The user aborted before it went out.
@@ -158,6 +172,8 @@ pub enum Output {
         call: u64,
         /// What to send.
         request: Request,
+        /// The line's tag ([`Input::Prompt`]; 0 for a typed line or an abort).
+        tag: u64,
     },
     /// Give the line back to the user (the TUI puts it in the input, a
     /// line-mode CLI prints it, ACP answers with the reason).
@@ -166,6 +182,8 @@ pub enum Output {
         text: String,
         /// Why.
         why: Why,
+        /// Its tag (0 for a typed line).
+        tag: u64,
     },
     /// Tell the user.
     Notice(Notice),
@@ -176,9 +194,13 @@ pub enum Output {
 #[derive(Debug, Clone, PartialEq)]
 struct Held {
     text: String,
-    /// A steer of it was refused because no turn ran: only a prompt will do.
+    /// Only a prompt will do: it was asked for as one, or a steer of it was
+    /// refused because no turn ran.
     prompt_only: bool,
+    /// Asked for as a prompt ([`Input::Prompt`]): never a steer.
+    explicit: bool,
     retries: u8,
+    tag: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -228,25 +250,8 @@ impl Front {
     /// Processes one input; returns what to do, in order.
     pub fn step(&mut self, input: Input) -> Vec<Output> {
         match input {
-            Input::Typed(text) if self.link == Link::Closed && !text.trim().is_empty() => {
-                self.out.push(Output::HandBack {
-                    text,
-                    why: Why::Closed,
-                });
-            }
-            Input::Typed(text) => {
-                if !text.trim().is_empty() {
-                    self.held.push_back(Held {
-                        text,
-                        prompt_only: false,
-                        retries: 0,
-                    });
-                    if self.link == Link::Reconnecting {
-                        let lines = self.held.len();
-                        self.out.push(Output::Notice(Notice::Held { lines }));
-                    }
-                }
-            }
+            Input::Typed(text) => self.hold(text, false, 0),
+            Input::Prompt { text, tag } => self.hold(text, true, tag),
             Input::Abort => self.on_abort(),
             Input::EndOfInput => self.ended = true,
             Input::Session {
@@ -294,17 +299,49 @@ impl Front {
         self.turn_start
     }
 
+    /// A line entered: held (blank ones ignored), or handed back at once
+    /// on a closed connection.
+    fn hold(&mut self, text: String, prompt_only: bool, tag: u64) {
+        if text.trim().is_empty() {
+            return;
+        }
+        if self.link == Link::Closed {
+            let why = Why::Closed;
+            self.out.push(Output::HandBack { text, why, tag });
+            return;
+        }
+        self.held.push_back(Held {
+            text,
+            prompt_only,
+            explicit: prompt_only,
+            retries: 0,
+            tag,
+        });
+        if self.link == Link::Reconnecting {
+            let lines = self.held.len();
+            self.out.push(Output::Notice(Notice::Held { lines }));
+        }
+    }
+
     fn call(&mut self, sent: Sent) -> u64 {
         let call = self.next_call;
         self.next_call += 1;
-        let request = match &sent {
-            Sent::Prompt(line) => Request::Prompt(line.text.clone()),
-            Sent::Steer(line) => Request::Steer(line.text.clone()),
-            Sent::Abort => Request::Abort,
+        let (request, tag) = match &sent {
+            Sent::Prompt(line) => (Request::Prompt(line.text.clone()), line.tag),
+            Sent::Steer(line) => (Request::Steer(line.text.clone()), line.tag),
+            Sent::Abort => (Request::Abort, 0),
         };
         self.sent.insert(call, sent);
-        self.out.push(Output::Send { call, request });
+        self.out.push(Output::Send { call, request, tag });
         call
+    }
+
+    fn hand_back(&mut self, line: Held, why: Why) {
+        self.out.push(Output::HandBack {
+            text: line.text,
+            why,
+            tag: line.tag,
+        });
     }
 
     /// Sends what may go now.
@@ -315,6 +352,9 @@ impl Front {
             if self.phase != SessionPhase::Idle && !line.prompt_only {
                 let line = self.held.pop_front().expect("a front");
                 self.call(Sent::Steer(line));
+            } else if self.busy() && line.explicit {
+                let line = self.held.pop_front().expect("a front");
+                self.hand_back(line, Why::Busy);
             } else if self.busy() {
                 break;
             } else {
@@ -341,10 +381,7 @@ impl Front {
             return;
         }
         for line in std::mem::take(&mut self.held) {
-            self.out.push(Output::HandBack {
-                text: line.text,
-                why: Why::Aborted,
-            });
+            self.hand_back(line, Why::Aborted);
         }
         if !self.aborting {
             self.aborting = true;
@@ -366,10 +403,8 @@ impl Front {
             (Sent::Abort, Ok(answer)) => {
                 if let Answer::Abort { withdrawn } = answer {
                     for text in withdrawn {
-                        self.out.push(Output::HandBack {
-                            text,
-                            why: Why::Withdrawn,
-                        });
+                        let (why, tag) = (Why::Withdrawn, 0);
+                        self.out.push(Output::HandBack { text, why, tag });
                     }
                 }
             }
@@ -377,17 +412,16 @@ impl Front {
                 self.aborting = false;
                 self.out.push(Output::Notice(Notice::AbortRefused(error)));
             }
-            (Sent::Prompt(line), Err(error)) if is_busy(&error) => self.retry(line, false),
+            (Sent::Prompt(line), Err(error)) if is_busy(&error) && !line.explicit => {
+                self.retry(line, false)
+            }
             (Sent::Steer(line), Err(error)) if is_busy(&error) => self.retry(line, true),
             (Sent::Prompt(line) | Sent::Steer(line), Err(error)) => {
                 let why = match error {
                     ClientError::Disconnected(how) => Why::Lost(how),
                     other => Why::Refused(other),
                 };
-                self.out.push(Output::HandBack {
-                    text: line.text,
-                    why,
-                });
+                self.hand_back(line, why);
             }
         }
     }
@@ -399,15 +433,11 @@ impl Front {
     fn retry(&mut self, mut line: Held, was_steer: bool) {
         let why = match self.link {
             Link::Closed => Some(Why::Closed),
-            _ if line.retries >= MAX_RETRIES => Some(Why::StillBusy),
+            _ if line.retries >= MAX_RETRIES => Some(Why::Busy),
             _ => None,
         };
         if let Some(why) = why {
-            self.out.push(Output::HandBack {
-                text: line.text,
-                why,
-            });
-            return;
+            return self.hand_back(line, why);
         }
         line.retries += 1;
         line.prompt_only = was_steer;
@@ -429,10 +459,7 @@ impl Front {
             (Link::Reconnecting, Link::Up) => self.out.push(Output::Notice(Notice::Reconnected)),
             (_, Link::Closed) => {
                 for line in std::mem::take(&mut self.held) {
-                    self.out.push(Output::HandBack {
-                        text: line.text,
-                        why: Why::Closed,
-                    });
+                    self.hand_back(line, Why::Closed);
                 }
             }
             _ => {}

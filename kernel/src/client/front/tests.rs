@@ -12,7 +12,7 @@ fn busy() -> ClientError {
 fn sends(out: &[Output]) -> Vec<(u64, Request)> {
     out.iter()
         .filter_map(|o| match o {
-            Output::Send { call, request } => Some((*call, request.clone())),
+            Output::Send { call, request, .. } => Some((*call, request.clone())),
             _ => None,
         })
         .collect()
@@ -89,7 +89,8 @@ fn a_refused_steer_comes_back_as_a_prompt_and_a_refused_prompt_as_a_steer() {
         out,
         [Output::HandBack {
             text: "late".into(),
-            why: Why::StillBusy
+            why: Why::Busy,
+            tag: 0
         }]
     );
 }
@@ -107,7 +108,8 @@ fn other_refusals_and_lost_calls_hand_the_line_back() {
         out,
         [Output::HandBack {
             text: "a".into(),
-            why: Why::Refused(refused)
+            why: Why::Refused(refused),
+            tag: 0
         }]
     );
     f.step(Input::Typed("b".into()));
@@ -119,7 +121,8 @@ fn other_refusals_and_lost_calls_hand_the_line_back() {
         out,
         [Output::HandBack {
             text: "b".into(),
-            why: Why::Lost("gone".into())
+            why: Why::Lost("gone".into()),
+            tag: 0
         }]
     );
 }
@@ -153,12 +156,14 @@ fn an_abort_hands_back_what_was_held_and_what_it_withdrew() {
         [
             Output::HandBack {
                 text: "held".into(),
-                why: Why::Aborted
+                why: Why::Aborted,
+                tag: 0
             },
             Output::Notice(Notice::Aborting),
             Output::Send {
                 call: 2,
-                request: Request::Abort
+                request: Request::Abort,
+                tag: 0
             },
         ]
     );
@@ -173,7 +178,8 @@ fn an_abort_hands_back_what_was_held_and_what_it_withdrew() {
         out,
         [Output::HandBack {
             text: "steered".into(),
-            why: Why::Withdrawn
+            why: Why::Withdrawn,
+            tag: 0
         }]
     );
 }
@@ -182,6 +188,7 @@ fn an_abort_hands_back_what_was_held_and_what_it_withdrew() {
 #[derive(Debug, Clone)]
 enum Event {
     Type,
+    Prompt,
     Answer { pick: usize, how: u8 },
     Phase(bool),
     Link(u8),
@@ -191,6 +198,7 @@ enum Event {
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
         3 => Just(Event::Type),
+        1 => Just(Event::Prompt),
         4 => (any::<usize>(), 0u8..6).prop_map(|(pick, how)| Event::Answer { pick, how }),
         2 => any::<bool>().prop_map(Event::Phase),
         1 => (0u8..3).prop_map(Event::Link),
@@ -215,7 +223,7 @@ proptest! {
         let absorb = |out: Vec<Output>, pending: &mut Vec<(u64, Request)>, back: &mut BTreeMap<String, u32>| {
             for o in out {
                 match o {
-                    Output::Send { call, request } => pending.push((call, request)),
+                    Output::Send { call, request, .. } => pending.push((call, request)),
                     Output::HandBack { text, .. } => *back.entry(text).or_default() += 1,
                     _ => {}
                 }
@@ -226,6 +234,10 @@ proptest! {
                 Event::Type => {
                     typed += 1;
                     f.step(Input::Typed(format!("line {typed}")))
+                }
+                Event::Prompt => {
+                    typed += 1;
+                    f.step(Input::Prompt { text: format!("line {typed}"), tag: typed.into() })
                 }
                 Event::Phase(running) => f.step(Input::Session {
                     phase: if running { SessionPhase::Turn } else { SessionPhase::Idle },
@@ -297,4 +309,51 @@ proptest! {
             prop_assert!(t + b == 1, "{line}: taken {t}, handed back {b}");
         }
     }
+}
+
+#[test]
+fn a_request_to_start_a_turn_now_is_a_prompt_or_handed_back() {
+    let mut f = Front::new(SessionPhase::Turn, 3);
+    let out = f.step(Input::Prompt {
+        text: "start".into(),
+        tag: 7,
+    });
+    assert_eq!(
+        out,
+        [Output::HandBack {
+            text: "start".into(),
+            why: Why::Busy,
+            tag: 7
+        }]
+    );
+    f.step(Input::Session {
+        phase: SessionPhase::Idle,
+        transcript_len: 5,
+    });
+    let out = f.step(Input::Prompt {
+        text: "start".into(),
+        tag: 8,
+    });
+    assert_eq!(
+        out,
+        [Output::Send {
+            call: 1,
+            request: Request::Prompt("start".into()),
+            tag: 8
+        }]
+    );
+    assert_eq!(f.turn_start(), Some(5));
+    // Refused for a turn that began meanwhile: handed back, not retried.
+    let out = f.step(Input::Answered {
+        call: 1,
+        outcome: Err(busy()),
+    });
+    assert_eq!(
+        out,
+        [Output::HandBack {
+            text: "start".into(),
+            why: Why::Refused(busy()),
+            tag: 8
+        }]
+    );
 }
