@@ -465,7 +465,7 @@ impl Adapter {
         for tag in tags {
             let (_, rpc) = self.prompts.remove(&tag).expect("listed");
             match &end {
-                Ok(stop) => self.respond(rpc, to_value(acp::PromptResponse::new(stop.clone()))),
+                Ok(stop) => self.respond(rpc, to_value(acp::PromptResponse::new(*stop))),
                 Err(e) => self.error(rpc, RpcError::new(e.code, e.message.clone())),
             }
         }
