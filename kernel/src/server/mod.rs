@@ -130,6 +130,7 @@ impl fmt::Debug for Server {
             models_cbor: _,
             auth_throttle,
             directory,
+            v8_managed,
         } = self;
         f.debug_struct("Server")
             .field("server_id", &config.server_id)
@@ -154,6 +155,7 @@ impl fmt::Debug for Server {
             .field("list_cache", list_cache)
             .field("auth_throttle", auth_throttle)
             .field("directory", directory)
+            .field("v8_managed", v8_managed)
             .finish()
     }
 }
@@ -399,6 +401,9 @@ pub struct Server {
     auth_throttle: AuthThrottle,
     /// `pi.session-directory`'s state, while v8 clients subscribe to it.
     directory: Option<crate::chord::State>,
+    /// v8 connections whose management call ended in this step, with more
+    /// waiting ([`Server::v8_run_management`]).
+    v8_managed: std::collections::BTreeSet<ConnId>,
 }
 
 impl Server {
@@ -443,6 +448,7 @@ impl Server {
             list_cache: None,
             models_cbor,
             directory: None,
+            v8_managed: std::collections::BTreeSet::new(),
         }
     }
 
@@ -519,6 +525,7 @@ impl Server {
             Input::HandoffRequested => self.on_handoff(),
             Input::AdoptionsExpected { sessions } => self.on_adoptions_expected(sessions),
         }
+        self.v8_run_management();
         self.track_idle();
         self.maybe_report_shutdown();
         self.check_step(&scope);

@@ -157,7 +157,14 @@ impl Live {
         }
     }
 
-    fn runtime_phase(&self) -> SessionPhase {
+    /// A prompt (v1's or v8's) is on its way to the runtime or running.
+    pub(crate) fn prompt_on_its_way(&self) -> bool {
+        self.ops
+            .values()
+            .any(|op| matches!(op.name, "prompt" | "v8.prompt"))
+    }
+
+    pub(crate) fn runtime_phase(&self) -> SessionPhase {
         self.snapshot
             .as_ref()
             .map_or(SessionPhase::Idle, |s| s.phase)
@@ -480,7 +487,8 @@ impl Server {
             return self.admit(&session_id, waiter);
         }
         let max = self.config.limits.max_attachments_per_connection;
-        if self.conns[&conn].attached.len() >= max {
+        // A v8 connection's one route is replaced when the attach is admitted.
+        if !self.is_v8(conn) && self.conns[&conn].attached.len() >= max {
             let message = format!("A connection may attach to at most {max} sessions");
             return self.respond_error(conn, waiter.request_id, ErrorCode::InvalidRequest, message);
         }
@@ -1601,6 +1609,9 @@ impl Server {
             let worker = live.worker.id();
             self.workers.remove(&worker);
             for pending in live.ops.into_values() {
+                if pending.request_id.is_empty() {
+                    continue; // a v8 prompt, answered at once: never counted in flight
+                }
                 self.finish_pending(pending.conn);
             }
             for waiter in live.waiters {

@@ -139,6 +139,12 @@ pub(crate) struct V8Conn {
     deferred: VecDeque<(String, Target, Value)>,
     /// `prepareSession` was called on this connection (`reload` needs it).
     prepared: bool,
+    /// The `pi.session-management` call under way: the connection's
+    /// management calls run one at a time, in the order sent (pi runs them
+    /// on one queue), so an attach and a detach behind it end as sent.
+    managing: Option<String>,
+    /// Management calls waiting for it.
+    management_queue: VecDeque<(String, ServiceCall)>,
 }
 
 impl V8Conn {
@@ -414,10 +420,7 @@ impl Server {
 
     /// Answers a request that is still active (one cancelled meanwhile is not answered twice).
     fn v8_reply(&mut self, conn: ConnId, id: &str, result: Result<Option<Value>, CallError>) {
-        let Some(v8) = self.v8_mut(conn) else {
-            return;
-        };
-        if v8.active.remove(id).is_none() {
+        if !self.v8_end(conn, id) {
             return;
         }
         let message = match result {
@@ -433,6 +436,42 @@ impl Server {
         self.v8_send(conn, &message);
     }
 
+    /// A request of `conn` is answered: it is no longer active, and if it
+    /// was the management call under way, the next one may run (at the end
+    /// of the step, [`Self::v8_run_management`]). False when it was not
+    /// active (cancelled, or the connection is gone).
+    fn v8_end(&mut self, conn: ConnId, id: &str) -> bool {
+        let Some(v8) = self.v8_mut(conn) else {
+            return false;
+        };
+        if v8.active.remove(id).is_none() {
+            return false;
+        }
+        if v8.managing.as_deref() == Some(id) {
+            v8.managing = None;
+            if !v8.management_queue.is_empty() {
+                self.v8_managed.insert(conn);
+            }
+        }
+        true
+    }
+
+    /// Starts the next management call of each connection whose call under
+    /// way ended in this step.
+    pub(super) fn v8_run_management(&mut self) {
+        while let Some(conn) = self.v8_managed.pop_first() {
+            let next = self.v8_mut(conn).and_then(|v| match v.managing {
+                Some(_) => None,
+                None => v.management_queue.pop_front(),
+            });
+            if let Some((id, call)) = next
+                && self.conns.get(&conn).is_some_and(Connection::is_ready)
+            {
+                self.on_server_call(conn, id, call);
+            }
+        }
+    }
+
     fn on_v8_request(&mut self, conn: ConnId, id: String, target: Target, call: Value) {
         let limit = self.config.limits.max_requests_in_flight_per_connection;
         let c = self.conns.get_mut(&conn).expect("ready");
@@ -441,7 +480,9 @@ impl Server {
             let error = CallError::invalid("Request ID is already active");
             return self.v8_send(conn, &ServerMessage::Err { id, error });
         }
-        if v8.active.len() >= limit {
+        // Both bounds: requests answered (or cancelled) may still have work
+        // under way that counts in flight (a create waiting for its worker).
+        if v8.active.len() >= limit || c.in_flight >= limit {
             let error = CallError::invalid(format!(
                 "More than {limit} requests in flight on this connection"
             ));
@@ -612,6 +653,13 @@ impl Server {
             Ok(Some(svc)) => svc,
             Err(error) => return self.v8_reply(conn, &id, Err(error)),
         };
+        if svc == Svc::Management {
+            let v8 = self.v8_mut(conn).expect("v8");
+            if v8.managing.is_some() {
+                return v8.management_queue.push_back((id, call));
+            }
+            v8.managing = Some(id.clone());
+        }
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
             (Svc::Management, "create") => self.v8_create(conn, id, args),
@@ -721,11 +769,8 @@ impl Server {
         if route.as_ref().is_some_and(|r| r.session_id == session_id) {
             return self.v8_reply(conn, &id, Ok(None));
         }
-        if let Some(route) = route {
-            self.v8_release(conn, false);
-            self.detach(conn, &route.session_id);
-            self.maybe_dispose(&route.session_id);
-        }
+        // The current route stays until the new session is admitted: a
+        // failed attach leaves it as it was.
         self.on_attach(conn, id, session_id);
     }
 
@@ -746,6 +791,13 @@ impl Server {
                 .map_or(0, |s| s.created_at);
             let summary = self.summary(session_id, created_at);
             return self.v8_reply(conn, &request_id, Ok(Some(summary)));
+        }
+        // The old route goes without a word (pi's order): the envelope
+        // below names the new one.
+        if let Some(old) = self.v8(conn).and_then(|v| v.route.clone()) {
+            self.v8_release(conn, false);
+            self.detach(conn, &old.session_id);
+            self.maybe_dispose(&old.session_id);
         }
         let attachment_id = self.rng.uuid_v4();
         let c = self.conns.get_mut(&conn).expect("ready");
@@ -802,10 +854,7 @@ impl Server {
         outcome: Result<CommandResult, ProtocolError>,
     ) {
         let result = outcome.map(|_| None).map_err(|e| call_error(&e));
-        let Some(v8) = self.v8_mut(conn) else {
-            return;
-        };
-        if v8.active.remove(request_id).is_none() {
+        if !self.v8_end(conn, request_id) {
             return;
         }
         let message = match result {
@@ -833,7 +882,11 @@ impl Server {
         let Some(live) = self.sessions.get(&session_id) else {
             return self.v8_reply(conn, &id, Err(CallError::internal()));
         };
-        let busy = live.is_busy();
+        // Busy as the agent is: a turn runs, or a prompt is on its way to
+        // it. A setting on its way is not a turn (the worker runs them in
+        // order), as for a v1 prompt.
+        let busy = live.runtime_phase() != crate::protocol::SessionPhase::Idle
+            || live.prompt_on_its_way();
         let snapshot = live.snapshot.as_deref().cloned();
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
