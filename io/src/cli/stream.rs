@@ -6,7 +6,8 @@ use super::activate::Target;
 use super::discover::session_server;
 use crate::client::{Client, Status};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
-use kernel::protocol::{ServerEvent, SessionSnapshot, TranscriptItem};
+use kernel::client::front::{self, Front};
+use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, TranscriptItem};
 use std::io::Write;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
@@ -136,13 +137,34 @@ pub(super) async fn stream_prompt(
     let mut status = client.status();
     let mut status_open = true;
     let mut aborting = false;
+    let known = client.session_snapshot(session_id);
     if stream.follower.is_none()
-        && let Some(snapshot) = client.session_snapshot(session_id)
+        && let Some(snapshot) = &known
     {
-        stream.follow(&snapshot);
+        stream.follow(snapshot);
     }
+    // A prompt or nothing, as the kernel's front decides: a session busy
+    // with a turn refuses it (`prompt` never steers someone else's turn).
+    let (phase, len) = known.map_or((SessionPhase::Idle, 0), |s| (s.phase, s.transcript.len()));
+    let mut front = Front::new(phase, len);
+    let request = match front
+        .step(front::Input::Prompt {
+            text: text.to_owned(),
+            tag: 1,
+        })
+        .into_iter()
+        .next()
+    {
+        Some(front::Output::Send { request, .. }) => request,
+        Some(front::Output::HandBack { .. }) => {
+            return Err(format!(
+                "the prompt failed: busy: a turn is already running in session {session_id}"
+            ));
+        }
+        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
+    };
     stream.expect_own(text);
-    let prompt = client.prompt(session_id, text);
+    let prompt = client.front_request(session_id, &request);
     tokio::pin!(prompt);
     let outcome = loop {
         let interrupted = async {
@@ -168,7 +190,7 @@ pub(super) async fn stream_prompt(
                 },
                 Err(_) => status_open = false,
             },
-            outcome = &mut prompt => break outcome,
+            (outcome, snapshot) = &mut prompt => break outcome.map(|_| snapshot.expect("an answered prompt has its snapshot")),
             event = events.recv(), if events_open => match event {
                 Ok(event) => stream.on_event(&event),
                 // A hole in the deltas: write only from snapshots until one.
@@ -183,8 +205,12 @@ pub(super) async fn stream_prompt(
                 }
                 aborting = true;
                 eprintln!("aborting the turn (Ctrl-C again to stop waiting)");
-                if let Err(e) = client.abort(session_id).await {
-                    eprintln!("cannot abort: {e}");
+                for output in front.step(front::Input::Abort) {
+                    if let front::Output::Send { request, .. } = output
+                        && let (Err(e), _) = client.front_request(session_id, &request).await
+                    {
+                        eprintln!("cannot abort: {e}");
+                    }
                 }
             }
         }
@@ -193,7 +219,8 @@ pub(super) async fn stream_prompt(
     while let Ok(event) = events.try_recv() {
         stream.on_event(&event);
     }
-    let snapshot = outcome.map_err(|e| format!("the prompt failed: {e}"))?;
+    let snapshot = outcome
+        .map_err(|e| format!("the prompt failed: {}", crate::client::ClientError::from(e)))?;
     stream.finish(&snapshot);
     stream.end_line();
     Ok(snapshot)
