@@ -455,8 +455,8 @@ test("malformed frames after the handshake close the socket and reconnect", () =
     const socket = h.ready();
     socket.deliverBytes(bytes);
     assert.ok(socket.closed, `${what}: the socket is closed`);
-    assert.deepEqual(h.lastState(), ["reconnecting", { attempt: 1, inMs: 250 }], what);
-    h.clock.advance(250);
+    assert.deepEqual(h.lastState(), ["reconnecting", { attempt: 1, inMs: 50 }], what);
+    h.clock.advance(50);
     assert.equal(h.sockets.length, 2, `${what}: a new socket`);
   }
   // A text message is malformed too.
@@ -535,4 +535,44 @@ test("the default WebSocket is the global one", () => {
   }
   // Nothing but an encoded hello is needed to speak: the module uses no DOM.
   assert.equal(hex(encode({ type: "hello", version: 1 })), "a264747970656568656c6c6f6776657273696f6e01");
+});
+
+test("a reconnection that has not completed a handshake within its window fails; a handshake resets the window", async () => {
+  const h = harness({ reconnect: { initialMs: 100, maxMs: 1000, windowMs: 5000 } });
+  const first = h.ready("conn-1");
+  first.drop();
+  assert.equal(h.lastState()[0], "reconnecting");
+  // Reconnected within the window: the window starts again at the next loss.
+  h.clock.advance(100);
+  h.socket.open();
+  h.socket.deliver(serverHello("conn-2"));
+  assert.equal(h.lastState()[0], "open");
+  h.clock.advance(10_000);
+  assert.equal(h.conn.state, "open", "no window runs while open");
+  h.socket.drop();
+  const pending = h.conn.request("list");
+  // Every attempt fails; the window ends the reconnection.
+  for (let i = 0; i < 50 && h.conn.state === "reconnecting"; i++) {
+    h.clock.advance(h.lastState()[1].inMs);
+    h.socket.error();
+  }
+  assert.equal(h.conn.state, "failed");
+  assert.equal(h.lastState()[1].code, "disconnected");
+  assert.match(h.lastState()[1].message, /within 5 s/);
+  assert.equal((await outcome(pending)).err.code, "disconnected");
+});
+
+test("the defaults are the kernel's ClientLimits (50 ms doubling to 1 s, a 30 s window)", () => {
+  const h = harness({});
+  const first = h.ready("conn-1");
+  first.drop();
+  assert.deepEqual(h.lastState(), ["reconnecting", { attempt: 1, inMs: 50 }]);
+  const delays = [];
+  for (let i = 0; i < 6; i++) {
+    h.clock.advance(h.lastState()[1].inMs);
+    h.socket.error();
+    delays.push(h.lastState()[1].inMs);
+  }
+  assert.deepEqual(delays, [100, 200, 400, 800, 1000, 1000]);
+  assert.ok(h.clock.pending().includes(30_000 - 50 - 100 - 200 - 400 - 800 - 1000), `${h.clock.pending()}`);
 });

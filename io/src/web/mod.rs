@@ -123,6 +123,7 @@ fn router(policy: WebPolicy, upgraded: mpsc::Sender<WebConn>, max_frame_len: u32
     };
     Router::new()
         .route(SOCKET_PATH, axum::routing::get(socket))
+        .route(CLIENT_LIMITS_PATH, axum::routing::get(client_limits))
         .fallback(asset)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -198,6 +199,31 @@ async fn socket(
                 serve.await;
             }
         })
+}
+
+/// Where the page reads the kernel's client policy.
+pub const CLIENT_LIMITS_PATH: &str = "/client-limits.json";
+
+/// The reconnection policy every Rust client runs (`ClientLimits`), for the
+/// page's connection to run the same: one policy, its numbers in one place.
+async fn client_limits() -> Response {
+    let limits = kernel::limits::ClientLimits::default();
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let body = serde_json::json!({
+        "handshakeTimeoutMs": ms(limits.handshake_timeout),
+        "reconnectBackoffInitialMs": ms(limits.reconnect_backoff_initial),
+        "reconnectBackoffMaxMs": ms(limits.reconnect_backoff_max),
+        "reconnectWindowMs": ms(limits.reconnect_window),
+        "maxFrameLen": limits.max_frame_len,
+    });
+    let mut response = (StatusCode::OK, body.to_string()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 /// `/` is the page; any other path is the embedded file of that name.

@@ -169,3 +169,24 @@ async fn messages_carry_whole_frames_both_ways() {
     client.close(None).await.unwrap();
     assert_eq!(std::future::poll_fn(|cx| conn.poll_read(cx)).await, None);
 }
+
+/// The page reads the kernel's client policy here, so that it reconnects as
+/// every Rust client does.
+#[tokio::test]
+async fn the_client_policy_is_served_from_the_kernel_s_limits() {
+    let (addr, _rx) = listener().await;
+    let (status, head, body) = exchange(
+        addr,
+        &format!("GET {CLIENT_LIMITS_PATH} HTTP/1.1\r\nHost: {addr}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let limits = kernel::limits::ClientLimits::default();
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    assert_eq!(served["reconnectBackoffInitialMs"], ms(limits.reconnect_backoff_initial));
+    assert_eq!(served["reconnectBackoffMaxMs"], ms(limits.reconnect_backoff_max));
+    assert_eq!(served["reconnectWindowMs"], ms(limits.reconnect_window));
+    assert_eq!(served["handshakeTimeoutMs"], ms(limits.handshake_timeout));
+}

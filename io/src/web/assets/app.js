@@ -432,16 +432,42 @@ const closeConn = (conn) => {
   }
 };
 
-const connect = () => {
+/** The kernel's client policy (`ClientLimits`), as the server serves it:
+ * the page reconnects as every Rust client does. Read once; without it the
+ * connection's defaults are the same numbers. */
+let clientLimits = null;
+const readClientLimits = async () => {
+  if (clientLimits) return clientLimits;
+  try {
+    const response = await fetch("/client-limits.json", { cache: "no-cache" });
+    if (response.ok) clientLimits = await response.json();
+  } catch {
+    // the defaults then
+  }
+  return clientLimits;
+};
+
+const connect = async () => {
   const old = app.conn;
   app.conn = null;
   closeConn(old);
+  const limits = await readClientLimits();
   const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
   let conn;
   conn = new PiConnection({
     url,
     token: app.token ? app.token : undefined,
     clientName: "web",
+    ...(limits
+      ? {
+          reconnect: {
+            initialMs: limits.reconnectBackoffInitialMs,
+            maxMs: limits.reconnectBackoffMaxMs,
+            windowMs: limits.reconnectWindowMs,
+          },
+          handshakeTimeoutMs: limits.handshakeTimeoutMs,
+        }
+      : {}),
     onEvent: (ev) => {
       if (app.conn === conn) onEvent(ev);
     },

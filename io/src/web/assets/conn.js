@@ -11,7 +11,14 @@
  *   (`serverHello`). Requests queued so far have been sent.
  * - `reconnecting` `{attempt, inMs}`: the transport was lost after a
  *   handshake, or a reconnection attempt failed; the next attempt starts in
- *   `inMs` (doubling from `reconnect.initialMs` to `reconnect.maxMs`).
+ *   `inMs` (doubling from `reconnect.initialMs` to `reconnect.maxMs`). A
+ *   reconnection that has not completed a handshake `reconnect.windowMs`
+ *   after the loss fails (`disconnected`).
+ *
+ * The reconnection policy is the kernel's (`ClientLimits`, which every Rust
+ * client runs): the page reads its numbers from the server
+ * (`/client-limits.json`) and passes them here; the defaults below are the
+ * same numbers, for tests and a page that could not read them.
  * - `failed` `{code, message}`: for good, until `start()` is called again.
  *   Either the server refused the hello (`auth`, `version`), or the first
  *   connection never completed its handshake: the transport failed
@@ -74,8 +81,10 @@ export class PiError extends Error {
 
 /**
  * @typedef {object} ReconnectOptions
- * @property {number} [initialMs] First retry delay (default 250).
- * @property {number} [maxMs] Longest retry delay (default 5000).
+ * @property {number} [initialMs] First retry delay (default 50).
+ * @property {number} [maxMs] Longest retry delay (default 1000).
+ * @property {number} [windowMs] How long a reconnection may take before it
+ *   fails (default 30000).
  */
 
 /**
@@ -144,6 +153,7 @@ export class PiConnection {
   /** @type {new (url: string) => SocketLike} */ #impl;
   /** @type {number} */ #initialMs;
   /** @type {number} */ #maxMs;
+  /** @type {number} */ #windowMs;
   /** @type {number} */ #handshakeTimeoutMs;
   /** @type {number} */ #maxFrameLen;
   /** @type {Timers} */ #timers;
@@ -157,6 +167,8 @@ export class PiConnection {
   #attempt = 0;
   #nextId = 1;
   /** @type {unknown} */ #retryTimer = null;
+  /** Runs from a loss until a handshake: its end fails the reconnection. @type {unknown} */
+  #windowTimer = null;
   /** @type {unknown} */ #handshakeTimer = null;
   /** Requests not yet sent, in order. @type {Pending[]} */ #queue = [];
   /** Requests sent and not answered, by id. @type {Map<string, Pending>} */ #inFlight = new Map();
@@ -172,7 +184,7 @@ export class PiConnection {
     onEvent,
     onState,
     WebSocket: impl = /** @type {any} */ (globalThis).WebSocket,
-    reconnect = { initialMs: 250, maxMs: 5000 },
+    reconnect = { initialMs: 50, maxMs: 1000, windowMs: 30_000 },
     handshakeTimeoutMs = 10_000,
     maxFrameLen = DEFAULT_MAX_FRAME_LEN,
     timers,
@@ -185,8 +197,9 @@ export class PiConnection {
     this.#onEvent = onEvent;
     this.#onState = onState;
     this.#impl = impl;
-    this.#initialMs = Math.max(0, reconnect.initialMs ?? 250);
-    this.#maxMs = Math.max(this.#initialMs, reconnect.maxMs ?? 5000);
+    this.#initialMs = Math.max(0, reconnect.initialMs ?? 50);
+    this.#maxMs = Math.max(this.#initialMs, reconnect.maxMs ?? 1000);
+    this.#windowMs = Math.max(0, reconnect.windowMs ?? 30_000);
     this.#handshakeTimeoutMs = handshakeTimeoutMs;
     this.#maxFrameLen = maxFrameLen;
     // Called without a receiver: a browser's timers refuse any other `this`.
@@ -281,6 +294,8 @@ export class PiConnection {
 
   #clearTimers() {
     if (this.#retryTimer !== null) this.#timers.clearTimeout(this.#retryTimer);
+    if (this.#windowTimer !== null) this.#timers.clearTimeout(this.#windowTimer);
+    this.#windowTimer = null;
     if (this.#handshakeTimer !== null) this.#timers.clearTimeout(this.#handshakeTimer);
     this.#retryTimer = null;
     this.#handshakeTimer = null;
@@ -418,6 +433,8 @@ export class PiConnection {
     const reconnected = this.#everOpened;
     this.#everOpened = true;
     this.#attempt = 0;
+    if (this.#windowTimer !== null) this.#timers.clearTimeout(this.#windowTimer);
+    this.#windowTimer = null;
     this.#failure = null;
     this.serverHello = message;
     this.#state = "open";
@@ -484,7 +501,10 @@ export class PiConnection {
    * @param {string} message
    */
   #transportLost(code, message) {
+    const window = this.#windowTimer;
+    this.#windowTimer = null; // kept across attempts: it runs from the loss
     this.#clearTimers();
+    this.#windowTimer = window;
     this.#dropSocket();
     this.#rejectAll(new PiError("disconnected", message, code === "disconnected" ? undefined : { cause: code }), false);
     if (!this.#everOpened) {
@@ -492,6 +512,15 @@ export class PiConnection {
       return;
     }
     this.#attempt += 1;
+    if (this.#windowTimer === null) {
+      this.#windowTimer = this.#timers.setTimeout(() => {
+        this.#windowTimer = null;
+        if (this.#state === "reconnecting") {
+          const seconds = Math.round(this.#windowMs / 1000);
+          this.#fail("disconnected", `Could not reconnect to the server within ${seconds} s: ${message}`);
+        }
+      }, this.#windowMs);
+    }
     const inMs = Math.min(this.#initialMs * 2 ** (this.#attempt - 1), this.#maxMs);
     this.#setState("reconnecting", { attempt: this.#attempt, inMs });
     if (this.#state !== "reconnecting") return; // The listener closed it.
