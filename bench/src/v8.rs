@@ -40,8 +40,8 @@ use crate::raw::{Kind, RawConn, kind, map, text, v1_request, value_frame};
 use crate::rtt::{Pair, cycles};
 use crate::server::{Server, create_sessions};
 use crate::util::{
-    Env, Placement, Report, Split, children, fmt_rate, fmt_us, median, schedstat, sorted, us,
-    wait_no_children,
+    Env, Placement, Report, Split, children, fmt_rate, fmt_us, median, rss_kib, schedstat, sorted,
+    us, wait_no_children,
 };
 use kernel::chord::ops::{Op, Seg, apply_all};
 use kernel::chord::wire::Decoder;
@@ -558,7 +558,13 @@ fn turns(env: &Env, report: &mut Report) -> Res<()> {
     let sessions = env.fresh_dir("v8-turn-sessions");
     let ids = create_sessions(&sessions, 2, 1)?;
     let server = Server::start(env, &sessions, &[("PI_FAUX_DELAY_MS", "1".into())])?;
-    let total = env.pick(100, 1000);
+    // `BENCH_V8_TURNS=n`: the long session's length.
+    let total = std::env::var("BENCH_V8_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(env.pick(100, 1000))
+        .max(20);
+    let mut rss = (0, 0);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -588,6 +594,9 @@ fn turns(env: &Env, report: &mut Report) -> Res<()> {
             let turn = deadline("a v1 turn", v1_turn(&mut c1, &ids[1], &message)).await?;
             let (s1, w1_) = (run_ns(server.pid), run_ns(w1));
             v1.push(&turn, (s1 - s0) as f64 / 1e3, (w1_ - w0) as f64 / 1e3);
+            if t == 15 {
+                rss.0 = rss_kib(server.pid).unwrap_or(0);
+            }
             if t % 100 == 0 {
                 println!(
                     "  turn {t}: v8 {} in {}, v1 {} in {} ({:.0} s)",
@@ -605,9 +614,19 @@ fn turns(env: &Env, report: &mut Report) -> Res<()> {
                 replica.entries()
             ));
         }
+        rss.1 = rss_kib(server.pid).unwrap_or(0);
         Ok::<_, String>((v8, v1, w8, w1))
     })?;
     let _ = (v8_worker, v1_worker);
+    report.info(
+        "v8",
+        format!("the server process (both sessions live) after turn 15 → turn {total}"),
+        format!(
+            "RSS {} → {}",
+            kib(rss.0 as f64 * 1024.0),
+            kib(rss.1 as f64 * 1024.0)
+        ),
+    );
     let early = 5..15;
     let late = total - 10..total;
     for (name, s) in [("v8", &v8), ("v1", &v1)] {
@@ -1019,10 +1038,22 @@ fn typescript(env: &Env, report: &mut Report) -> Res<()> {
     })
 }
 
-/// Issue 40's measures.
+/// Issue 40's measures; `BENCH_V8=rtt,turns,fanout,ts` runs some of them.
 pub(crate) fn run(env: &Env, report: &mut Report) -> Res<()> {
-    rtt(env, report)?;
-    turns(env, report)?;
-    fanout(env, report)?;
-    typescript(env, report)
+    let wanted = |part: &str| {
+        std::env::var("BENCH_V8").map_or(true, |v| v.split(',').any(|p| p.trim() == part))
+    };
+    if wanted("rtt") {
+        rtt(env, report)?;
+    }
+    if wanted("turns") {
+        turns(env, report)?;
+    }
+    if wanted("fanout") {
+        fanout(env, report)?;
+    }
+    if wanted("ts") {
+        typescript(env, report)?;
+    }
+    Ok(())
 }
