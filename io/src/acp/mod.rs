@@ -23,13 +23,17 @@ use adapter::{Adapter, Input, Output};
 /// well inside, a runaway writer does not take the memory.
 const MAX_LINE: usize = 32 << 20;
 
+/// Answers of pi calls waiting for the adapter.
+const DONE_QUEUE: usize = 64;
+
 /// Serves ACP on stdin/stdout over `client` until the editor closes stdin
 /// or the server is gone for good.
 pub(crate) async fn run(client: Client) -> Result<(), String> {
     let mut adapter = Adapter::new(client.server_snapshot().models);
     let mut events = client.events();
     let mut status = client.status();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    // Answers of calls on their way; a full channel only makes their tasks wait.
+    let (done_tx, mut done_rx) = mpsc::channel(DONE_QUEUE);
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut stdout = tokio::io::stdout();
     let mut line = Vec::new();
@@ -86,7 +90,7 @@ pub(crate) async fn run(client: Client) -> Result<(), String> {
                     let done = done_tx.clone();
                     tokio::spawn(async move {
                         let result = client.request(command).await;
-                        let _ = done.send((token, result));
+                        let _ = done.send((token, result)).await;
                     });
                 }
                 Output::Log(line) => tracing::warn!("{line}"),

@@ -243,7 +243,8 @@ enum WriterMsg {
 
 struct ClientConn<C> {
     socket: Arc<C>,
-    writer: mpsc::UnboundedSender<WriterMsg>,
+    /// Bounded by the kernel's output bound ([`writer_capacity`]): never full.
+    writer: mpsc::Sender<WriterMsg>,
     /// Hand-offs to the writer not yet reported written; while any is out,
     /// the loop must not write to the socket itself.
     handed: usize,
@@ -264,8 +265,35 @@ impl<C> ClientConn<C> {
         if matches!(msg, WriterMsg::Frames(..)) {
             self.handed += 1;
         }
-        let _ = self.writer.send(msg);
+        match self.writer.try_send(msg) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                unreachable!("a connection's writer holds more than the kernel's output bound")
+            }
+        }
     }
+}
+
+/// Messages a connection's writer can hold: every hand-off carries at least
+/// one unwritten frame header of the bytes the kernel counts against
+/// `max_output_bytes_per_connection` until they are written, plus the close.
+fn writer_capacity(limits: &Limits) -> usize {
+    limits.max_output_bytes_per_connection / kernel::wire::frame::FRAME_HEADER_LEN + 2
+}
+
+/// Queues bytes on a worker channel's writer (gone with its channel: dropped).
+fn to_worker_channel(channel: &mpsc::Sender<Vec<u8>>, bytes: Vec<u8>) {
+    if let Err(mpsc::error::TrySendError::Full(_)) = channel.try_send(bytes) {
+        unreachable!("a worker channel holds more than the kernel admitted");
+    }
+}
+
+/// Messages a worker channel's writer can hold: the kernel sends a worker
+/// one message per operation it admitted (each answered before it goes),
+/// bounded by the requests in flight of every connection, plus its start,
+/// a snapshot request and the dispose.
+fn worker_writer_capacity(limits: &Limits) -> usize {
+    limits.max_connections * limits.max_requests_in_flight_per_connection + 8
 }
 
 struct WorkerProc {
@@ -273,7 +301,8 @@ struct WorkerProc {
     pid: Option<u32>,
     /// A worker that is a task of ours, not a process.
     task: Option<tokio::task::AbortHandle>,
-    channel: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Bounded ([`worker_writer_capacity`]): never full.
+    channel: Option<mpsc::Sender<Vec<u8>>>,
     reader: Option<JoinHandle<()>>,
     queued: Vec<Vec<u8>>,
     /// Adopted from another server: not our child, so its channel closing is its exit.
@@ -1086,7 +1115,8 @@ impl<P: Platform> Daemon<P> {
         let peer = socket.peer();
         let credential = socket.credential();
         let socket = Arc::new(socket);
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<WriterMsg>();
+        let (wtx, mut wrx) =
+            mpsc::channel::<WriterMsg>(writer_capacity(&self.server.config().limits));
         let tx = self.events.clone();
         let write_socket = Arc::clone(&socket);
         let writer_task = tokio::spawn(async move {
@@ -1411,9 +1441,9 @@ impl<P: Platform> Daemon<P> {
         };
         self.send_to_worker(worker, &start);
         let w = self.workers.get_mut(&worker).expect("bound above");
-        for bytes in std::mem::take(&mut w.queued) {
-            if let Some(ch) = &w.channel {
-                let _ = ch.send(bytes);
+        if let Some(ch) = &w.channel {
+            for bytes in std::mem::take(&mut w.queued) {
+                to_worker_channel(ch, bytes);
             }
         }
     }
@@ -1421,7 +1451,8 @@ impl<P: Platform> Daemon<P> {
     /// Starts the reader and writer tasks of a worker's channel.
     fn bind_worker_channel(&mut self, worker: WorkerId, stream: P::Channel) {
         let (mut read, mut write) = stream.into_halves();
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let capacity = worker_writer_capacity(&self.server.config().limits);
+        let (wtx, mut wrx) = mpsc::channel::<Vec<u8>>(capacity);
         tokio::spawn(async move {
             while let Some(bytes) = wrx.recv().await {
                 if write.write_all(&bytes).await.is_err() {
@@ -1477,9 +1508,7 @@ impl<P: Platform> Daemon<P> {
             Err(e) => return tracing::error!(%worker, error = %e, "cannot encode a worker frame"),
         };
         match &w.channel {
-            Some(ch) => {
-                let _ = ch.send(bytes);
-            }
+            Some(ch) => to_worker_channel(ch, bytes),
             None => w.queued.push(bytes),
         }
     }
