@@ -6,7 +6,8 @@
 //! [`world::World`] runs the real `kernel::server::Server` and, for every
 //! session, the real `kernel::runtime::Runtime` inside a fake worker process
 //! that streams the embedded faux model and fakes tool runs. Around them:
-//! clients that speak bytes, a durable [`world::Store`] that survives workers
+//! clients that speak bytes (protocol v1, or v8: [`world::v8`]), a durable
+//! [`world::Store`] that survives workers
 //! and servers, and virtual time (milliseconds; timers are the kernel's
 //! deadlines, the faux stream's deltas, tool runs and retry backoffs). Every
 //! hop between the kernel and its peers either happens at once (scripted
@@ -47,16 +48,17 @@
 //! and restarts); the busy rules, at the runtime and at the kernel (a
 //! non-idle snapshot contains exactly one running prompt, `busy` only while
 //! another prompt runs); no output queue passes its bound and the kernel's
-//! byte count equals the world's; and, once faults stop, everything settles,
+//! byte count equals the world's; v8 clients' replicas, routes and answers
+//! ([`checkers::v8`]); and, once faults stop, everything settles,
 //! or [`checkers::pending`] says what is stuck. The kernel's own assertions
 //! run at every step too; a panic is a failure of its own class.
 //!
 //! # Model checking
 //!
-//! [`model`] explores every interleaving of five small configurations (two
+//! [`model`] explores every interleaving of six small configurations (two
 //! clients on one session; a worker crash and a server restart; every
 //! command; a slow consumer, a failing store and a hand-off; a server crash
-//! keeping its workers) depth-first, branching by cloning states and merging
+//! keeping its workers; a v8 client beside a v1 client) depth-first, branching by cloning states and merging
 //! equal ones by fingerprint, with the same checkers and liveness at every
 //! quiescent state.
 //!

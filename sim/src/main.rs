@@ -6,7 +6,7 @@
 //! cargo run --release -p sim -- --model [large|KEY] model-check the configurations
 //! cargo run --release -p sim -- --replay KEY 'PATH' replay a model path, with its trace
 //! cargo run --release -p sim -- --lease N [--from S] [--trace] the lease swarm (client machines)
-//! knobs: --steps N  --clients N  --faults kind,kind  --no-faults
+//! knobs: --steps N  --clients N  --v8 N  --faults kind,kind  --no-faults
 //! SIM_THREADS=n: the model checker's threads (default: one per CPU)
 //! ```
 //!
@@ -19,7 +19,8 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: sim [--seed S [--trace] | --seeds N [--from S] | --model [large|KEY] \
 | --replay KEY PATH | --lease N [--from S]] \
-[--steps N] [--clients N] [--faults kind,kind | --no-faults]
+[--steps N] [--clients N] [--v8 N] [--faults kind,kind | --no-faults]
+(--v8 N: the first N client slots speak protocol v8)
 (SIM_THREADS=n: the model checker's threads; one per CPU by default)";
 
 #[derive(Debug, Default)]
@@ -49,6 +50,10 @@ fn parse_args() -> Result<Args, String> {
             "--clients" => {
                 let n = value()?.parse().map_err(|e| format!("--clients: {e}"))?;
                 args.overrides.clients = Some(n);
+            }
+            "--v8" => {
+                let n = value()?.parse().map_err(|e| format!("--v8: {e}"))?;
+                args.overrides.v8 = Some(n);
             }
             "--faults" => args.overrides.faults = Some(parse_faults(&value()?)?),
             "--no-faults" => args.overrides.faults = Some(Vec::new()),
@@ -253,6 +258,12 @@ fn print_stats(report: &Report, seconds: f64) {
     );
     let faults: Vec<String> = s.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
     println!("faults injected: {}", faults.join(" "));
+    if s.v8_updates > 0 {
+        println!(
+            "v8: {} updates judged, {} replicas compared with the kernel",
+            s.v8_updates, s.v8_comparisons
+        );
+    }
     println!(
         "trace_hash={:#018x} state_hash={:#018x} wall={:.3}s",
         report.trace_hash, report.state_hash, seconds

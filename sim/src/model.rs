@@ -236,6 +236,9 @@ pub struct Budget {
     pub actions: Vec<ClientAction>,
     /// Only the first action is enabled.
     pub in_order: bool,
+    /// The client speaks protocol v8: its attach, prompt, detach, … are
+    /// pi's service calls, and it replicates its session's transcript.
+    pub v8: bool,
 }
 
 /// A budget whose actions may be taken in any order.
@@ -243,6 +246,7 @@ pub fn any_order(actions: Vec<ClientAction>) -> Budget {
     Budget {
         actions,
         in_order: false,
+        v8: false,
     }
 }
 
@@ -251,7 +255,13 @@ pub fn in_order(actions: Vec<ClientAction>) -> Budget {
     Budget {
         actions,
         in_order: true,
+        v8: false,
     }
+}
+
+/// The same budget for a client that speaks protocol v8.
+pub fn v8(budget: Budget) -> Budget {
+    Budget { v8: true, ..budget }
 }
 
 /// A configuration to explore.
@@ -394,7 +404,7 @@ impl Model {
         let conns = config
             .clients
             .iter()
-            .map(|_| world.connect_ready())
+            .map(|budget| connect(&mut world, budget.v8))
             .collect();
         let mut checkers = Checkers::new();
         let setup = checkers.observe(&mut world);
@@ -532,6 +542,9 @@ impl Model {
         budget.remove(index);
         let conn = self.conns[client];
         let session_id = self.session_id.clone();
+        if self.budgets[client].v8 {
+            return self.v8_client(client, action);
+        }
         let command = match action {
             ClientAction::Attach => Command::Attach { session_id },
             ClientAction::Detach => Command::Detach { session_id },
@@ -562,6 +575,53 @@ impl Model {
             }
         };
         self.world.request(conn, command);
+    }
+
+    /// What a v8 client's action sends.
+    fn v8_client(&mut self, client: usize, action: ClientAction) {
+        use crate::world::v8::{AGENT, MANAGEMENT, MODELS, prompt_request};
+        use kernel::wire::Value;
+        let conn = self.conns[client];
+        let session = Value::text(&self.session_id);
+        let w = &mut self.world;
+        match action {
+            ClientAction::Attach => {
+                w.v8_server_call(conn, MANAGEMENT, "attach", vec![session]);
+            }
+            ClientAction::Detach => {
+                w.v8_server_call(conn, MANAGEMENT, "detach", vec![]);
+            }
+            ClientAction::Remove => {
+                w.v8_server_call(conn, MANAGEMENT, "remove", vec![session]);
+            }
+            ClientAction::Prompt => {
+                let text = prompt_text(conn, &w.next_request_id(conn), false);
+                w.v8_session_call(conn, AGENT, "prompt", vec![prompt_request(&text)]);
+            }
+            ClientAction::Steer => {
+                let text = format!("steer {conn}#{}", w.next_request_id(conn));
+                w.v8_session_call(conn, AGENT, "steer", vec![prompt_request(&text)]);
+            }
+            ClientAction::Abort => {
+                w.v8_session_call(conn, AGENT, "abort", vec![]);
+            }
+            ClientAction::SetModel => {
+                let model = second_model();
+                let args = vec![Value::Map(vec![
+                    ("provider".into(), Value::text(model.provider)),
+                    ("modelId".into(), Value::text(model.id)),
+                ])];
+                w.v8_session_call(conn, MODELS, "select", args);
+            }
+            ClientAction::SetThinking => {
+                let args = vec![Value::text(ThinkingLevel::High.as_str())];
+                w.v8_session_call(conn, MODELS, "selectThinking", args);
+            }
+            ClientAction::StopReading => w.set_reading(conn, false),
+            ClientAction::ResumeReading => w.set_reading(conn, true),
+            ClientAction::Disconnect => w.disconnect(conn),
+            ClientAction::Reconnect => self.conns[client] = connect(w, true),
+        }
     }
 
     /// True when nothing is in flight, no deadline is pending and no fault
@@ -598,6 +658,18 @@ impl Model {
             .hash(&mut hasher);
         hasher.finish()
     }
+}
+
+/// A client past its handshake: a v1 one, or a v8 one that subscribes to
+/// its session's transcript whenever it is told a new route.
+fn connect(world: &mut World, v8: bool) -> ConnId {
+    if !v8 {
+        return world.connect_ready();
+    }
+    let conn = world.connect_v8_silent();
+    world.set_v8_auto_subscribe(conn, vec![crate::world::v8::TRANSCRIPT]);
+    world.v8_hello(conn);
+    conn
 }
 
 /// The session every model starts with (stored, not live).
@@ -1153,6 +1225,49 @@ pub fn crash_keeping_workers() -> Config {
     }
 }
 
+/// Configuration (f): a v8 client attaches, prompts and detaches, in any
+/// order, interleaved with the worker's boot, messages, exit and time and
+/// one worker crash at any point; a v1 client attaches and detaches beside
+/// it, so the session is shared. The v8 client subscribes to the
+/// transcript at every new route, and its replica, its route and its
+/// answers are judged after every action (the v8 checker): a crash fails
+/// its calls, then ends its route, and leaves it connected (47,630
+/// states).
+pub fn v8_client() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(f) a v8 and a v1 client x 1 session: v8 attach, prompt, detach, a worker crash",
+        clients: vec![
+            v8(any_order(vec![Attach, Prompt, Detach])),
+            in_order(vec![Attach, Detach]),
+        ],
+        crashes: 1,
+        restarts: 0,
+        handoffs: 0,
+        orphan_crashes: 0,
+        storage_faults: 0,
+        max_output_bytes: None,
+        let_go_of_transcripts: false,
+        exit_overtakes: false,
+        reaches: vec![Milestone::V8Replicated, Milestone::V8Fenced],
+        depth_max: 200,
+    }
+}
+
+/// A larger (f): the v8 client attaches again after it detached, or
+/// after the crash ended its route (628,554 states; `--model large`).
+pub fn v8_client_large() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(f+) a v8 and a v1 client x 1 session: v8 attach twice",
+        clients: vec![
+            v8(any_order(vec![Attach, Prompt, Detach, Attach])),
+            in_order(vec![Attach, Detach]),
+        ],
+        ..v8_client()
+    }
+}
+
 /// The configurations `sim --model` checks (and CI, in `sim/tests/model.rs`);
 /// with `large`, also those too slow for CI.
 pub fn configs(large: bool) -> Vec<Config> {
@@ -1162,10 +1277,12 @@ pub fn configs(large: bool) -> Vec<Config> {
         every_command(),
         slow_consumer_storage_handoff(),
         crash_keeping_workers(),
+        v8_client(),
     ];
     if large {
         all.push(two_clients_one_session_large());
         all.push(crash_and_restart_large());
+        all.push(v8_client_large());
     }
     all
 }

@@ -13,7 +13,7 @@
 use crate::prng::{Prng, Ratio};
 use crate::world::{self, Holds};
 use kernel::limits::Limits;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -189,6 +189,8 @@ pub struct Overrides {
     pub clients: Option<u32>,
     /// Only these faults (probabilities still come from the seed); `Some(empty)` = none.
     pub faults: Option<Vec<FaultKind>>,
+    /// The first this many client slots speak protocol v8, the others v1.
+    pub v8: Option<u32>,
 }
 
 /// Every option of one swarm run. See the module documentation.
@@ -225,6 +227,10 @@ pub struct SwarmOptions {
     pub driver_seed: u64,
     /// Seeds the draws of [`FaultKind::WorkerHang`] (their own generator).
     pub hang_seed: u64,
+    /// The client slots whose clients speak protocol v8 (the others v1).
+    pub v8_slots: BTreeSet<u32>,
+    /// Seeds the v8 clients' choices (their own generator).
+    pub v8_seed: u64,
 }
 
 impl SwarmOptions {
@@ -268,6 +274,10 @@ impl SwarmOptions {
         if Prng::new(seed ^ KEPT_TRANSCRIPT_DRAW).coin() {
             limits.kept_transcript_bytes = 0;
         }
+        // And v8 clients, from a generator of their own: a third of the
+        // seeds mix them with v1 clients on the same sessions; the others
+        // keep the runs they had before v8.
+        let (v8_slots, v8_seed) = draw_v8(seed, clients);
         let mut options = Self {
             seed,
             steps: 1000,
@@ -284,6 +294,8 @@ impl SwarmOptions {
             world_seed,
             driver_seed,
             hang_seed,
+            v8_slots,
+            v8_seed,
         };
         options.apply(overrides, &mut prng);
         options
@@ -297,6 +309,9 @@ impl SwarmOptions {
             assert!(clients > 0, "at least one client");
             self.clients = clients;
             self.limits.max_connections = self.limits.max_connections.max(clients as usize);
+        }
+        if let Some(n) = overrides.v8 {
+            self.v8_slots = (0..n.min(self.clients)).collect();
         }
         if let Some(only) = &overrides.faults {
             let mut faults = BTreeMap::new();
@@ -402,12 +417,40 @@ impl SwarmOptions {
             })
             .collect();
         let _ = writeln!(out, "faults: {}", faults.join(" "));
+        if !self.v8_slots.is_empty() {
+            let slots: Vec<String> = self.v8_slots.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                out,
+                "v8 client slots: {} v8_seed={:#018x}",
+                slots.join(","),
+                self.v8_seed
+            );
+        }
         out
     }
 }
 
 /// Mixed into the seed for the draw of [`Limits::kept_transcript_bytes`].
 const KEPT_TRANSCRIPT_DRAW: u64 = 0x6b65_7074;
+
+/// Mixed into the seed for the draw of the v8 clients. Chosen so that the
+/// pinned seeds (1, 7, 42) and the regression seeds draw none, and keep
+/// their traces.
+const V8_DRAW: u64 = 0x7638_0008;
+
+/// Which client slots speak v8 (none for two seeds in three; otherwise
+/// each slot by a coin, at least one), and the seed of their choices.
+fn draw_v8(seed: u64, clients: u32) -> (BTreeSet<u32>, u64) {
+    let mut prng = Prng::new(seed ^ V8_DRAW);
+    let mut slots = BTreeSet::new();
+    if prng.chance(Ratio::new(1, 3)) {
+        slots = (0..clients).filter(|_| prng.coin()).collect();
+        if slots.is_empty() {
+            slots.insert(prng.below(u64::from(clients)) as u32);
+        }
+    }
+    (slots, prng.fork())
+}
 
 /// Small limits, so that every bound is reached in a short run.
 fn draw_limits(prng: &mut Prng, clients: u32) -> Limits {
@@ -468,6 +511,30 @@ mod tests {
             ..Overrides::default()
         };
         assert!(SwarmOptions::from_seed(7, &none).faults.is_empty());
+    }
+
+    #[test]
+    fn a_third_of_the_seeds_mix_v8_clients_and_the_pinned_ones_do_not() {
+        // Pinned (`tests/pinned_seeds.rs`) and regression seeds keep their runs.
+        for seed in [1, 7, 42, 297, 866, 1_796_558_075_540_946_358] {
+            let options = SwarmOptions::from_seed(seed, &Overrides::default());
+            assert!(options.v8_slots.is_empty(), "seed {seed} draws v8 clients");
+        }
+        let mixed = (1..=2000)
+            .filter(|seed| {
+                let options = SwarmOptions::from_seed(*seed, &Overrides::default());
+                assert!(options.v8_slots.iter().all(|s| *s < options.clients));
+                !options.v8_slots.is_empty()
+            })
+            .count();
+        assert!((600..=740).contains(&mixed), "{mixed} of 2,000 seeds");
+        let forced = Overrides {
+            v8: Some(1),
+            clients: Some(2),
+            ..Overrides::default()
+        };
+        let options = SwarmOptions::from_seed(1, &forced);
+        assert_eq!(options.v8_slots.into_iter().collect::<Vec<_>>(), [0]);
     }
 
     #[test]

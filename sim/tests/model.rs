@@ -1,4 +1,4 @@
-//! Model checking: every interleaving of five small configurations, judged
+//! Model checking: every interleaving of six small configurations, judged
 //! by the swarm's checkers after every action and for liveness at every
 //! quiescent state (see `sim::model` for the explorer and why it is ours).
 //!
@@ -89,4 +89,10 @@ fn a_path_replays_and_reads_back() {
     let trace = replayed.world.trace_text();
     assert!(trace.contains("orphan pid 1 retires"), "{trace}");
     assert!(model::parse_path("0.Fly").is_err());
+}
+
+/// (f) A v8 client beside a v1 client: attach, prompt, detach, a worker crash.
+#[test]
+fn v8_client() {
+    check(model::v8_client(), 45_000);
 }

@@ -41,3 +41,10 @@ fn seed_7() {
 fn seed_42() {
     pinned(42);
 }
+
+/// Two v8 clients beside two v1 clients on the same sessions (the seed
+/// draws them; `options::draw_v8`).
+#[test]
+fn seed_32_v8() {
+    pinned(32);
+}

@@ -176,3 +176,79 @@ fn bug4_a_failed_attach_drops_the_old_route_untold() {
     );
     verdict.expect("routes agree");
 }
+
+/// Bug 5: a v8 prompt is refused `busy` while the session runs no turn,
+/// only because another operation (here a model change) is on
+/// its way to the worker; a v1 prompt at that moment runs. The issue's
+/// rule is "a busy session is busy for both", and pi's `prompt` rejects
+/// only while the agent runs (pi-v8.md §3.5).
+///
+/// Where: `kernel/src/server/v8/mod.rs`, `on_session_call` answers
+/// `prompt` from `Live::is_busy` (`kernel/src/server/sessions.rs`), which
+/// counts every operation in flight, not only a running turn.
+#[test]
+#[ignore = "kernel bug: a v8 prompt is refused busy while a non-turn operation is in flight"]
+fn bug5_a_v8_prompt_is_refused_busy_while_only_a_setting_changes() {
+    let mut w = world(Holds {
+        to_worker: true,
+        ..Holds::none()
+    });
+    let (s, _) = two_cold_sessions(&mut w);
+    let c = w.connect_v8();
+    attach(&mut w, c, &s);
+    deliver_all(&mut w);
+    let model = &kernel::faux::models()[1];
+    let select = vec![Value::Map(vec![
+        ("provider".into(), Value::text(&model.provider)),
+        ("modelId".into(), Value::text(&model.id)),
+    ])];
+    w.v8_session_call(c, sim::world::v8::MODELS, "select", select);
+    // The change waits on its way to the worker; the session runs no turn.
+    assert_eq!(
+        w.runtime_phase(w.worker_of(&s).unwrap()),
+        Some(kernel::protocol::SessionPhase::Idle)
+    );
+    let p = w.v8_session_call(c, AGENT, "prompt", vec![prompt_request("c1#r4")]);
+    let answer = w.v8_answer(c, &p).cloned();
+    let accepted = answer
+        .as_ref()
+        .and_then(|a| a.as_ref().ok())
+        .and_then(|r| r.as_ref())
+        .and_then(|r| r.get("accepted"))
+        .cloned();
+    assert_eq!(accepted, Some(Value::Bool(true)), "answered {answer:?}");
+}
+
+/// Bug 6: cancelling a v8 request whose work goes on (a `create` waiting
+/// for its worker) frees its place among the connection's active requests
+/// but not in `Connection::in_flight`; the next such request takes
+/// `in_flight` past `max_requests_in_flight_per_connection` and the
+/// kernel's invariant panics: any v8 client can stop the server.
+///
+/// Where: `kernel/src/server/v8/mod.rs`, `on_v8_cancel` answers and
+/// forgets the request (`v8_reply`) while its waiter or operation still
+/// counts in flight; `on_v8_request` admits by the active requests only,
+/// and `v8_create` (like `start_op` with a request id) adds to `in_flight`
+/// unchecked. The invariant is `check_connection`'s "in flight"
+/// (`kernel/src/server/mod.rs`).
+#[test]
+#[ignore = "kernel bug: a cancelled v8 request keeps counting in flight (on_v8_cancel)"]
+fn bug6_cancelled_requests_still_count_in_flight() {
+    let mut w = World::new(Options {
+        holds: Holds {
+            boot: true,
+            ..Holds::none()
+        },
+        limits: kernel::limits::Limits {
+            max_requests_in_flight_per_connection: 1,
+            ..Default::default()
+        },
+        ..Options::default()
+    });
+    let c = w.connect_v8();
+    let create = w.v8_server_call(c, MANAGEMENT, "create", vec![Value::Null]);
+    w.v8_cancel(c, &create, &sim::world::v8::server_target());
+    // The kernel panics here: two creates in flight, the limit is one.
+    w.v8_server_call(c, MANAGEMENT, "create", vec![Value::Null]);
+    deliver_all(&mut w);
+}

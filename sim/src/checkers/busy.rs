@@ -28,7 +28,7 @@ use kernel::protocol::{
     SessionSnapshot, TranscriptItem,
 };
 use kernel::worker::Operation;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 /// A prompt request: its connection and request id.
@@ -49,6 +49,14 @@ pub struct Busy {
     by_text: BTreeMap<String, PromptId>,
     /// Operations checked at runtimes.
     pub operations: u64,
+    /// v8 prompts, steers and follow-ups not answered yet, with the
+    /// session their route names and the member called.
+    v8_prompts: BTreeMap<PromptId, (String, String)>,
+    /// Operations the kernel sent and has not heard the end of, by
+    /// session, server generation and operation: the kernel answers a v8
+    /// prompt `busy` while any is in flight (a setting change too, which
+    /// `tests/v8_regressions.rs` bug 5 reports).
+    in_flight: BTreeSet<(String, u64, OpId)>,
 }
 
 fn violation(message: String) -> Check {
@@ -114,9 +122,14 @@ impl Busy {
                     check_runtime(operation, *phase_before, *immediate, session_id)?;
                 }
                 let started = *phase_before == SessionPhase::Idle && immediate.is_none();
-                if let (Operation::Prompt { text }, true) = (operation, started)
-                    && let Some(prompt) = self.identify(text)
-                {
+                if let (Operation::Prompt { text }, true) = (operation, started) {
+                    // A v8 steer or follow-up of an idle session starts a
+                    // prompt whose text names no request: known by its text.
+                    let prompt = self.identify(text).unwrap_or_else(|| {
+                        let prompt = (ConnId(0), text.clone());
+                        self.by_text.insert(text.clone(), prompt.clone());
+                        prompt
+                    });
                     let key = (session_id.clone(), self.generation, *op);
                     self.running.insert(key, (session_id.clone(), prompt));
                 }
@@ -128,6 +141,8 @@ impl Busy {
             } => {
                 self.running
                     .remove(&(session_id.clone(), self.generation, *op));
+                self.in_flight
+                    .remove(&(session_id.clone(), self.generation, *op));
             }
             // One runtime per session: when its worker is gone, nothing runs there.
             Fact::WorkerExitConsumed {
@@ -135,13 +150,18 @@ impl Busy {
                 ..
             }
             | Fact::OrphanRetired { session_id, .. } => {
-                self.running.retain(|(s, _, _), _| s != session_id)
+                self.running.retain(|(s, _, _), _| s != session_id);
+                self.in_flight.retain(|(s, _, _)| s != session_id);
             }
             Fact::ServerRestarted => {
                 self.running.clear();
+                self.in_flight.clear();
                 self.generation += 1;
             }
-            Fact::NewServer => self.generation += 1,
+            Fact::NewServer => {
+                self.generation += 1;
+                self.in_flight.clear();
+            }
             // An orphan's turn that ended while no server ran answered no one.
             Fact::Adopted {
                 session_id,
@@ -152,7 +172,60 @@ impl Busy {
                 self.inherited_ended(message);
                 return self.check_emitted(*conn, message);
             }
+            Fact::OpSent { session_id, op, .. } => {
+                self.in_flight
+                    .insert((session_id.clone(), self.generation, *op));
+            }
+            Fact::V8RequestSent {
+                conn,
+                id,
+                target,
+                call,
+            } if call.service_id == crate::world::v8::AGENT
+                && matches!(call.member.as_str(), "prompt" | "steer" | "followUp") =>
+            {
+                if let Some(route) = crate::world::v8::route_of(target) {
+                    self.v8_prompts
+                        .insert((*conn, id.clone()), (route.session_id, call.member.clone()));
+                }
+            }
+            Fact::V8Emitted { conn, message, .. } => {
+                if let crate::world::v8::V8Message::Response {
+                    id,
+                    outcome: Ok(Some(result)),
+                } = message.as_ref()
+                    && let Some((session_id, member)) = self.v8_prompts.remove(&(*conn, id.clone()))
+                {
+                    return self.check_v8_prompt(*conn, id, &session_id, &member, result);
+                }
+            }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// A v8 prompt refused `busy` (in band) while no other prompt of its
+    /// session runs and no operation of it is in flight breaks the busy
+    /// rule as a v1 `busy` does.
+    fn check_v8_prompt(
+        &mut self,
+        conn: ConnId,
+        id: &str,
+        session_id: &str,
+        member: &str,
+        result: &kernel::wire::Value,
+    ) -> Check {
+        use kernel::wire::Value;
+        let code = result.get("error").and_then(|e| e.get("code"));
+        if member != "prompt" || code != Some(&Value::text("busy")) {
+            return Ok(());
+        }
+        let other = self.running.values().any(|(s, _)| s == session_id)
+            || self.in_flight.iter().any(|(s, _, _)| s == session_id);
+        if !other {
+            return violation(format!(
+                "{conn}: v8 prompt {id} refused busy while no prompt of {session_id} runs"
+            ));
         }
         Ok(())
     }

@@ -343,6 +343,14 @@ impl Rules {
                     _ => Ok(()),
                 }
             }
+            Fact::V8RequestSent { call, .. }
+                if call.service_id == crate::world::v8::MANAGEMENT && call.member == "remove" =>
+            {
+                if let Some(kernel::wire::Value::Text(session_id)) = call.args.first() {
+                    self.removes.insert(session_id.clone());
+                }
+                Ok(())
+            }
             Fact::V8Emitted { conn, message, .. }
                 if matches!(
                     message.as_ref(),

@@ -300,7 +300,8 @@ impl V8 {
 
     /// Once everything settled: each v8 client read what the kernel sent
     /// (its replicas are the mirror's), and each transcript state a client
-    /// replicates shows its session idle with every stored item an entry.
+    /// replicates shows its session idle with every item of its runtime's
+    /// transcript an entry.
     pub fn settled(&self, world: &World) -> Option<String> {
         for (conn, mirror) in &self.mirrors {
             let Some(client) = world.clients().find(|(c, _)| c == conn).map(|(_, c)| c) else {
@@ -354,15 +355,15 @@ impl V8 {
     }
 }
 
-/// Why a settled session's transcript state is not what its store holds:
-/// `docs["pi.live"]` must be `{}` and every stored item an entry.
+/// Why a settled session's transcript state is not what its runtime
+/// holds: `docs["pi.live"]` must be `{}` and every item an entry.
 fn unsettled_transcript(
     world: &World,
     session_id: &str,
     value: &kernel::wire::Value,
 ) -> Option<String> {
     use kernel::wire::Value;
-    let stored = world.store.sessions.get(session_id)?;
+    let items = world.runtime_items(session_id)?;
     let live = value.get("docs").and_then(|d| d.get("pi.live"));
     if live != Some(&Value::Map(Vec::new())) {
         return Some(format!(
@@ -374,10 +375,9 @@ fn unsettled_transcript(
         Some(Value::Array(entries)) => entries.len(),
         _ => return Some(format!("{session_id}: no entries")),
     };
-    if entries != stored.transcript.len() {
+    if entries != items {
         return Some(format!(
-            "{session_id} settled with {entries} entries; its store holds {} items",
-            stored.transcript.len()
+            "{session_id} settled with {entries} entries; its runtime holds {items} items"
         ));
     }
     None

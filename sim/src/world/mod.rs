@@ -248,6 +248,13 @@ pub enum Fact {
         /// the failure left unanswered with `internal_error`.
         store_failed: bool,
     },
+    /// The kernel sent operation `op` to the worker of `session_id`: it is
+    /// in flight for the kernel until it consumes its completion.
+    OpSent {
+        worker: WorkerId,
+        session_id: String,
+        op: OpId,
+    },
     /// The kernel consumed the completion of operation `op` of `worker`.
     OpDoneConsumed {
         worker: WorkerId,
@@ -384,11 +391,15 @@ pub enum Milestone {
     WorkerHung,
     /// The server asked a worker for the transcript it had let go of.
     TranscriptAskedFor,
+    /// A v8 client's replica took a state update.
+    V8Replicated,
+    /// A v8 session call was fenced (`session_not_attached`).
+    V8Fenced,
 }
 
 impl Milestone {
     /// Every milestone, in order.
-    pub const ALL: [Milestone; 12] = [
+    pub const ALL: [Milestone; 14] = [
         Self::Busy,
         Self::InvalidRequest,
         Self::NotFound,
@@ -401,6 +412,8 @@ impl Milestone {
         Self::WorkerKilled,
         Self::WorkerHung,
         Self::TranscriptAskedFor,
+        Self::V8Replicated,
+        Self::V8Fenced,
     ];
 }
 
@@ -758,6 +771,7 @@ impl World {
             }
             let (decoded, decoded_v8) = self.run_decode(&outputs);
             if self.options.record_facts {
+                self.run_record_ops(&outputs);
                 self.run_record(&outputs, &decoded, ambiguous);
                 self.run_record_v8(&outputs, &decoded_v8);
             }
@@ -873,6 +887,26 @@ impl World {
         (decoded, decoded_v8)
     }
 
+    /// Records the operations a step sends, before its messages: an
+    /// answer of that step may count on them being in flight.
+    fn run_record_ops(&mut self, outputs: &[Output]) {
+        for output in outputs {
+            if let Output::ToWorker {
+                worker,
+                message: kernel::worker::ToWorker::Operation { op, .. },
+            } = output
+                && let Some(w) = self.workers.get(worker)
+            {
+                let fact = Fact::OpSent {
+                    worker: *worker,
+                    session_id: w.session_id.clone(),
+                    op: *op,
+                };
+                self.fact(fact);
+            }
+        }
+    }
+
     /// Records the messages queued for v8 clients.
     fn run_record_v8(&mut self, outputs: &[Output], decoded: &[DecodedV8]) {
         for (output, message) in outputs.iter().zip(decoded) {
@@ -978,6 +1012,7 @@ impl World {
                 if let kernel::worker::ToWorker::Snapshot = message {
                     self.reached.insert(Milestone::TranscriptAskedFor);
                 }
+
                 if self.options.record_facts
                     && matches!(message, kernel::worker::ToWorker::Dispose)
                     && let Some(w) = self.workers.get(&worker)

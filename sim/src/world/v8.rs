@@ -236,6 +236,8 @@ pub enum Asked {
     Create,
     /// `pi.agent-controller.prompt`.
     Prompt,
+    /// `pi.agent-controller.waitForPrompt`.
+    Wait,
     /// Anything else.
     Other,
 }
@@ -263,6 +265,7 @@ impl Asked {
             }
             (MANAGEMENT, "create") if matches!(target, Target::Server { .. }) => Self::Create,
             (AGENT, "prompt") => Self::Prompt,
+            (AGENT, "waitForPrompt") => Self::Wait,
             _ => Self::Other,
         }
     }
@@ -707,6 +710,27 @@ impl World {
         self.write(conn, frame(&hello), true);
     }
 
+    /// Services the v8 client subscribes to afresh at every new route.
+    pub fn set_v8_auto_subscribe(&mut self, conn: ConnId, services: Vec<&'static str>) {
+        if let Some(v8) = self
+            .clients
+            .get_mut(&conn)
+            .and_then(|c| c.v8.as_deref_mut())
+        {
+            v8.auto_subscribe = services;
+        }
+    }
+
+    /// The number of items in the transcript of the runtime a live worker
+    /// runs for `session_id`, once it opened it.
+    pub fn runtime_items(&self, session_id: &str) -> Option<usize> {
+        self.workers
+            .values()
+            .filter(|w| w.session_id == session_id && w.stage != super::WorkerStage::Dead)
+            .find_map(|w| w.runtime())
+            .map(|r| r.state().transcript.len())
+    }
+
     /// The v8 state of a client.
     pub fn v8_client(&self, conn: ConnId) -> &V8Client {
         self.clients[&conn].v8.as_deref().expect("a v8 client")
@@ -861,6 +885,17 @@ impl World {
             return;
         };
         let read = v8.read(message, keep);
+        match &**message {
+            V8Message::Update { .. } if read.problems.is_empty() => {
+                self.reached.insert(super::Milestone::V8Replicated);
+            }
+            V8Message::Response {
+                outcome: Err(e), ..
+            } if e.code == "session_not_attached" => {
+                self.reached.insert(super::Milestone::V8Fenced);
+            }
+            _ => {}
+        }
         let resubscribe = if read.new_route {
             v8.auto_subscribe.clone()
         } else {
