@@ -185,8 +185,14 @@ async fn the_client_policy_is_served_from_the_kernel_s_limits() {
     let served: serde_json::Value = serde_json::from_str(&body).unwrap();
     let limits = kernel::limits::ClientLimits::default();
     let ms = |d: std::time::Duration| d.as_millis() as u64;
-    assert_eq!(served["reconnectBackoffInitialMs"], ms(limits.reconnect_backoff_initial));
-    assert_eq!(served["reconnectBackoffMaxMs"], ms(limits.reconnect_backoff_max));
+    assert_eq!(
+        served["reconnectBackoffInitialMs"],
+        ms(limits.reconnect_backoff_initial)
+    );
+    assert_eq!(
+        served["reconnectBackoffMaxMs"],
+        ms(limits.reconnect_backoff_max)
+    );
     assert_eq!(served["reconnectWindowMs"], ms(limits.reconnect_window));
     assert_eq!(served["handshakeTimeoutMs"], ms(limits.handshake_timeout));
 }
