@@ -62,14 +62,21 @@ impl State {
         Some(ops)
     }
 
-    /// Applies ops already known to be right (a change the caller made
-    /// itself, cheaper than a diff): one publication.
+    /// Applies ops the caller made itself (cheaper than a diff: nothing
+    /// is copied): one publication. Should one not apply, the value is
+    /// left part-changed and the error says so: publish it whole then
+    /// ([`State::replace`]), as subscribers cannot follow the ops.
     pub fn apply(&mut self, ops: &[Op]) -> Result<(), ops::OpError> {
-        let mut next = self.value.clone();
-        ops::apply_all(&mut next, ops)?;
-        self.value = next;
         self.sequence += 1;
-        Ok(())
+        ops::apply_all(&mut self.value, ops)
+    }
+
+    /// Moves to `value` by one `r` op: the publication that resets every
+    /// subscriber's replica.
+    pub fn replace(&mut self, value: Value) -> Vec<Op> {
+        self.value = value.clone();
+        self.sequence += 1;
+        vec![Op::Replace(value)]
     }
 }
 

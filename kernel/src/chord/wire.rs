@@ -23,8 +23,10 @@ enum Use {
     Id(u64),
 }
 
-/// The sending side of one state stream.
-#[derive(Debug, Clone, Default)]
+/// The sending side of one state stream. Two encoders that are equal
+/// encode the next batch alike: a publication is encoded once per such
+/// group of subscribers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Encoder {
     paths: BTreeMap<Path, Use>,
     next_id: u64,

@@ -1081,13 +1081,13 @@ impl Server {
             let outcome = match outcome {
                 Ok(snapshot) => {
                     self.update_snapshot(session_id, snapshot);
-                    let snapshot = self.sessions[session_id].snapshot.as_ref().expect("ready");
-                    Ok(snapshot.unpacked())
+                    // pi's states follow it before the answer reads them.
+                    self.v8_on_snapshot(session_id);
+                    Ok(())
                 }
                 Err(e) => Err(e),
             };
             let (conn, name) = (pending.conn, pending.name);
-            let outcome = outcome.as_ref().map_err(Clone::clone);
             self.v8_op_done(session_id, conn, &pending.request_id, name, op, outcome);
         } else {
             self.answer_op(session_id, pending, outcome);

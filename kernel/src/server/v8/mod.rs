@@ -37,6 +37,7 @@ use crate::wire::Value;
 use crate::wire::frame::encode_frame;
 use crate::worker::{CreateSpec, Operation};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 /// pi's services, by the scope that provides them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +183,8 @@ pub(crate) struct SessionView {
     /// `None` while they run. The newest [`KEPT_PROMPTS`] ended ones are kept.
     prompts: BTreeMap<u64, Option<PromptEnd>>,
     waits: Vec<PromptWait>,
+    /// How the transcript's last reply ended, as of `synced`.
+    last_reply: PromptEnd,
 }
 
 /// How many ended prompts a session remembers for `waitForPrompt`.
@@ -254,7 +257,71 @@ impl SessionView {
             streaming: snapshot.transcript[finished..].to_vec(),
             prompts: BTreeMap::new(),
             waits: Vec::new(),
+            last_reply: prompt_end(snapshot),
         }
+    }
+
+    /// Brings the states to a new snapshot: the transcript by what it
+    /// added (its finished items never change, so only new entries and the
+    /// documents are looked at), the models by a diff. Returns each
+    /// state's publication, if it changed.
+    fn sync(
+        &mut self,
+        snapshot: &SessionSnapshot,
+        models: &[crate::protocol::ModelMetadata],
+    ) -> (Option<Vec<Op>>, Option<Vec<Op>>) {
+        let finished = view::finished_prefix(&snapshot.transcript);
+        let transcript = if finished >= self.finished {
+            let mut ops = Vec::new();
+            if finished > self.finished {
+                let entries = (self.finished..finished)
+                    .map(|i| view::entry(i, &snapshot.transcript[i]))
+                    .collect();
+                ops.push(Op::Splice(
+                    crate::chord_path!["entries"],
+                    self.finished,
+                    0,
+                    entries,
+                ));
+            }
+            let busy = snapshot.phase != crate::protocol::SessionPhase::Idle;
+            let docs = [
+                ("pi.agent", view::agent_doc(snapshot)),
+                (
+                    "pi.live",
+                    view::live_doc(busy, &snapshot.transcript[finished..]),
+                ),
+            ];
+            for (kind, new) in docs {
+                let old = self
+                    .transcript
+                    .value()
+                    .get("docs")
+                    .and_then(|d| d.get(kind));
+                let old = old.cloned().unwrap_or(Value::Null);
+                chord::ops::diff(&old, &new, &mut crate::chord_path!["docs", kind], &mut ops);
+            }
+            match ops.is_empty() {
+                true => None,
+                false => Some(match self.transcript.apply(&ops) {
+                    Ok(()) => ops,
+                    Err(_) => self.transcript.replace(view::conversation_view(snapshot)),
+                }),
+            }
+        } else {
+            // The transcript went back (a full store read back): a diff of the whole.
+            self.transcript.publish(view::conversation_view(snapshot))
+        };
+        debug_assert!(
+            chord::ops::diff_root(self.transcript.value(), &view::conversation_view(snapshot))
+                .is_empty(),
+            "the transcript state follows the snapshot"
+        );
+        self.finished = finished;
+        self.streaming = snapshot.transcript[finished..].to_vec();
+        self.last_reply = prompt_end(snapshot);
+        let models = self.models.publish(view::models_state(snapshot, models));
+        (transcript, models)
     }
 
     /// The transcript state as JSON-ish text, for tests.
@@ -312,7 +379,12 @@ impl SessionView {
         }
         match self.transcript.apply(&ops) {
             Ok(()) => Some(ops),
-            Err(_) => None, // the next snapshot sets it right
+            // Not expected (the ops come from this view): subscribers get
+            // the state whole, as it stands.
+            Err(_) => {
+                let value = self.transcript.value().clone();
+                Some(self.transcript.replace(value))
+            }
         }
     }
 
@@ -885,8 +957,8 @@ impl Server {
         // Busy as the agent is: a turn runs, or a prompt is on its way to
         // it. A setting on its way is not a turn (the worker runs them in
         // order), as for a v1 prompt.
-        let busy = live.runtime_phase() != crate::protocol::SessionPhase::Idle
-            || live.prompt_on_its_way();
+        let busy =
+            live.runtime_phase() != crate::protocol::SessionPhase::Idle || live.prompt_on_its_way();
         let snapshot = live.snapshot.as_deref().cloned();
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
@@ -1061,12 +1133,18 @@ impl Server {
         request_id: &str,
         name: &'static str,
         op: OpId,
-        outcome: Result<&SessionSnapshot, ProtocolError>,
+        outcome: Result<(), ProtocolError>,
     ) {
         match name {
             "v8.prompt" => {
                 let end = match outcome {
-                    Ok(snapshot) => prompt_end(snapshot),
+                    // The states were brought to the answer's snapshot first.
+                    Ok(()) => self.sessions[session_id]
+                        .v8
+                        .as_ref()
+                        .map_or(PromptEnd::Unanswered("the session went away".into()), |v| {
+                            v.last_reply.clone()
+                        }),
                     Err(e) => PromptEnd::Unanswered(e.message),
                 };
                 self.v8_prompt_ended(session_id, op.0, end);
@@ -1130,17 +1208,9 @@ impl Server {
             return;
         }
         let snapshot = snapshot.unpacked();
-        let finished = view::finished_prefix(&snapshot.transcript);
-        view.finished = finished;
-        view.streaming = snapshot.transcript[finished..].to_vec();
-        let transcript = view
-            .transcript
-            .publish(view::conversation_view(&snapshot))
-            .map(|ops| (view.transcript.sequence(), ops));
-        let models = view
-            .models
-            .publish(view::models_state(&snapshot, models))
-            .map(|ops| (view.models.sequence(), ops));
+        let (transcript, models) = view.sync(&snapshot, models);
+        let transcript = transcript.map(|ops| (view.transcript.sequence(), ops));
+        let models = models.map(|ops| (view.models.sequence(), ops));
         if let Some((sequence, ops)) = transcript {
             self.v8_publish_session(session_id, Svc::Transcript, sequence, &ops);
         }
@@ -1166,28 +1236,82 @@ impl Server {
 
     fn v8_publish_session(&mut self, session_id: &str, svc: Svc, sequence: u64, ops: &[Op]) {
         let to: Vec<ConnId> = self.sessions[session_id].attached.iter().copied().collect();
-        for conn in to {
-            self.v8_publish_to(conn, svc, sequence, ops);
+        self.v8_publish(&to, svc, sequence, ops);
+    }
+
+    /// Sends one publication to every subscription of `to` to `svc`, each
+    /// through its own encoder. Subscriptions whose encoders are alike (most
+    /// of them: they saw the same publications) share one encoding of the
+    /// update; each frame is its own short head around it.
+    fn v8_publish(&mut self, to: &[ConnId], svc: Svc, sequence: u64, ops: &[Op]) {
+        // (encoder before, encoder after, the update's CBOR)
+        let mut encoded: Vec<(Encoder, Encoder, Arc<[u8]>)> = Vec::new();
+        let mut frames: Vec<(ConnId, String, Arc<[u8]>)> = Vec::new();
+        let limits = self.config.limits.cbor;
+        for &conn in to {
+            let Some(v8) = self.conns.get_mut(&conn).and_then(|c| c.v8.as_deref_mut()) else {
+                continue;
+            };
+            for (id, sub) in v8.subs.iter_mut().filter(|(_, s)| s.svc == svc) {
+                let bytes = match encoded.iter().find(|(before, ..)| *before == sub.encoder) {
+                    Some((_, after, bytes)) => {
+                        sub.encoder = after.clone();
+                        Arc::clone(bytes)
+                    }
+                    None => {
+                        let before = sub.encoder.clone();
+                        let update =
+                            chord::state_update("state", sequence, sub.encoder.encode(ops));
+                        let Ok(bytes) = proto::encode(&update, &limits) else {
+                            continue; // too large to send: its connection is closed below
+                        };
+                        let bytes: Arc<[u8]> = bytes.into();
+                        encoded.push((before, sub.encoder.clone(), Arc::clone(&bytes)));
+                        bytes
+                    }
+                };
+                frames.push((conn, id.clone(), bytes));
+            }
+        }
+        for (conn, subscription_id, update) in frames {
+            let frame = self.update_frame(&subscription_id, update);
+            self.send_encoded(conn, frame);
         }
     }
 
-    /// Sends one publication to every subscription of `conn` to `svc`,
-    /// each through its own encoder.
-    fn v8_publish_to(&mut self, conn: ConnId, svc: Svc, sequence: u64, ops: &[Op]) {
-        let Some(v8) = self.v8_mut(conn) else {
-            return;
-        };
-        let mut updates = Vec::new();
-        for (id, sub) in v8.subs.iter_mut().filter(|(_, s)| s.svc == svc) {
-            let wire = sub.encoder.encode(ops);
-            updates.push(ServerMessage::ServiceUpdate {
-                subscription_id: id.clone(),
-                update: chord::state_update("state", sequence, wire),
-            });
+    /// `{type:"service_update", subscriptionId, update}` around an encoded update.
+    fn update_frame(&self, subscription_id: &str, update: Arc<[u8]>) -> Result<Frame, String> {
+        let mut head = Vec::with_capacity(48 + subscription_id.len());
+        let limits = &self.config.limits.cbor;
+        let mut encoder = crate::wire::cbor::Encoder::new(&mut head, limits);
+        let written = encoder
+            .map_header(3)
+            .and_then(|()| encoder.text("type"))
+            .and_then(|()| encoder.text("service_update"))
+            .and_then(|()| encoder.text("subscriptionId"))
+            .and_then(|()| encoder.text(subscription_id))
+            .and_then(|()| encoder.text("update"));
+        written.map_err(|e| e.to_string())?;
+        let frame = crate::wire::frame::frame_shared(
+            &head,
+            &[update],
+            &[],
+            self.config.limits.max_frame_len,
+        )
+        .map_err(|e| e.to_string())?;
+        if cfg!(debug_assertions) {
+            let message = ServerMessage::ServiceUpdate {
+                subscription_id: subscription_id.to_string(),
+                update: crate::wire::cbor::decode(&frame.bytes()[4 + head.len()..], limits)
+                    .expect("an update decodes"),
+            };
+            assert_eq!(
+                frame,
+                self.v8_frame(&message.to_value())?,
+                "a spliced update"
+            );
         }
-        for update in updates {
-            self.v8_send(conn, &update);
-        }
+        Ok(frame)
     }
 
     /// The directory's state now: stored sessions and adopted live ones,
@@ -1253,9 +1377,7 @@ impl Server {
             return;
         };
         let sequence = state.sequence();
-        for &conn in subscribers {
-            self.v8_publish_to(conn, Svc::Directory, sequence, &ops);
-        }
+        self.v8_publish(subscribers, Svc::Directory, sequence, &ops);
     }
 }
 

@@ -216,7 +216,7 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     object(pairs)
 }
 
-fn agent_doc(snapshot: &SessionSnapshot) -> Value {
+pub(crate) fn agent_doc(snapshot: &SessionSnapshot) -> Value {
     object(vec![
         ("cwd", Value::text(&snapshot.cwd)),
         (
