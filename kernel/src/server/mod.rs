@@ -380,7 +380,7 @@ pub struct Server {
     /// themselves ([`Timer::Expected`]).
     timers: Timers,
     /// Attaches waiting for an expected adoption.
-    adoption_waiters: BTreeMap<String, Vec<sessions::Waiter>>,
+    adoption_waiters: BTreeMap<String, Vec<Waiter>>,
     /// The highest revision any worker reported for each session, kept
     /// across workers: the next worker starts above it.
     shown_revisions: BTreeMap<String, u64>,
@@ -1639,6 +1639,24 @@ fn metadata_of(snap: &SessionSnapshot) -> SessionMetadata {
         parent_session_id: None,
         session_name: snap.name.clone(),
         cwd: Some(snap.cwd.clone()),
+    }
+}
+
+/// A request waiting for a session to open (or its transcript to come).
+#[derive(Debug, Clone)]
+pub(crate) struct Waiter {
+    pub(crate) conn: ConnId,
+    pub(crate) request_id: String,
+    pub(crate) kind: Acquire,
+}
+
+impl Waiter {
+    pub(crate) fn new(conn: ConnId, request_id: String, kind: Acquire) -> Self {
+        Self {
+            conn,
+            request_id,
+            kind,
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! flight and worker, and every request that touches them.
 
 use super::timers::Timer;
-use super::{Acquire, CloseReason, Frame, Output, Server, listed_metadata, metadata_of};
+use super::{Acquire, CloseReason, Frame, Output, Server, Waiter, listed_metadata, metadata_of};
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::codec::cbor_error;
@@ -35,24 +35,6 @@ pub(crate) enum Phase {
     Disposing,
     /// Failed; waiting for the worker to exit. Acquires fail `session_locked`.
     Terminal,
-}
-
-/// A request waiting for the session to open.
-#[derive(Debug, Clone)]
-pub(crate) struct Waiter {
-    pub(crate) conn: ConnId,
-    request_id: String,
-    kind: Acquire,
-}
-
-impl Waiter {
-    pub(crate) fn new(conn: ConnId, request_id: String, kind: Acquire) -> Self {
-        Self {
-            conn,
-            request_id,
-            kind,
-        }
-    }
 }
 
 /// A control operation forwarded to the worker.

@@ -19,9 +19,7 @@
 
 mod view;
 
-use super::connection::Connection;
-use super::sessions::Waiter;
-use super::{Acquire, Server};
+use super::{Acquire, Server, Waiter};
 use crate::chord::call::{CallError, Control, Mode, ServiceCall};
 use crate::chord::ops::Op;
 use crate::chord::wire::Encoder;
@@ -129,7 +127,7 @@ struct Sub {
     encoder: Encoder,
 }
 
-/// What a v8 connection adds to [`Connection`].
+/// What a v8 connection adds to a connection.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct V8Conn {
     pub(crate) route: Option<Route>,
@@ -483,7 +481,7 @@ impl Server {
         while let Some((id, target, call)) =
             self.v8_mut(conn).and_then(|v8| v8.deferred.pop_front())
         {
-            if !self.conns.get(&conn).is_some_and(Connection::is_ready) {
+            if !self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
                 break;
             }
             self.on_v8_request(conn, id, target, call);
@@ -537,7 +535,7 @@ impl Server {
                 None => v.management_queue.pop_front(),
             });
             if let Some((id, call)) = next
-                && self.conns.get(&conn).is_some_and(Connection::is_ready)
+                && self.conns.get(&conn).is_some_and(|c| c.is_ready())
             {
                 self.on_server_call(conn, id, call);
             }
