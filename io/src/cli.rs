@@ -23,7 +23,7 @@ mod discover;
 mod stream;
 
 pub use self::args::Cli;
-pub use self::commands::format_utc;
+pub use kernel::time::format_utc;
 
 use self::activate::{MODEL_ONLY_AT_ACTIVATION, client_target};
 use self::args::{Commands, clap_command, parse_from, prompt_text};

@@ -533,7 +533,7 @@ impl<D: Dial> Worker<D> {
             None
         } else {
             // Context files are read again for every call: edits take effect.
-            let date = crate::cli::format_utc(clock().as_millis());
+            let date = kernel::time::format_utc(clock().as_millis());
             let date = date.split(' ').next().unwrap_or_default().to_owned();
             Some(self.registry.call_config(
                 &request.model,

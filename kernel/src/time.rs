@@ -43,3 +43,38 @@ impl fmt::Display for Instant {
         write!(f, "{}.{:03}s", self.0 / 1000, self.0 % 1000)
     }
 }
+
+/// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub fn format_utc(epoch_ms: u64) -> String {
+    let secs = epoch_ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::format_utc;
+
+    #[test]
+    fn dates_are_gregorian_utc() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(format_utc(1_787_400_000_123), "2026-08-22 12:00:00");
+    }
+}

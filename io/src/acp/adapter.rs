@@ -1107,7 +1107,7 @@ fn session_info(meta: &SessionMetadata) -> acp::SessionInfo {
 
 /// Epoch milliseconds as RFC 3339 UTC.
 fn iso_utc(epoch_ms: u64) -> String {
-    format!("{}Z", crate::cli::format_utc(epoch_ms).replace(' ', "T"))
+    format!("{}Z", kernel::time::format_utc(epoch_ms).replace(' ', "T"))
 }
 
 /// A pi failure as a JSON-RPC error.

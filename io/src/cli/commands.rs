@@ -10,6 +10,7 @@ use crate::config;
 use kernel::protocol::{
     CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, ThinkingLevel,
 };
+use kernel::time::format_utc;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -349,29 +350,6 @@ pub(super) fn print_table(rows: &[Vec<String>]) {
     }
 }
 
-/// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
-pub fn format_utc(epoch_ms: u64) -> String {
-    let secs = epoch_ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 pub(super) async fn run_log(target: &Target, query: &str, json: bool) -> Result<(), String> {
     let (client, id) = session_server(target, query).await?;
     let attached = client.attach(&id).await;
@@ -432,12 +410,5 @@ mod tests {
         assert!(error.contains("does not support"), "{error}");
         let error = check_model(&models, &parse_model("x/y").unwrap(), None).unwrap_err();
         assert!(error.contains("faux/faux-1"), "{error}");
-    }
-
-    #[test]
-    fn utc_formatting() {
-        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
-        assert_eq!(format_utc(951_782_400_000), "2000-02-29 00:00:00");
-        assert_eq!(format_utc(1_787_400_000_123), "2026-08-22 12:00:00");
     }
 }
