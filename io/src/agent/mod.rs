@@ -25,6 +25,7 @@ mod prompt;
 pub mod registry;
 mod responses;
 mod sse;
+mod text;
 pub mod tools;
 mod transport;
 

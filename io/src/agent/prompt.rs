@@ -256,10 +256,7 @@ fn plain(content: &[Content], max: usize) -> String {
     }
     if text.len() > max {
         let cut = text.len() - max;
-        text = format!(
-            "{} […{cut} bytes cut]",
-            super::transport::excerpt(&text, max)
-        );
+        text = format!("{} […{cut} bytes cut]", super::text::excerpt(&text, max));
     }
     text
 }

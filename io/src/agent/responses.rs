@@ -13,7 +13,8 @@ use super::openai::{arguments, parse_arguments, stream_error};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
-use super::transport::{Failure, Sink, Stop, Translate, excerpt, stream};
+use super::text::excerpt;
+use super::transport::{Failure, Sink, Stop, Translate, stream};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use serde_json::{Value as Json, json};
 

@@ -269,7 +269,7 @@ impl<'a> Args<'a> {
             Value::Map(entries) => Ok(Self(entries)),
             Value::Text(raw) => Err(format!(
                 "the arguments are not valid JSON: {}",
-                super::transport::excerpt(raw, 300)
+                super::text::excerpt(raw, 300)
             )),
             other => Err(format!(
                 "the arguments must be a JSON object, not {}",
@@ -457,7 +457,7 @@ fn read_blocking(
         if text.len() + piece.len() > READ_MAX_BYTES {
             if text.is_empty() {
                 // One line longer than the whole budget: show its beginning.
-                text.push_str(&super::transport::excerpt(&piece, READ_MAX_BYTES));
+                text.push_str(&super::text::excerpt(&piece, READ_MAX_BYTES));
                 last_shown = total;
             }
             byte_cut = true;
@@ -598,7 +598,7 @@ fn diff(old: &str, new: &str, line: usize) -> String {
         out.push_str(l);
         out.push('\n');
     }
-    super::transport::excerpt(&out, 8 * 1024)
+    super::text::excerpt(&out, 8 * 1024)
 }
 
 // ---- bash ----------------------------------------------------------------------

@@ -5,6 +5,7 @@
 use super::model::ModelEvent;
 use super::registry::ProviderConfig;
 use super::sse::{SseEvent, SseParser};
+use super::text::excerpt;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Mutex, OnceLock};
@@ -376,17 +377,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-pub(crate) fn excerpt(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 fn seconds(d: Duration) -> String {
