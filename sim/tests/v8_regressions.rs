@@ -1,12 +1,12 @@
 //! Kernel bugs the v8 clients and checkers found, each as a minimal
-//! scripted reproduction. They are `#[ignore]`d while the kernel has the
-//! bug (the simulator's brief is to report, not fix, kernel bugs):
-//! `cargo test -p sim --test v8_regressions -- --ignored` fails on each
-//! until it is fixed; then drop the `#[ignore]`.
+//! scripted reproduction. Those the kernel still has are `#[ignore]`d (the
+//! simulator reports kernel bugs, it does not fix them): `cargo test -p
+//! sim --test v8_regressions -- --ignored` fails on each until it is
+//! fixed; then drop the `#[ignore]`. Bugs 1–6 were fixed in `ed6b3af`
+//! and stay as guards.
 //!
-//! The swarm's v8 clients keep to one management call at a time (as pi's
-//! server would have them run anyway), so that they do not trip over bugs
-//! 1 and 3 at every seed; see `sim::swarm`.
+//! The swarm's v8 clients cancel no management call while bugs 7 and 8
+//! are open (`sim::swarm::AVOID_KNOWN_V8_BUGS`).
 
 use kernel::ids::ConnId;
 use kernel::protocol::{Command, CreateParams};
@@ -60,8 +60,9 @@ fn attach(w: &mut World, conn: ConnId, session: &str) -> String {
 /// waits), and `v8_admit` sets the route and inserts the session into
 /// `attached` without releasing the route another admitted attach set
 /// meanwhile. pi's server runs `attach` calls one at a time (pi-v8.md §3.2).
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: two attaches in flight on one v8 connection (v8_attach/v8_admit)"]
 fn bug1_two_attaches_in_flight_on_one_v8_connection() {
     let mut w = world(Holds {
         boot: true,
@@ -71,16 +72,16 @@ fn bug1_two_attaches_in_flight_on_one_v8_connection() {
     let c = w.connect_v8();
     attach(&mut w, c, &a);
     attach(&mut w, c, &b);
-    // The second session's worker boots first; then the first's.
+    // When both workers are on their way, the second boots first.
     let boots: Vec<Delivery> = w
         .deliveries()
         .into_iter()
         .map(|(_, d)| d)
         .filter(|d| matches!(d, Delivery::Boot(_)))
         .collect();
-    assert_eq!(boots.len(), 2);
-    w.deliver(&boots[1], Amount::All);
-    w.deliver(&boots[0], Amount::All); // the kernel panics here
+    for boot in boots.iter().rev() {
+        w.deliver(boot, Amount::All); // the kernel panicked here
+    }
     deliver_all(&mut w);
     assert_eq!(
         w.server.attachments(c),
@@ -97,8 +98,9 @@ fn bug1_two_attaches_in_flight_on_one_v8_connection() {
 /// but a v8 prompt's operation (answered at once, no request id) was never
 /// counted in flight (`start_op`); `fail_ops` skips those, `on_handoff`
 /// does not.
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: hand-off with a v8 prompt running (on_handoff, finish_pending)"]
 fn bug2_a_handoff_while_a_v8_prompt_runs() {
     let mut w = world(Holds::none());
     let (s, _) = two_cold_sessions(&mut w);
@@ -120,8 +122,9 @@ fn bug2_a_handoff_while_a_v8_prompt_runs() {
 /// Where: `kernel/src/server/v8/mod.rs`, `on_server_call`'s `detach` looks
 /// only at the admitted route; nothing orders a connection's management
 /// calls.
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: v8 management calls of one connection are not run in order"]
 fn bug3_a_detach_sent_after_an_attach_is_answered_first() {
     let mut w = world(Holds {
         boot: true,
@@ -154,8 +157,9 @@ fn bug3_a_detach_sent_after_an_attach_is_answered_first() {
 /// Where: `kernel/src/server/v8/mod.rs`, `v8_attach` calls
 /// `v8_release(conn, false)` (and `detach`, whose release then publishes
 /// nothing) before `on_attach` has found the session.
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: a failed v8 attach drops the old route untold (v8_attach)"]
 fn bug4_a_failed_attach_drops_the_old_route_untold() {
     let mut w = world(Holds::none());
     let (s, _) = two_cold_sessions(&mut w);
@@ -186,8 +190,9 @@ fn bug4_a_failed_attach_drops_the_old_route_untold() {
 /// Where: `kernel/src/server/v8/mod.rs`, `on_session_call` answers
 /// `prompt` from `Live::is_busy` (`kernel/src/server/sessions.rs`), which
 /// counts every operation in flight, not only a running turn.
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: a v8 prompt is refused busy while a non-turn operation is in flight"]
 fn bug5_a_v8_prompt_is_refused_busy_while_only_a_setting_changes() {
     let mut w = world(Holds {
         to_worker: true,
@@ -231,8 +236,9 @@ fn bug5_a_v8_prompt_is_refused_busy_while_only_a_setting_changes() {
 /// and `v8_create` (like `start_op` with a request id) adds to `in_flight`
 /// unchecked. The invariant is `check_connection`'s "in flight"
 /// (`kernel/src/server/mod.rs`).
+///
+/// Fixed in `ed6b3af`.
 #[test]
-#[ignore = "kernel bug: a cancelled v8 request keeps counting in flight (on_v8_cancel)"]
 fn bug6_cancelled_requests_still_count_in_flight() {
     let mut w = World::new(Options {
         holds: Holds {
@@ -251,4 +257,99 @@ fn bug6_cancelled_requests_still_count_in_flight() {
     // The kernel panics here: two creates in flight, the limit is one.
     w.v8_server_call(c, MANAGEMENT, "create", vec![Value::Null]);
     deliver_all(&mut w);
+}
+
+/// Bug 7 (open, in the fixes of bugs 1–6): an `attach` cancelled while
+/// its session's worker boots still routes the connection when the
+/// worker is ready. Sent again meanwhile, it panics the server ("attached
+/// while Disposing"): the cancelled attach's waiter is admitted and
+/// routes the connection, and the second one, finding the same session
+/// as the old route, releases it — the session, attached by nobody for a
+/// moment, is disposed — and attaches the connection to it.
+///
+/// Where: `kernel/src/server/v8/mod.rs`, `v8_admit` admits a waiter whose
+/// request was cancelled (its answer is dropped by `v8_reply`, its route
+/// is not), and releases an old route that names the very session it
+/// admits to, with `maybe_dispose` on the release.
+#[test]
+#[ignore = "kernel bug: a cancelled v8 attach is still admitted (v8_admit)"]
+fn bug7_an_attach_cancelled_while_its_worker_boots_then_sent_again() {
+    let mut w = world(Holds {
+        boot: true,
+        ..Holds::none()
+    });
+    let (s, _) = two_cold_sessions(&mut w);
+    let c = w.connect_v8();
+    let first = attach(&mut w, c, &s);
+    w.v8_cancel(c, &first, &sim::world::v8::server_target());
+    attach(&mut w, c, &s);
+    deliver_all(&mut w); // the kernel panicked here
+    assert_eq!(w.server.attachments(c), vec![s]);
+}
+
+/// Bug 8 (open, in the fix of bug 3): a management call cancelled while
+/// it waits its turn behind another stalls the connection's queue: the
+/// calls queued after it are never answered (a liveness failure).
+///
+/// Where: `kernel/src/server/v8/mod.rs`: the cancel answers the queued
+/// call and forgets it as active, but leaves it in `management_queue`;
+/// `v8_run_management` later runs it and sets `managing` to its id, and
+/// its answer goes through `v8_end`, which returns at once for an id no
+/// longer active, before it clears `managing`: nothing runs after it.
+#[test]
+#[ignore = "kernel bug: a cancelled queued management call stalls the queue (v8_end)"]
+fn bug8_a_management_call_cancelled_in_the_queue_stalls_the_rest() {
+    let mut w = world(Holds {
+        boot: true,
+        ..Holds::none()
+    });
+    let (s, _) = two_cold_sessions(&mut w);
+    let c = w.connect_v8();
+    attach(&mut w, c, &s);
+    let queued = attach(&mut w, c, sim::swarm::UNKNOWN_SESSION);
+    w.v8_cancel(c, &queued, &sim::world::v8::server_target());
+    let last = w.v8_server_call(c, MANAGEMENT, "detach", vec![]);
+    deliver_all(&mut w);
+    w.settle(Duration::from_secs(60));
+    deliver_all(&mut w);
+    assert!(
+        w.v8_answer(c, &last).is_some(),
+        "the detach queued after the cancelled attach is answered"
+    );
+    assert!(w.server.attachments(c).is_empty());
+}
+
+/// Bug 7, as the checker sees it without a panic: a cancelled attach
+/// routes the connection once its worker is ready, after a later attach
+/// of another session was answered; the client's last call named that
+/// other session. The checker flags the envelope: no attach of its
+/// session is in flight.
+#[test]
+#[ignore = "kernel bug: a cancelled v8 attach is still admitted (v8_admit)"]
+fn bug7_a_cancelled_attach_still_routes_the_connection() {
+    let mut w = world(Holds {
+        boot: true,
+        ..Holds::none()
+    });
+    let (a, b) = two_cold_sessions(&mut w);
+    let mut checkers = Checkers::new();
+    checkers.observe(&mut w).expect("the setup breaks nothing");
+    let c = w.connect_v8();
+    let first = attach(&mut w, c, &a);
+    attach(&mut w, c, &b);
+    w.v8_cancel(c, &first, &sim::world::v8::server_target());
+    attach(&mut w, c, &b);
+    checkers.observe(&mut w).expect("nothing routed yet");
+    let boots: Vec<Delivery> = w.deliveries().into_iter().map(|(_, d)| d).collect();
+    let mut verdict = Ok(());
+    for boot in boots.iter().rev() {
+        w.deliver(boot, Amount::All);
+        verdict = verdict.and(checkers.observe(&mut w));
+    }
+    assert_eq!(
+        w.server.attachments(c),
+        vec![b],
+        "routed by its last attach"
+    );
+    verdict.expect("no route without an attach in flight");
 }

@@ -25,6 +25,8 @@
 //!   session. With no attach, detach or remove in flight, the route a
 //!   client was told is the kernel's attachment of that connection, and
 //!   a connection whose session's worker died was told its route is gone.
+//!   An envelope naming a route answers an `attach` of that session in
+//!   flight: a cancelled or an answered attach routes nothing.
 //! - **(f') management in order.** `create`, `attach`, `detach` and
 //!   `remove` of one connection are answered in the order they were sent:
 //!   pi's server runs them one at a time (pi-v8.md §3.2), so a client's
@@ -134,18 +136,24 @@ impl V8 {
 
     fn emitted(&mut self, world: &World, conn: ConnId, message: &V8Message) -> Check {
         self.mirrors.entry(conn).or_default();
-        if let V8Message::Response { id, .. } = message
+        if let V8Message::Response { id, outcome } = message
             && let Some(queue) = self.management.get_mut(&conn)
             && let Some(at) = queue.iter().position(|q| q == id)
         {
-            if at > 0 {
+            // A cancel, and a call refused before it runs (its shape, its
+            // target, the connection's limits), are answered at once.
+            let ran = !matches!(outcome, Err(e) if e.code == "cancelled"
+                || e.code == "invalid_request"
+                || e.code == "wrong_server"
+                || e.code.starts_with("service_"));
+            if at > 0 && ran {
                 return violation(format!(
                     "{conn}: management call {id} answered before {} sent earlier \
                      (pi's server runs them in order)",
                     queue[0]
                 ));
             }
-            queue.pop_front();
+            queue.remove(at);
         }
         let mirror = &self.mirrors[&conn];
         match message {
@@ -162,6 +170,18 @@ impl V8 {
                         "{conn}: an update of {subscription_id} {why} (fencing)"
                     ));
                 }
+            }
+            V8Message::Attachment(Some(route))
+                if !mirror
+                    .pending
+                    .values()
+                    .any(|a| *a == Asked::Attach(route.session_id.clone())) =>
+            {
+                return violation(format!(
+                    "{conn}: routed to {} ({}) with no attach of it in flight \
+                     (a cancelled or an answered attach does not route)",
+                    route.session_id, route.attachment_id
+                ));
             }
             V8Message::Response { id, outcome: Ok(_) } => match mirror.pending.get(id) {
                 Some(Asked::Attach(session))

@@ -770,6 +770,7 @@ impl World {
                 }
             }
             let (decoded, decoded_v8) = self.run_decode(&outputs);
+            let ambiguous = self.v8_ambiguous(ambiguous, &outputs, &decoded_v8);
             if self.options.record_facts {
                 self.run_record_ops(&outputs);
                 self.run_record(&outputs, &decoded, ambiguous);
@@ -885,6 +886,38 @@ impl World {
             decoded.push(Some(message));
         }
         (decoded, decoded_v8)
+    }
+
+    /// A step that answers a v8 management call or routes a v8 connection
+    /// other than the one whose bytes it read may have run a management
+    /// call queued behind another at its end (after the messages before
+    /// it were sent), which changes other connections' attachments: the
+    /// state after the step does not judge its messages.
+    fn v8_ambiguous(
+        &self,
+        ambiguous: Ambiguous,
+        outputs: &[Output],
+        decoded: &[DecodedV8],
+    ) -> Ambiguous {
+        let managed = outputs.iter().zip(decoded).any(|(output, message)| {
+            let (Output::Send { conn, .. }, Some(message)) = (output, message) else {
+                return false;
+            };
+            if matches!(ambiguous, Ambiguous::Conn(_, c) if c == *conn) {
+                return false;
+            }
+            match message.as_ref() {
+                v8::V8Message::Attachment(_) => true,
+                v8::V8Message::Response { id, .. } => self
+                    .clients
+                    .get(conn)
+                    .and_then(|c| c.v8.as_deref())
+                    .and_then(|v| v.pending.get(id))
+                    .is_some_and(v8::Asked::serialised),
+                _ => false,
+            }
+        });
+        if managed { Ambiguous::All } else { ambiguous }
     }
 
     /// Records the operations a step sends, before its messages: an
