@@ -2,12 +2,10 @@
 //! processes and SQLite, and feeds back inputs. It makes no protocol decisions.
 
 mod acp;
-pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod duplex;
-pub mod settings;
 pub mod socket;
 mod tui;
 pub mod web;
@@ -17,3 +15,6 @@ pub mod worker;
 pub use pi_client as client;
 /// A session's storage (its own crate, `io/store`).
 pub use pi_store as store;
+/// The agent back-ends and settings (their own crate, `io/agent`).
+pub use pi_agent as agent;
+pub use pi_agent::settings;

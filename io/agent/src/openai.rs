@@ -478,8 +478,8 @@ pub(crate) fn stream_error(error: &Json) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::prompt::tests::{assistant, call, req, text, tool, user};
-    use crate::agent::registry::{Api, builtin_models};
+    use crate::prompt::tests::{assistant, call, req, text, tool, user};
+    use crate::registry::{Api, builtin_models};
     use kernel::protocol::{AssistantStatus, Content, ToolStatus};
 
     fn provider(id: &str) -> ProviderConfig {

@@ -24,6 +24,7 @@ mod openai;
 mod prompt;
 pub mod registry;
 mod responses;
+pub mod settings;
 mod sse;
 mod text;
 pub mod tools;

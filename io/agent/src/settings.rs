@@ -44,7 +44,7 @@ pub struct SessionSettings {
 /// The settings of the session whose directory is `session`: each key from
 /// the session's `settings.json`, else (for `contextFiles`) from
 /// `PI_CONTEXT_FILES`, else from `<agentDir>/settings.json`, else the
-/// default (context files on; [`crate::agent::tools::DEFAULT_TOOLS`]).
+/// default (context files on; [`crate::tools::DEFAULT_TOOLS`]).
 /// Read for every model call, so a change takes effect at the next one.
 pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, String> {
     let path = session.join("settings.json");
@@ -67,7 +67,7 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
         None => (file(agent_dir), global.get("tools")),
     };
     let tools: Vec<String> = match list {
-        None => crate::agent::tools::DEFAULT_TOOLS
+        None => crate::tools::DEFAULT_TOOLS
             .iter()
             .map(|t| t.to_string())
             .collect(),
@@ -81,7 +81,7 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
                 )
             })?,
     };
-    crate::agent::tools::select_tools(&tools).map_err(|e| format!("{}: {e}", source.display()))?;
+    crate::tools::select_tools(&tools).map_err(|e| format!("{}: {e}", source.display()))?;
     Ok(SessionSettings {
         context_files,
         tools,
@@ -123,7 +123,7 @@ mod tests {
         std::fs::create_dir_all(&agent).unwrap();
         std::fs::create_dir_all(&session).unwrap();
         let s = self::session(&agent, &session).unwrap();
-        assert_eq!(s.tools, crate::agent::tools::DEFAULT_TOOLS);
+        assert_eq!(s.tools, crate::tools::DEFAULT_TOOLS);
         let write =
             |path: &Path, text: &str| std::fs::write(path.join("settings.json"), text).unwrap();
         write(&agent, r#"{"tools": ["read", "bash"]}"#);

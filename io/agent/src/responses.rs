@@ -420,8 +420,8 @@ fn parse_usage(u: &Json) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::prompt::tests::{assistant, call, req, text, tool, user};
-    use crate::agent::registry::{Api, builtin_models};
+    use crate::prompt::tests::{assistant, call, req, text, tool, user};
+    use crate::registry::{Api, builtin_models};
     use kernel::protocol::{AssistantStatus, Content, ToolStatus};
     use kernel::wire::Value;
 
