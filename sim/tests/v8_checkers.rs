@@ -67,7 +67,7 @@ fn update(sequence: u64, wire: Value) -> Fact {
 
 /// A checker whose client is attached (route `a1`) and subscribed to the
 /// transcript, whose state is `{"n": 1}` at sequence 0.
-fn subscribed(world: &World) -> V8 {
+fn subscribed() -> V8 {
     let mut v8 = V8::default();
     let facts = [
         sent(
@@ -102,7 +102,7 @@ fn subscribed(world: &World) -> V8 {
         ),
     ];
     for fact in &facts {
-        v8.observe(world, fact).expect("a correct stream");
+        v8.observe(fact).expect("a correct stream");
     }
     v8
 }
@@ -117,28 +117,26 @@ fn set_n(n: i64) -> Value {
 
 #[test]
 fn sequences_follow_one_by_one() {
-    let world = World::new(Options::default());
-    let mut v8 = subscribed(&world);
-    v8.observe(&world, &update(1, set_n(2))).expect("1 after 0");
-    let gap = v8.observe(&world, &update(3, set_n(3)));
+    let mut v8 = subscribed();
+    v8.observe(&update(1, set_n(2))).expect("1 after 0");
+    let gap = v8.observe(&update(3, set_n(3)));
     assert!(gap.unwrap_err().message.contains("a gap or a repeat"));
-    let mut v8 = subscribed(&world);
-    let repeat = v8.observe(&world, &update(0, set_n(3)));
+    let mut v8 = subscribed();
+    let repeat = v8.observe(&update(0, set_n(3)));
     assert!(repeat.is_err());
 }
 
 #[test]
 fn only_chord_0_85_1_vocabulary_decodes() {
-    let world = World::new(Options::default());
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let reorder = ops(vec![op(vec![
         Value::text("m"),
         Value::Array(vec![]),
         Value::Array(vec![]),
     ])]);
-    let refused = v8.observe(&world, &update(1, reorder));
+    let refused = v8.observe(&update(1, reorder));
     assert!(refused.unwrap_err().message.contains("op verb"));
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let reset = emitted(V8Message::Update {
         subscription_id: "service-1".into(),
         update: Value::Map(vec![
@@ -146,44 +144,43 @@ fn only_chord_0_85_1_vocabulary_decodes() {
             ("snapshot".into(), Value::Null),
         ]),
     });
-    assert!(v8.observe(&world, &reset).is_err());
+    assert!(v8.observe(&reset).is_err());
     // An id never defined, and an op that does not apply, are caught too.
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let unknown_id = ops(vec![op(vec![
         Value::text("s"),
         Value::Int(4),
         Value::Int(1),
     ])]);
-    let undecodable = v8.observe(&world, &update(1, unknown_id));
+    let undecodable = v8.observe(&update(1, unknown_id));
     assert!(undecodable.unwrap_err().message.contains("does not decode"));
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let append_to_a_number = ops(vec![op(vec![
         Value::text("a"),
         Value::Array(vec![Value::text("n")]),
         Value::text("x"),
     ])]);
-    let inapplicable = v8.observe(&world, &update(1, append_to_a_number));
+    let inapplicable = v8.observe(&update(1, append_to_a_number));
     assert!(inapplicable.unwrap_err().message.contains("does not apply"));
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let malformed = emitted(V8Message::parse(&Value::Map(vec![(
         "type".into(),
         Value::text("response"),
     )])));
-    assert!(v8.observe(&world, &malformed).is_err());
+    assert!(v8.observe(&malformed).is_err());
 }
 
 #[test]
 fn no_update_after_the_envelope_that_ended_its_route() {
-    let world = World::new(Options::default());
-    let mut v8 = subscribed(&world);
-    v8.observe(&world, &update(1, set_n(2))).expect("live");
-    v8.observe(&world, &emitted(V8Message::Attachment(None)))
+    let mut v8 = subscribed();
+    v8.observe(&update(1, set_n(2))).expect("live");
+    v8.observe(&emitted(V8Message::Attachment(None)))
         .expect("detached");
-    let late = v8.observe(&world, &update(2, set_n(3)));
+    let late = v8.observe(&update(2, set_n(3)));
     let message = late.unwrap_err().message;
     assert!(message.contains("ended by attachment null"), "{message}");
     // Nor after an unsubscribe was answered, nor for one never made.
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let unsubscribe = sent(
         "r3",
         session_target(&route()),
@@ -191,22 +188,20 @@ fn no_update_after_the_envelope_that_ended_its_route() {
         "unsubscribe",
         vec![Value::text("service-1")],
     );
-    v8.observe(&world, &unsubscribe).unwrap();
-    v8.observe(&world, &update(1, set_n(2)))
-        .expect("before the answer");
-    v8.observe(&world, &ok("r3", None)).unwrap();
-    assert!(v8.observe(&world, &update(2, set_n(3))).is_err());
-    let mut v8 = subscribed(&world);
+    v8.observe(&unsubscribe).unwrap();
+    v8.observe(&update(1, set_n(2))).expect("before the answer");
+    v8.observe(&ok("r3", None)).unwrap();
+    assert!(v8.observe(&update(2, set_n(3))).is_err());
+    let mut v8 = subscribed();
     let stray = emitted(V8Message::Update {
         subscription_id: "service-9".into(),
         update: state_update("state", 1, set_n(2)),
     });
-    assert!(v8.observe(&world, &stray).is_err());
+    assert!(v8.observe(&stray).is_err());
 }
 
 #[test]
 fn the_envelope_goes_before_the_answer() {
-    let world = World::new(Options::default());
     let mut v8 = V8::default();
     let attach = sent(
         "r1",
@@ -215,18 +210,17 @@ fn the_envelope_goes_before_the_answer() {
         "attach",
         vec![Value::text("s")],
     );
-    v8.observe(&world, &attach).unwrap();
-    let early = v8.observe(&world, &ok("r1", None));
+    v8.observe(&attach).unwrap();
+    let early = v8.observe(&ok("r1", None));
     assert!(early.unwrap_err().message.contains("envelope goes first"));
-    let mut v8 = subscribed(&world);
+    let mut v8 = subscribed();
     let detach = sent("r3", server_target(), MANAGEMENT, "detach", vec![]);
-    v8.observe(&world, &detach).unwrap();
-    assert!(v8.observe(&world, &ok("r3", None)).is_err());
+    v8.observe(&detach).unwrap();
+    assert!(v8.observe(&ok("r3", None)).is_err());
 }
 
 #[test]
 fn management_calls_are_answered_in_order() {
-    let world = World::new(Options::default());
     let mut v8 = V8::default();
     let create = sent(
         "r1",
@@ -236,9 +230,9 @@ fn management_calls_are_answered_in_order() {
         vec![Value::Null],
     );
     let detach = sent("r2", server_target(), MANAGEMENT, "detach", vec![]);
-    v8.observe(&world, &create).unwrap();
-    v8.observe(&world, &detach).unwrap();
-    let overtaking = v8.observe(&world, &ok("r2", None));
+    v8.observe(&create).unwrap();
+    v8.observe(&detach).unwrap();
+    let overtaking = v8.observe(&ok("r2", None));
     assert!(overtaking.unwrap_err().message.contains("sent earlier"));
 }
 
@@ -278,10 +272,7 @@ fn a_replica_must_be_the_kernels_state() {
         }),
         open_after: true,
     };
-    checkers
-        .v8
-        .observe(&w, &drift)
-        .expect("it decodes and applies");
+    checkers.v8.observe(&drift).expect("it decodes and applies");
     let verdict = checkers.v8.check(&w);
     assert!(verdict.unwrap_err().message.contains("is at sequence 1"));
 }

@@ -115,7 +115,7 @@ impl Checkers {
         self.shown.observe(world, fact);
         self.rules.observe(world, fact)?;
         listed::observe(fact)?;
-        self.v8.observe(world, fact)?;
+        self.v8.observe(fact)?;
         let max_attempts = World::worker_policy().max_attempts;
         self.turns.observe(fact, max_attempts)?;
         self.busy.observe(fact)

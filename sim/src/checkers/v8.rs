@@ -30,7 +30,9 @@
 //! - **(f') management in order.** `create`, `attach`, `detach` and
 //!   `remove` of one connection are answered in the order they were sent:
 //!   pi's server runs them one at a time (pi-v8.md §3.2), so a client's
-//!   last one decides its route.
+//!   last one decides its route. A call answered without running (a
+//!   cancel, a refusal of its shape, target or the connection's limits)
+//!   may be answered at once.
 //! - **(g) vocabulary.** Only the op verbs `r s d a t p #` and the update
 //!   types `state unavailable replaced spawned closed` (never `m` or
 //!   `reset`), a snapshot's state as one `r`.
@@ -72,7 +74,7 @@ fn violation(message: String) -> Check {
 
 impl V8 {
     /// Applies one fact.
-    pub fn observe(&mut self, world: &World, fact: &Fact) -> Check {
+    pub fn observe(&mut self, fact: &Fact) -> Check {
         match fact {
             Fact::V8RequestSent {
                 conn,
@@ -96,7 +98,7 @@ impl V8 {
                 if self.closed.contains(conn) {
                     return Ok(());
                 }
-                self.emitted(world, *conn, message)
+                self.emitted(*conn, message)
             }
             Fact::V8Broken { conn, problem } => {
                 violation(format!("{conn} read what it cannot use: {problem}"))
@@ -134,7 +136,7 @@ impl V8 {
         }
     }
 
-    fn emitted(&mut self, world: &World, conn: ConnId, message: &V8Message) -> Check {
+    fn emitted(&mut self, conn: ConnId, message: &V8Message) -> Check {
         self.mirrors.entry(conn).or_default();
         if let V8Message::Response { id, outcome } = message
             && let Some(queue) = self.management.get_mut(&conn)
@@ -218,7 +220,6 @@ impl V8 {
             },
             _ => {}
         }
-        let _ = world;
         let mirror = self.mirrors.get_mut(&conn).expect("made above");
         let read = mirror.read(message, false);
         match read.problems.first() {
