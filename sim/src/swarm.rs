@@ -39,13 +39,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-/// The swarm's v8 clients steer clear of the open kernel bugs that
-/// `tests/v8_regressions.rs` reproduces, which would otherwise end many v8
-/// seeds: they cancel only `waitForPrompt`, never a management call (bugs
-/// 7 and 8: a cancelled attach still routes the connection, and may panic
-/// the server; a management call cancelled in the queue stalls the calls
-/// behind it). Once the kernel is fixed, turn this off.
-pub const AVOID_KNOWN_V8_BUGS: bool = true;
+/// Whether the swarm's v8 clients steer clear of kernel bugs that
+/// `tests/v8_regressions.rs` reproduces, by cancelling only `waitForPrompt`
+/// and never a management call. Off: bugs 7 and 8 (a cancelled attach still
+/// routed the connection; a management call cancelled in the queue stalled
+/// the calls behind it) are fixed, and the swarm cancels anything.
+pub const AVOID_KNOWN_V8_BUGS: bool = false;
 
 /// A session id that never exists (traced as `unknown`).
 pub const UNKNOWN_SESSION: &str = "00000000-0000-4000-8000-00000000dead";

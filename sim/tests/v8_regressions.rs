@@ -2,11 +2,11 @@
 //! scripted reproduction. Those the kernel still has are `#[ignore]`d (the
 //! simulator reports kernel bugs, it does not fix them): `cargo test -p
 //! sim --test v8_regressions -- --ignored` fails on each until it is
-//! fixed; then drop the `#[ignore]`. Bugs 1–6 were fixed in `ed6b3af`
-//! and stay as guards.
+//! fixed; then drop the `#[ignore]`. Bugs 1–6 were fixed in `ed6b3af`;
+//! all stay as guards.
 //!
-//! The swarm's v8 clients cancel no management call while bugs 7 and 8
-//! are open (`sim::swarm::AVOID_KNOWN_V8_BUGS`).
+//! Bugs 7 and 8 were fixed after them; the swarm's v8 clients now cancel
+//! management calls too (`AVOID_KNOWN_V8_BUGS` is off).
 
 use kernel::ids::ConnId;
 use kernel::protocol::{Command, CreateParams};
@@ -272,7 +272,6 @@ fn bug6_cancelled_requests_still_count_in_flight() {
 /// is not), and releases an old route that names the very session it
 /// admits to, with `maybe_dispose` on the release.
 #[test]
-#[ignore = "kernel bug: a cancelled v8 attach is still admitted (v8_admit)"]
 fn bug7_an_attach_cancelled_while_its_worker_boots_then_sent_again() {
     let mut w = world(Holds {
         boot: true,
@@ -297,7 +296,6 @@ fn bug7_an_attach_cancelled_while_its_worker_boots_then_sent_again() {
 /// its answer goes through `v8_end`, which returns at once for an id no
 /// longer active, before it clears `managing`: nothing runs after it.
 #[test]
-#[ignore = "kernel bug: a cancelled queued management call stalls the queue (v8_end)"]
 fn bug8_a_management_call_cancelled_in_the_queue_stalls_the_rest() {
     let mut w = world(Holds {
         boot: true,
@@ -325,7 +323,6 @@ fn bug8_a_management_call_cancelled_in_the_queue_stalls_the_rest() {
 /// other session. The checker flags the envelope: no attach of its
 /// session is in flight.
 #[test]
-#[ignore = "kernel bug: a cancelled v8 attach is still admitted (v8_admit)"]
 fn bug7_a_cancelled_attach_still_routes_the_connection() {
     let mut w = world(Holds {
         boot: true,

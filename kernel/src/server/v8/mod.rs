@@ -514,30 +514,49 @@ impl Server {
         let Some(v8) = self.v8_mut(conn) else {
             return false;
         };
-        if v8.active.remove(id).is_none() {
-            return false;
-        }
+        let active = v8.active.remove(id).is_some();
+        // A management call ends here even when it was cancelled before:
+        // the calls behind it must not wait for an answer that never comes.
         if v8.managing.as_deref() == Some(id) {
             v8.managing = None;
             if !v8.management_queue.is_empty() {
                 self.v8_managed.insert(conn);
             }
         }
-        true
+        active
+    }
+
+    /// Marks `conn` for [`Self::v8_run_management`] if no management call of
+    /// it is under way.
+    fn v8_managed_if_idle(&mut self, conn: ConnId) {
+        if self.v8(conn).is_some_and(|v| v.managing.is_none()) {
+            self.v8_managed.insert(conn);
+        }
     }
 
     /// Starts the next management call of each connection whose call under
     /// way ended in this step.
     pub(super) fn v8_run_management(&mut self) {
         while let Some(conn) = self.v8_managed.pop_first() {
+            // Calls cancelled while they waited are dropped.
             let next = self.v8_mut(conn).and_then(|v| match v.managing {
                 Some(_) => None,
-                None => v.management_queue.pop_front(),
+                None => {
+                    while v
+                        .management_queue
+                        .front()
+                        .is_some_and(|(id, _)| !v.active.contains_key(id))
+                    {
+                        v.management_queue.pop_front();
+                    }
+                    v.management_queue.pop_front()
+                }
             });
             if let Some((id, call)) = next
                 && self.conns.get(&conn).is_some_and(|c| c.is_ready())
             {
-                self.on_server_call(conn, id, call);
+                self.v8_mut(conn).expect("v8").managing = Some(id.clone());
+                self.run_server_call(conn, id, Svc::Management, call);
             }
         }
     }
@@ -725,11 +744,20 @@ impl Server {
         };
         if svc == Svc::Management {
             let v8 = self.v8_mut(conn).expect("v8");
-            if v8.managing.is_some() {
-                return v8.management_queue.push_back((id, call));
+            if v8.managing.is_some() || !v8.management_queue.is_empty() {
+                // Behind the call under way, or behind the ones already
+                // waiting (the one under way may have just ended, its
+                // successor not started yet).
+                v8.management_queue.push_back((id, call));
+                return self.v8_managed_if_idle(conn);
             }
             v8.managing = Some(id.clone());
         }
+        self.run_server_call(conn, id, svc, call);
+    }
+
+    /// A server-scope method call, admitted (a management call is the one under way).
+    fn run_server_call(&mut self, conn: ConnId, id: String, svc: Svc, call: ServiceCall) {
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
             (Svc::Management, "create") => self.v8_create(conn, id, args),
@@ -853,6 +881,20 @@ impl Server {
         request_id: String,
         kind: Acquire,
     ) {
+        if !self
+            .v8(conn)
+            .is_some_and(|v| v.active.contains_key(&request_id))
+        {
+            // Cancelled while it waited: nothing is attached (the session's
+            // idle disposal follows the admission, as for any waiter).
+            if self
+                .v8(conn)
+                .is_some_and(|v| v.managing.as_deref() == Some(&request_id))
+            {
+                self.v8_end(conn, &request_id);
+            }
+            return;
+        }
         if kind == Acquire::Create8 {
             self.v8_publish_directory();
             let created_at = self.sessions[session_id]
