@@ -11,10 +11,10 @@ mod tui;
 pub mod web;
 pub mod worker;
 
+/// The agent back-ends and settings (their own crate, `io/agent`).
+pub use pi_agent as agent;
+pub use pi_agent::settings;
 /// The client library (its own crate, `io/client`: kernel and tokio only).
 pub use pi_client as client;
 /// A session's storage (its own crate, `io/store`).
 pub use pi_store as store;
-/// The agent back-ends and settings (their own crate, `io/agent`).
-pub use pi_agent as agent;
-pub use pi_agent::settings;

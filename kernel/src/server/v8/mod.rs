@@ -966,20 +966,7 @@ impl Server {
         outcome: Result<CommandResult, ProtocolError>,
     ) {
         let result = outcome.map(|_| None).map_err(|e| call_error(&e));
-        if !self.v8_end(conn, request_id) {
-            return;
-        }
-        let message = match result {
-            Ok(result) => ServerMessage::Ok {
-                id: request_id.to_string(),
-                result,
-            },
-            Err(error) => ServerMessage::Err {
-                id: request_id.to_string(),
-                error,
-            },
-        };
-        self.v8_send(conn, &message);
+        self.v8_reply(conn, request_id, result);
     }
 
     // ---- the session scope ---------------------------------------------
