@@ -43,6 +43,9 @@ pub(crate) struct PendingOp {
     conn: ConnId,
     request_id: String,
     name: &'static str,
+    /// A snapshot showed a turn since it went out: for a prompt, its turn
+    /// started (and, once the session is idle again, ended).
+    turn_seen: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -139,11 +142,14 @@ impl Live {
         }
     }
 
-    /// A prompt (v1's or v8's) is on its way to the runtime or running.
+    /// A prompt (v1's or v8's) is on its way to the runtime and its turn
+    /// not seen yet. One whose turn a snapshot showed no longer counts: a
+    /// turn ends with its idle snapshot, then the prompt's answer, and a
+    /// prompt between the two is not refused.
     pub(crate) fn prompt_on_its_way(&self) -> bool {
         self.ops
             .values()
-            .any(|op| matches!(op.name, "prompt" | "v8.prompt"))
+            .any(|op| matches!(op.name, "prompt" | "v8.prompt") && !op.turn_seen)
     }
 
     pub(crate) fn runtime_phase(&self) -> SessionPhase {
@@ -814,6 +820,7 @@ impl Server {
                 conn,
                 request_id: request_id.to_string(),
                 name,
+                turn_seen: false,
             },
         );
         let worker = live.worker.id();
@@ -999,6 +1006,11 @@ impl Server {
             .is_some_and(|s| s.revision > head.revision)
         {
             return false;
+        }
+        if head.phase != SessionPhase::Idle {
+            for op in live.ops.values_mut() {
+                op.turn_seen = true;
+            }
         }
         live.snapshot = Some(LiveSnapshot::new(snapshot));
         // A ready session's waiters wait for this transcript (`admit`).

@@ -867,3 +867,37 @@ mod fuzz {
         }
     }
 }
+
+/// A turn ends with its idle snapshot, then the prompt's answer: a prompt
+/// sent between the two is taken, not refused as busy.
+#[test]
+fn a_prompt_right_after_the_idle_snapshot_is_taken() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let session = stored(1).id;
+    let worker = h.attach_v8(c, &session, &history(&session, 1, 0));
+    let route = h.route(c);
+    let prompt = call(
+        "pi.agent-controller",
+        "prompt",
+        vec![obj(vec![
+            ("message", Value::text("hi")),
+            ("images", Value::Null),
+        ])],
+    );
+    let first = op_of(&h.send_v8(c, "p1", route.clone(), prompt.clone()));
+    let mut turn = history(&session, 2, 0);
+    turn.phase = SessionPhase::Turn;
+    turn.transcript.push(user("u0", "hi"));
+    h.runtime_snapshot(worker, &turn);
+    let mut done = history(&session, 3, 0);
+    done.transcript.push(user("u0", "hi"));
+    done.transcript.push(reply("a0", "hello"));
+    h.runtime_snapshot(worker, &done);
+    // The answer to the first prompt has not come yet.
+    h.send_v8(c, "p2", route, prompt);
+    let answer = result_of(&h.v8_sent(c), "p2");
+    assert!(answer.contains(r#""accepted":true"#), "{answer}");
+    h.op_done(worker, first, &done);
+}
