@@ -292,7 +292,7 @@ fn v8_arg(names: &mut Names, v: &kernel::wire::Value) -> String {
             (_, Some(Value::Text(p)), Some(Value::Text(m))) => format!("{p}/{m}"),
             _ => "{…}".into(),
         },
-        other => short(&crate::world::v8::json(other)),
+        other => short(&other.json_text()),
     }
 }
 
@@ -336,7 +336,7 @@ fn v8_result(names: &mut Names, v: &kernel::wire::Value) -> String {
                         Some(Value::Array(members)) => members
                             .iter()
                             .find_map(|m| m.get("sequence"))
-                            .map(crate::world::v8::json),
+                            .map(|v| v.json_text()),
                         _ => None,
                     })
                     .next(),
@@ -368,7 +368,7 @@ fn v8_result(names: &mut Names, v: &kernel::wire::Value) -> String {
             let ids: Vec<String> = items.iter().map(|i| text(i.get("serviceId"))).collect();
             format!("catalogue [{}]", ids.join(","))
         }
-        other => short(&crate::world::v8::json(other)),
+        other => short(&other.json_text()),
     }
 }
 
@@ -415,9 +415,9 @@ pub fn v8_server(
                 Some(Value::Text(t)) => t.clone(),
                 _ => "?".into(),
             };
-            let sequence = update.get("sequence").map_or(String::new(), |s| {
-                format!(" seq={}", crate::world::v8::json(s))
-            });
+            let sequence = update
+                .get("sequence")
+                .map_or(String::new(), |s| format!(" seq={}", s.json_text()));
             format!(
                 "update {subscription_id} {kind}{sequence} [{}]",
                 verbs.join(" ")

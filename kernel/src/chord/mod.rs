@@ -80,10 +80,6 @@ impl State {
     }
 }
 
-fn entries(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 /// A member of a service as a snapshot describes it.
 #[derive(Debug, Clone, Copy)]
 pub enum Member<'a> {
@@ -109,11 +105,11 @@ pub fn instance_snapshot(members: &[Member<'_>]) -> Value {
     let members = sorted
         .into_iter()
         .map(|m| match m {
-            Member::Method(name) => entries(vec![
+            Member::Method(name) => Value::object(vec![
                 ("name", Value::text(*name)),
                 ("kind", Value::text("method")),
             ]),
-            Member::State(name, state) => entries(vec![
+            Member::State(name, state) => Value::object(vec![
                 ("name", Value::text(*name)),
                 ("kind", Value::text("state")),
                 ("sequence", Value::Int(state.sequence() as i64)),
@@ -127,12 +123,12 @@ pub fn instance_snapshot(members: &[Member<'_>]) -> Value {
             ]),
         })
         .collect();
-    entries(vec![("members", Value::Array(members))])
+    Value::object(vec![("members", Value::Array(members))])
 }
 
 /// A singleton's subscription snapshot: exactly one instance, no address.
 pub fn singleton_snapshot(service_id: &str, members: &[Member<'_>]) -> Value {
-    entries(vec![
+    Value::object(vec![
         ("serviceId", Value::text(service_id)),
         ("mode", Value::text(Mode::Singleton.as_str())),
         ("instances", Value::Array(vec![instance_snapshot(members)])),
@@ -141,7 +137,7 @@ pub fn singleton_snapshot(service_id: &str, members: &[Member<'_>]) -> Value {
 
 /// A `state` update of a singleton: one publication of one member.
 pub fn state_update(member: &str, sequence: u64, ops: Value) -> Value {
-    entries(vec![
+    Value::object(vec![
         ("type", Value::text("state")),
         ("member", Value::text(member)),
         ("sequence", Value::Int(sequence as i64)),
@@ -155,7 +151,7 @@ pub fn catalogue(services: &[(&str, Mode)]) -> Value {
         services
             .iter()
             .map(|(id, mode)| {
-                entries(vec![
+                Value::object(vec![
                     ("serviceId", Value::text(*id)),
                     ("mode", Value::text(mode.as_str())),
                 ])
@@ -171,10 +167,12 @@ mod tests {
 
     #[test]
     fn a_state_publishes_what_changed_and_counts() {
-        let mut state = State::new(entries(vec![("n", Value::Int(1))]));
+        let mut state = State::new(Value::object(vec![("n", Value::Int(1))]));
         assert_eq!(state.publish(state.value().clone()), None);
         assert_eq!(state.sequence(), 0);
-        let ops = state.publish(entries(vec![("n", Value::Int(2))])).unwrap();
+        let ops = state
+            .publish(Value::object(vec![("n", Value::Int(2))]))
+            .unwrap();
         assert_eq!(ops, vec![Op::Set(chord_path!["n"], Value::Int(2))]);
         assert_eq!(state.sequence(), 1);
     }

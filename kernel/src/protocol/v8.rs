@@ -150,12 +150,8 @@ pub fn decode_client_message(payload: &[u8], limits: &CborLimits) -> Result<Clie
     }
 }
 
-fn object(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 fn error_value(error: &CallError) -> Value {
-    object(vec![
+    Value::object(vec![
         ("code", Value::text(&error.code)),
         ("message", Value::text(&error.message)),
     ])
@@ -198,7 +194,7 @@ impl ServerMessage {
     /// The message as its wire value, keys in the published server's order.
     pub fn to_value(&self) -> Value {
         match self {
-            Self::Hello { server_id } => object(vec![
+            Self::Hello { server_id } => Value::object(vec![
                 ("type", Value::text("hello")),
                 ("version", Value::Int(PROTOCOL_VERSION_V8 as i64)),
                 ("serverId", Value::text(server_id)),
@@ -212,9 +208,9 @@ impl ServerMessage {
                 if let Some(result) = result {
                     pairs.push(("result", result.clone()));
                 }
-                object(pairs)
+                Value::object(pairs)
             }
-            Self::Err { id, error } => object(vec![
+            Self::Err { id, error } => Value::object(vec![
                 ("type", Value::text("response")),
                 ("id", Value::text(id)),
                 ("ok", Value::Bool(false)),
@@ -223,7 +219,7 @@ impl ServerMessage {
             Self::ServiceUpdate {
                 subscription_id,
                 update,
-            } => object(vec![
+            } => Value::object(vec![
                 ("type", Value::text("service_update")),
                 ("subscriptionId", Value::text(subscription_id)),
                 ("update", update.clone()),
@@ -235,13 +231,13 @@ impl ServerMessage {
                         server_id,
                         session_id,
                         attachment_id,
-                    }) => object(vec![
+                    }) => Value::object(vec![
                         ("serverId", Value::text(server_id)),
                         ("sessionId", Value::text(session_id)),
                         ("attachmentId", Value::text(attachment_id)),
                     ]),
                 };
-                object(vec![
+                Value::object(vec![
                     ("type", Value::text("attachment")),
                     ("attachment", route),
                 ])
@@ -252,7 +248,7 @@ impl ServerMessage {
 
 /// `{type:"hello_error", error:{code, message}}` (v8 has no `details`).
 pub fn hello_error(error: &CallError) -> Value {
-    object(vec![
+    Value::object(vec![
         ("type", Value::text("hello_error")),
         ("error", error_value(error)),
     ])
@@ -298,7 +294,7 @@ mod tests {
                 Value::Int(0),
                 Value::Int(1),
                 Value::Int(0),
-                Value::Array(vec![object(vec![("id", Value::Int(3))])]),
+                Value::Array(vec![Value::object(vec![("id", Value::Int(3))])]),
             ]),
         ]);
         assert_eq!(
@@ -324,9 +320,10 @@ mod tests {
     #[test]
     fn requests_decode_strictly() {
         let server = "00000000-0000-4000-8000-000000000001";
-        let request =
-            |pairs: Vec<(&str, Value)>| encode(&object(pairs), &CborLimits::default()).unwrap();
-        let target = object(vec![("serverId", Value::text(server))]);
+        let request = |pairs: Vec<(&str, Value)>| {
+            encode(&Value::object(pairs), &CborLimits::default()).unwrap()
+        };
+        let target = Value::object(vec![("serverId", Value::text(server))]);
         let ok = request(vec![
             ("type", Value::text("request")),
             ("id", Value::text("r1")),
@@ -349,7 +346,7 @@ mod tests {
                 ("id", Value::text("r1")),
                 (
                     "target",
-                    object(vec![("serverId", Value::text("not-a-uuid"))]),
+                    Value::object(vec![("serverId", Value::text("not-a-uuid"))]),
                 ),
                 ("call", Value::Null),
             ]),

@@ -49,6 +49,35 @@ impl Value {
         }
     }
 
+    /// A map of `pairs`, in that order (the protocol's objects).
+    pub fn object(pairs: Vec<(&str, Value)>) -> Self {
+        Self::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    }
+
+    /// The value as JSON-like text, for messages, traces and test assertions
+    /// (strings in Rust's escaping; a byte string as `<bytes>`).
+    pub fn json_text(&self) -> String {
+        match self {
+            Self::Null => "null".into(),
+            Self::Bool(b) => b.to_string(),
+            Self::Int(n) => n.to_string(),
+            Self::Float(f) => f.to_string(),
+            Self::Text(s) => format!("{s:?}"),
+            Self::Bytes(_) => "<bytes>".into(),
+            Self::Array(items) => {
+                let items: Vec<String> = items.iter().map(Self::json_text).collect();
+                format!("[{}]", items.join(","))
+            }
+            Self::Map(entries) => {
+                let entries: Vec<String> = entries
+                    .iter()
+                    .map(|(k, v)| format!("{k:?}:{}", v.json_text()))
+                    .collect();
+                format!("{{{}}}", entries.join(","))
+            }
+        }
+    }
+
     /// A text value.
     pub fn text(s: impl Into<String>) -> Self {
         Self::Text(s.into())

@@ -41,7 +41,7 @@
 //! [`super::requests`]'s, for v8 requests too.
 
 use super::{Check, Violation};
-use crate::world::v8::{Asked, Route, TRANSCRIPT, V8Client, V8Message, json, same};
+use crate::world::v8::{Asked, Route, TRANSCRIPT, V8Client, V8Message, same};
 use crate::world::{Fact, World};
 use kernel::ids::ConnId;
 use kernel::server::Stage;
@@ -310,8 +310,8 @@ impl V8 {
                     "{conn}: {sub} at sequence {sequence} differs from {}'s transcript:\n  \
                      replica {}\n  kernel  {}",
                     route.session_id,
-                    json(value),
-                    json(state.value())
+                    value.json_text(),
+                    state.value().json_text()
                 ));
             }
             self.compared.insert(key, pair);
@@ -389,7 +389,7 @@ fn unsettled_transcript(
     if live != Some(&Value::Map(Vec::new())) {
         return Some(format!(
             "{session_id} settled with docs[\"pi.live\"] = {}",
-            live.map_or("absent".into(), json)
+            live.map_or("absent".into(), Value::json_text)
         ));
     }
     let entries = match value.get("entries") {

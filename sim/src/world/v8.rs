@@ -568,7 +568,7 @@ impl V8Client {
             self.auto_subscribe
         );
         for (id, r) in &self.subs {
-            let state = r.state.as_ref().map(|(s, v)| (s, json(v)));
+            let state = r.state.as_ref().map(|(s, v)| (s, v.json_text()));
             let _ = write!(
                 out,
                 " {id} {} {:?} {state:?} {:?}",
@@ -595,29 +595,6 @@ impl V8Client {
     }
 }
 
-/// A value as JSON-ish text (for fingerprints and messages).
-pub fn json(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Int(n) => n.to_string(),
-        Value::Float(f) => f.to_string(),
-        Value::Text(s) => format!("{s:?}"),
-        Value::Bytes(_) => "<bytes>".into(),
-        Value::Array(items) => {
-            format!("[{}]", items.iter().map(json).collect::<Vec<_>>().join(","))
-        }
-        Value::Map(entries) => format!(
-            "{{{}}}",
-            entries
-                .iter()
-                .map(|(k, v)| format!("{k:?}:{}", json(v)))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    }
-}
-
 /// Equality as JSON sees it: maps compare by key, whatever their order.
 pub fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
@@ -633,19 +610,15 @@ pub fn same(a: &Value, b: &Value) -> bool {
     }
 }
 
-fn object(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 /// A target as its wire value.
 pub fn target_value(target: &Target) -> Value {
     match target {
-        Target::Server { server_id } => object(vec![("serverId", Value::text(server_id))]),
+        Target::Server { server_id } => Value::object(vec![("serverId", Value::text(server_id))]),
         Target::Session {
             server_id,
             session_id,
             attachment_id,
-        } => object(vec![
+        } => Value::object(vec![
             ("serverId", Value::text(server_id)),
             ("sessionId", Value::text(session_id)),
             ("attachmentId", Value::text(attachment_id)),
@@ -676,7 +649,7 @@ fn frame(value: &Value) -> Vec<u8> {
 
 /// `{message, images:null}`, an `AgentPromptRequest`.
 pub fn prompt_request(text: &str) -> Value {
-    object(vec![
+    Value::object(vec![
         ("message", Value::text(text)),
         ("images", Value::Null),
     ])
@@ -703,7 +676,7 @@ impl World {
         trace!(self, "{conn} → hello v8");
         let client = self.clients.get_mut(&conn).expect("known client");
         client.said_hello = true;
-        let hello = object(vec![
+        let hello = Value::object(vec![
             ("type", Value::text("hello")),
             ("version", Value::Int(PROTOCOL_VERSION_V8 as i64)),
         ]);
@@ -775,7 +748,7 @@ impl World {
             let line = summary::v8_request(&mut self.names, &id, &target, &call);
             trace!(self, "{conn} → {line}");
         }
-        let request = object(vec![
+        let request = Value::object(vec![
             ("type", Value::text("request")),
             ("id", Value::text(&id)),
             ("target", target_value(&target)),
@@ -852,7 +825,7 @@ impl World {
     /// Cancels request `id`, naming `target`.
     pub fn v8_cancel(&mut self, conn: ConnId, id: &str, target: &Target) {
         trace!(self, "{conn} → cancel #{id}");
-        let cancel = object(vec![
+        let cancel = Value::object(vec![
             ("type", Value::text("cancel")),
             ("id", Value::text(id)),
             ("target", target_value(target)),
@@ -863,7 +836,7 @@ impl World {
     /// Sends a framed but broken envelope (the server closes the connection).
     pub fn v8_send_broken(&mut self, conn: ConnId) {
         trace!(self, "{conn} → a broken envelope");
-        let broken = object(vec![("type", Value::text("request"))]);
+        let broken = Value::object(vec![("type", Value::text("request"))]);
         self.write(conn, frame(&broken), true);
     }
 

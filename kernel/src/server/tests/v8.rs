@@ -9,39 +9,12 @@ use crate::wire::{Value, cbor};
 
 const SERVER: &str = "00000000-0000-4000-8000-000000000001";
 
-/// JSON text of a value, for assertions.
-fn json(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Int(n) => n.to_string(),
-        Value::Float(f) => f.to_string(),
-        Value::Text(s) => format!("{s:?}"),
-        Value::Bytes(_) => "<bytes>".into(),
-        Value::Array(items) => {
-            format!("[{}]", items.iter().map(json).collect::<Vec<_>>().join(","))
-        }
-        Value::Map(entries) => format!(
-            "{{{}}}",
-            entries
-                .iter()
-                .map(|(k, v)| format!("{k:?}:{}", json(v)))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    }
-}
-
-fn obj(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 fn server_target() -> Value {
-    obj(vec![("serverId", Value::text(SERVER))])
+    Value::object(vec![("serverId", Value::text(SERVER))])
 }
 
 fn call(service: &str, member: &str, args: Vec<Value>) -> Value {
-    obj(vec![
+    Value::object(vec![
         ("serviceId", Value::text(service)),
         ("member", Value::text(member)),
         ("args", Value::Array(args)),
@@ -57,7 +30,7 @@ impl Harness {
     /// A v8 connection, handshake done.
     fn connect_v8(&mut self, conn: ConnId) {
         self.step(Input::Accepted { conn, peer: None });
-        let hello = obj(vec![
+        let hello = Value::object(vec![
             ("type", Value::text("hello")),
             ("version", Value::Int(PROTOCOL_VERSION_V8 as i64)),
         ]);
@@ -69,7 +42,7 @@ impl Harness {
     }
 
     fn send_v8(&mut self, conn: ConnId, id: &str, target: Value, call: Value) -> Vec<Output> {
-        let request = obj(vec![
+        let request = Value::object(vec![
             ("type", Value::text("request")),
             ("id", Value::text(id)),
             ("target", target),
@@ -88,7 +61,11 @@ impl Harness {
             .map(|frames| {
                 frames
                     .iter()
-                    .map(|f| json(&cbor::decode(&f.bytes()[4..], &Default::default()).unwrap()))
+                    .map(|f| {
+                        cbor::decode(&f.bytes()[4..], &Default::default())
+                            .unwrap()
+                            .json_text()
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -163,7 +140,7 @@ fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
         server_target(),
         call("$chord.service", "catalogue", vec![]),
     );
-    let other = obj(vec![(
+    let other = Value::object(vec![(
         "serverId",
         Value::text("00000000-0000-4000-8000-000000000002"),
     )]);
@@ -198,7 +175,7 @@ fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
         server_target(),
         call("$chord.service", "subscribe", keyed),
     );
-    let session = obj(vec![
+    let session = Value::object(vec![
         ("serverId", Value::text(SERVER)),
         ("sessionId", Value::text("s1")),
         ("attachmentId", Value::text("a1")),
@@ -264,7 +241,7 @@ fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
     // A broken envelope ends the connection (and only it).
     let outputs = h.step(Input::Received {
         conn: c,
-        bytes: raw(obj(vec![("type", Value::text("request"))])),
+        bytes: raw(Value::object(vec![("type", Value::text("request"))])),
     });
     assert!(
         outputs
@@ -285,7 +262,7 @@ fn a_remote_v8_hello_needs_the_transport_to_have_checked_a_token() {
         conn,
         peer: Some(PeerAddr("203.0.113.9".into())),
     });
-    let hello = obj(vec![
+    let hello = Value::object(vec![
         ("type", Value::text("hello")),
         ("version", Value::Int(8)),
     ]);
@@ -301,7 +278,7 @@ fn a_remote_v8_hello_needs_the_transport_to_have_checked_a_token() {
     // A remote client that presented the token at its transport is in; a
     // wrong one is refused as a wrong v1 token is, and backs off.
     let hello = || {
-        raw(obj(vec![
+        raw(Value::object(vec![
             ("type", Value::text("hello")),
             ("version", Value::Int(8)),
         ]))
@@ -470,7 +447,7 @@ fn a_prompt_answers_at_once_streams_small_ops_and_is_waited_for() {
     let prompt = call(
         "pi.agent-controller",
         "prompt",
-        vec![obj(vec![
+        vec![Value::object(vec![
             ("message", Value::text("hi")),
             ("images", Value::Null),
         ])],
@@ -580,7 +557,7 @@ fn a_turn_costs_a_subscriber_what_it_adds_not_the_history() {
         let prompt = call(
             "pi.agent-controller",
             "prompt",
-            vec![obj(vec![
+            vec![Value::object(vec![
                 ("message", Value::text("next")),
                 ("images", Value::Null),
             ])],
@@ -619,7 +596,7 @@ fn a_dead_worker_fails_the_calls_then_drops_the_route_and_keeps_the_connection()
     let prompt = call(
         "pi.agent-controller",
         "prompt",
-        vec![obj(vec![
+        vec![Value::object(vec![
             ("message", Value::text("hi")),
             ("images", Value::Null),
         ])],
@@ -646,7 +623,7 @@ fn a_dead_worker_fails_the_calls_then_drops_the_route_and_keeps_the_connection()
         ),
     );
     // A cancel names the request and its target; the answer is `cancelled`, once.
-    let cancel = obj(vec![
+    let cancel = Value::object(vec![
         ("type", Value::text("cancel")),
         ("id", Value::text("w2")),
         ("target", route.clone()),
@@ -708,7 +685,7 @@ fn v1_and_v8_clients_share_a_session() {
         call(
             "pi.agent-controller",
             "prompt",
-            vec![obj(vec![
+            vec![Value::object(vec![
                 ("message", Value::text("x")),
                 ("images", Value::Null),
             ])],
@@ -774,7 +751,7 @@ mod fuzz {
                     inner,
                     0..3
                 )
-                .prop_map(|pairs| obj(pairs.into_iter().collect())),
+                .prop_map(|pairs| Value::object(pairs.into_iter().collect())),
             ]
         })
     }
@@ -838,7 +815,7 @@ mod fuzz {
                 let target = match target {
                     0 | 1 => server_target(),
                     2 => h.route(c),
-                    _ => obj(vec![
+                    _ => Value::object(vec![
                         ("serverId", Value::text(SERVER)),
                         ("sessionId", Value::text(&session)),
                         ("attachmentId", Value::text("stale")),
@@ -881,7 +858,7 @@ fn a_prompt_right_after_the_idle_snapshot_is_taken() {
     let prompt = call(
         "pi.agent-controller",
         "prompt",
-        vec![obj(vec![
+        vec![Value::object(vec![
             ("message", Value::text("hi")),
             ("images", Value::Null),
         ])],

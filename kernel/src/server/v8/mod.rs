@@ -198,12 +198,8 @@ fn call_error(error: &ProtocolError) -> CallError {
     CallError::new(code, error.message.clone())
 }
 
-fn object(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 fn in_band_error(code: &str, message: &str) -> Value {
-    object(vec![
+    Value::object(vec![
         ("code", Value::text(code)),
         ("message", Value::text(message)),
     ])
@@ -211,7 +207,7 @@ fn in_band_error(code: &str, message: &str) -> Value {
 
 /// `AgentOperationResponse` / `AgentQueueResponse`: `key` is `operationId` or `entryId`.
 fn accepted(key: &str, id: Option<u64>, error: Option<(&str, &str)>) -> Value {
-    object(vec![
+    Value::object(vec![
         ("accepted", Value::Bool(id.is_some())),
         (
             key,
@@ -935,7 +931,7 @@ impl Server {
     }
 
     fn summary(&self, session_id: &str, created_at: u64) -> Value {
-        object(vec![
+        Value::object(vec![
             ("serverId", Value::text(&self.config.server_id)),
             ("sessionId", Value::text(session_id)),
             ("createdAt", Value::Int(created_at as i64)),
@@ -1035,7 +1031,7 @@ impl Server {
                 false => self.v8_reply(conn, &id, Ok(None)),
             },
             (Svc::Agent, "cancelQueued") => {
-                let outcome = object(vec![("outcome", Value::text("not_found"))]);
+                let outcome = Value::object(vec![("outcome", Value::text("not_found"))]);
                 self.v8_reply(conn, &id, Ok(Some(outcome)))
             }
             (Svc::Agent, "compact") => {
@@ -1384,7 +1380,7 @@ impl Server {
     fn refresh_directory(&mut self, subscribers: &[ConnId]) {
         let sessions = self.directory_sessions();
         let state = self.directory.get_or_insert_with(|| {
-            State::new(object(vec![
+            State::new(Value::object(vec![
                 ("revision", Value::Int(0)),
                 ("sessions", Value::Array(vec![])),
             ]))
@@ -1396,7 +1392,7 @@ impl Server {
             Some(Value::Int(n)) => n + 1,
             _ => 1,
         };
-        let next = object(vec![
+        let next = Value::object(vec![
             ("revision", Value::Int(revision)),
             ("sessions", sessions),
         ]);
@@ -1409,7 +1405,7 @@ impl Server {
 }
 
 fn no_bundles() -> Value {
-    object(vec![("presentationFacetBundles", Value::Array(vec![]))])
+    Value::object(vec![("presentationFacetBundles", Value::Array(vec![]))])
 }
 
 fn invalid_args(call: &ServiceCall, what: &str) -> CallError {
@@ -1441,12 +1437,12 @@ fn prompt_end(snapshot: &SessionSnapshot) -> PromptEnd {
 
 fn prompt_result(end: &PromptEnd) -> Value {
     match end {
-        PromptEnd::Done(text) => object(vec![
+        PromptEnd::Done(text) => Value::object(vec![
             ("status", Value::text("done")),
             ("text", Value::text(text)),
             ("reason", Value::Null),
         ]),
-        PromptEnd::Unanswered(reason) => object(vec![
+        PromptEnd::Unanswered(reason) => Value::object(vec![
             ("status", Value::text("unanswered")),
             ("text", Value::Null),
             ("reason", Value::text(reason)),

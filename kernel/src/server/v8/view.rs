@@ -20,10 +20,6 @@ use crate::protocol::{
 };
 use crate::wire::Value;
 
-fn object(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Map(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
 fn int(n: u64) -> Value {
     Value::Int(n as i64)
 }
@@ -33,7 +29,7 @@ fn content(parts: &[Content]) -> Value {
         parts
             .iter()
             .map(|part| match part {
-                Content::Text { text } => object(vec![
+                Content::Text { text } => Value::object(vec![
                     ("type", Value::text("text")),
                     ("text", Value::text(text)),
                 ]),
@@ -45,9 +41,9 @@ fn content(parts: &[Content]) -> Value {
                     if let Some(r) = redacted {
                         pairs.push(("redacted", Value::Bool(*r)));
                     }
-                    object(pairs)
+                    Value::object(pairs)
                 }
-                Content::Image { data, mime_type } => object(vec![
+                Content::Image { data, mime_type } => Value::object(vec![
                     ("type", Value::text("image")),
                     ("data", Value::text(data)),
                     ("mimeType", Value::text(mime_type)),
@@ -56,7 +52,7 @@ fn content(parts: &[Content]) -> Value {
                     tool_call_id,
                     tool_name,
                     input,
-                } => object(vec![
+                } => Value::object(vec![
                     ("type", Value::text("toolCall")),
                     ("id", Value::text(tool_call_id)),
                     ("name", Value::text(tool_name)),
@@ -84,7 +80,7 @@ fn usage(u: &Option<Usage>) -> Value {
         },
     };
     let u = u.as_ref().unwrap_or(&zero);
-    object(vec![
+    Value::object(vec![
         ("input", int(u.input)),
         ("output", int(u.output)),
         ("cacheRead", int(u.cache_read)),
@@ -92,7 +88,7 @@ fn usage(u: &Option<Usage>) -> Value {
         ("totalTokens", int(u.total_tokens)),
         (
             "cost",
-            object(vec![
+            Value::object(vec![
                 ("input", Value::number(u.cost.input)),
                 ("output", Value::number(u.cost.output)),
                 ("cacheRead", Value::number(u.cost.cache_read)),
@@ -104,7 +100,7 @@ fn usage(u: &Option<Usage>) -> Value {
 }
 
 fn user_message(item: &UserItem) -> Value {
-    object(vec![
+    Value::object(vec![
         ("role", Value::text("user")),
         ("content", content(&item.content)),
         ("timestamp", int(item.timestamp)),
@@ -138,7 +134,7 @@ fn assistant_message(item: &AssistantItem) -> Value {
         pairs.push(("errorMessage", Value::text(message)));
     }
     pairs.push(("timestamp", int(item.timestamp)));
-    object(pairs)
+    Value::object(pairs)
 }
 
 fn tool_message(item: &ToolItem) -> Value {
@@ -153,7 +149,7 @@ fn tool_message(item: &ToolItem) -> Value {
     }
     pairs.push(("isError", Value::Bool(item.status == ToolStatus::Error)));
     pairs.push(("timestamp", int(item.timestamp)));
-    object(pairs)
+    Value::object(pairs)
 }
 
 /// The `EntryRecord` of a finished item at `index` (0-based) of the transcript.
@@ -163,7 +159,7 @@ pub(crate) fn entry(index: usize, item: &TranscriptItem) -> Value {
         TranscriptItem::Assistant(a) => ("pi.assistant", assistant_message(a)),
         TranscriptItem::Tool(t) => ("pi.tool-result", tool_message(t)),
     };
-    object(vec![
+    Value::object(vec![
         ("id", int(index as u64 + 1)),
         ("conversationId", int(1)),
         ("kind", Value::text(kind)),
@@ -174,11 +170,11 @@ pub(crate) fn entry(index: usize, item: &TranscriptItem) -> Value {
 /// `docs["pi.live"]`: `{}` when idle; else the run, the streaming reply and the running tools.
 pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     if !busy && streaming.is_empty() {
-        return object(vec![]);
+        return Value::object(vec![]);
     }
     let mut pairs = vec![(
         "run",
-        object(vec![("taskId", int(1)), ("inputs", Value::Array(vec![]))]),
+        Value::object(vec![("taskId", int(1)), ("inputs", Value::Array(vec![]))]),
     )];
     if let Some(reply) = streaming.iter().rev().find_map(|item| match item {
         TranscriptItem::Assistant(a) if a.status == AssistantStatus::Streaming => Some(a),
@@ -186,7 +182,7 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     }) {
         pairs.push((
             "generation",
-            object(vec![
+            Value::object(vec![
                 ("attempt", int(1)),
                 ("message", assistant_message(reply)),
             ]),
@@ -195,7 +191,7 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     let tools: Vec<Value> = streaming
         .iter()
         .filter_map(|item| match item {
-            TranscriptItem::Tool(t) => Some(object(vec![
+            TranscriptItem::Tool(t) => Some(Value::object(vec![
                 ("callId", Value::text(&t.tool_call_id)),
                 ("name", Value::text(&t.tool_name)),
                 (
@@ -213,15 +209,15 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     if !tools.is_empty() {
         pairs.push(("tools", Value::Array(tools)));
     }
-    object(pairs)
+    Value::object(pairs)
 }
 
 pub(crate) fn agent_doc(snapshot: &SessionSnapshot) -> Value {
-    object(vec![
+    Value::object(vec![
         ("cwd", Value::text(&snapshot.cwd)),
         (
             "model",
-            object(vec![
+            Value::object(vec![
                 ("provider", Value::text(&snapshot.model.provider)),
                 ("modelId", Value::text(&snapshot.model.id)),
             ]),
@@ -250,12 +246,12 @@ pub(crate) fn conversation_view(snapshot: &SessionSnapshot) -> Value {
         .map(|(i, item)| entry(i, item))
         .collect();
     let busy = snapshot.phase != SessionPhase::Idle;
-    object(vec![
-        ("conversation", object(vec![("id", int(1))])),
+    Value::object(vec![
+        ("conversation", Value::object(vec![("id", int(1))])),
         ("entries", Value::Array(entries)),
         (
             "docs",
-            object(vec![
+            Value::object(vec![
                 ("pi.agent", agent_doc(snapshot)),
                 ("pi.live", live_doc(busy, &snapshot.transcript[done..])),
             ]),
@@ -286,20 +282,20 @@ pub(crate) fn models_state(snapshot: &SessionSnapshot, models: &[ModelMetadata])
             known.is_some_and(|m| m.reasoning),
         ));
     }
-    object(vec![
+    Value::object(vec![
         (
             "catalog",
-            object(vec![
+            Value::object(vec![
                 ("revision", int(1)),
                 ("availableModels", Value::Array(available)),
             ]),
         ),
         (
             "configuration",
-            object(vec![
+            Value::object(vec![
                 (
                     "model",
-                    object(vec![
+                    Value::object(vec![
                         ("provider", Value::text(&selected.provider)),
                         ("modelId", Value::text(&selected.id)),
                     ]),
@@ -310,12 +306,15 @@ pub(crate) fn models_state(snapshot: &SessionSnapshot, models: &[ModelMetadata])
                 ),
             ]),
         ),
-        ("refresh", object(vec![("status", Value::text("idle"))])),
+        (
+            "refresh",
+            Value::object(vec![("status", Value::text("idle"))]),
+        ),
     ])
 }
 
 fn model_entry(provider: &str, id: &str, name: &str, reasoning: bool) -> Value {
-    object(vec![
+    Value::object(vec![
         ("provider", Value::text(provider)),
         ("modelId", Value::text(id)),
         ("name", Value::text(name)),
