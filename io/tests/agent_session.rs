@@ -255,13 +255,18 @@ impl Session {
     /// What the worker says, as a server following it sees it.
     fn apply(&mut self, message: FromWorker) {
         match &message {
-            FromWorker::Ready { snapshot } | FromWorker::Snapshot { snapshot } => {
-                self.transcript = snapshot.transcript().unpack().expect("decodes");
-            }
-            FromWorker::OpDone {
+            FromWorker::Ready { snapshot }
+            | FromWorker::Snapshot { snapshot }
+            | FromWorker::OpDone {
                 outcome: Ok(snapshot),
                 ..
-            } => self.transcript = snapshot.transcript().unpack().expect("decodes"),
+            } => {
+                // A tail replaces the items from where it starts.
+                let tail = snapshot.transcript();
+                assert!(tail.from() <= self.transcript.len(), "a tail within");
+                self.transcript.truncate(tail.from());
+                self.transcript.extend(tail.unpack().expect("decodes"));
+            }
             FromWorker::Progress {
                 progress:
                     TranscriptProgress::ItemStarted { item }

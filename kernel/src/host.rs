@@ -57,7 +57,7 @@ use crate::runtime::{
     StoredSession,
 };
 use crate::time::Instant;
-use crate::worker::{CreateSpec, FromWorker, RuntimeMessage, ToWorker};
+use crate::worker::{CreateSpec, FromWorker, RuntimeMessage, TailSnapshot, ToWorker};
 use std::collections::{BTreeMap, VecDeque};
 
 /// What the worker knows when it starts: who it is, and the facts of its
@@ -286,6 +286,9 @@ pub struct WorkerHost {
     link: Link,
     /// An announcement is out; no second one starts.
     announcing: bool,
+    /// The snapshot tails left out (no server heard them), merged: the
+    /// next snapshot sent starts where they did.
+    carry: Option<TailSnapshot>,
     writing: Writing,
     /// Runtime outputs waiting for the commit in flight.
     held: VecDeque<RuntimeOutput>,
@@ -312,6 +315,7 @@ impl WorkerHost {
             runtime: None,
             link,
             announcing: false,
+            carry: None,
             writing: Writing::Idle,
             held: VecDeque::new(),
             deferred: VecDeque::new(),
@@ -566,7 +570,9 @@ impl WorkerHost {
                 if let Some(runtime) = &self.runtime
                     && !self.link.is_orphaned()
                 {
-                    let snapshot = runtime.snapshot();
+                    // Whole: it covers every tail left out before it.
+                    self.carry = None;
+                    let snapshot = runtime.snapshot().into();
                     self.out.push(packed(FromWorker::Snapshot { snapshot }));
                 }
                 return;
@@ -593,6 +599,9 @@ impl WorkerHost {
         }
         let Some(runtime) = &self.runtime else { return };
         self.announcing = true;
+        // Whole: the next server has nothing; what is left out after this
+        // is carried to it once adopted.
+        self.carry = None;
         let Ok(snapshot) = PackedSnapshot::pack(runtime.snapshot()) else {
             return; // it cannot be shown; unadopted, it retires once idle
         };
@@ -638,11 +647,15 @@ impl WorkerHost {
     /// next batch of writes; the rest waits for that batch to commit.
     fn release(&mut self, mut outputs: VecDeque<RuntimeOutput>) {
         while let Some(output) = outputs.pop_front() {
-            if let RuntimeOutput::Send(_) = output
-                && self.link.is_orphaned()
-            {
-                continue; // no server to hear it; the announcement carries the state
-            }
+            let output = match output {
+                RuntimeOutput::Send(message) if self.link.is_orphaned() => {
+                    // No server to hear it; the announcement carries the
+                    // state, and the next snapshot what changed after it.
+                    self.leave_out(message);
+                    continue;
+                }
+                output => output,
+            };
             let out = match output {
                 RuntimeOutput::Persist(first) => {
                     let mut batch = vec![first];
@@ -673,11 +686,18 @@ impl WorkerHost {
                     // Answered under the id its server gave it, if that
                     // server is still the one this worker serves.
                     let Some(op) = self.ops.remove(&op) else {
+                        self.leave_out(FromWorker::OpDone { op, outcome });
                         continue;
                     };
+                    let outcome = outcome.map(|tail| self.carried(tail));
                     packed(FromWorker::OpDone { op, outcome })
                 }
-                RuntimeOutput::Send(message) => packed(message),
+                RuntimeOutput::Send(message) => {
+                    let message = message
+                        .try_map_snapshot(|tail| Ok::<_, ()>(self.carried(tail)))
+                        .expect("infallible");
+                    packed(message)
+                }
                 RuntimeOutput::StartModel { call, request } => {
                     HostOutput::StartModel { call, request }
                 }
@@ -758,6 +778,26 @@ impl WorkerHost {
             dropped,
             stored,
         });
+    }
+}
+
+impl WorkerHost {
+    /// A message not sent: the tail of its snapshot goes with the next one.
+    fn leave_out(&mut self, message: RuntimeMessage) {
+        if let Some(tail) = message.into_snapshot() {
+            self.carry = Some(match self.carry.take() {
+                Some(carry) => carry.merged(tail),
+                None => tail,
+            });
+        }
+    }
+
+    /// `tail` extended back over the tails left out before it.
+    fn carried(&mut self, tail: TailSnapshot) -> TailSnapshot {
+        match self.carry.take() {
+            Some(carry) => carry.merged(tail),
+            None => tail,
+        }
     }
 }
 

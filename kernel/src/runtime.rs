@@ -44,7 +44,7 @@ use crate::protocol::{
 };
 use crate::time::Instant;
 use crate::wire::Value;
-use crate::worker::{CreateSpec, FromWorker, Operation, RuntimeMessage};
+use crate::worker::{CreateSpec, FromWorker, Operation, RuntimeMessage, TailSnapshot};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -409,6 +409,15 @@ pub struct Runtime {
     repairs: Vec<(usize, TranscriptItem)>,
     /// The stored revision is behind the one clients saw (a full store).
     behind: bool,
+    /// How many items from the front of the transcript were finished at
+    /// the last publication: the next one sends the items after them.
+    shown: usize,
+    /// The first position changed out of order since the last publication
+    /// (items put back, the store read back); `usize::MAX` if none.
+    dirty: usize,
+    /// The transcript as last published, to check the tails against.
+    #[cfg(debug_assertions)]
+    published: Vec<TranscriptItem>,
 }
 
 /// Message recorded on an item a turn could not finish because its worker stopped.
@@ -473,6 +482,10 @@ impl Runtime {
             unsaved: None,
             repairs: Vec::new(),
             behind: false,
+            shown: 0,
+            dirty: usize::MAX,
+            #[cfg(debug_assertions)]
+            published: Vec::new(),
         };
         for i in 0..rt.state.transcript.len() {
             if let Some(item) = interrupted(&rt.state.transcript[i]) {
@@ -483,7 +496,8 @@ impl Runtime {
         // Steer text a dead worker never delivered still belongs to the conversation.
         rt.take_steer();
         rt.bump();
-        let snapshot = rt.snapshot();
+        rt.dirty = 0;
+        let snapshot = rt.publish();
         rt.out
             .push(RuntimeOutput::Send(FromWorker::Ready { snapshot }));
         let out = std::mem::take(&mut rt.out);
@@ -570,6 +584,14 @@ impl Runtime {
 
     /// The current snapshot (`attached` false, `locked` true; the server normalises both).
     pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            transcript: self.state.transcript.clone(),
+            ..self.head()
+        }
+    }
+
+    /// The current snapshot with no transcript.
+    fn head(&self) -> SessionSnapshot {
         let s = &self.state;
         SessionSnapshot {
             id: s.id.clone(),
@@ -583,7 +605,7 @@ impl Runtime {
             attached: false,
             locked: true,
             revision: s.revision,
-            transcript: s.transcript.clone(),
+            transcript: Vec::new(),
             queued_steer: s.queued_steer.clone(),
             queued_steer_count: s.queued_steer.len() as u64,
         }
@@ -622,7 +644,7 @@ impl Runtime {
             Operation::SetModel { model } => self.on_set_model(model),
             Operation::SetThinking { level } => self.on_set_thinking(level),
         };
-        self.done(op, result.map(|()| self.snapshot()));
+        self.done(op, result);
     }
 
     fn on_prompt(&mut self, op: OpId, text: String) {
@@ -665,8 +687,8 @@ impl Runtime {
         // revision) lists them in `queuedSteer` so the client that aborted
         // can put them back in its input. The next revision drops them.
         let prompt_op = self.stop_turn("Aborted", Queued::Withdraw);
-        self.done(op, Ok(self.snapshot()));
-        self.done(prompt_op, Ok(self.snapshot()));
+        self.done(op, Ok(()));
+        self.done(prompt_op, Ok(()));
         if !self.state.queued_steer.is_empty() {
             self.state.queued_steer.clear();
             self.bump();
@@ -727,6 +749,7 @@ impl Runtime {
                 .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
             let at = index.min(self.state.transcript.len());
             self.state.transcript.insert(at, item);
+            self.dirty = self.dirty.min(at);
         }
         self.bump();
         self.send_snapshot();
@@ -802,6 +825,7 @@ impl Runtime {
         stored.revision = stored.revision.max(self.state.revision);
         stored.queued_steer.clear();
         self.state = stored;
+        self.dirty = 0;
         self.state.revision += 1;
         self.behind = true;
         self.send_snapshot();
@@ -1435,7 +1459,7 @@ impl Runtime {
     /// Ends the turn normally: the prompt's response carries the final snapshot.
     fn complete_turn(&mut self) {
         let op = self.end_turn(Queued::Commit);
-        self.done(op, Ok(self.snapshot()));
+        self.done(op, Ok(()));
     }
 
     // ---- helpers -----------------------------------------------------------
@@ -1494,7 +1518,7 @@ impl Runtime {
     }
 
     fn send_snapshot(&mut self) {
-        let snapshot = self.snapshot();
+        let snapshot = self.publish();
         self.out
             .push(RuntimeOutput::Send(FromWorker::Snapshot { snapshot }));
     }
@@ -1504,9 +1528,34 @@ impl Runtime {
             .push(RuntimeOutput::Send(FromWorker::Progress { progress }));
     }
 
-    fn done(&mut self, op: OpId, outcome: Result<SessionSnapshot, ProtocolError>) {
+    /// Answers `op`: on success, with the snapshot as it stands.
+    fn done(&mut self, op: OpId, outcome: Result<(), ProtocolError>) {
+        let outcome = outcome.map(|()| self.publish());
         self.out
             .push(RuntimeOutput::Send(FromWorker::OpDone { op, outcome }));
+    }
+
+    /// The snapshot to publish: the transcript from the first item that
+    /// is not finished at the last publication (or changed out of order
+    /// since), so a publication costs the turn's tail, not the history.
+    fn publish(&mut self) -> TailSnapshot {
+        let items = &self.state.transcript;
+        let from = self.shown.min(self.dirty).min(items.len());
+        #[cfg(debug_assertions)]
+        {
+            assert_eq!(
+                items[..from],
+                self.published[..from.min(self.published.len())],
+                "a tail leaves out only items published unchanged"
+            );
+            self.published = items.clone();
+        }
+        let unfinished = items[from..].iter().position(|item| !item.is_terminal());
+        self.shown = from + unfinished.unwrap_or(items.len() - from);
+        self.dirty = usize::MAX;
+        let mut snapshot = self.head();
+        snapshot.transcript = items[from..].to_vec();
+        TailSnapshot { snapshot, from }
     }
 
     /// The invariants outside the transcript, checked by both

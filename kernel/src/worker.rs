@@ -104,8 +104,47 @@ pub enum FromWorker<S = PackedSnapshot> {
     Fatal { message: String },
 }
 
-/// A worker message as the runtime produces it: its snapshots typed.
-pub type RuntimeMessage = FromWorker<SessionSnapshot>;
+/// A snapshot as the runtime publishes it: every field, and of the
+/// transcript the items from `from` on (`snapshot.transcript`). The items
+/// before `from` are those of the runtime's previous publications, which
+/// the server has, so a snapshot costs what changed, not the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TailSnapshot {
+    /// The snapshot, its transcript from `from` on.
+    pub snapshot: SessionSnapshot,
+    /// Where its transcript starts: 0 when it is whole.
+    pub from: usize,
+}
+
+impl From<SessionSnapshot> for TailSnapshot {
+    /// The whole snapshot.
+    fn from(snapshot: SessionSnapshot) -> Self {
+        Self { snapshot, from: 0 }
+    }
+}
+
+impl TailSnapshot {
+    /// `later`'s snapshot, its transcript extended back to where `self`'s
+    /// starts (if earlier): what a server that saw neither needs.
+    pub fn merged(self, mut later: Self) -> Self {
+        if later.from > self.from {
+            debug_assert!(
+                later.from - self.from <= self.snapshot.transcript.len(),
+                "a tail starts within what the earlier one covers"
+            );
+            let mut items = self.snapshot.transcript;
+            items.truncate(later.from - self.from);
+            items.append(&mut later.snapshot.transcript);
+            later.snapshot.transcript = items;
+            later.from = self.from;
+        }
+        later
+    }
+}
+
+/// A worker message as the runtime produces it: its snapshots typed, their
+/// transcripts from where they changed.
+pub type RuntimeMessage = FromWorker<TailSnapshot>;
 
 impl<S> FromWorker<S> {
     /// The same message with `f` applied to the snapshot it carries.
@@ -133,6 +172,19 @@ impl<S> FromWorker<S> {
         })
     }
 
+    /// The snapshot it carries, if any, taken.
+    pub fn into_snapshot(self) -> Option<S> {
+        match self {
+            Self::Ready { snapshot }
+            | Self::Snapshot { snapshot }
+            | Self::OpDone {
+                outcome: Ok(snapshot),
+                ..
+            } => Some(snapshot),
+            _ => None,
+        }
+    }
+
     /// The snapshot it carries, if any.
     pub fn snapshot(&self) -> Option<&S> {
         match self {
@@ -147,10 +199,13 @@ impl<S> FromWorker<S> {
     }
 }
 
-impl RuntimeMessage {
+impl<S: Into<TailSnapshot>> FromWorker<S> {
     /// Packs the snapshot it carries for the channel.
     pub fn pack(self) -> Result<FromWorker, crate::wire::CborError> {
-        self.try_map_snapshot(PackedSnapshot::pack)
+        self.try_map_snapshot(|s| {
+            let TailSnapshot { snapshot, from } = s.into();
+            PackedSnapshot::pack_tail(snapshot, from)
+        })
     }
 }
 

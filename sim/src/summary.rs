@@ -247,9 +247,14 @@ pub fn to_worker(m: &ToWorker) -> String {
     }
 }
 
-/// A snapshot as a worker sends it.
+/// A snapshot as a worker sends it: a tail's items after `..N+`, the
+/// number of items before it.
 fn packed(names: &mut Names, s: &PackedSnapshot) -> String {
-    snapshot(names, &s.unpack().expect("packed by a worker host"))
+    let line = snapshot(names, &s.unpack().expect("packed by a worker host"));
+    match s.transcript().from() {
+        0 => line,
+        from => line.replacen("items=[", &format!("items=[..{from}+"), 1),
+    }
 }
 
 /// A worker → server message.

@@ -94,5 +94,5 @@ fn a_path_replays_and_reads_back() {
 /// (f) A v8 client beside a v1 client: attach, prompt, detach, a worker crash.
 #[test]
 fn v8_client() {
-    check(model::v8_client(), 45_000);
+    check(model::v8_client(), 40_000);
 }

@@ -612,12 +612,21 @@ class TestContext {
 		return waitFor(`one worker process of ${sessionId}${except ? ` other than ${except}` : ""}`, () => {
 			const pids = this.workers(sessionId).map((w) => w.pid).filter((pid) => pid !== except);
 			assert.equal(pids.length, 1, `worker pids of ${sessionId}: ${show(pids)}`);
+			this.seenWorkers ??= new Map();
+			if (!this.seenWorkers.has(sessionId)) this.seenWorkers.set(sessionId, new Set());
+			this.seenWorkers.get(sessionId).add(pids[0]);
 			return pids[0];
 		});
 	}
 
 	async noWorkerOf(sessionId) {
 		await waitFor(`no worker process of ${sessionId}`, () => assert.deepEqual(this.workers(sessionId), []));
+		// An exiting process loses its command line (so `workers` no longer
+		// lists it) a moment before it is gone: wait for the ones seen.
+		const seen = [...(this.seenWorkers?.get(sessionId) ?? [])];
+		await waitFor(`the worker processes of ${sessionId} to exit`, () =>
+			assert.deepEqual(seen.filter(alive), []),
+		);
 	}
 
 	/** `serve` processes of this test. */

@@ -11,5 +11,5 @@ pub use codec::{
     SchemaError, decode_client_message, decode_server_message, encode_client_message,
     encode_server_message, encode_trusted_server_message,
 };
-pub use packed::{PackedSnapshot, PackedTranscript};
+pub use packed::{Gap, PackedSnapshot, PackedTranscript, Transcript};
 pub use types::*;

@@ -21,11 +21,21 @@ use std::sync::Arc;
 /// fits both.
 pub(crate) const SESSION_SNAPSHOT_DEPTH: usize = 2;
 
-/// A transcript as its CBOR array, with the one fact the server reads of it.
+/// A transcript, or its tail, as its CBOR array, with the facts the server
+/// reads of it: where it starts in the session's transcript, where each
+/// item ends, and the status of its newest reply.
+///
+/// A worker sends the whole transcript once per channel and then, with
+/// each snapshot, its tail: the items from the first one that changed
+/// since its previous snapshot (`from`). Those before are the ones the
+/// server already has ([`Transcript`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PackedTranscript {
     cbor: Arc<[u8]>,
-    len: usize,
+    /// Position of its first item in the session's transcript: 0 for a whole one.
+    from: usize,
+    /// Where each item ends in `cbor`.
+    ends: Arc<[usize]>,
     last_reply: Option<AssistantStatus>,
 }
 
@@ -33,30 +43,59 @@ impl PackedTranscript {
     /// Encodes `items` for a snapshot as deep as the client messages nest
     /// it (two levels).
     pub fn pack(items: &[TranscriptItem]) -> Result<Self, CborError> {
+        Self::pack_tail(0, items)
+    }
+
+    /// Encodes `items`, the session's transcript from position `from` on.
+    pub fn pack_tail(from: usize, items: &[TranscriptItem]) -> Result<Self, CborError> {
         let mut out = Vec::new();
         let limits = CborLimits::default();
         let mut e = cbor::Encoder::new(&mut out, &limits);
-        direct::write_transcript(&mut e, items, SESSION_SNAPSHOT_DEPTH)?;
+        e.array_header(items.len())?;
+        let mut ends = Vec::with_capacity(items.len());
+        for item in items {
+            direct::write_item(&mut e, item, SESSION_SNAPSHOT_DEPTH + 2)?;
+            ends.push(e.written());
+        }
         e.finish()?;
         Ok(Self {
             cbor: Arc::from(out),
-            len: items.len(),
+            from,
+            ends: ends.into(),
             last_reply: last_reply(items.iter()),
         })
     }
 
     /// The transcript decoded from a frame: `cbor` is the array, checked
-    /// item by item while it was decoded.
+    /// item by item while it was decoded, its items ending at `ends`.
     pub(crate) fn decoded(
         cbor: Arc<[u8]>,
-        len: usize,
+        from: usize,
+        ends: Vec<usize>,
         last_reply: Option<AssistantStatus>,
     ) -> Self {
         Self {
             cbor,
-            len,
+            from,
+            ends: ends.into(),
             last_reply,
         }
+    }
+
+    /// Position of its first item in the session's transcript: 0 when it is whole.
+    pub fn from(&self) -> usize {
+        self.from
+    }
+
+    /// The CBOR of its items, without the array's header.
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.cbor[array_head_len(self.ends.len())..]
+    }
+
+    /// Where each item ends in [`Self::body`].
+    pub(crate) fn body_ends(&self) -> impl Iterator<Item = usize> + '_ {
+        let head = array_head_len(self.ends.len());
+        self.ends.iter().map(move |end| end - head)
     }
 
     /// The items, decoded and checked against the schema.
@@ -81,17 +120,28 @@ impl PackedTranscript {
 
     /// How many items it holds.
     pub fn len(&self) -> usize {
-        self.len
+        self.ends.len()
     }
 
     /// Whether it holds no item.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.ends.is_empty()
     }
 
     /// The status of the newest assistant item, if there is one.
     pub fn last_reply(&self) -> Option<AssistantStatus> {
         self.last_reply
+    }
+}
+
+/// The length of a CBOR array's head for `len` items.
+pub(crate) fn array_head_len(len: usize) -> usize {
+    match len {
+        0..24 => 1,
+        24..256 => 2,
+        256..65536 => 3,
+        _ if len as u64 <= u64::from(u32::MAX) => 5,
+        _ => 9,
     }
 }
 
@@ -109,10 +159,132 @@ fn last_reply<'a>(
 /// model checker's fingerprints are unchanged by the packing).
 impl fmt::Debug for PackedTranscript {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.from > 0 {
+            write!(f, "[..{}] + ", self.from)?;
+        }
         match self.unpack() {
             Ok(items) => items.fmt(f),
             Err(error) => write!(f, "<{} bytes: {error}>", self.cbor.len()),
         }
+    }
+}
+
+/// A session's whole transcript as the server keeps it: the CBOR of its
+/// items, where each ends, and the status of its newest reply. A tail
+/// ([`PackedTranscript::from`]) replaces the items from its start, so a
+/// snapshot costs what changed; the array a client's snapshot carries is
+/// made when one is sent ([`Self::packed`]).
+#[derive(Clone, Default)]
+pub struct Transcript {
+    body: Vec<u8>,
+    ends: Vec<usize>,
+    last_reply: Option<AssistantStatus>,
+    /// The array, made at its first use since the last change.
+    packed: Option<PackedTranscript>,
+}
+
+/// A tail starts past the end of the transcript it would extend: some
+/// snapshot between them was not seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// Where the tail starts.
+    pub from: usize,
+    /// How many items the transcript has.
+    pub len: usize,
+}
+
+impl Transcript {
+    /// How many items it holds.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether it holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The length of its items' CBOR.
+    pub fn bytes(&self) -> usize {
+        self.body.len()
+    }
+
+    /// The status of the newest assistant item.
+    pub fn last_reply(&self) -> Option<AssistantStatus> {
+        self.last_reply
+    }
+
+    /// Replaces the items from `tail.from()` on with the tail's.
+    pub fn apply(&mut self, tail: &PackedTranscript) -> Result<(), Gap> {
+        let from = tail.from();
+        if from > self.len() {
+            return Err(Gap {
+                from,
+                len: self.len(),
+            });
+        }
+        let cut = from.checked_sub(1).map_or(0, |i| self.ends[i]);
+        self.body.truncate(cut);
+        self.ends.truncate(from);
+        self.body.extend_from_slice(tail.body());
+        self.ends.extend(tail.body_ends().map(|end| cut + end));
+        self.last_reply = match tail.last_reply() {
+            Some(status) => Some(status),
+            // Items are only ever appended after the first: a tail without
+            // a reply leaves the newest one where it was, unless it is whole.
+            None if from == 0 => None,
+            None => self.last_reply,
+        };
+        self.packed = None;
+        Ok(())
+    }
+
+    /// The whole transcript as a client's snapshot carries it.
+    pub fn packed(&mut self) -> Result<PackedTranscript, CborError> {
+        if let Some(packed) = &self.packed {
+            return Ok(packed.clone());
+        }
+        let packed = self.pack()?;
+        self.packed = Some(packed.clone());
+        Ok(packed)
+    }
+
+    /// The items, decoded.
+    pub fn unpack(&self) -> Result<Vec<TranscriptItem>, SchemaError> {
+        match &self.packed {
+            Some(packed) => packed.unpack(),
+            None => self
+                .pack()
+                .map_err(|e| SchemaError::new(format!("transcript: {e}")))?
+                .unpack(),
+        }
+    }
+
+    fn pack(&self) -> Result<PackedTranscript, CborError> {
+        let mut out = Vec::with_capacity(self.body.len() + 9);
+        let limits = CborLimits::default();
+        cbor::Encoder::new(&mut out, &limits).array_header(self.len())?;
+        let head = out.len();
+        out.extend_from_slice(&self.body);
+        let packed = PackedTranscript {
+            cbor: Arc::from(out),
+            from: 0,
+            ends: self.ends.iter().map(|end| head + end).collect(),
+            last_reply: self.last_reply,
+        };
+        Ok(packed)
+    }
+}
+
+/// Its length, not its bytes.
+impl fmt::Debug for Transcript {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Transcript({} items, {} bytes)",
+            self.len(),
+            self.bytes()
+        )
     }
 }
 
@@ -135,12 +307,24 @@ impl PackedSnapshot {
         })
     }
 
+    /// Packs `snapshot`, whose transcript holds the session's items from
+    /// position `from` on.
+    pub fn pack_tail(mut snapshot: SessionSnapshot, from: usize) -> Result<Self, CborError> {
+        let items = std::mem::take(&mut snapshot.transcript);
+        let transcript = PackedTranscript::pack_tail(from, &items)?;
+        Ok(Self {
+            head: snapshot,
+            transcript,
+        })
+    }
+
     /// Replaces the transcript.
     pub(crate) fn set_transcript(&mut self, transcript: PackedTranscript) {
         self.transcript = transcript;
     }
 
-    /// The snapshot with its transcript decoded.
+    /// The snapshot with its transcript decoded: the items from
+    /// [`PackedTranscript::from`] on.
     pub fn unpack(&self) -> Result<SessionSnapshot, SchemaError> {
         let mut snapshot = self.head.clone();
         snapshot.transcript = self.transcript.unpack()?;

@@ -31,8 +31,11 @@ use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
 
-/// Version of the worker channel.
-pub const WORKER_PROTOCOL_VERSION: u64 = 2;
+/// Version of the worker channel. 3: a snapshot's transcript may be a tail
+/// (`from`: the items before it are those of the worker's earlier
+/// snapshots on the channel); a frame without `from` carries it whole, as
+/// every frame of versions 1 and 2 does.
+pub const WORKER_PROTOCOL_VERSION: u64 = 3;
 
 /// The first version with [`ToWorker::Snapshot`]: a server sends it only to
 /// workers that said hello with this version or a later one.
@@ -312,8 +315,25 @@ fn packed_to_value(snapshot: &PackedSnapshot) -> Value {
 }
 
 fn packed_from_value(value: &Value, path: &Path<'_>) -> Result<PackedSnapshot, SchemaError> {
+    tail_from_value(value, path, 0)
+}
+
+/// A snapshot whose transcript holds the session's items from `from` on.
+fn tail_from_value(
+    value: &Value,
+    path: &Path<'_>,
+    from: u64,
+) -> Result<PackedSnapshot, SchemaError> {
     let snapshot = SessionSnapshot::from_value_at(value, path)?;
-    PackedSnapshot::pack(snapshot).map_err(|e| SchemaError::new(format!("{path}: {e}")))
+    let from = usize::try_from(from)
+        .map_err(|_| SchemaError::new(format!("{path}: transcript position out of range")))?;
+    PackedSnapshot::pack_tail(snapshot, from).map_err(|e| SchemaError::new(format!("{path}: {e}")))
+}
+
+/// A frame's `from`: where its snapshot's transcript starts, if not at the beginning.
+fn tail_from(snapshot: &PackedSnapshot) -> Option<Value> {
+    let from = snapshot.transcript().from();
+    (from > 0).then_some(Value::Int(from as i64))
 }
 
 fn from_worker_to_value(m: &FromWorker) -> Value {
@@ -324,18 +344,21 @@ fn from_worker_to_value(m: &FromWorker) -> Value {
         FromWorker::Failed { error } => MapBuilder::with_capacity(2)
             .put("type", text("failed"))
             .put("error", error.to_value()),
-        FromWorker::Snapshot { snapshot } => MapBuilder::with_capacity(2)
+        FromWorker::Snapshot { snapshot } => MapBuilder::with_capacity(3)
             .put("type", text("snapshot"))
+            .put_opt("from", tail_from(snapshot))
             .put("snapshot", packed_to_value(snapshot)),
         FromWorker::Progress { progress } => MapBuilder::with_capacity(2)
             .put("type", text("progress"))
             .put("progress", progress.to_value()),
         FromWorker::OpDone { op, outcome } => {
-            let b = MapBuilder::with_capacity(3)
+            let b = MapBuilder::with_capacity(4)
                 .put("type", text("op_done"))
                 .put("op", Value::Int(op.0 as i64));
             match outcome {
-                Ok(snapshot) => b.put("session", packed_to_value(snapshot)),
+                Ok(snapshot) => b
+                    .put_opt("from", tail_from(snapshot))
+                    .put("session", packed_to_value(snapshot)),
                 Err(error) => b.put("error", error.to_value()),
             }
         }
@@ -365,9 +388,10 @@ fn from_worker_from_value(
             }
         }
         "snapshot" => {
-            let f = Fields::new(value, path, &["type", "snapshot"])?;
+            let f = Fields::new(value, path, &["type", "from", "snapshot"])?;
+            let from = f.optional("from", read_uint)?.unwrap_or(0);
             FromWorker::Snapshot {
-                snapshot: f.required("snapshot", packed_from_value)?,
+                snapshot: f.required("snapshot", |v, p| tail_from_value(v, p, from))?,
             }
         }
         "progress" => {
@@ -377,9 +401,10 @@ fn from_worker_from_value(
             }
         }
         "op_done" => {
-            let f = Fields::new(value, path, &["type", "op", "session", "error"])?;
+            let f = Fields::new(value, path, &["type", "op", "from", "session", "error"])?;
             let op = OpId(f.required("op", read_uint)?);
-            let session = f.optional("session", packed_from_value)?;
+            let from = f.optional("from", read_uint)?.unwrap_or(0);
+            let session = f.optional("session", |v, p| tail_from_value(v, p, from))?;
             let error = f.optional("error", ProtocolError::from_value_at)?;
             let outcome = match (session, error) {
                 (Some(s), None) => Ok(s),
@@ -463,12 +488,17 @@ impl<'f> SnapshotFrame<'f> {
     /// The frame's map, keys in [`from_worker_to_value`]'s order; the
     /// snapshot one container deep.
     fn write(&self, e: &mut cbor::Encoder<'_, '_>) -> Result<(), cbor::CborError> {
-        e.map_header(2 + usize::from(self.op.is_some()))?;
+        let from = self.snapshot.transcript().from();
+        e.map_header(2 + usize::from(self.op.is_some()) + usize::from(from > 0))?;
         e.text("type")?;
         e.text(self.kind)?;
         if let Some(op) = self.op {
             e.text("op")?;
             e.uint(op.0)?;
+        }
+        if from > 0 {
+            e.text("from")?;
+            e.uint(from as u64)?;
         }
         e.text(self.key)?;
         let head = self.snapshot.head();
@@ -517,6 +547,7 @@ pub fn decode_worker_frame(
     };
     let mut items = 0;
     let mut span: Option<std::ops::Range<usize>> = None;
+    let mut ends = Vec::new();
     let mut newest_reply: Option<AssistantStatus> = None;
     let mut item_error = None;
     let mut element = |index: usize, _: usize, value: Value, bytes: std::ops::Range<usize>| {
@@ -533,6 +564,7 @@ pub fn decode_worker_frame(
                 }
                 items += 1;
                 span.get_or_insert(bytes.start..bytes.start).end = bytes.end;
+                ends.push(bytes.end);
             }
             Err(error) => item_error = Some(error),
         }
@@ -550,13 +582,16 @@ pub fn decode_worker_frame(
             cbor::Encoder::new(&mut header, limits)
                 .array_header(items)
                 .map_err(|e| SchemaError::new(e.to_string()))?;
-            // One allocation of the exact size, no intermediate buffer.
-            let cbor = header
-                .iter()
-                .chain(&payload[span.unwrap_or_default()])
-                .copied()
+            let span = span.unwrap_or_default();
+            // Where each item ends in the array below.
+            let ends = ends
+                .into_iter()
+                .map(|end| header.len() + end - span.start)
                 .collect();
-            snapshot.set_transcript(PackedTranscript::decoded(cbor, items, newest_reply));
+            // One allocation of the exact size, no intermediate buffer.
+            let cbor = header.iter().chain(&payload[span]).copied().collect();
+            let from = snapshot.transcript().from();
+            snapshot.set_transcript(PackedTranscript::decoded(cbor, from, ends, newest_reply));
         }
         None => debug_assert!(items == 0, "a transcript outside a snapshot"),
     }

@@ -7,6 +7,27 @@ struct T {
     rt: Runtime,
     now: u64,
     out: Vec<RuntimeOutput>,
+    /// The transcript as a server has it before `out`: built from the tails
+    /// published so far.
+    replica: Vec<TranscriptItem>,
+    /// `replica` before the last step's outputs.
+    before: Vec<TranscriptItem>,
+}
+
+/// `replica` after the tail a message carries, if any; then the snapshot
+/// it stands for, whole.
+fn follow(replica: &mut Vec<TranscriptItem>, message: &RuntimeMessage) -> Option<SessionSnapshot> {
+    let tail = message.snapshot()?;
+    assert!(
+        tail.from <= replica.len(),
+        "a tail starts within the replica"
+    );
+    replica.truncate(tail.from);
+    replica.extend(tail.snapshot.transcript.iter().cloned());
+    Some(SessionSnapshot {
+        transcript: replica.clone(),
+        ..tail.snapshot.clone()
+    })
 }
 
 fn stored(model: &str) -> StoredSession {
@@ -35,12 +56,35 @@ impl T {
             backoff_base: Duration::from_millis(100),
             ..Policy::default()
         });
-        Self { rt, now: 0, out }
+        let mut t = Self {
+            rt,
+            now: 0,
+            out,
+            replica: Vec::new(),
+            before: Vec::new(),
+        };
+        t.follow_out();
+        t
+    }
+
+    /// The replica follows the tails in `out`, and equals what was published.
+    fn follow_out(&mut self) {
+        self.before = self.replica.clone();
+        for o in &self.out {
+            if let RuntimeOutput::Send(message) = o {
+                follow(&mut self.replica, message);
+            }
+        }
+        assert_eq!(
+            self.replica, self.rt.published,
+            "the tails rebuild the transcript"
+        );
     }
 
     fn step(&mut self, input: RuntimeInput) -> &[RuntimeOutput] {
         self.out = self.rt.step(Instant(self.now), input);
         check_commit_before_announce(&self.out);
+        self.follow_out();
         &self.out
     }
 
@@ -69,13 +113,26 @@ impl T {
         })
     }
 
+    /// The answer to `op` in the last step's outputs, its snapshot whole.
     fn done(&self, op: u64) -> Option<Result<SessionSnapshot, ProtocolError>> {
-        self.out.iter().find_map(|o| match o {
-            RuntimeOutput::Send(FromWorker::OpDone { op: o, outcome }) if o.0 == op => {
-                Some(outcome.clone())
+        let mut replica = self.replica_before();
+        self.out.iter().find_map(|o| {
+            let RuntimeOutput::Send(message) = o else {
+                return None;
+            };
+            let whole = follow(&mut replica, message);
+            match message {
+                FromWorker::OpDone { op: o, outcome } if o.0 == op => {
+                    Some(outcome.clone().map(|_| whole.expect("a snapshot")))
+                }
+                _ => None,
             }
-            _ => None,
         })
+    }
+
+    /// The replica as it stood before the last step's outputs.
+    fn replica_before(&self) -> Vec<TranscriptItem> {
+        self.before.clone()
     }
 
     fn kinds(&self) -> Vec<String> {

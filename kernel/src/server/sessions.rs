@@ -10,9 +10,9 @@ use crate::protocol::codec::direct::Shown;
 use crate::protocol::codec::spliced;
 use crate::protocol::worker::SNAPSHOT_REQUEST_VERSION;
 use crate::protocol::{
-    AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, LiveState, LiveStatus,
-    PackedSnapshot, PackedTranscript, ProtocolError, Request, Response, SchemaError, ServerEvent,
-    ServerMessage, SessionPhase, SessionSnapshot,
+    AssistantStatus, Command, CommandResult, CreateParams, ErrorCode, Gap, LiveState, LiveStatus,
+    PackedSnapshot, ProtocolError, Request, Response, SchemaError, ServerEvent, ServerMessage,
+    SessionPhase, SessionSnapshot, Transcript,
 };
 use crate::time::Instant;
 use crate::worker::{
@@ -243,21 +243,24 @@ fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
 
 /// A live session's latest runtime snapshot: every field but the
 /// transcript typed (`Deref`; its `transcript` is empty), and the
-/// transcript packed, while it is kept.
+/// transcript as CBOR ([`Transcript`]), while it is kept.
 ///
-/// The server reads nothing of the transcript but the status of its newest
-/// reply, which is kept apart. It keeps the bytes past the step that brought
-/// them only while they are at most [`Limits::kept_transcript_bytes`] (or
-/// the worker cannot send them again: [`Live::resends`]), so its memory does
-/// not grow with history; a client that needs them later waits for the
-/// worker to send them ([`ToWorker::Snapshot`]).
+/// A worker sends its transcript whole once, then tails: the items from
+/// where it changed ([`PackedTranscript::from`]), which replace the kept
+/// copy's from there. The server reads nothing of the transcript but its
+/// length and the status of its newest reply, kept apart. It keeps the
+/// items only while a version 1 client needs them (one is attached or
+/// waits for an answer: its protocol sends the transcript whole) or they
+/// are at most [`Limits::kept_transcript_bytes`] (or the worker cannot
+/// send them again: [`Live::resends`]), so its memory does not grow with
+/// history; a client that needs them later waits for the worker to send
+/// them whole ([`ToWorker::Snapshot`]).
 ///
 /// The normalised forms ([`normalised`]) are encoded at their first use, in
 /// pieces around the shared transcript: the responses and session snapshot
 /// events that carry it are written around those pieces, so a long
-/// transcript is copied once per snapshot, not once per message. The
-/// snapshot cannot change in place: a new one is a new `LiveSnapshot`,
-/// which starts with no encodings, so no encoding outlives the snapshot it
+/// transcript is copied once per snapshot, not once per message. A new
+/// snapshot drops the encodings, so no encoding outlives the snapshot it
 /// was made from — not even for a snapshot replaced by another with the
 /// same revision, which [`Server::update_snapshot`] accepts. The rest of
 /// what determines the bytes (`locked` is always true) is the audience's
@@ -267,8 +270,10 @@ fn normalised(snapshot: &SessionSnapshot, attached: bool) -> SessionSnapshot {
 #[derive(Clone)]
 pub(crate) struct LiveSnapshot {
     head: SessionSnapshot,
+    /// How many items the transcript has.
+    len: usize,
     last_reply: Option<AssistantStatus>,
-    transcript: Option<PackedTranscript>,
+    transcript: Option<Transcript>,
     /// The pieces of `normalised(snapshot, attached)` at index `attached as
     /// usize` (or why it cannot be encoded), once made.
     encoded: [Option<Result<SnapshotPieces, SchemaError>>; 2],
@@ -279,14 +284,47 @@ pub(crate) struct LiveSnapshot {
 type SnapshotPieces = [Arc<[u8]>; 3];
 
 impl LiveSnapshot {
-    pub(crate) fn new(snapshot: PackedSnapshot) -> Self {
-        let (head, transcript) = snapshot.into_parts();
-        Self {
-            head,
-            last_reply: transcript.last_reply(),
-            transcript: Some(transcript),
+    /// A session's first snapshot, which is whole.
+    pub(crate) fn new(snapshot: PackedSnapshot) -> Result<Self, Gap> {
+        let mut live = Self {
+            head: snapshot.head().clone(),
+            len: 0,
+            last_reply: None,
+            transcript: Some(Transcript::default()),
             encoded: [None, None],
+        };
+        live.apply(snapshot)?;
+        Ok(live)
+    }
+
+    /// Moves to the next snapshot: its transcript's tail replaces the
+    /// items from where it starts. A tail that starts past the end leaves
+    /// the transcript unknown but for its length (it is let go).
+    fn apply(&mut self, snapshot: PackedSnapshot) -> Result<(), Gap> {
+        let (head, tail) = snapshot.into_parts();
+        self.head = head;
+        self.encoded = [None, None];
+        let from = tail.from();
+        if from > self.len {
+            self.transcript = None;
+            return Err(Gap {
+                from,
+                len: self.len,
+            });
         }
+        if from == 0 && self.transcript.is_none() {
+            self.transcript = Some(Transcript::default());
+        }
+        if let Some(transcript) = &mut self.transcript {
+            transcript.apply(&tail)?;
+        }
+        self.len = from + tail.len();
+        self.last_reply = match tail.last_reply() {
+            Some(status) => Some(status),
+            None if from == 0 => None,
+            None => self.last_reply,
+        };
+        Ok(())
     }
 
     /// Whether the transcript is here to send.
@@ -296,11 +334,7 @@ impl LiveSnapshot {
 
     /// Lets go of a transcript longer than `keep` bytes, and its encodings.
     fn release_transcript(&mut self, keep: usize) {
-        if self
-            .transcript
-            .as_ref()
-            .is_some_and(|t| t.cbor().len() > keep)
-        {
+        if self.transcript.as_ref().is_some_and(|t| t.bytes() > keep) {
             self.transcript = None;
             self.encoded = [None, None];
         }
@@ -314,7 +348,7 @@ impl LiveSnapshot {
     /// The pieces of the snapshot normalised for an audience that is (or is
     /// not) attached, encoded now if they were not yet.
     fn encoded(&mut self, attached: bool) -> Result<SnapshotPieces, SchemaError> {
-        let Some(transcript) = &self.transcript else {
+        let Some(transcript) = &mut self.transcript else {
             return Err(SchemaError::new("the session's transcript is not here"));
         };
         let head = &self.head;
@@ -324,7 +358,9 @@ impl LiveSnapshot {
                     attached,
                     locked: true,
                 };
-                spliced::encode_packed_session_snapshot(head, transcript, shown).map_err(cbor_error)
+                let transcript = transcript.packed().map_err(cbor_error)?;
+                spliced::encode_packed_session_snapshot(head, &transcript, shown)
+                    .map_err(cbor_error)
             })
             .clone()
     }
@@ -370,6 +406,7 @@ impl fmt::Debug for LiveSnapshot {
         f.debug_struct("LiveSnapshot")
             .field("id", &self.head.id)
             .field("revision", &self.head.revision)
+            .field("len", &self.len)
             .field("transcript", &self.transcript.as_ref().map(|t| t.len()))
             .field("encoded_lens", &lens)
             .finish()
@@ -655,6 +692,7 @@ impl Server {
             live.attached.remove(&conn);
         }
         self.v8_release(conn, true);
+        self.release_transcript(session_id);
         true
     }
 
@@ -983,8 +1021,20 @@ impl Server {
     /// send it again.
     fn release_transcript(&mut self, session_id: &str) {
         let keep = self.config.limits.kept_transcript_bytes;
+        let Some(live) = self.sessions.get(session_id) else {
+            return;
+        };
+        // A version 1 client attached, or waiting for an operation's
+        // answer, is sent the whole transcript with the next snapshot.
+        let v1 = |conn: &ConnId| {
+            self.conns
+                .get(conn)
+                .is_some_and(|c| c.is_ready() && c.v8.is_none())
+        };
+        let v1_needs = live.attached.iter().any(v1) || live.ops.values().any(|op| v1(&op.conn));
         if let Some(live) = self.sessions.get_mut(session_id)
             && live.resends
+            && !v1_needs
             && let Some(snapshot) = &mut live.snapshot
         {
             snapshot.release_transcript(keep);
@@ -992,8 +1042,9 @@ impl Server {
     }
 
     /// Takes a runtime snapshot if it is not older than the cached one, and
-    /// admits the attaches that waited for its transcript. Returns false
-    /// for a snapshot that is stale or from the wrong phase.
+    /// admits the attaches that waited for its transcript. pi's states
+    /// follow it first. Returns false for a snapshot that is stale or from
+    /// the wrong phase.
     fn update_snapshot(&mut self, session_id: &str, snapshot: PackedSnapshot) -> bool {
         let live = self.sessions.get_mut(session_id).expect("indexed");
         let head = snapshot.head();
@@ -1012,7 +1063,30 @@ impl Server {
                 op.turn_seen = true;
             }
         }
-        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        let whole = snapshot.transcript().from() == 0;
+        let tail = live.v8.is_some().then(|| snapshot.transcript().clone());
+        let gap = match &mut live.snapshot {
+            Some(kept) => kept.apply(snapshot).err(),
+            None => LiveSnapshot::new(snapshot)
+                .map(|new| live.snapshot = Some(new))
+                .err(),
+        };
+        if let Some(gap) = gap {
+            // Not expected: a worker's tails follow each other on its
+            // channel. The transcript is asked for whole.
+            debug_assert!(false, "{session_id}: a snapshot tail past the end: {gap:?}");
+            live.snapshot_requested = false;
+            self.request_snapshot(session_id);
+            return true;
+        }
+        if let Some(tail) = tail {
+            self.v8_on_snapshot(session_id, &tail);
+        }
+        let live = self.sessions.get_mut(session_id).expect("indexed");
+        if !whole && !live.snapshot.as_ref().expect("set").has_transcript() {
+            // A tail for a transcript let go: the waiters wait on.
+            return true;
+        }
         // A ready session's waiters wait for this transcript (`admit`).
         live.snapshot_requested = false;
         let waiters = std::mem::take(&mut live.waiters);
@@ -1039,7 +1113,22 @@ impl Server {
             );
         }
         live.phase = Phase::Ready;
-        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        let tail = snapshot.transcript().clone();
+        match LiveSnapshot::new(snapshot) {
+            Ok(snapshot) => live.snapshot = Some(snapshot),
+            Err(gap) => {
+                let message =
+                    format!("Session runtime started with a partial transcript ({gap:?})");
+                return self.fail_session(
+                    session_id,
+                    ProtocolError::new(ErrorCode::InternalError, message),
+                );
+            }
+        }
+        if self.sessions[session_id].v8.is_some() {
+            self.v8_on_snapshot(session_id, &tail);
+        }
+        let live = self.sessions.get_mut(session_id).expect("indexed");
         let waiters = std::mem::take(&mut live.waiters);
         let created = live.creating;
         live.creating = false;
@@ -1074,9 +1163,8 @@ impl Server {
         if pending.name.starts_with("v8.") {
             let outcome = match outcome {
                 Ok(snapshot) => {
-                    self.update_snapshot(session_id, snapshot);
                     // pi's states follow it before the answer reads them.
-                    self.v8_on_snapshot(session_id);
+                    self.update_snapshot(session_id, snapshot);
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -1127,10 +1215,6 @@ impl Server {
         if live.phase != Phase::Ready {
             return;
         }
-        if live.v8.is_some() {
-            self.v8_on_snapshot(session_id);
-        }
-        let live = &self.sessions[session_id];
         let snapshot = live.snapshot.as_ref().expect("ready");
         let revision = snapshot.revision;
         let to: Vec<ConnId> = live
@@ -1512,7 +1596,7 @@ impl Server {
         if live.foreign {
             self.catalog.insert(metadata_of(snapshot.head()));
         }
-        live.snapshot = Some(LiveSnapshot::new(snapshot));
+        live.snapshot = Some(LiveSnapshot::new(snapshot).expect("a hello's snapshot is whole"));
         self.sessions.insert(session_id.clone(), live);
         self.set_hold(
             &session_id,

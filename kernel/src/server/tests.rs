@@ -13,7 +13,7 @@ use crate::protocol::{
     encode_client_message,
 };
 use crate::wire::frame::DEFAULT_MAX_FRAME_LEN;
-use crate::worker::{FromWorker, RuntimeMessage};
+use crate::worker::{FromWorker, TailSnapshot};
 use std::sync::Arc;
 
 fn config() -> Config {
@@ -162,7 +162,11 @@ impl Harness {
     }
 
     /// The worker sends `message`, its snapshot packed as a worker does.
-    fn worker(&mut self, worker: WorkerId, message: RuntimeMessage) -> Vec<Output> {
+    fn worker(
+        &mut self,
+        worker: WorkerId,
+        message: FromWorker<impl Into<TailSnapshot>>,
+    ) -> Vec<Output> {
         self.step(Input::FromWorker {
             worker,
             message: Box::new(message.pack().expect("packs")),
@@ -263,7 +267,7 @@ fn targeted_checks_hold_along_a_session_lifecycle() {
     h.runtime_snapshot(worker, &snapshot(&session, 2, SessionPhase::Turn));
     h.worker(
         worker,
-        FromWorker::Progress {
+        FromWorker::<SessionSnapshot>::Progress {
             progress: TranscriptProgress::AssistantDelta {
                 message_id: "item-2".into(),
                 content_index: 0,
@@ -1112,16 +1116,39 @@ fn a_shutting_down_server_reports_no_scan_deadline() {
 }
 
 /// The server keeps a transcript longer than `kept_transcript_bytes` only
-/// while it is sent: a client attaching later waits for the worker to send
+/// while a version 1 client is attached (its protocol sends it whole with
+/// every snapshot): a client attaching later waits for the worker to send
 /// it again, and every attach then gets the snapshot as it stands.
 #[test]
-fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
+fn a_long_transcript_is_let_go_when_no_v1_client_needs_it_and_asked_for_again() {
     let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
     let mut h = Harness::keeping(100, &[a, b, c]);
     let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 20));
     let first = with_transcript(&session, 1, SessionPhase::Idle, 20);
     h.assert_sent(a, &session_response("create", &first, true));
-    assert!(!h.keeps_transcript(&session), "sent, then let go");
+    assert!(h.keeps_transcript(&session), "a is attached");
+    // A turn runs (so the session stays live with nobody attached).
+    let busy = with_transcript(&session, 2, SessionPhase::Turn, 20);
+    h.runtime_snapshot(worker, &busy);
+    let detach = Command::Detach {
+        session_id: session.clone(),
+    };
+    h.request(a, "detach", detach.clone());
+    assert!(!h.keeps_transcript(&session), "nobody needs it");
+
+    // A tail of a transcript let go: its length is followed, no more.
+    let mut tail = with_transcript(&session, 2, SessionPhase::Turn, 21);
+    tail.transcript.drain(..20);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: TailSnapshot {
+                snapshot: tail,
+                from: 20,
+            },
+        },
+    );
+    assert!(!h.keeps_transcript(&session));
 
     // Two attaches: one request to the worker; nobody is answered yet.
     let attach = Command::Attach {
@@ -1140,37 +1167,39 @@ fn a_long_transcript_is_let_go_once_sent_and_asked_for_again() {
     assert_eq!(h.frames(b), before.0 + 1);
 
     // The worker sends its snapshot as it stands (streamed text shows
-    // under the same revision): both are answered with it, a hears nothing.
-    let mut now = first.clone();
-    now.phase = SessionPhase::Turn;
-    let before_a = h.frames(a);
+    // under the same revision): both are answered with it.
+    let now = with_transcript(&session, 2, SessionPhase::Turn, 21);
     h.runtime_snapshot(worker, &now);
     h.assert_sent(b, &session_response("attach", &now, true));
     h.assert_sent(c, &session_response("attach", &now, true));
-    assert_eq!(h.frames(a), before_a, "a saw revision 1");
     assert_eq!(h.server.attachments(b), vec![session.clone()]);
-    assert!(!h.keeps_transcript(&session), "let go again");
+    assert!(h.keeps_transcript(&session), "b and c are attached");
 
-    // Attached already: the same wait.
-    assert_eq!(h.request(b, "attach", attach.clone()), vec![asked]);
-    let next = with_transcript(&session, 2, SessionPhase::Idle, 21);
-    h.runtime_snapshot(worker, &next);
-    h.assert_sent(b, &session_response("attach", &next, true));
-    for conn in [a, c] {
-        h.assert_sent(conn, &session_event(&next));
-    }
-
-    // A short transcript is kept: an attach is answered at once.
-    let short = with_transcript(&session, 3, SessionPhase::Idle, 1);
-    h.runtime_snapshot(worker, &short);
-    assert!(h.keeps_transcript(&session));
-    h.request(
-        a,
-        "detach",
-        Command::Detach {
-            session_id: session.clone(),
+    // A tail extends the kept transcript: b and c get it whole.
+    let next = with_transcript(&session, 3, SessionPhase::Turn, 23);
+    let mut tail = next.clone();
+    tail.transcript.drain(..21);
+    h.worker(
+        worker,
+        FromWorker::Snapshot {
+            snapshot: TailSnapshot {
+                snapshot: tail,
+                from: 21,
+            },
         },
     );
+    for conn in [b, c] {
+        h.assert_sent(conn, &session_event(&next));
+    }
+    for conn in [b, c] {
+        h.request(conn, "detach", detach.clone());
+    }
+    assert!(!h.keeps_transcript(&session), "let go again");
+
+    // A short transcript is kept: an attach is answered at once.
+    let short = with_transcript(&session, 4, SessionPhase::Turn, 1);
+    h.runtime_snapshot(worker, &short);
+    assert!(h.keeps_transcript(&session));
     assert_eq!(h.request(a, "attach", attach), vec![]);
     h.assert_sent(a, &session_response("attach", &short, true));
 }
@@ -1182,6 +1211,11 @@ fn attaches_waiting_for_a_transcript_fail_with_their_worker() {
     let (a, b) = (ConnId(1), ConnId(2));
     let mut h = Harness::keeping(0, &[a, b]);
     let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 2));
+    h.runtime_snapshot(worker, &with_transcript(&session, 2, SessionPhase::Turn, 2));
+    let detach = Command::Detach {
+        session_id: session.clone(),
+    };
+    h.request(a, "detach", detach);
     let attach = Command::Attach {
         session_id: session.clone(),
     };

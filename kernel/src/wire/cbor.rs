@@ -281,6 +281,11 @@ impl<'o, 'l> Encoder<'o, 'l> {
         self.out.extend_from_slice(item);
     }
 
+    /// How many bytes this encoder has written.
+    pub fn written(&self) -> usize {
+        self.out.len() - self.start
+    }
+
     /// Checks the total length written against the limits. An error leaves
     /// what was written in place: the caller discards it.
     pub fn finish(&self) -> Result<(), CborError> {

@@ -494,14 +494,14 @@ fn a_prompt_answers_at_once_streams_small_ops_and_is_waited_for() {
     let before = h.frames(c);
     h.worker(
         worker,
-        FromWorker::Progress {
+        FromWorker::<SessionSnapshot>::Progress {
             progress: TranscriptProgress::ItemStarted { item: streaming },
         },
     );
     for word in ["Hello", " there"] {
         h.worker(
             worker,
-            FromWorker::Progress {
+            FromWorker::<SessionSnapshot>::Progress {
                 progress: TranscriptProgress::AssistantDelta {
                     message_id: "a0".into(),
                     content_index: 0,

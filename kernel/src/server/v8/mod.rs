@@ -251,71 +251,101 @@ impl SessionView {
             streaming: snapshot.transcript[finished..].to_vec(),
             prompts: BTreeMap::new(),
             waits: Vec::new(),
-            last_reply: prompt_end(snapshot),
+            last_reply: prompt_end(&snapshot.transcript)
+                .unwrap_or_else(|| PromptEnd::Unanswered("The turn produced no reply".into())),
         }
     }
 
-    /// Brings the states to a new snapshot: the transcript by what it
-    /// added (its finished items never change, so only new entries and the
-    /// documents are looked at), the models by a diff. Returns each
-    /// state's publication, if it changed.
+    /// Brings the states to a new snapshot, whose transcript holds the
+    /// items from `from` on (`tail`): the entries from there are replaced
+    /// by the tail's finished items (usually only new ones are added), the
+    /// documents and the models by a diff. A whole transcript (`from` 0)
+    /// is diffed whole. Returns each state's publication, if it changed.
     fn sync(
         &mut self,
-        snapshot: &SessionSnapshot,
+        head: &SessionSnapshot,
+        from: usize,
+        tail: Vec<TranscriptItem>,
         models: &[crate::protocol::ModelMetadata],
     ) -> (Option<Vec<Op>>, Option<Vec<Op>>) {
-        let finished = view::finished_prefix(&snapshot.transcript);
-        let transcript = if finished >= self.finished {
-            let mut ops = Vec::new();
-            if finished > self.finished {
-                let entries = (self.finished..finished)
-                    .map(|i| view::entry(i, &snapshot.transcript[i]))
-                    .collect();
-                ops.push(Op::Splice(
-                    crate::chord_path!["entries"],
-                    self.finished,
-                    0,
-                    entries,
-                ));
-            }
-            let busy = snapshot.phase != crate::protocol::SessionPhase::Idle;
-            let docs = [
-                ("pi.agent", view::agent_doc(snapshot)),
-                (
-                    "pi.live",
-                    view::live_doc(busy, &snapshot.transcript[finished..]),
-                ),
-            ];
-            for (kind, new) in docs {
-                let old = self
-                    .transcript
-                    .value()
-                    .get("docs")
-                    .and_then(|d| d.get(kind));
-                let old = old.cloned().unwrap_or(Value::Null);
-                chord::ops::diff(&old, &new, &mut crate::chord_path!["docs", kind], &mut ops);
-            }
-            match ops.is_empty() {
-                true => None,
-                false => Some(match self.transcript.apply(&ops) {
-                    Ok(()) => ops,
-                    Err(_) => self.transcript.replace(view::conversation_view(snapshot)),
-                }),
-            }
+        if let Some(end) = prompt_end(&tail) {
+            self.last_reply = end;
+        } else if from == 0 {
+            self.last_reply = PromptEnd::Unanswered("The turn produced no reply".into());
+        }
+        let transcript = if from == 0 {
+            let whole = SessionSnapshot {
+                transcript: tail,
+                ..head.clone()
+            };
+            self.finished = view::finished_prefix(&whole.transcript);
+            self.streaming = whole.transcript[self.finished..].to_vec();
+            self.transcript.publish(view::conversation_view(&whole))
         } else {
-            // The transcript went back (a full store read back): a diff of the whole.
-            self.transcript.publish(view::conversation_view(snapshot))
+            self.follow(head, from, tail)
         };
-        debug_assert!(
-            chord::ops::diff_root(self.transcript.value(), &view::conversation_view(snapshot))
-                .is_empty(),
-            "the transcript state follows the snapshot"
-        );
-        self.finished = finished;
-        self.streaming = snapshot.transcript[finished..].to_vec();
-        self.last_reply = prompt_end(snapshot);
-        let models = self.models.publish(view::models_state(snapshot, models));
+        let models = self.models.publish(view::models_state(head, models));
         (transcript, models)
+    }
+
+    /// [`Self::sync`] for a tail: ops on the entries from `from` and on the documents.
+    fn follow(
+        &mut self,
+        head: &SessionSnapshot,
+        from: usize,
+        tail: Vec<TranscriptItem>,
+    ) -> Option<Vec<Op>> {
+        let keep = from.min(self.finished);
+        let mut items = std::mem::take(&mut self.streaming);
+        debug_assert!(
+            from - keep <= items.len(),
+            "a tail starts within what the view has"
+        );
+        items.truncate(from - keep);
+        items.extend(tail);
+        let done = view::finished_prefix(&items);
+        self.streaming = items.split_off(done);
+        let mut ops = Vec::new();
+        if done > 0 || keep < self.finished {
+            let entries = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| view::entry(keep + i, item))
+                .collect();
+            ops.push(Op::Splice(
+                crate::chord_path!["entries"],
+                keep,
+                self.finished - keep,
+                entries,
+            ));
+        }
+        self.finished = keep + done;
+        let busy = head.phase != crate::protocol::SessionPhase::Idle;
+        let docs = [
+            ("pi.agent", view::agent_doc(head)),
+            ("pi.live", view::live_doc(busy, &self.streaming)),
+        ];
+        for (kind, new) in docs {
+            let old = self
+                .transcript
+                .value()
+                .get("docs")
+                .and_then(|d| d.get(kind));
+            let old = old.cloned().unwrap_or(Value::Null);
+            chord::ops::diff(&old, &new, &mut crate::chord_path!["docs", kind], &mut ops);
+        }
+        if ops.is_empty() {
+            return None;
+        }
+        Some(match self.transcript.apply(&ops) {
+            Ok(()) => ops,
+            // Not expected (the ops come from this view): subscribers get
+            // the state whole, as it stands.
+            Err(_) => {
+                let value = self.transcript.value().clone();
+                self.transcript.replace(value)
+            }
+        })
     }
 
     /// The transcript state as JSON-ish text, for tests.
@@ -1217,9 +1247,13 @@ impl Server {
 
     // ---- publishing ----------------------------------------------------
 
-    /// A session's new snapshot: the session states move to it (a diff), and
-    /// their subscribers get the ops.
-    pub(super) fn v8_on_snapshot(&mut self, session_id: &str) {
+    /// A session's new snapshot, its transcript from `tail.from()` on: the
+    /// session states move to it, and their subscribers get the ops.
+    pub(super) fn v8_on_snapshot(
+        &mut self,
+        session_id: &str,
+        tail: &crate::protocol::PackedTranscript,
+    ) {
         let models = &self.config.models;
         let Some(live) = self.sessions.get_mut(session_id) else {
             return;
@@ -1227,11 +1261,18 @@ impl Server {
         let (Some(view), Some(snapshot)) = (live.v8.as_deref_mut(), live.snapshot.as_ref()) else {
             return;
         };
-        if !snapshot.has_transcript() {
-            return;
+        let Ok(items) = tail.unpack() else {
+            return; // checked when it arrived
+        };
+        let (transcript, models) = view.sync(snapshot, tail.from(), items, models);
+        #[cfg(debug_assertions)]
+        if snapshot.has_transcript() {
+            let whole = view::conversation_view(&snapshot.unpacked());
+            assert!(
+                chord::ops::diff_root(view.transcript.value(), &whole).is_empty(),
+                "the transcript state follows the snapshot"
+            );
         }
-        let snapshot = snapshot.unpacked();
-        let (transcript, models) = view.sync(&snapshot, models);
         let transcript = transcript.map(|ops| (view.transcript.sequence(), ops));
         let models = models.map(|ops| (view.models.sequence(), ops));
         if let Some((sequence, ops)) = transcript {
@@ -1413,26 +1454,21 @@ fn invalid_args(call: &ServiceCall, what: &str) -> CallError {
 }
 
 /// How a prompt's turn ended: the text of its last reply, or why there is none.
-fn prompt_end(snapshot: &SessionSnapshot) -> PromptEnd {
-    let reply = snapshot
-        .transcript
-        .iter()
-        .rev()
-        .find_map(|item| match item {
-            TranscriptItem::Assistant(a) => Some(a),
-            _ => None,
-        });
-    match reply {
-        Some(a) if matches!(a.status, crate::protocol::AssistantStatus::Complete(_)) => {
-            PromptEnd::Done(view::reply_text(a))
-        }
-        Some(a) => PromptEnd::Unanswered(
-            a.error_message
+/// How the newest reply among `items` ended, if there is one.
+fn prompt_end(items: &[TranscriptItem]) -> Option<PromptEnd> {
+    let reply = items.iter().rev().find_map(|item| match item {
+        TranscriptItem::Assistant(a) => Some(a),
+        _ => None,
+    })?;
+    Some(match reply.status {
+        crate::protocol::AssistantStatus::Complete(_) => PromptEnd::Done(view::reply_text(reply)),
+        _ => PromptEnd::Unanswered(
+            reply
+                .error_message
                 .clone()
                 .unwrap_or_else(|| "The turn was aborted".into()),
         ),
-        None => PromptEnd::Unanswered("The turn produced no reply".into()),
-    }
+    })
 }
 
 fn prompt_result(end: &PromptEnd) -> Value {
