@@ -284,7 +284,7 @@ mod tests {
             thinking_level: level,
             purpose: Purpose::Reply,
             summary: None,
-            context: vec![TranscriptItem::User(user)],
+            context: vec![TranscriptItem::User(user)].into(),
         }
     }
 

@@ -46,6 +46,7 @@ use crate::time::Instant;
 use crate::wire::Value;
 use crate::worker::{CreateSpec, FromWorker, Operation, RuntimeMessage, TailSnapshot};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A summary standing in for the conversation up to an item, in model calls.
@@ -165,8 +166,29 @@ pub struct ModelRequest {
     pub purpose: Purpose,
     /// Summary of the conversation before `context`.
     pub summary: Option<String>,
-    /// The conversation since the summary (the streaming reply excluded).
-    pub context: Vec<TranscriptItem>,
+    /// The conversation since the summary (the streaming reply excluded),
+    /// shared with the runtime, which extends it between calls instead of
+    /// copying the history for each.
+    pub context: Arc<Vec<TranscriptItem>>,
+}
+
+/// The model's context kept between calls ([`Runtime::context`]).
+#[derive(Debug, Clone, Default)]
+struct Context {
+    items: Arc<Vec<TranscriptItem>>,
+    /// Where `items` starts in the transcript.
+    start: usize,
+    /// The summary's last item when it was built.
+    through: Option<String>,
+    /// Build it again at the next call.
+    stale: bool,
+}
+
+/// A cache of the transcript: runtimes that differ only in it are alike.
+impl PartialEq for Context {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// A model stream event.
@@ -418,6 +440,8 @@ pub struct Runtime {
     /// The transcript as last published, to check the tails against.
     #[cfg(debug_assertions)]
     published: Vec<TranscriptItem>,
+    /// The model's context as the last call saw it.
+    context: Context,
 }
 
 /// Message recorded on an item a turn could not finish because its worker stopped.
@@ -484,6 +508,7 @@ impl Runtime {
             behind: false,
             shown: 0,
             dirty: usize::MAX,
+            context: Context::default(),
             #[cfg(debug_assertions)]
             published: Vec::new(),
         };
@@ -750,6 +775,7 @@ impl Runtime {
             let at = index.min(self.state.transcript.len());
             self.state.transcript.insert(at, item);
             self.dirty = self.dirty.min(at);
+            self.context.stale = true;
         }
         self.bump();
         self.send_snapshot();
@@ -826,6 +852,7 @@ impl Runtime {
         stored.queued_steer.clear();
         self.state = stored;
         self.dirty = 0;
+        self.context.stale = true;
         self.state.revision += 1;
         self.behind = true;
         self.send_snapshot();
@@ -925,7 +952,7 @@ impl Runtime {
     /// [`Policy::compaction_percent`] of the window (or with `force`), all
     /// but the newest items that fit in [`Policy::keep_recent_percent`] of
     /// it. `None` when there is nothing older to summarise.
-    fn compaction_plan(&self, force: bool) -> Option<(Vec<TranscriptItem>, String)> {
+    fn compaction_plan(&mut self, force: bool) -> Option<(Arc<Vec<TranscriptItem>>, String)> {
         let window = find_model(&self.models, &self.state.model)
             .ok()?
             .context_window;
@@ -950,21 +977,43 @@ impl Runtime {
         let cut = keep_from(&context, budget);
         let older = context[..cut].to_vec();
         let through = older.last()?.id().to_string();
-        Some((older, through))
+        Some((Arc::new(older), through))
     }
 
-    /// The transcript the model sees: everything after the summary.
-    fn context(&self) -> Vec<TranscriptItem> {
-        let start = match &self.state.summary {
-            Some(s) => self
-                .state
-                .transcript
-                .iter()
-                .position(|i| i.id() == s.through)
-                .map_or(0, |p| p + 1),
-            None => 0,
+    /// The transcript the model sees: everything after the summary. Kept
+    /// between calls and extended by what was added since, so a call
+    /// copies what the turn added, not the history; built again when the
+    /// summary moves or items changed out of order.
+    fn context(&mut self) -> Arc<Vec<TranscriptItem>> {
+        let through = self.state.summary.as_ref().map(|s| s.through.as_str());
+        let items = &self.state.transcript;
+        let cache = &mut self.context;
+        let have = cache.start + cache.items.len();
+        let added = if cache.stale || cache.through.as_deref() != through || have > items.len() {
+            cache.start = match through {
+                Some(id) => items.iter().position(|i| i.id() == id).map_or(0, |p| p + 1),
+                None => 0,
+            };
+            cache.through = through.map(str::to_string);
+            cache.items = Arc::new(items[cache.start..].to_vec());
+            cache.items.len()
+        } else {
+            Arc::make_mut(&mut cache.items).extend_from_slice(&items[have..]);
+            items.len() - have
         };
-        self.state.transcript[start..].to_vec()
+        // An item still running could change: the next call builds it again.
+        cache.stale = cache
+            .items
+            .iter()
+            .rev()
+            .take(added)
+            .any(|i| !i.is_terminal());
+        debug_assert_eq!(
+            *cache.items,
+            items[cache.start..],
+            "the kept context is the transcript's"
+        );
+        Arc::clone(&cache.items)
     }
 
     fn start_reply(&mut self) {

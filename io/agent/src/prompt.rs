@@ -91,7 +91,7 @@ pub(crate) fn messages(request: &ModelRequest) -> Vec<Message> {
     }
     // Tool calls of the latest assistant message still waiting for a result.
     let mut pending: Vec<String> = Vec::new();
-    for item in &request.context {
+    for item in request.context.iter() {
         match item {
             TranscriptItem::User(u) => {
                 flush(&mut pending, &mut out);
@@ -197,7 +197,7 @@ fn summarize_prompt(request: &ModelRequest) -> String {
         );
     }
     text.push_str("<conversation>\n");
-    for item in &request.context {
+    for item in request.context.iter() {
         match item {
             TranscriptItem::User(u) => {
                 let _ = writeln!(text, "[user]: {}", plain(&u.content, usize::MAX));
@@ -336,7 +336,7 @@ pub(crate) mod tests {
             thinking_level: ThinkingLevel::Off,
             purpose: Purpose::Reply,
             summary: summary.map(str::to_string),
-            context,
+            context: context.into(),
         }
     }
 
