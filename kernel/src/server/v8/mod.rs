@@ -124,7 +124,10 @@ pub(crate) struct Route {
 struct Sub {
     svc: Svc,
     attachment: Option<String>,
-    encoder: Encoder,
+    /// `None` until the first publication after its snapshot. Shared by
+    /// the subscriptions that saw the same publications since their
+    /// snapshots, whose streams are alike ([`Server::v8_publish`]).
+    encoder: Option<Arc<Encoder>>,
 }
 
 /// What a v8 connection adds to a connection.
@@ -751,7 +754,7 @@ impl Server {
         let sub = Sub {
             svc,
             attachment: route.map(|r| r.attachment_id.clone()),
-            encoder: Encoder::new(),
+            encoder: None,
         };
         self.v8_mut(conn)
             .expect("v8")
@@ -1303,34 +1306,47 @@ impl Server {
         self.v8_publish(&to, svc, sequence, ops);
     }
 
-    /// Sends one publication to every subscription of `to` to `svc`, each
-    /// through its own encoder. Subscriptions whose encoders are alike (most
-    /// of them: they saw the same publications) share one encoding of the
-    /// update; each frame is its own short head around it.
+    /// Sends one publication to every subscription of `to` to `svc`,
+    /// through its stream's encoder. Subscriptions share an encoder while
+    /// they saw the same publications since their snapshots (all that
+    /// subscribed between the same two publications): the update is
+    /// encoded once per shared encoder, and each frame is its own short
+    /// head around that encoding.
     fn v8_publish(&mut self, to: &[ConnId], svc: Svc, sequence: u64, ops: &[Op]) {
         // (encoder before, encoder after, the update's CBOR)
-        let mut encoded: Vec<(Encoder, Encoder, Arc<[u8]>)> = Vec::new();
+        type Encoded = (Option<Arc<Encoder>>, Arc<Encoder>, Arc<[u8]>);
+        let mut encoded: Vec<Encoded> = Vec::new();
         let mut frames: Vec<(ConnId, String, Arc<[u8]>)> = Vec::new();
         let limits = self.config.limits.cbor;
+        let same = |a: &Option<Arc<Encoder>>, b: &Option<Arc<Encoder>>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
         for &conn in to {
             let Some(v8) = self.conns.get_mut(&conn).and_then(|c| c.v8.as_deref_mut()) else {
                 continue;
             };
             for (id, sub) in v8.subs.iter_mut().filter(|(_, s)| s.svc == svc) {
-                let bytes = match encoded.iter().find(|(before, ..)| *before == sub.encoder) {
+                let bytes = match encoded
+                    .iter()
+                    .find(|(before, ..)| same(before, &sub.encoder))
+                {
                     Some((_, after, bytes)) => {
-                        sub.encoder = after.clone();
+                        sub.encoder = Some(Arc::clone(after));
                         Arc::clone(bytes)
                     }
                     None => {
-                        let before = sub.encoder.clone();
-                        let update =
-                            chord::state_update("state", sequence, sub.encoder.encode(ops));
+                        let before = sub.encoder.take();
+                        let mut encoder = before.as_deref().cloned().unwrap_or_default();
+                        let update = chord::state_update("state", sequence, encoder.encode(ops));
+                        let after = Arc::new(encoder);
+                        sub.encoder = Some(Arc::clone(&after));
                         let Ok(bytes) = proto::encode(&update, &limits) else {
                             continue; // too large to send: its connection is closed below
                         };
                         let bytes: Arc<[u8]> = bytes.into();
-                        encoded.push((before, sub.encoder.clone(), Arc::clone(&bytes)));
+                        encoded.push((before, after, Arc::clone(&bytes)));
                         bytes
                     }
                 };
