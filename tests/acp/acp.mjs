@@ -958,6 +958,8 @@ define("f", "session/load after the adapter was SIGKILLed mid-turn", async () =>
   const got = await settledText(b, s, from, expected, "the whole reply (replay + live)");
   const live = b.rawUpdates(s, load.answeredAt + 1).filter(isKind("agent_message_chunk"));
   check(live.length > 0, `the agent text continues live after the load response (${live.length} live chunks)`);
+  check(textOf(replay).length > 0 && expected.startsWith(textOf(replay)), "the replay holds the reply so far", textDetail(textOf(replay), expected));
+  check(live.length > 1, `the rest streams, not one chunk at the turn's end (${live.length} live chunks)`);
   note(`B's first agent_message_chunk after the load response: ${JSON.stringify(live[0]?.update.content?.text)}`);
   check(got === expected, "B's agent text of the turn (replay + live) is the whole reply exactly once", textDetail(got, expected));
 

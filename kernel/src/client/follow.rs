@@ -23,11 +23,12 @@
 //! - Invariant: for every content part, the text told is a prefix of the
 //!   part's text in the latest snapshot that held it, told once, in order.
 //! - Invariant: a delta is told only for an item whose content was seen
-//!   live (`item_started`, `item_updated`, `item_finished`) with no gap
-//!   since. A snapshot does not anchor deltas: the server's snapshot of a
-//!   streaming reply lags its deltas (a client attaching mid-reply gets the
-//!   snapshot, then deltas from further on), so such a reply is told from
-//!   its next live item event, whole, rather than with a hole.
+//!   (in a snapshot or a live item event) with no gap since. The server
+//!   sends a snapshot current as of the deltas that follow it (an attach
+//!   during a turn waits for the worker's current snapshot), so a client
+//!   joining mid-reply tells the reply so far, then streams from there.
+//!   After a gap a reply is told from the next snapshot (the re-attach's)
+//!   or live item event, never across the hole.
 //! - Invariant: an item's terminal update (a finished reply, a tool's final
 //!   status) is told once, after everything the item said.
 
@@ -255,9 +256,8 @@ impl Follower {
     }
 
     /// Progress may have been lost (the connection was re-established, or a
-    /// reader fell behind): a reply streaming now is told again from its
-    /// next live item event (or the snapshot that ends it), not from deltas
-    /// after the hole.
+    /// reader fell behind): a reply streaming now is told again from the
+    /// next snapshot or live item event, not from deltas after the hole.
     pub fn gap(&mut self) {
         for told in self.told.values_mut() {
             if let Told::Assistant { anchored, .. } = told {
@@ -299,7 +299,7 @@ impl Follower {
     pub fn on_snapshot(&mut self, snapshot: &SessionSnapshot) -> Vec<Update> {
         let mut out = Vec::new();
         for item in &snapshot.transcript {
-            self.item(item, false, &mut out);
+            self.item(item, &mut out);
         }
         out
     }
@@ -309,7 +309,7 @@ impl Follower {
         match progress {
             TranscriptProgress::ItemStarted { item }
             | TranscriptProgress::ItemUpdated { item }
-            | TranscriptProgress::ItemFinished { item } => self.item(item, true, &mut out),
+            | TranscriptProgress::ItemFinished { item } => self.item(item, &mut out),
             TranscriptProgress::AssistantDelta {
                 message_id,
                 content_index,
@@ -347,12 +347,12 @@ impl Follower {
         out
     }
 
-    /// `live`: the item comes from a progress event, so it is as far as
-    /// its deltas.
-    fn item(&mut self, item: &TranscriptItem, live: bool, out: &mut Vec<Update>) {
+    /// An item as a snapshot or a live item event holds it: as far as its
+    /// deltas.
+    fn item(&mut self, item: &TranscriptItem, out: &mut Vec<Update>) {
         match item {
             TranscriptItem::User(user) => self.user(user, out),
-            TranscriptItem::Assistant(assistant) => self.assistant(assistant, live, out),
+            TranscriptItem::Assistant(assistant) => self.assistant(assistant, out),
             TranscriptItem::Tool(tool) => self.tool(tool, out),
         }
     }
@@ -396,16 +396,14 @@ impl Follower {
         }
     }
 
-    fn assistant(&mut self, item: &AssistantItem, live: bool, out: &mut Vec<Update>) {
+    fn assistant(&mut self, item: &AssistantItem, out: &mut Vec<Update>) {
         let Some((parts, finished, anchored)) = self.reply(&item.id) else {
             return;
         };
         if *finished {
             return;
         }
-        if live {
-            *anchored = true;
-        }
+        *anchored = true;
         for (index, content) in item.content.iter().enumerate() {
             if index == parts.len() {
                 parts.push(0);

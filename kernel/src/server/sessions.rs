@@ -81,6 +81,10 @@ pub(crate) struct Live {
     /// A [`ToWorker::Snapshot`] went out and no snapshot came back since:
     /// the waiters of a ready session wait for it.
     snapshot_requested: bool,
+    /// Progress came after the latest snapshot: it lags what streamed, so
+    /// an attach waits for the next one (a client's snapshot is current as
+    /// of the deltas that follow it, and anchors them).
+    progressed: bool,
 }
 
 /// The start of a spawned worker that has not said hello yet.
@@ -138,6 +142,7 @@ impl Live {
             start: None,
             resends: true,
             snapshot_requested: false,
+            progressed: false,
             v8: None,
         }
     }
@@ -629,7 +634,8 @@ impl Server {
             return; // closed while the session opened; maybe_dispose runs after admission
         }
         let live = &self.sessions[session_id];
-        if !live.snapshot.as_ref().expect("ready").has_transcript() {
+        let stale = live.progressed && live.resends && !self.is_v8(waiter.conn);
+        if stale || !live.snapshot.as_ref().expect("ready").has_transcript() {
             self.park(session_id, waiter);
             return self.request_snapshot(session_id);
         }
@@ -947,7 +953,8 @@ impl Server {
                 }
             }
             FromWorker::Progress { progress } => {
-                let live = &self.sessions[&session_id];
+                let live = self.sessions.get_mut(&session_id).expect("indexed");
+                live.progressed = true;
                 if live.phase == Phase::Ready {
                     if live.v8.is_some() {
                         self.v8_on_progress(&session_id, &progress);
@@ -1079,6 +1086,7 @@ impl Server {
             self.request_snapshot(session_id);
             return true;
         }
+        live.progressed = false;
         if let Some(tail) = tail {
             self.v8_on_snapshot(session_id, &tail);
         }
@@ -1113,6 +1121,7 @@ impl Server {
             );
         }
         live.phase = Phase::Ready;
+        live.progressed = false;
         let tail = snapshot.transcript().clone();
         match LiveSnapshot::new(snapshot) {
             Ok(snapshot) => live.snapshot = Some(snapshot),

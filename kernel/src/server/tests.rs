@@ -1204,6 +1204,59 @@ fn a_long_transcript_is_let_go_when_no_v1_client_needs_it_and_asked_for_again() 
     h.assert_sent(a, &session_response("attach", &short, true));
 }
 
+/// An attach during a turn is answered with a snapshot current as of the
+/// deltas that follow it: after progress the cached one lags what
+/// streamed, so the worker is asked for its snapshot as it stands.
+#[test]
+fn an_attach_after_progress_waits_for_the_current_snapshot() {
+    let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
+    let mut h = Harness::keeping(1 << 20, &[a, b, c]);
+    let (worker, session) = h.create_with(a, |id| with_transcript(id, 1, SessionPhase::Idle, 1));
+    let turn = with_transcript(&session, 2, SessionPhase::Turn, 1);
+    h.runtime_snapshot(worker, &turn);
+    let attach = Command::Attach {
+        session_id: session.clone(),
+    };
+    // No progress since the snapshot: it is current.
+    assert_eq!(h.request(b, "attach", attach.clone()), vec![]);
+    h.assert_sent(b, &session_response("attach", &turn, true));
+
+    h.worker(
+        worker,
+        FromWorker::<SessionSnapshot>::Progress {
+            progress: TranscriptProgress::AssistantDelta {
+                message_id: "item-2".into(),
+                content_index: 0,
+                kind: DeltaKind::Text,
+                delta: "hello".into(),
+            },
+        },
+    );
+    let before = h.frames(c);
+    let asked = Output::ToWorker {
+        worker,
+        message: ToWorker::Snapshot,
+    };
+    assert_eq!(h.request(c, "attach", attach), vec![asked]);
+    assert_eq!(
+        h.frames(c),
+        before,
+        "not answered with the lagging snapshot"
+    );
+    let mut now = with_transcript(&session, 2, SessionPhase::Turn, 2);
+    now.transcript[1] = crate::protocol::TranscriptItem::User(crate::protocol::UserItem {
+        id: "u1".into(),
+        content: vec![crate::protocol::Content::Text {
+            text: "hello".into(),
+        }],
+        timestamp: 101,
+    });
+    let before_b = h.frames(b);
+    h.runtime_snapshot(worker, &now);
+    h.assert_sent(c, &session_response("attach", &now, true));
+    assert_eq!(h.frames(b), before_b, "b saw revision 2");
+}
+
 /// A worker that exits while attaches wait for its snapshot: they fail as
 /// the attached connections do, and the next attach opens the session anew.
 #[test]

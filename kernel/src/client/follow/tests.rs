@@ -199,7 +199,7 @@ fn finished(item: TranscriptItem) -> ServerEvent {
 }
 
 #[test]
-fn after_a_gap_a_streaming_reply_waits_for_a_live_item() {
+fn after_a_gap_a_streaming_reply_waits_for_the_next_snapshot() {
     let mut f = Follower::new("s");
     f.resume(&snapshot(1, vec![user("u1", "hi")]));
     let mut told = f.on_event(&started(reply("a1", vec![], AssistantStatus::Streaming)));
@@ -211,19 +211,22 @@ fn after_a_gap_a_streaming_reply_waits_for_a_live_item() {
         f.on_event(&delta("a1", 0, DeltaKind::Text, "three"))
             .is_empty()
     );
-    // A snapshot tells what it holds, but lags the live stream: deltas
-    // still wait.
+    // The re-attach's snapshot tells what it holds and is current: the
+    // deltas after it go on from there.
     told.extend(f.on_event(&snap(snapshot(
         4,
         vec![
             user("u1", "hi"),
-            reply("a1", vec![text("one two")], AssistantStatus::Streaming),
+            reply(
+                "a1",
+                vec![text("one two three")],
+                AssistantStatus::Streaming,
+            ),
         ],
     ))));
-    assert!(
-        f.on_event(&delta("a1", 0, DeltaKind::Text, " four"))
-            .is_empty()
-    );
+    assert!(!f.is_unanchored());
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, " four")));
+    assert_eq!(said(&told), "one two three four");
     told.extend(f.on_event(&finished(reply(
         "a1",
         vec![text("one two three four five")],
@@ -234,9 +237,32 @@ fn after_a_gap_a_streaming_reply_waits_for_a_live_item() {
 }
 
 #[test]
-fn joining_mid_reply_tells_that_reply_whole_at_its_end() {
-    // The server's snapshot at attach time lacks the streaming reply; its
-    // deltas then go on from the middle.
+fn joining_mid_reply_tells_the_reply_so_far_then_streams() {
+    // The attach's snapshot holds the reply as far as it streamed.
+    let mut f = Follower::new("s");
+    let mut told = f.replay(&snapshot(
+        3,
+        vec![
+            user("u1", "hi"),
+            reply("a1", vec![text("start ")], AssistantStatus::Streaming),
+        ],
+    ));
+    assert_eq!(said(&told), "start ");
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "middle ")));
+    told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "end")));
+    assert_eq!(said(&told), "start middle end");
+    told.extend(f.on_event(&finished(reply(
+        "a1",
+        vec![text("start middle end")],
+        AssistantStatus::Complete(StopReason::Stop),
+    ))));
+    assert_eq!(said(&told), "start middle end");
+}
+
+#[test]
+fn deltas_of_a_reply_never_seen_wait_for_its_end() {
+    // Deltas of a reply no snapshot or item event showed go on from a
+    // middle this follower never saw.
     let mut f = Follower::new("s");
     let mut told = f.replay(&snapshot(1, vec![user("u1", "hi")]));
     told.extend(f.on_event(&delta("a1", 0, DeltaKind::Text, "middle ")));
