@@ -331,6 +331,17 @@ const scenarios = {
     await page.reload();
     await tid(page, "phase").waitFor({ timeout: WAIT });
     await until(async () => (await lastAssistant(page))?.status === "streaming", "the reply streams on after the reload");
+    const soFar = await lastAssistant(page);
+    const reply = (t) => words(t.slice(Math.max(0, t.indexOf("You said:"))));
+    check(
+      reply(soFar.text).length > "You said:".length && words(fauxReply(text)).startsWith(reply(soFar.text)),
+      "after the reload the reply so far shows at once, with no gap",
+      soFar.text.slice(0, 120),
+    );
+    await until(async () => {
+      const now = await lastAssistant(page);
+      return now?.status !== "streaming" || now.text.length > soFar.text.length;
+    }, "it streams on from there");
     await waitIdle(page);
     const all = await assistantTexts(page);
     check(all.length === 1 && all[0].status === "complete", "one reply, complete", all.map((a) => a.status));

@@ -5,18 +5,20 @@
 // What the page shows of a session follows the terminal client (io/src/tui)
 // and the kernel's follower (kernel/src/client/follow.rs):
 //
-// - Snapshots are authoritative. A snapshot of a newer revision replaces
-//   what is shown. The server's cached snapshot of a streaming reply lags
-//   its deltas (it is the one taken when the reply started, or at the last
-//   change of revision), so a snapshot of the revision already shown is
-//   merged: a part keeps the longer text when one is a prefix of the other.
+// - Snapshots are authoritative. A snapshot of a newer revision, or the
+//   one answering our attach, replaces what is shown: the server sends a
+//   snapshot current as of the deltas that follow it (an attach during a
+//   turn waits for the worker's), so a page joining mid-reply shows the
+//   reply so far and streams on. Another snapshot of the revision already
+//   shown is merged: a part keeps the longer text when one is a prefix of
+//   the other.
 // - Deltas only append, to the streaming assistant item's content part
 //   named by `messageId`/`contentIndex`, and only when that item's content
-//   was seen live (an item event, or a newer snapshot, since we joined with
-//   no gap since). Deltas for an id neither the snapshot nor an item event
-//   named are dropped. A reply joined mid-stream shows the snapshot's text,
-//   a marked gap, then the deltas that follow; its next item event (at the
-//   latest, when it ends) fills it in whole. Nothing is shown twice.
+//   was seen (an item event or a snapshot) with no gap since. Deltas for
+//   an id neither a snapshot nor an item event named are dropped. After a
+//   gap a reply shows its text, a marked gap, then the deltas that follow,
+//   until the re-attach's snapshot (or its next item event) fills it in
+//   whole. Nothing is shown twice.
 // - A user message is labelled as another client's when it arrives live and
 //   is not a text this page sent (the protocol does not record the sender;
 //   history is not labelled), as the terminal client does.
@@ -228,14 +230,14 @@ const classify = (st, item, history) => {
   }
 };
 
-/** Takes a snapshot. `join`: it answers our attach or create (the server's
- * cached snapshot, which does not anchor deltas). */
+/** Takes a snapshot. `join`: it answers our attach or create (current as
+ * of the deltas after it, like every snapshot the server sends). */
 const applySnapshot = (st, s, join = false) => {
   if (!s || s.id !== st.id) return false;
   const prev = st.snap;
   if (prev && s.revision < prev.revision && !join) return false;
-  const replace = !prev || s.revision !== prev.revision;
-  const anchor = replace && !join && st.synced;
+  const replace = !prev || s.revision !== prev.revision || join;
+  const anchor = replace && (join || st.synced);
   const history = join && !prev;
   const ids = new Set();
   for (const item of s.transcript) {
