@@ -9,7 +9,7 @@
 //!   `~/.pi/agent/sessions`.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -103,22 +103,46 @@ pub fn this_program() -> std::io::Result<PathBuf> {
     std::env::current_exe()
 }
 
-/// 64 bits from the operating system's entropy source.
+/// Fills `buf` from the operating system's CSPRNG (`getrandom(2)`), with
+/// no fallback: a secret is never drawn from anything weaker.
+pub fn entropy(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "cannot read the operating system's entropy (getrandom): {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A secret: 256 bits from [`entropy`], as 64 hex digits. Worker channel
+/// tokens are secrets; nothing else here is.
+pub fn secret() -> std::io::Result<String> {
+    let mut bytes = [0u8; 32];
+    entropy(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// 64 bits for what is not a secret (the kernel's id seed, unique file
+/// names): from [`entropy`], else time and pid (unique, just guessable).
 pub fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
-    if let Ok(mut f) = fs::File::open("/dev/urandom")
-        && f.read_exact(&mut bytes).is_ok()
-    {
+    if entropy(&mut bytes).is_ok() {
         return u64::from_le_bytes(bytes);
     }
-    // Last resort: time and pid. Ids stay unique per server, just guessable.
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ (u64::from(std::process::id()) << 32)
 }
 
-/// A fresh lowercase UUIDv4.
+/// A fresh lowercase UUIDv4: an id, not a secret (seeded by [`random_u64`]).
 pub fn new_uuid() -> String {
     kernel::rng::Rng::new(random_u64()).uuid_v4()
 }
@@ -176,6 +200,14 @@ pub fn read_token_file(path: &Path) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_is_256_bits_from_the_csprng_and_never_repeats() {
+        let (a, b) = (secret().unwrap(), secret().unwrap());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
     use std::os::unix::fs::PermissionsExt;
 
     fn scratch(name: &str) -> PathBuf {

@@ -36,7 +36,7 @@ mod platform;
 use platform::advance;
 pub use platform::{ClientSocket, Conn, Listener, Native, NativeClients, Platform, Spawned};
 
-use crate::config::{self, new_uuid};
+use crate::config;
 use crate::duplex::Duplex;
 use crate::socket;
 use crate::store;
@@ -534,9 +534,13 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
         tracing::info!(address = %local, "accepting remote clients (token required)");
         clients.push(NativeClients::Tcp(listener));
     }
+    // Worker tokens come from the OS CSPRNG with no fallback: without it
+    // the server does not start, rather than hand out guessable ones.
+    config::secret().map_err(|e| format!("cannot start: {e}"))?;
     let config = Config {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
+        // The kernel's ids are not secrets.
         seed: config::random_u64(),
         models: crate::agent::ModelRegistry::load(&config::agent_dir())
             .models()
@@ -1387,9 +1391,12 @@ impl<P: Platform> Daemon<P> {
     }
 
     fn spawn_worker(&mut self, worker: WorkerId, session_id: String) {
-        let token = new_uuid();
-        match self.platform.spawn_worker(&session_id, &token) {
-            Ok(Spawned { pid, exited, task }) => {
+        let spawned = config::secret().and_then(|token| {
+            let spawned = self.platform.spawn_worker(&session_id, &token)?;
+            Ok((token, spawned))
+        });
+        match spawned {
+            Ok((token, Spawned { pid, exited, task })) => {
                 tracing::info!(%worker, session = %session_id, pid, "worker spawned");
                 self.workers.insert(
                     worker,
