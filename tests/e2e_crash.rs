@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use kernel::protocol::{AssistantStatus, SessionPhase, TranscriptItem};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// `PRAGMA integrity_check` of a session's database (no worker may run).
 fn integrity(server: &TestServer, session: &str) -> String {
@@ -99,6 +100,78 @@ async fn sigkill_of_a_worker_mid_turn() {
     ));
     c.close().await;
     bystander.close().await;
+}
+
+/// Pids of running processes whose command line is exactly `args`.
+fn processes(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// A worker SIGKILLed mid-`bash` cannot kill the command's processes; the
+/// session's next worker does, before the session runs again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_tool_processes_die_before_the_session_runs_again() {
+    let server = TestServer::start("wtool").await;
+    let a = Arc::new(server.connect().await);
+    let s = a.create(params("tool")).await.unwrap().id;
+    // Durations no other test uses: they name this test's processes.
+    let (bg, fg) = (
+        format!("301.{}", std::process::id()),
+        format!("302.{}", std::process::id()),
+    );
+    let prompt = tokio::spawn({
+        let (a, s, text) = (
+            Arc::clone(&a),
+            s.clone(),
+            format!("!sleep {bg} & sleep {fg}"),
+        );
+        async move { a.prompt(&s, &text).await }
+    });
+    let started = std::time::Instant::now();
+    while processes(&["sleep", &bg]).is_empty() || processes(&["sleep", &fg]).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the command runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let groups = server.session_path(&s).join("tool-groups");
+    assert_eq!(
+        std::fs::read_dir(&groups).unwrap().count(),
+        1,
+        "its group is recorded"
+    );
+    let worker = server.worker_of(&s).await;
+    signal(worker, Sig::Kill);
+    wait_exit(worker, "the killed worker to be reaped").await;
+
+    // The client re-attaches: a fresh worker opens the session, and the
+    // command's processes are gone.
+    let outcome = within("the pending prompt", prompt).await.unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let started = std::time::Instant::now();
+    while !processes(&["sleep", &bg]).is_empty() || !processes(&["sleep", &fg]).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the command's processes outlive the session's next worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_dir(&groups).unwrap().count(),
+        0,
+        "no record left"
+    );
 }
 
 /// Orphaned workers (their server died) retire after this grace when no

@@ -516,6 +516,12 @@ impl<D: Dial> Worker<D> {
 
     fn opened(&mut self, store: SessionStore, cwd: &str) {
         tracing::info!(session = %self.session_id, "session open");
+        // Holding the session's lock: what a killed worker's tools left
+        // running dies before the session runs again.
+        let reaped = agent::reap_tool_groups(&self.session_dir.join(&self.session_id));
+        if reaped > 0 {
+            tracing::warn!(session = %self.session_id, groups = reaped, "killed the processes of tools a dead worker left running");
+        }
         self.store = Some(store);
         self.cwd = cwd.to_string();
     }

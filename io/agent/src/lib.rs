@@ -33,7 +33,7 @@ mod transport;
 pub use model::{ModelEvent, ModelRequest, Purpose};
 pub use registry::{Api, ModelRegistry, ProviderConfig, Timeouts};
 pub use tokio_util::sync::CancellationToken;
-pub use tools::{ToolOutcome, ToolSpec, run_tool, run_tool_in, tool_specs};
+pub use tools::{ToolOutcome, ToolSpec, reap_tool_groups, run_tool, run_tool_in, tool_specs};
 
 use tokio::sync::mpsc;
 

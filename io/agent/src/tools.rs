@@ -5,7 +5,10 @@
 //! A tool never fails the worker: unknown tools, bad input and IO errors come
 //! back as an [`ToolOutcome`] with `is_error` and a message the model can act
 //! on. `bash` runs in its own process group, which is killed (SIGKILL) on
-//! timeout, on cancellation, and when the future is dropped.
+//! timeout, on cancellation, and when the future is dropped. While it runs,
+//! the group is recorded in the session's directory ([`GROUPS`]), so that
+//! after a worker's SIGKILL the next worker of the session kills it before
+//! the session runs again ([`reap_tool_groups`]).
 
 use base64::Engine as _;
 use kernel::protocol::Content;
@@ -603,13 +606,44 @@ fn diff(old: &str, new: &str, line: usize) -> String {
 
 // ---- bash ----------------------------------------------------------------------
 
-/// Kills a process group (SIGKILL) when dropped while armed.
-struct GroupKill(Option<rustix::process::Pid>);
+/// Where a session's directory records the process groups of its running
+/// `bash` commands: one file per group, named by its id, holding its
+/// leader's start time (`/proc/<pid>/stat`, field 22).
+pub const GROUPS: &str = "tool-groups";
+
+/// Kills a process group (SIGKILL) when dropped while armed, and keeps its
+/// record in the session's directory while armed.
+struct GroupKill {
+    pid: Option<rustix::process::Pid>,
+    record: Option<PathBuf>,
+}
 
 impl GroupKill {
+    /// Arms for `pid`'s group, recorded under `session` if given.
+    fn new(pid: Option<rustix::process::Pid>, session: Option<&Path>) -> Self {
+        let record = pid.zip(session).and_then(|(pid, session)| {
+            let dir = session.join(GROUPS);
+            let started = start_time(pid.as_raw_nonzero().get())?;
+            std::fs::create_dir_all(&dir).ok()?;
+            let path = dir.join(pid.as_raw_nonzero().to_string());
+            std::fs::write(&path, started.to_string()).ok()?;
+            Some(path)
+        });
+        Self { pid, record }
+    }
+
     fn kill(&mut self) {
-        if let Some(pid) = self.0.take() {
+        if let Some(pid) = self.pid.take() {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        self.forget();
+    }
+
+    /// Disarms: the group is left alone, and no longer recorded.
+    fn forget(&mut self) {
+        self.pid = None;
+        if let Some(record) = self.record.take() {
+            let _ = std::fs::remove_file(record);
         }
     }
 }
@@ -618,6 +652,53 @@ impl Drop for GroupKill {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The start time of process `pid` (clock ticks after boot), if it runs.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields from the third (state) on; the start time is the 22nd.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills the process groups of `bash` commands a dead worker of the session
+/// left running (recorded under `session`, see [`GROUPS`]), and forgets
+/// the records. Returns how many groups were killed. Run by the session's
+/// next worker, holding its lock, before the session runs again.
+///
+/// A group is killed unless its id now names another process's group: if
+/// its leader runs, only when its start time is the recorded one; if the
+/// leader is gone, the id cannot have been reused while members are left
+/// (Linux keeps a process group's id while the group has a member), so a
+/// kill reaches only them, or nothing.
+pub fn reap_tool_groups(session: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(session.join(GROUPS)) else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let recorded = std::fs::read_to_string(&path).ok();
+        let _ = std::fs::remove_file(&path);
+        let pid = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok());
+        let (Some(pid), Some(recorded)) =
+            (pid, recorded.and_then(|r| r.trim().parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        let reused = start_time(pid).is_some_and(|now| now != recorded);
+        if let Some(group) = rustix::process::Pid::from_raw(pid)
+            && !reused
+            && rustix::process::kill_process_group(group, rustix::process::Signal::KILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
 }
 
 /// The last `cap` bytes of a stream, and how many came in all.
@@ -761,13 +842,21 @@ async fn bash(
         .stderr(writer2)
         .process_group(0)
         .kill_on_drop(true);
+    // The worker's own variables (its channel's token among them) are not
+    // the command's.
+    for (key, _) in std::env::vars_os() {
+        if key.as_encoded_bytes().starts_with(b"PI_WORKER_") {
+            cmd.env_remove(key);
+        }
+    }
     let spawned = cmd.spawn();
     drop(cmd); // closes our copies of the pipe's write end
     let mut child = spawned.map_err(|e| format!("bash: cannot start bash: {e}"))?;
-    let mut group = GroupKill(
+    let mut group = GroupKill::new(
         child
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
+        outputs,
     );
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into())
         .map_err(|e| format!("bash: cannot read the command's output: {e}"))?;
@@ -815,7 +904,7 @@ async fn bash(
         }
     };
     match ending {
-        Ending::Exited(_) => group.0 = None, // leave what it started in the background alone
+        Ending::Exited(_) => group.forget(), // leave what it started in the background alone
         Ending::TimedOut | Ending::Cancelled => {
             group.kill();
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -891,4 +980,42 @@ async fn bash(
         details: Some(super::json::from_json(&details)),
         is_error,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt as _;
+
+    /// A record whose start time is not the running leader's names a reused
+    /// id: that group is left alone; the true one is killed.
+    #[test]
+    fn reaping_kills_recorded_groups_and_spares_a_reused_id() {
+        let session = std::env::temp_dir().join(format!("pi-reap-{}", std::process::id()));
+        let groups = session.join(GROUPS);
+        std::fs::create_dir_all(&groups).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let started = start_time(pid).expect("it runs");
+        let record = groups.join(pid.to_string());
+
+        std::fs::write(&record, (started + 1).to_string()).unwrap();
+        assert_eq!(reap_tool_groups(&session), 0, "another process's group");
+        assert!(child.try_wait().unwrap().is_none(), "left alone");
+        assert!(!record.exists(), "the record is forgotten");
+
+        std::fs::write(&record, started.to_string()).unwrap();
+        assert_eq!(reap_tool_groups(&session), 1);
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(!record.exists());
+        let _ = std::fs::remove_dir_all(&session);
+    }
 }
