@@ -405,6 +405,9 @@ async fn create_list_rm_and_models() {
         status = list[0]["status"].clone();
         if status == "stored" {
             assert_eq!(list[0]["clients"], 0);
+            // The server says which model, not the session's files.
+            assert_eq!(list[0]["model"], "faux/faux-reasoner");
+            assert_eq!(list[0]["thinkingLevel"], "low");
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -144,7 +144,10 @@ impl Fan {
             worker: WorkerId(0),
             session: String::new(),
         };
-        fan.step(Input::CatalogLoaded { sessions });
+        fan.step(Input::CatalogLoaded {
+            sessions,
+            models: Vec::new(),
+        });
         fan
     }
 

@@ -348,6 +348,7 @@ fn bench_written(n: u64) {
         now,
         Input::CatalogLoaded {
             sessions: Vec::new(),
+            models: Vec::new(),
         },
     );
     connect(&mut server, now, ConnId(1));
@@ -432,6 +433,7 @@ fn with_catalog(n: u64) -> Server {
         Instant(1),
         Input::CatalogLoaded {
             sessions: (0..n).map(stored).collect(),
+            models: Vec::new(),
         },
     );
     server
@@ -712,7 +714,10 @@ fn run_rounds(sessions: Vec<SessionMetadata>, round: fn(&mut Bench, u64), what: 
         steps: 0,
         frames: 0,
     };
-    bench.step(Input::CatalogLoaded { sessions });
+    bench.step(Input::CatalogLoaded {
+        sessions,
+        models: Vec::new(),
+    });
     for n in 1..=200 {
         round(&mut bench, n); // warm up
     }

@@ -1282,6 +1282,8 @@ fn extensions_round_trip() {
                 session_id: "s".into(),
                 state: LiveState::Phase(SessionPhase::Retry),
                 clients: 2,
+                model: None,
+                thinking_level: None,
             }],
         }),
     });
@@ -1744,7 +1746,9 @@ fn command_result() -> BoxedStrategy<CommandResult> {
                 .map(|(session_id, state, clients)| LiveStatus {
                     session_id,
                     state,
-                    clients
+                    clients,
+                    model: None,
+                    thinking_level: None,
                 })
                 .collect()
         }),

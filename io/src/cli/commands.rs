@@ -113,6 +113,12 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
         None if known.contains(server_id) => ("stored", Some(0)),
         None => ("-", None),
     };
+    // Its model, as the server reports it (a server from before `status`
+    // reported models says nothing of it).
+    let model = |server_id: &str, id: &str| {
+        let s = live.get(&(server_id.to_owned(), id.to_owned()))?;
+        Some((s.model.clone()?, s.thinking_level?))
+    };
     if let Some(problem) = failed {
         return Err(problem);
     }
@@ -140,7 +146,7 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
                 if let Some(n) = clients {
                     value["clients"] = n.into();
                 }
-                if let Some((model, level)) = stored_model(target, &s.id) {
+                if let Some((model, level)) = model(server_id, &s.id) {
                     value["model"] = format!("{}/{}", model.provider, model.id).into();
                     value["thinkingLevel"] = level.as_str().into();
                 }
@@ -166,7 +172,7 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
         "NAME".into(),
     ]];
     for (server_id, s) in &pairs {
-        let model = stored_model(target, &s.id).map_or_else(
+        let model = model(server_id, &s.id).map_or_else(
             || "-".to_owned(),
             |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
         );
@@ -185,14 +191,6 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
     }
     print_table(&rows);
     Ok(())
-}
-
-/// A listed session's model, from its `meta.json` where this client can
-/// read the session directory (`--session-dir`); the protocol's session list
-/// carries durable metadata only, without the model.
-pub(super) fn stored_model(target: &Target, id: &str) -> Option<(ModelRef, ThinkingLevel)> {
-    let launch = target.launch.as_ref()?;
-    crate::store::stored_model(&launch.session_dir, id)
 }
 
 pub(super) fn session_json(s: &SessionMetadata) -> serde_json::Value {

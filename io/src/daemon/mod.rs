@@ -189,7 +189,11 @@ enum Event<P: Platform> {
     Accepted(P::Conn),
     /// The stored sessions, and those of them a live orphan of a crashed
     /// server with our id still holds (it will announce itself to us).
-    CatalogLoaded(Vec<kernel::protocol::SessionMetadata>, Vec<String>),
+    CatalogLoaded(
+        Vec<kernel::protocol::SessionMetadata>,
+        Vec<kernel::server::StoredModel>,
+        Vec<String>,
+    ),
     /// The writer task wrote `chunks` hand-offs, `bytes` in all.
     Written {
         conn: ConnId,
@@ -230,6 +234,7 @@ enum Event<P: Platform> {
     CatalogScanned {
         scan: u64,
         sessions: Vec<kernel::protocol::SessionMetadata>,
+        models: Vec<kernel::server::StoredModel>,
     },
 }
 
@@ -670,7 +675,7 @@ pub async fn run_on<P: Platform>(
     let catalog_tx = tx.clone();
     let our_workers = worker_path.clone();
     let scan = platform.blocking(move || {
-        let sessions = store::scan_catalog(&scan_dir);
+        let (sessions, models) = store::scan_catalog_with_models(&scan_dir);
         let orphans = sessions
             .iter()
             .filter(|m| {
@@ -681,7 +686,7 @@ pub async fn run_on<P: Platform>(
             })
             .map(|m| m.id.clone())
             .collect();
-        Event::CatalogLoaded(sessions, orphans)
+        Event::CatalogLoaded(sessions, models, orphans)
     });
     tokio::spawn(async move {
         let _ = catalog_tx.send(scan.await).await;
@@ -1013,10 +1018,10 @@ impl<P: Platform> Daemon<P> {
     fn on_event(&mut self, event: Event<P>) {
         match event {
             Event::Accepted(stream) => self.on_accepted(stream),
-            Event::CatalogLoaded(sessions, orphans) => {
+            Event::CatalogLoaded(sessions, models, orphans) => {
                 tracing::info!(count = sessions.len(), "session catalog loaded");
                 self.expect_adoptions(orphans, "live workers of a crashed server");
-                self.step(Input::CatalogLoaded { sessions });
+                self.step(Input::CatalogLoaded { sessions, models });
             }
             Event::Written {
                 conn,
@@ -1104,8 +1109,16 @@ impl<P: Platform> Daemon<P> {
                 self.catalog_change_queued.store(false, Ordering::Release);
                 self.step(Input::CatalogChanged);
             }
-            Event::CatalogScanned { scan, sessions } => {
-                self.step(Input::CatalogScanned { scan, sessions });
+            Event::CatalogScanned {
+                scan,
+                sessions,
+                models,
+            } => {
+                self.step(Input::CatalogScanned {
+                    scan,
+                    sessions,
+                    models,
+                });
             }
             Event::SessionRemoved { session_id, result } => {
                 self.step(Input::SessionRemoved { session_id, result })
@@ -1309,9 +1322,13 @@ impl<P: Platform> Daemon<P> {
             }
             Output::ScanCatalog { scan } => {
                 let dir = self.session_dir.clone();
-                self.spawn_job(move || Event::CatalogScanned {
-                    scan,
-                    sessions: store::scan_catalog(&dir),
+                self.spawn_job(move || {
+                    let (sessions, models) = store::scan_catalog_with_models(&dir);
+                    Event::CatalogScanned {
+                        scan,
+                        sessions,
+                        models,
+                    }
                 });
             }
             Output::StopAccepting => {

@@ -288,12 +288,21 @@ pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
 /// last two with a `tracing::warn!`). `updatedAt` and `parentSessionId` are
 /// not in `meta.json` and are left out.
 pub fn scan_catalog(session_dir: &Path) -> Vec<SessionMetadata> {
+    scan_catalog_with_models(session_dir).0
+}
+
+/// [`scan_catalog`], with the model and thinking level each of our
+/// sessions' `meta.json` records (pi's record none).
+pub fn scan_catalog_with_models(
+    session_dir: &Path,
+) -> (Vec<SessionMetadata>, Vec<kernel::server::StoredModel>) {
+    let mut models = Vec::new();
     let entries = match fs::read_dir(session_dir) {
         Ok(entries) => entries,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return (Vec::new(), models),
         Err(error) => {
             tracing::warn!(dir = %session_dir.display(), %error, "cannot list the session directory");
-            return Vec::new();
+            return (Vec::new(), models);
         }
     };
     let mut sessions = Vec::new();
@@ -347,21 +356,15 @@ pub fn scan_catalog(session_dir: &Path) -> Vec<SessionMetadata> {
             tracing::warn!(session = %metadata.id, %error, "session with invalid metadata skipped from the catalog");
             continue;
         }
+        models.push(kernel::server::StoredModel {
+            session_id: metadata.id.clone(),
+            model: meta.model,
+            thinking_level: meta.thinking_level,
+        });
         sessions.push(metadata);
     }
     sessions.sort_by(|a, b| a.id.cmp(&b.id));
-    sessions
-}
-
-/// The model and thinking level a stored session's `meta.json` records, if
-/// it is readable (for `list`; no database is opened and no lock taken).
-pub fn stored_model(
-    session_dir: &Path,
-    id: &str,
-) -> Option<(kernel::protocol::ModelRef, kernel::protocol::ThinkingLevel)> {
-    validate_session_id(id).ok()?;
-    let meta = meta::read(&session_dir.join(id), id).ok()?;
-    Some((meta.model, meta.thinking_level))
+    (sessions, models)
 }
 
 /// Deletes a stored session: takes its lock first ([`StoreError::Locked`] if

@@ -185,7 +185,8 @@ pub enum CommandResult {
     Status { sessions: Vec<LiveStatus> },
 }
 
-/// What a live session is doing (our `status` extension).
+/// What a session is doing and with which model (our `status`
+/// extension): every session the server lists, live or stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveStatus {
     /// The session.
@@ -194,11 +195,18 @@ pub struct LiveStatus {
     pub state: LiveState,
     /// How many connections are attached to it.
     pub clients: u64,
+    /// Its model, where the server knows it (not for pi's own sessions
+    /// before they first run here).
+    pub model: Option<ModelRef>,
+    /// Its thinking level, with the model.
+    pub thinking_level: Option<ThinkingLevel>,
 }
 
-/// The state of a live session, as `status` reports it.
+/// The state of a session, as `status` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LiveState {
+    /// `stored`: not live; no worker runs it.
+    Stored,
     /// `opening`: its worker is starting.
     Opening,
     /// `idle`, `turn`, `compaction`, `branch_summary` or `retry`: the
@@ -214,6 +222,7 @@ impl LiveState {
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Stored => "stored",
             Self::Opening => "opening",
             Self::Phase(phase) => phase.as_str(),
             Self::Error => "error",
@@ -222,7 +231,8 @@ impl LiveState {
     }
 
     /// Every state, in the order `status` documents them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
+        Self::Stored,
         Self::Opening,
         Self::Phase(SessionPhase::Idle),
         Self::Phase(SessionPhase::Turn),

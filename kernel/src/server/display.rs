@@ -10,10 +10,12 @@ impl fmt::Display for Input {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Tick => f.write_str("tick"),
-            Self::CatalogLoaded { sessions } => write!(f, "catalog loaded ({})", sessions.len()),
+            Self::CatalogLoaded { sessions, .. } => {
+                write!(f, "catalog loaded ({})", sessions.len())
+            }
             Self::CatalogChanged => f.write_str("catalog changed"),
             Self::CatalogUnwatched => f.write_str("catalog unwatched"),
-            Self::CatalogScanned { scan, sessions } => {
+            Self::CatalogScanned { scan, sessions, .. } => {
                 write!(f, "catalog scan {scan} ({})", sessions.len())
             }
             Self::Accepted { conn, peer: None } => write!(f, "{conn} accepted"),

@@ -34,10 +34,10 @@ use crate::protocol::codec::direct;
 use crate::protocol::codec::spliced::{self, EncodedSnapshot, Spliced};
 use crate::protocol::v8::PROTOCOL_VERSION_V8;
 use crate::protocol::{
-    ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, PROTOCOL_VERSION,
-    PackedSnapshot, ProtocolError, Response, SchemaError, ServerEvent, ServerHello, ServerMessage,
-    ServerSnapshot, SessionMetadata, SessionSnapshot, TranscriptProgress, decode_client_message,
-    encode_trusted_server_message,
+    ClientHello, ClientMessage, CommandResult, ErrorCode, ModelMetadata, ModelRef,
+    PROTOCOL_VERSION, PackedSnapshot, ProtocolError, Response, SchemaError, ServerEvent,
+    ServerHello, ServerMessage, ServerSnapshot, SessionMetadata, SessionSnapshot, ThinkingLevel,
+    TranscriptProgress, decode_client_message, encode_trusted_server_message,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -114,6 +114,7 @@ impl fmt::Debug for Server {
             sessions,
             workers,
             catalog,
+            stored_models,
             removals,
             timers,
             adoption_waiters,
@@ -140,6 +141,7 @@ impl fmt::Debug for Server {
             .field("sessions", sessions)
             .field("workers", workers)
             .field("catalog", catalog)
+            .field("stored_models", stored_models)
             .field("removals", removals)
             .field("timers", timers)
             .field("adoption_waiters", adoption_waiters)
@@ -235,7 +237,11 @@ pub enum Input {
     /// Only time passed (see [`Server::next_deadline`]).
     Tick,
     /// The stored session catalog finished loading. Until then hellos wait.
-    CatalogLoaded { sessions: Vec<SessionMetadata> },
+    CatalogLoaded {
+        sessions: Vec<SessionMetadata>,
+        /// Their models, where their `meta.json` records one.
+        models: Vec<StoredModel>,
+    },
     /// Something in the session directory changed (a sibling server sharing
     /// it created, renamed or removed a session): scan it once changes settle.
     CatalogChanged,
@@ -245,6 +251,8 @@ pub enum Input {
     CatalogScanned {
         scan: u64,
         sessions: Vec<SessionMetadata>,
+        /// Their models, where their `meta.json` records one.
+        models: Vec<StoredModel>,
     },
     /// A client connected. `conn` is fresh for this server's lifetime;
     /// `peer` is a remote client's address (failed tokens back off per
@@ -364,6 +372,27 @@ pub enum Output {
     ReleaseWorker { worker: WorkerId },
 }
 
+/// A stored session's model and thinking level, as its `meta.json` records
+/// them (pi's own sessions record none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredModel {
+    /// The session.
+    pub session_id: String,
+    /// Its model.
+    pub model: ModelRef,
+    /// Its thinking level.
+    pub thinking_level: ThinkingLevel,
+}
+
+impl StoredModel {
+    fn map(models: Vec<Self>) -> BTreeMap<String, (ModelRef, ThinkingLevel)> {
+        models
+            .into_iter()
+            .map(|m| (m.session_id, (m.model, m.thinking_level)))
+            .collect()
+    }
+}
+
 /// The server state machine. See the module documentation.
 #[derive(Clone)]
 pub struct Server {
@@ -374,6 +403,10 @@ pub struct Server {
     sessions: BTreeMap<String, Live>,
     workers: BTreeMap<WorkerId, String>,
     catalog: Catalog,
+    /// The model and thinking level of each stored session, as its
+    /// `meta.json` records it (from the catalog's scans) or its last worker
+    /// reported it: what `status` says of a session that is not live.
+    stored_models: BTreeMap<String, (ModelRef, ThinkingLevel)>,
     removals: BTreeMap<String, Vec<(ConnId, String)>>,
     /// Every deadline but the catalog's and the idle exit's: handshakes,
     /// workers, holds, and the released workers expected to announce
@@ -433,6 +466,7 @@ impl Server {
             sessions: BTreeMap::new(),
             workers: BTreeMap::new(),
             catalog: Catalog::default(),
+            stored_models: BTreeMap::new(),
             removals: BTreeMap::new(),
             timers: Timers::default(),
             adoption_waiters: BTreeMap::new(),
@@ -478,7 +512,7 @@ impl Server {
         };
         match input {
             Input::Tick => self.on_tick(),
-            Input::CatalogLoaded { sessions } => self.on_catalog_loaded(sessions),
+            Input::CatalogLoaded { sessions, models } => self.on_catalog_loaded(sessions, models),
             Input::CatalogChanged => {
                 let settle = self.config.limits.catalog_settle;
                 self.catalog.changed(self.now, settle);
@@ -487,7 +521,11 @@ impl Server {
                 let poll = self.config.limits.catalog_poll;
                 self.catalog.unwatched(self.now, poll);
             }
-            Input::CatalogScanned { scan, sessions } => self.on_catalog_scanned(scan, sessions),
+            Input::CatalogScanned {
+                scan,
+                sessions,
+                models,
+            } => self.on_catalog_scanned(scan, sessions, models),
             Input::Accepted { conn, peer } => self.on_accepted(conn, peer),
             Input::Presented { conn, token } => {
                 if let Some(c) = self.conns.get_mut(&conn)
@@ -821,9 +859,10 @@ impl Server {
         }
     }
 
-    fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>) {
+    fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>, models: Vec<StoredModel>) {
         self.stored_on_disk(&sessions);
         self.catalog.load(sessions);
+        self.stored_models = StoredModel::map(models);
         let waiting: Vec<ConnId> = self
             .conns
             .values()
@@ -835,12 +874,20 @@ impl Server {
         }
     }
 
-    fn on_catalog_scanned(&mut self, scan: u64, sessions: Vec<SessionMetadata>) {
+    fn on_catalog_scanned(
+        &mut self,
+        scan: u64,
+        sessions: Vec<SessionMetadata>,
+        models: Vec<StoredModel>,
+    ) {
         self.stored_on_disk(&sessions);
         let sessions_live = &self.sessions;
         let changed = self.catalog.reconcile(self.now, scan, sessions, |id| {
             sessions_live.contains_key(id)
         });
+        if changed.is_some() {
+            self.stored_models = StoredModel::map(models);
+        }
         if changed == Some(true) {
             self.publish_server_snapshot();
         }

@@ -122,6 +122,8 @@ impl Live {
             session_id: self.id.clone(),
             state,
             clients: self.attached.len() as u64,
+            model: snapshot.map(|s| s.model.clone()),
+            thinking_level: snapshot.map(|s| s.thinking_level),
         }
     }
 
@@ -450,7 +452,7 @@ impl Server {
             Command::Detach { session_id } => self.on_detach(conn, request_id, session_id),
             Command::Remove { session_id } => self.on_remove(conn, request_id, session_id),
             Command::Status => {
-                let sessions = self.sessions.values().map(Live::status).collect();
+                let sessions = self.status();
                 self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));
             }
             Command::Prompt { session_id, text } => {
@@ -756,6 +758,32 @@ impl Server {
         }
     }
 
+    /// `status`: every live session, then every stored one, by id.
+    pub(super) fn status(&self) -> Vec<LiveStatus> {
+        let mut sessions: Vec<LiveStatus> = self.sessions.values().map(Live::status).collect();
+        for (id, _) in self.catalog.iter() {
+            if !self.sessions.contains_key(id) {
+                sessions.push(LiveStatus {
+                    session_id: id.clone(),
+                    state: LiveState::Stored,
+                    clients: 0,
+                    model: None,
+                    thinking_level: None,
+                });
+            }
+        }
+        for status in &mut sessions {
+            if status.model.is_none()
+                && let Some((model, level)) = self.stored_models.get(&status.session_id)
+            {
+                status.model = Some(model.clone());
+                status.thinking_level = Some(*level);
+            }
+        }
+        sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        sessions
+    }
+
     /// The directory holds these sessions: an adopted session among them is
     /// stored, not foreign, and stays listed when its worker exits (an
     /// orphan may announce itself before the catalog has loaded).
@@ -774,6 +802,7 @@ impl Server {
         let outcome = match &result {
             Ok(()) => {
                 self.catalog.remove(&session_id);
+                self.stored_models.remove(&session_id);
                 self.shown_revisions.remove(&session_id);
                 Ok(CommandResult::Remove {
                     session_id: session_id.clone(),
@@ -1509,6 +1538,8 @@ impl Server {
             && let Some(snap) = &live.snapshot
             && let Some(stored) = self.catalog.get(&session_id)
         {
+            let model = (snap.model.clone(), snap.thinking_level);
+            self.stored_models.insert(session_id.clone(), model);
             // The list keeps showing what the session last reported (its
             // name, its last update), not what was stored when we started.
             let listed = listed_metadata(Some(stored), snap);

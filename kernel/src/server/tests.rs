@@ -96,6 +96,7 @@ impl Harness {
         let mut h = Self::with(config);
         h.step(Input::CatalogLoaded {
             sessions: Vec::new(),
+            models: Vec::new(),
         });
         for &conn in conns {
             h.connect(conn);
@@ -112,7 +113,10 @@ impl Harness {
     /// A server whose catalog holds `sessions`, with one ready connection.
     fn serving(sessions: Vec<SessionMetadata>, conn: ConnId) -> Self {
         let mut h = Self::new();
-        h.step(Input::CatalogLoaded { sessions });
+        h.step(Input::CatalogLoaded {
+            sessions,
+            models: Vec::new(),
+        });
         h.connect(conn);
         h
     }
@@ -243,6 +247,7 @@ fn targeted_checks_hold_along_a_session_lifecycle() {
     let mut h = Harness::new();
     h.step(Input::CatalogLoaded {
         sessions: Vec::new(),
+        models: Vec::new(),
     });
     let (a, b) = (ConnId(1), ConnId(2));
     h.connect(a);
@@ -321,6 +326,7 @@ fn targeted_check_catches_a_dangling_attachment() {
     let mut h = Harness::new();
     h.step(Input::CatalogLoaded {
         sessions: Vec::new(),
+        models: Vec::new(),
     });
     h.connect(ConnId(1));
     h.create(ConnId(1));
@@ -338,6 +344,7 @@ fn targeted_check_catches_a_broken_worker_index() {
     let mut h = Harness::new();
     h.step(Input::CatalogLoaded {
         sessions: Vec::new(),
+        models: Vec::new(),
     });
     h.connect(ConnId(1));
     let (worker, session) = h.create(ConnId(1));
@@ -625,6 +632,7 @@ fn a_list_larger_than_a_frame_closes_the_connection() {
     let mut h = Harness::with(config);
     h.step(Input::CatalogLoaded {
         sessions: (0..1000).map(stored).collect(),
+        models: Vec::new(),
     });
     let conn = ConnId(1);
     h.step(Input::Accepted { conn, peer: None });
@@ -947,7 +955,7 @@ fn a_worker_starts_only_with_its_own_token_and_only_once() {
 /// `status` (our extension): what each live session does and how many
 /// clients it has; a session without a worker is absent.
 #[test]
-fn status_reports_each_live_session_and_its_clients() {
+fn status_reports_every_session_its_clients_and_model() {
     let (a, b) = (ConnId(1), ConnId(2));
     let mut h = Harness::serving(Vec::new(), a);
     h.connect(b);
@@ -1026,11 +1034,67 @@ fn status_reports_each_live_session_and_its_clients() {
     );
     assert_eq!(
         status(&mut h, a),
-        vec![(session, LiveState::Closing, 0)],
+        vec![(session.clone(), LiveState::Closing, 0)],
         "disposed on its last detach, its worker still exiting"
     );
     h.step(Input::WorkerExited { worker });
-    assert!(status(&mut h, a).is_empty(), "no worker, not live");
+    assert_eq!(
+        status(&mut h, a),
+        vec![(session.clone(), LiveState::Stored, 0)],
+        "no worker: stored"
+    );
+    h.request(a, "status", Command::Status);
+    let ServerMessage::Response(Response {
+        outcome: Ok(CommandResult::Status { sessions }),
+        ..
+    }) = h.last(a)
+    else {
+        panic!("a status response");
+    };
+    assert_eq!(
+        (sessions[0].model.clone(), sessions[0].thinking_level),
+        (Some(faux::default_model()), Some(ThinkingLevel::Off)),
+        "the model its worker last reported"
+    );
+}
+
+/// A stored session's model is the one its `meta.json` records, from the
+/// catalog's load and scans.
+#[test]
+fn status_reports_a_stored_sessions_model_from_the_catalog() {
+    let a = ConnId(1);
+    let mut h = Harness::new();
+    let model = ModelRef {
+        provider: "faux".into(),
+        id: "faux-reasoner".into(),
+    };
+    h.step(Input::CatalogLoaded {
+        sessions: vec![stored(7)],
+        models: vec![crate::server::StoredModel {
+            session_id: stored(7).id,
+            model: model.clone(),
+            thinking_level: ThinkingLevel::High,
+        }],
+    });
+    h.connect(a);
+    h.request(a, "status", Command::Status);
+    let ServerMessage::Response(Response {
+        outcome: Ok(CommandResult::Status { sessions }),
+        ..
+    }) = h.last(a)
+    else {
+        panic!("a status response");
+    };
+    assert_eq!(
+        sessions,
+        vec![crate::protocol::LiveStatus {
+            session_id: stored(7).id,
+            state: LiveState::Stored,
+            clients: 0,
+            model: Some(model),
+            thinking_level: Some(ThinkingLevel::High),
+        }]
+    );
 }
 
 /// Wrong tokens from one address lock it out, doubling; the lock holds even
@@ -1041,7 +1105,10 @@ fn failed_tokens_back_off_per_address() {
     let mut config = config();
     config.token = Some("secret".into());
     let mut h = Harness::with(config);
-    h.step(Input::CatalogLoaded { sessions: vec![] });
+    h.step(Input::CatalogLoaded {
+        sessions: vec![],
+        models: Vec::new(),
+    });
     let guesser = Some(crate::ids::PeerAddr("192.0.2.7".into()));
     let other = Some(crate::ids::PeerAddr("192.0.2.8".into()));
     let mut next = 0;

@@ -613,7 +613,17 @@ impl World {
         self.unscanned.retain(|id| {
             live.contains(id) || read.contains(id.as_str()) != stored.contains_key(id)
         });
-        self.push(Input::CatalogScanned { scan, sessions });
+        let models = self
+            .store
+            .models()
+            .into_iter()
+            .filter(|m| read.contains(m.session_id.as_str()))
+            .collect();
+        self.push(Input::CatalogScanned {
+            scan,
+            sessions,
+            models,
+        });
     }
 
     /// Feeds the store's catalog to the server.
@@ -623,7 +633,8 @@ impl World {
         self.unscanned.clear();
         let sessions = self.store.catalog();
         trace!(self, "server catalog loaded ({} sessions)", sessions.len());
-        self.push(Input::CatalogLoaded { sessions });
+        let models = self.store.models();
+        self.push(Input::CatalogLoaded { sessions, models });
         self.run();
     }
 

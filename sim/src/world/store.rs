@@ -56,6 +56,18 @@ impl Store {
     }
 
     /// The catalog a server loads at start.
+    /// The stored sessions' models, as their `meta.json` would record them.
+    pub fn models(&self) -> Vec<kernel::server::StoredModel> {
+        self.sessions
+            .values()
+            .map(|s| kernel::server::StoredModel {
+                session_id: s.id.clone(),
+                model: s.model.clone(),
+                thinking_level: s.thinking_level,
+            })
+            .collect()
+    }
+
     pub fn catalog(&self) -> Vec<SessionMetadata> {
         self.sessions
             .values()

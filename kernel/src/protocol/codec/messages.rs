@@ -262,24 +262,36 @@ impl Schema for CommandResult {
     }
 }
 
-/// `{sessionId, state, clients}`: one entry of our `status` extension.
+/// `{sessionId, state, clients, model?, thinkingLevel?}`: one entry of our
+/// `status` extension.
 impl Schema for LiveStatus {
     fn to_value(&self) -> Value {
-        MapBuilder::with_capacity(3)
+        MapBuilder::with_capacity(5)
             .put("sessionId", text(&self.session_id))
             .put("state", text(self.state.as_str()))
             .put("clients", super::uint_value(self.clients))
+            .put_opt("model", self.model.as_ref().map(Schema::to_value))
+            .put_opt(
+                "thinkingLevel",
+                self.thinking_level.map(|l| text(l.as_str())),
+            )
             .build()
     }
 
     fn from_value_at(value: &Value, path: &Path<'_>) -> Result<Self, SchemaError> {
-        let f = Fields::new(value, path, &["sessionId", "state", "clients"])?;
+        let f = Fields::new(
+            value,
+            path,
+            &["sessionId", "state", "clients", "model", "thinkingLevel"],
+        )?;
         Ok(Self {
             session_id: f.required("sessionId", read_id)?,
             state: f.required("state", |v, p| {
                 read_enum(v, p, &LiveState::ALL, LiveState::as_str)
             })?,
             clients: f.required("clients", read_uint)?,
+            model: f.optional("model", ModelRef::from_value_at)?,
+            thinking_level: f.optional("thinkingLevel", read_thinking_level)?,
         })
     }
 }

@@ -256,7 +256,10 @@ fn a_remote_v8_hello_needs_the_transport_to_have_checked_a_token() {
     let mut config = config();
     config.token = Some("secret".into());
     let mut h = Harness::with(config);
-    h.step(Input::CatalogLoaded { sessions: vec![] });
+    h.step(Input::CatalogLoaded {
+        sessions: vec![],
+        models: Vec::new(),
+    });
     let conn = ConnId(1);
     h.step(Input::Accepted {
         conn,
