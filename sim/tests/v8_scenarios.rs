@@ -142,7 +142,7 @@ impl Run {
         let (sequence, value) = replica.state.as_ref().expect("a state");
         let kernel = self.w.server.v8_transcript(session).expect("kept");
         assert_eq!(*sequence, kernel.sequence());
-        assert!(sim::world::v8::same(value, kernel.value()));
+        assert!(value.same_as(kernel.value()));
     }
 
     fn attach(&mut self, conn: ConnId, session: &str) -> String {

@@ -38,14 +38,28 @@ check(s1.snapshot.attached, "v1 creates and attaches a session");
 const Management = defineService("pi.session-management");
 const Transcript = defineService("pi.transcript");
 const Agent = defineService("pi.agent-controller");
+// Ours, beside pi's: every session's state, clients, model and activity.
+const Status = defineService("pi-server.session-status");
 const v8 = await Client.connect({ serverId, transportFactory: createUnixTransportFactory({ path }) });
 const server = createRemoteServiceBinding({
-  services: [Management],
+  services: [Management, Status],
   transport: createClientServiceTransport(v8, () => ({ serverId })),
 });
+const status = server.use(Status);
 await server.ready(ctx);
+const statusOf = (id) => status.state.value.sessions.find((s) => s.sessionId === id);
+const seenStates = new Set();
+status.state.subscribe((value) => {
+  for (const s of value.sessions) if (s.sessionId === s1.id) seenStates.add(s.state);
+});
+check(statusOf(s1.id)?.clients === 1, "the status service shows v1's session with its one client");
 await server.use(Management).attach(s1.id, ctx);
 check(v8.attachment?.sessionId === s1.id, "v8 attaches the same session");
+await until(() => statusOf(s1.id)?.clients === 2, "the status to count both clients");
+check(
+  statusOf(s1.id).state === "idle" && typeof statusOf(s1.id).model?.modelId === "string" && statusOf(s1.id).thinkingLevel,
+  "the status shows the live session's state, model and thinking level",
+);
 const session = createRemoteServiceBinding({
   services: [Transcript, Agent],
   transport: createClientServiceTransport(v8, () => v8.attachment),
@@ -90,6 +104,7 @@ try {
   check(e instanceof PiServerError && e.code === "busy", "v1's prompt is busy during v8's turn");
 }
 await agent.waitForPrompt(second.operationId, ctx);
+check(seenStates.has("turn") && seenStates.has("idle"), "the status service followed the turns as they ran");
 
 // A removal through v8 reaches both.
 let removed = false;
@@ -102,6 +117,7 @@ check(v8.attachment === undefined || v8.attachment === null, "v8 hears attachmen
 const listed = await v1.listSessions();
 check(!listed.some((m) => m.id === s1.id), "the session is gone from v1's list");
 check(removed || !s1.attached, "v1 is told the session went away");
+await until(() => statusOf(s1.id) === undefined, "the status to drop the removed session");
 
 await session.dispose(ctx);
 await server.dispose(ctx);

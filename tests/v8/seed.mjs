@@ -1125,6 +1125,8 @@ test(10, "hydrates and mutates server Session services across framed clients", {
 		{ serviceId: SessionDirectory.id, mode: "singleton" },
 		{ serviceId: SessionManagement.id, mode: "singleton" },
 		{ serviceId: PresentationPlugins.id, mode: "singleton" },
+		// Ours, after pi's (pi's own server has none).
+		...(connectMode ? [] : [{ serviceId: "pi-server.session-status", mode: "singleton" }]),
 	]);
 	const firstDirectory = firstServices.use(SessionDirectory);
 	const secondDirectory = secondServices.use(SessionDirectory);

@@ -53,7 +53,7 @@ impl State {
         debug_assert!(
             {
                 let mut applied = self.value.clone();
-                ops::apply_all(&mut applied, &ops).is_ok() && applied == next
+                ops::apply_all(&mut applied, &ops).is_ok() && applied.same_as(&next)
             },
             "the diff does not reproduce the next value"
         );

@@ -47,7 +47,7 @@ use catalog::Catalog;
 use connection::{Connection, constant_time_eq};
 use list::ListCache;
 use sessions::Live;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use throttle::AuthThrottle;
 use timers::{Timer, Timers};
@@ -131,6 +131,8 @@ impl fmt::Debug for Server {
             models_cbor: _,
             auth_throttle,
             directory,
+            status_state,
+            status_watchers,
             v8_managed,
         } = self;
         f.debug_struct("Server")
@@ -157,6 +159,8 @@ impl fmt::Debug for Server {
             .field("list_cache", list_cache)
             .field("auth_throttle", auth_throttle)
             .field("directory", directory)
+            .field("status_state", status_state)
+            .field("status_watchers", status_watchers)
             .field("v8_managed", v8_managed)
             .finish()
     }
@@ -434,6 +438,10 @@ pub struct Server {
     auth_throttle: AuthThrottle,
     /// `pi.session-directory`'s state, while v8 clients subscribe to it.
     directory: Option<crate::chord::State>,
+    /// `pi-server.session-status`'s state, and the connections that may
+    /// subscribe to it (pruned when it is published).
+    status_state: Option<crate::chord::State>,
+    status_watchers: BTreeSet<ConnId>,
     /// v8 connections whose management call ended in this step, with more
     /// waiting ([`Server::v8_run_management`]).
     v8_managed: std::collections::BTreeSet<ConnId>,
@@ -482,6 +490,8 @@ impl Server {
             list_cache: None,
             models_cbor,
             directory: None,
+            status_state: None,
+            status_watchers: BTreeSet::new(),
             v8_managed: std::collections::BTreeSet::new(),
         }
     }
@@ -509,6 +519,15 @@ impl Server {
             Scope::All
         } else {
             self.scope_of(&input)
+        };
+        // What a session's status shows changes with anything but a reply's
+        // progress and a socket's writes: those leave it alone.
+        let quiet = match &input {
+            Input::Written { .. } => true,
+            Input::FromWorker { message, .. } => {
+                matches!(**message, crate::worker::FromWorker::Progress { .. })
+            }
+            _ => false,
         };
         match input {
             Input::Tick => self.on_tick(),
@@ -564,6 +583,9 @@ impl Server {
             Input::AdoptionsExpected { sessions } => self.on_adoptions_expected(sessions),
         }
         self.v8_run_management();
+        if !quiet && !self.status_watchers.is_empty() {
+            self.v8_publish_status();
+        }
         self.track_idle();
         self.maybe_report_shutdown();
         self.check_step(&scope);

@@ -37,6 +37,26 @@ pub enum Value {
 }
 
 impl Value {
+    /// Equal as JSON is: maps hold the same keys with equal values, in any
+    /// order (`==` also compares the wire order, as a replica that added a
+    /// key later holds it last).
+    pub fn same_as(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Map(a), Self::Map(b)) => {
+                a.len() == b.len()
+                    && a.iter().all(|(key, value)| {
+                        b.iter()
+                            .find(|(k, _)| k == key)
+                            .is_some_and(|(_, v)| value.same_as(v))
+                    })
+            }
+            (Self::Array(a), Self::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_as(y))
+            }
+            _ => self == other,
+        }
+    }
+
     /// Builds a number value, normalising integral floats to [`Value::Int`].
     pub fn number(n: f64) -> Self {
         if n.fract() == 0.0

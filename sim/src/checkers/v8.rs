@@ -41,7 +41,7 @@
 //! [`super::requests`]'s, for v8 requests too.
 
 use super::{Check, Violation};
-use crate::world::v8::{Asked, Route, TRANSCRIPT, V8Client, V8Message, same};
+use crate::world::v8::{Asked, Route, TRANSCRIPT, V8Client, V8Message};
 use crate::world::{Fact, World};
 use kernel::ids::ConnId;
 use kernel::server::Stage;
@@ -305,7 +305,7 @@ impl V8 {
                     state.sequence()
                 ));
             }
-            if !same(state.value(), value) {
+            if !state.value().same_as(value) {
                 return violation(format!(
                     "{conn}: {sub} at sequence {sequence} differs from {}'s transcript:\n  \
                      replica {}\n  kernel  {}",
@@ -341,7 +341,7 @@ impl V8 {
                 let read = v8.subs.get(sub).and_then(|r| r.state.as_ref());
                 let sent = replica.state.as_ref();
                 let equal = match (read, sent) {
-                    (Some((a, x)), Some((b, y))) => a == b && same(x, y),
+                    (Some((a, x)), Some((b, y))) => a == b && x.same_as(y),
                     (None, None) => true,
                     _ => false,
                 };

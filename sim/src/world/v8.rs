@@ -595,21 +595,6 @@ impl V8Client {
     }
 }
 
-/// Equality as JSON sees it: maps compare by key, whatever their order.
-pub fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Map(x), Value::Map(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.iter().any(|(k2, v2)| k == k2 && same(v, v2)))
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
-        }
-        _ => a == b,
-    }
-}
-
 /// A target as its wire value.
 pub fn target_value(target: &Target) -> Value {
     match target {

@@ -197,7 +197,7 @@ fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
     let expect = [
         (
             "cat",
-            r#""result":[{"serviceId":"pi.session-directory","mode":"singleton"},{"serviceId":"pi.session-management","mode":"singleton"},{"serviceId":"pi.presentation-plugins","mode":"singleton"}]"#,
+            r#""result":[{"serviceId":"pi.session-directory","mode":"singleton"},{"serviceId":"pi.session-management","mode":"singleton"},{"serviceId":"pi.presentation-plugins","mode":"singleton"},{"serviceId":"pi-server.session-status","mode":"singleton"}]"#,
         ),
         (
             "wrong",
@@ -419,6 +419,89 @@ fn attach_announces_the_route_first_and_fences_the_old_one() {
         ]
     );
     assert!(h.server.attachments(c).is_empty());
+}
+
+#[test]
+fn session_status_is_replicated_state_that_follows_attachments_and_turns() {
+    let mut h = Harness::serving(vec![stored(1), stored(2)], ConnId(1));
+    let watcher = ConnId(2);
+    let user = ConnId(3);
+    h.connect_v8(watcher);
+    h.connect_v8(user);
+    let args = vec![
+        Value::text("st"),
+        Value::text("pi-server.session-status"),
+        Value::text("singleton"),
+    ];
+    h.send_v8(
+        watcher,
+        "st",
+        server_target(),
+        call("$chord.service", "subscribe", args),
+    );
+    let snapshot = result_of(&h.v8_sent(watcher), "st");
+    let (one, two) = (stored(1).id, stored(2).id);
+    for id in [&one, &two] {
+        assert!(
+            snapshot.contains(&format!(
+                r#"{{"sessionId":"{id}","state":"stored","clients":0"#
+            )),
+            "{snapshot}"
+        );
+    }
+
+    // An attach shows the session live, with its client, model and level.
+    let before = h.frames(watcher);
+    let worker = h.attach_v8(user, &one, &history(&one, 1, 0));
+    let updates = h.v8_since(watcher, before);
+    let last = updates.last().expect("the attach is published");
+    assert!(last.contains("service_update"), "{updates:#?}");
+    let state = h.server.status_state.as_ref().unwrap().value().json_text();
+    assert!(
+        state.contains(&format!(
+            r#"{{"sessionId":"{one}","state":"idle","clients":1,"model":{{"provider":"#
+        )),
+        "{state}"
+    );
+
+    // A reply's progress changes nothing it shows: no update.
+    let before = h.frames(watcher);
+    h.worker(
+        worker,
+        FromWorker::<SessionSnapshot>::Progress {
+            progress: TranscriptProgress::AssistantDelta {
+                message_id: "a0".into(),
+                content_index: 0,
+                kind: DeltaKind::Text,
+                delta: "x".into(),
+            },
+        },
+    );
+    assert!(h.v8_since(watcher, before).is_empty());
+
+    // Detach: back to no clients, by a small op, not the whole list again.
+    let before = h.frames(watcher);
+    h.send_v8(
+        user,
+        "d",
+        server_target(),
+        call("pi.session-management", "detach", vec![]),
+    );
+    let updates = h.v8_since(watcher, before);
+    assert_eq!(updates.len(), 1, "{updates:#?}");
+    assert!(!updates[0].contains(&two), "{}", updates[0]);
+
+    // An unsubscribed connection is told nothing more.
+    h.send_v8(
+        watcher,
+        "un",
+        server_target(),
+        call("$chord.service", "unsubscribe", vec![Value::text("st")]),
+    );
+    let before = h.frames(watcher);
+    h.attach_v8(user, &two, &history(&two, 1, 0));
+    assert!(h.v8_since(watcher, before).is_empty());
+    assert!(h.server.status_watchers.is_empty());
 }
 
 /// Subscribes `conn` to a session service and returns the snapshot response.

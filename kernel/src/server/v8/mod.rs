@@ -41,6 +41,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Svc {
     Directory,
+    /// Ours: every session's state, clients, model and last activity.
+    Status,
     Management,
     Presentation,
     Agent,
@@ -49,8 +51,13 @@ pub(crate) enum Svc {
     Transcript,
 }
 
-/// The server scope's catalogue, in pi's order.
-const SERVER_SERVICES: [Svc; 3] = [Svc::Directory, Svc::Management, Svc::Presentation];
+/// The server scope's catalogue, in pi's order, then ours.
+const SERVER_SERVICES: [Svc; 4] = [
+    Svc::Directory,
+    Svc::Management,
+    Svc::Presentation,
+    Svc::Status,
+];
 /// A session's catalogue.
 const SESSION_SERVICES: [Svc; 4] = [
     Svc::Agent,
@@ -63,6 +70,7 @@ impl Svc {
     fn id(self) -> &'static str {
         match self {
             Self::Directory => "pi.session-directory",
+            Self::Status => STATUS_SERVICE,
             Self::Management => "pi.session-management",
             Self::Presentation => "pi.presentation-plugins",
             Self::Agent => "pi.agent-controller",
@@ -74,7 +82,7 @@ impl Svc {
 
     fn methods(self) -> &'static [&'static str] {
         match self {
-            Self::Directory | Self::Transcript => &[],
+            Self::Directory | Self::Status | Self::Transcript => &[],
             Self::Management => &["attach", "create", "detach", "remove"],
             Self::Presentation => &["prepareSession", "reload"],
             Self::Agent => &[
@@ -98,7 +106,10 @@ impl Svc {
     }
 
     fn has_state(self) -> bool {
-        matches!(self, Self::Directory | Self::Models | Self::Transcript)
+        matches!(
+            self,
+            Self::Directory | Self::Status | Self::Models | Self::Transcript
+        )
     }
 
     fn find(scope: &[Svc], id: &str) -> Option<Svc> {
@@ -731,9 +742,15 @@ impl Server {
             self.v8_publish_directory();
             self.refresh_directory(&[]);
         }
+        if svc == Svc::Status {
+            self.v8_publish_status();
+            self.refresh_status(&[]);
+            self.status_watchers.insert(conn);
+        }
         let snapshot = {
             let state = match (svc, route) {
                 (Svc::Directory, _) => self.directory.as_ref(),
+                (Svc::Status, _) => self.status_state.as_ref(),
                 (_, Some(route)) => self
                     .sessions
                     .get(&route.session_id)
@@ -1460,6 +1477,87 @@ impl Server {
         self.v8_publish(subscribers, Svc::Directory, sequence, &ops);
     }
 }
+
+impl Server {
+    /// `pi-server.session-status`'s sessions now: what `status` reports,
+    /// with each session's last activity.
+    fn status_sessions(&self) -> Value {
+        let sessions = self
+            .status()
+            .into_iter()
+            .map(|status| {
+                let live = self.sessions.get(&status.session_id);
+                let updated = live
+                    .and_then(|l| l.snapshot.as_deref())
+                    .map(|s| s.updated_at)
+                    .or_else(|| {
+                        let meta = self.catalog.get(&status.session_id)?;
+                        Some(meta.updated_at.unwrap_or(meta.created_at))
+                    });
+                let mut pairs = vec![
+                    ("sessionId", Value::text(&status.session_id)),
+                    ("state", Value::text(status.state.as_str())),
+                    ("clients", Value::Int(status.clients as i64)),
+                ];
+                if let (Some(model), Some(level)) = (&status.model, status.thinking_level) {
+                    pairs.push((
+                        "model",
+                        Value::object(vec![
+                            ("provider", Value::text(&model.provider)),
+                            ("modelId", Value::text(&model.id)),
+                        ]),
+                    ));
+                    pairs.push(("thinkingLevel", Value::text(level.as_str())));
+                }
+                if let Some(at) = updated {
+                    pairs.push(("updatedAt", Value::Int(at as i64)));
+                }
+                Value::object(pairs)
+            })
+            .collect();
+        Value::Array(sessions)
+    }
+
+    /// Brings `pi-server.session-status` up to date and tells its
+    /// subscribers, if it has any (a server with none builds nothing).
+    pub(super) fn v8_publish_status(&mut self) {
+        let watchers = std::mem::take(&mut self.status_watchers);
+        let subscribers: Vec<ConnId> = watchers
+            .into_iter()
+            .filter(|c| {
+                self.conns
+                    .get(c)
+                    .and_then(|c| c.v8.as_ref())
+                    .is_some_and(|v| v.subs.values().any(|s| s.svc == Svc::Status))
+            })
+            .collect();
+        self.status_watchers = subscribers.iter().copied().collect();
+        if !subscribers.is_empty() {
+            self.refresh_status(&subscribers);
+        }
+    }
+
+    /// [`Self::v8_publish_status`] to these subscribers (none, to make the
+    /// state a new subscription's snapshot shows).
+    fn refresh_status(&mut self, subscribers: &[ConnId]) {
+        let sessions = self.status_sessions();
+        let state = self.status_state.get_or_insert_with(|| {
+            State::new(Value::object(vec![("sessions", Value::Array(vec![]))]))
+        });
+        if state.value().get("sessions") == Some(&sessions) && state.sequence() > 0 {
+            return;
+        }
+        let next = Value::object(vec![("sessions", sessions)]);
+        let Some(ops) = state.publish(next) else {
+            return;
+        };
+        let sequence = state.sequence();
+        self.v8_publish(subscribers, Svc::Status, sequence, &ops);
+    }
+}
+
+/// Our service of every session's live status (server scope, state only).
+pub(crate) const STATUS_SERVICE: &str = "pi-server.session-status";
 
 fn no_bundles() -> Value {
     Value::object(vec![("presentationFacetBundles", Value::Array(vec![]))])
