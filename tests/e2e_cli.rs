@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -668,6 +669,140 @@ async fn list_quiet_models_credentials_and_completions() {
     );
     let bad = server.run_cli(&["completions", "tcsh"]).await;
     assert_eq!(bad.status.code(), Some(2));
+}
+
+/// Runs `tests/cli/complete.<shell>` with the binary on PATH: what the
+/// shell's completion of `pi-server completions <shell>` offers.
+fn complete(shell: &str, line: &[&str]) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli");
+    let bin_dir = Path::new(bin()).parent().expect("the binary's directory");
+    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("a PATH");
+    let mut command = std::process::Command::new(shell);
+    command.arg(dir.join(format!("complete.{shell}")));
+    if shell == "zsh" {
+        command.arg(line.join(" "));
+    } else {
+        command.args(line);
+    }
+    let output = command
+        .env("PATH", path)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {shell}: {e}"));
+    assert!(
+        output.status.success(),
+        "{shell} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut words: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    words.sort();
+    words.dedup();
+    words
+}
+
+/// Completion scripts work in bash and zsh: commands (never the internal
+/// `worker`), a command's own options with the global ones, and none of the
+/// global options where a command refuses them. `.ci/run` installs zsh; on
+/// CI its absence fails the test, elsewhere it skips with a message.
+#[test]
+fn completions_offer_commands_and_their_options_in_bash_and_zsh() {
+    for shell in ["bash", "zsh"] {
+        let present = std::process::Command::new(shell)
+            .arg("-c")
+            .arg("true")
+            .status()
+            .is_ok_and(|s| s.success());
+        if !present {
+            assert!(std::env::var_os("CI").is_none(), "{shell} is needed");
+            eprintln!("SKIPPED: {shell} is not installed");
+            continue;
+        }
+        let commands = complete(shell, &["pi-server", ""]);
+        for command in ["attach", "create", "list", "prompt", "serve"] {
+            assert!(
+                commands.iter().any(|c| c == command),
+                "{shell}: {commands:?}"
+            );
+        }
+        assert!(
+            !commands.iter().any(|c| c == "worker"),
+            "{shell}: {commands:?}"
+        );
+        let create = complete(shell, &["pi-server", "create", "--"]);
+        for option in ["--cwd", "--name", "--model", "--thinking", "--server-dir"] {
+            assert!(create.iter().any(|c| c == option), "{shell}: {create:?}");
+        }
+        let attach = complete(shell, &["pi-server", "attach", "--h"]);
+        assert!(
+            attach.iter().any(|c| c == "--history"),
+            "{shell}: {attach:?}"
+        );
+        let demo = complete(shell, &["pi-server", "demo", "-"]);
+        assert!(
+            !demo.iter().any(|c| c == "--server-dir"),
+            "{shell}: {demo:?}"
+        );
+        let serve = complete(shell, &["pi-server", "serve", "--"]);
+        assert!(serve.iter().any(|c| c == "--listen"), "{shell}: {serve:?}");
+        assert!(
+            !serve
+                .iter()
+                .any(|c| c == "--idle-exit-ms" || c == "--connect"),
+            "{shell}: {serve:?}"
+        );
+    }
+}
+
+/// Every command that prints ends quietly when its reader has gone (`| head`
+/// closing the pipe): no panic, no message, the status of a process killed by
+/// `SIGPIPE`, and what it did stays done.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_command_is_quiet_on_a_closed_pipe() {
+    let server = TestServer::start("closed-pipe").await;
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "piped"])
+        .await
+        .success()
+        .stdout;
+    let id = id.trim().to_owned();
+    server.run_cli(&["prompt", &id, "hello"]).await.success();
+    let commands: [&[&str]; 8] = [
+        &["list"],
+        &["list", "--json"],
+        &["models"],
+        &["log", &id],
+        &["prompt", &id, "again"],
+        &["create", "--cwd", "/tmp"],
+        &["completions", "bash"],
+        &["completions", "zsh"],
+    ];
+    for args in commands {
+        let mut command = tokio::process::Command::from(server.cli(args));
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn pi-server");
+        drop(child.stdout.take());
+        let output = within("a command with its stdout closed", child.wait_with_output())
+            .await
+            .expect("wait for pi-server");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?} said: {stderr}");
+    }
+    // The piped create did create; the piped prompt's turn ran.
+    let listed = server.run_cli(&["list", "-q"]).await.success().stdout;
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+    let log = server.run_cli(&["log", &id]).await.success().stdout;
+    assert!(log.contains("again"), "{log}");
 }
 
 /// Issue #15, item 7: a `prompt` refused as busy prints nothing of the turn

@@ -14,6 +14,13 @@
 //! [`commands`]; `prompt`'s streamed reply is [`stream`]; `attach` without
 //! a terminal is [`attach`] (with one, [`crate::tui`]); the tour is [`demo`].
 
+/// `println!` through [`print`]: quiet on a closed pipe.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::print_line(format_args!($($arg)*))
+    };
+}
+
 mod activate;
 mod args;
 mod attach;
@@ -26,7 +33,7 @@ pub use self::args::Cli;
 pub use kernel::time::format_utc;
 
 use self::activate::{MODEL_ONLY_AT_ACTIVATION, client_target};
-use self::args::{Commands, clap_command, parse_from, prompt_text};
+use self::args::{Commands, parse_from, prompt_text};
 use self::commands::{run_attach, run_create, run_list, run_log, run_models, run_rm, run_serve};
 use self::stream::run_prompt;
 use crate::config;
@@ -97,6 +104,31 @@ pub fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// Writes `text` to standard output and flushes it. A reader that closed
+/// the pipe (`pi-server list | head -1`) ends the command at once and
+/// quietly, with the status of a process killed by `SIGPIPE` (141), as
+/// `cat` and `git` end; any other write error ends it with a message.
+pub(crate) fn print(text: &str) {
+    use std::io::Write;
+    if text.is_empty() {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(e) => {
+            eprintln!("pi-server: cannot write to standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// [`print`] with a newline.
+pub(crate) fn print_line(text: impl std::fmt::Display) {
+    print(&format!("{text}\n"));
 }
 
 /// glibc's environment variable that fixes its mmap threshold.
@@ -173,12 +205,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Commands::Demo => demo::run_demo().await,
         Commands::List { json, quiet } => run_list(&target()?, json, quiet).await,
         Commands::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut clap_command(),
-                "pi-server",
-                &mut std::io::stdout(),
-            );
+            print(&args::completions(shell));
             Ok(())
         }
         Commands::Create(args) => run_create(&target()?, args).await,

@@ -95,9 +95,10 @@ pub(super) enum Commands {
     ///
     /// Newest activity first. STATUS is what a live session is doing
     /// (opening, idle, turn, compaction, retry, error: its last reply failed,
-    /// closing) or `stored` when no worker runs it. The model (and thinking level) is read from the
-    /// session directory where this client can read it, else `-`. When no server runs, the default one is
-    /// started. With --server-id or --connect, that server only.
+    /// closing) or `stored` when no worker runs it. The model and thinking
+    /// level are the server's report (`-` from a server too old to say).
+    /// When no server runs, the default one is started. With --server-id or
+    /// --connect, that server only.
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -323,6 +324,52 @@ pub(super) fn clap_command() -> clap::Command {
     let command = hide(command, "serve", &["connect"]);
     let command = hide(command, "demo", &all);
     hide(command, "completions", &all)
+}
+
+/// The completion script for `shell`: the commands and options a user may
+/// type, so neither the internal `worker` nor any hidden option, with the
+/// global options on the commands that take them.
+pub(super) fn completions(shell: clap_complete::Shell) -> String {
+    let full = clap_command();
+    let globals: Vec<clap::Arg> = full
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.clone().global(false))
+        .collect();
+    let shown = |arg: &&clap::Arg| !arg.is_hide_set();
+    let mut root = clap::Command::new(full.get_name().to_owned())
+        .version(full.get_version().map(str::to_owned).unwrap_or_default())
+        .about(full.get_about().cloned().unwrap_or_default())
+        .args(
+            full.get_arguments()
+                .filter(shown)
+                .map(|a| a.clone().global(false)),
+        );
+    for sub in full.get_subcommands().filter(|s| !s.is_hide_set()) {
+        // A command that refuses the global options holds hidden copies
+        // of them (`clap_command`): it gets none.
+        let refuses = |global: &clap::Arg| {
+            sub.get_arguments()
+                .any(|a| a.get_id() == global.get_id() && a.is_hide_set())
+        };
+        let mut copy = clap::Command::new(sub.get_name().to_owned())
+            .about(sub.get_about().cloned().unwrap_or_default())
+            .args(sub.get_arguments().filter(shown).cloned());
+        for global in globals.iter().filter(|g| !refuses(g)) {
+            copy = copy.arg(global.clone());
+        }
+        root = root.subcommand(copy);
+    }
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut root, "pi-server", &mut script);
+    let script = String::from_utf8_lossy(&script).into_owned();
+    match shell {
+        // clap_complete spells a hyphenated name's states one way where it
+        // sets them and another where it matches them, so no subcommand's
+        // options ever complete (clap-rs/clap#6421, open): match as set.
+        clap_complete::Shell::Bash => script.replace("pi__subcmd__server", "pi__server"),
+        _ => script,
+    }
 }
 
 pub(super) fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>

@@ -14,7 +14,6 @@ use kernel::client::front::{self, Front, Link, Notice, Output, Request};
 use kernel::protocol::codec::Schema;
 use kernel::protocol::{AssistantStatus, ServerEvent, SessionSnapshot, ToolStatus};
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc};
@@ -144,14 +143,7 @@ impl Plain {
     }
 }
 
-fn print(text: &str) {
-    if text.is_empty() {
-        return;
-    }
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes());
-    let _ = stdout.flush();
-}
+use crate::cli::print;
 
 /// An event as one JSON line, in the protocol's own field names.
 fn json_line(event: &ServerEvent) -> String {

@@ -12,7 +12,7 @@ use kernel::protocol::{
 };
 use kernel::time::format_utc;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,7 +131,7 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
     });
     if quiet {
         for (_, s) in &pairs {
-            println!("{}", s.id);
+            outln!("{}", s.id);
         }
         return Ok(());
     }
@@ -153,7 +153,7 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
                 value
             })
             .collect();
-        println!("{}", serde_json::Value::Array(list));
+        outln!("{}", serde_json::Value::Array(list));
         return Ok(());
     }
     if pairs.is_empty() {
@@ -251,7 +251,7 @@ pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), 
             chosen.provider, chosen.id
         );
     }
-    println!("{}", session.id);
+    outln!("{}", session.id);
     Ok(())
 }
 
@@ -283,7 +283,7 @@ pub(super) async fn run_rm(target: &Target, query: &str) -> Result<(), String> {
     let result = client.remove(id).await;
     client.close().await;
     result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
-    println!("removed session {id}");
+    outln!("removed session {id}");
     Ok(())
 }
 
@@ -305,7 +305,7 @@ pub(super) async fn run_models(target: &Target, json: bool) -> Result<(), String
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(list));
+        outln!("{}", serde_json::Value::Array(list));
         return Ok(());
     }
     let mut rows = vec![vec![
@@ -334,7 +334,7 @@ pub(super) fn print_table(rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..columns)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
-    let mut out = std::io::stdout().lock();
+    let mut out = String::new();
     for row in rows {
         let mut line = String::new();
         for (c, cell) in row.iter().enumerate() {
@@ -344,8 +344,10 @@ pub(super) fn print_table(rows: &[Vec<String>]) {
                 line.push_str(&format!("{cell:<width$}  ", width = widths[c]));
             }
         }
-        let _ = writeln!(out, "{}", line.trim_end());
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
+    crate::cli::print(&out);
 }
 
 pub(super) async fn run_log(target: &Target, query: &str, json: bool) -> Result<(), String> {

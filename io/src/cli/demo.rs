@@ -26,18 +26,18 @@ pub(super) async fn run_demo() -> Result<(), String> {
         .mode(0o700)
         .create(&root)
         .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    println!(
+    outln!(
         "[demo] a throwaway server in {} (embedded faux model, no network)",
         root.display()
     );
     let result = demo_in(&root).await;
     let removed = fs::remove_dir_all(&root);
     match &removed {
-        Ok(()) => println!("[demo] removed {}", root.display()),
+        Ok(()) => outln!("[demo] removed {}", root.display()),
         Err(e) => eprintln!("[demo] cannot remove {}: {e}", root.display()),
     }
     result?;
-    println!(
+    outln!(
         "[demo] done. Try `pi-server create`, `pi-server prompt <id> <text>` and `pi-server attach <id>`."
     );
     Ok(())
@@ -75,7 +75,7 @@ async fn demo_in(root: &Path) -> Result<(), String> {
         .stderr(log_err)
         .spawn()
         .map_err(|e| format!("cannot start the server: {e}"))?;
-    println!(
+    outln!(
         "[demo] started `pi-server serve` (pid {}), log in {}",
         child.id(),
         demo.log.display()
@@ -94,7 +94,7 @@ async fn stop_demo_server(child: &mut Child) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
-    println!("[demo] stopping the server (SIGTERM)");
+    outln!("[demo] stopping the server (SIGTERM)");
     let pid = rustix::process::Pid::from_child(child);
     if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_err() {
         let _ = child.kill();
@@ -102,7 +102,7 @@ async fn stop_demo_server(child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            println!("[demo] server stopped ({status})");
+            outln!("[demo] server stopped ({status})");
             return;
         }
         if Instant::now() >= deadline {
@@ -147,11 +147,11 @@ async fn demo_script(demo: &DemoServer, child: &mut Child) -> Result<(), String>
         .iter()
         .map(|m| format!("{}/{}", m.provider, m.id))
         .collect();
-    println!(
+    outln!(
         "[demo] the server answers at unix://{}",
         demo.socket.display()
     );
-    println!(
+    outln!(
         "[client 1] connected: server {}, models {}",
         server.server_id,
         models.join(", ")
@@ -167,31 +167,32 @@ async fn demo_script(demo: &DemoServer, child: &mut Child) -> Result<(), String>
         .await
         .map_err(|e| format!("create failed: {e}"))?;
     let id = session.id.clone();
-    println!(
+    outln!(
         "[client 1] created session {id} (model {}/{})",
-        session.model.provider, session.model.id
+        session.model.provider,
+        session.model.id
     );
     let snapshot = demo_prompt(&first, &id, "Hello, pi-server!", "[client 1]").await?;
-    println!(
+    outln!(
         "[client 1] turn complete: revision {}, {} transcript items",
         snapshot.revision,
         snapshot.transcript.len()
     );
 
     let second = demo_connect(demo, child).await?;
-    println!("[client 2] connected");
+    outln!("[client 2] connected");
     let theirs = second
         .attach(&id)
         .await
         .map_err(|e| format!("attach failed: {e}"))?;
-    println!(
+    outln!(
         "[client 2] attached to the session: revision {}, {} transcript items, phase {}",
         theirs.revision,
         theirs.transcript.len(),
         theirs.phase.as_str()
     );
     let ours = wait_for_revision(&first, &id, theirs.revision).await;
-    println!(
+    outln!(
         "[client 1] has its own copy: revision {}, {} transcript items",
         ours.revision,
         ours.transcript.len()
@@ -199,17 +200,17 @@ async fn demo_script(demo: &DemoServer, child: &mut Child) -> Result<(), String>
     if ours.transcript != theirs.transcript {
         return Err("the two clients disagree about the transcript".into());
     }
-    println!("[demo] both clients hold the same session snapshot");
+    outln!("[demo] both clients hold the same session snapshot");
 
     let mut watching = second.events();
     let snapshot = demo_prompt(&first, &id, "Can both of you see this?", "[client 1]").await?;
     let seen = collect_reply(&mut watching, &id, snapshot.revision).await;
-    println!(
+    outln!(
         "[client 2] saw the same reply live, in {} deltas: {seen:?}",
         seen.len()
     );
     let _ = second.detach(&id).await;
-    println!("[client 2] detached");
+    outln!("[client 2] detached");
     second.close().await;
     first.close().await;
     Ok(())
@@ -221,7 +222,7 @@ async fn demo_prompt(
     text: &str,
     label: &str,
 ) -> Result<SessionSnapshot, String> {
-    println!("{label} > {text}");
+    outln!("{label} > {text}");
     let mut stream = Stream::new();
     stream.write(&format!("{label} < "));
     let snapshot = stream_prompt(client, id, text, &mut stream, None).await?;

@@ -8,7 +8,6 @@ use crate::client::{Client, Status};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Front};
 use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, TranscriptItem};
-use std::io::Write;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
 
@@ -49,9 +48,7 @@ impl Stream {
         if text.is_empty() {
             return;
         }
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        crate::cli::print(text);
         self.line_open = !text.ends_with('\n');
     }
 
