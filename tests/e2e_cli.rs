@@ -805,6 +805,108 @@ async fn every_command_is_quiet_on_a_closed_pipe() {
     assert!(log.contains("again"), "{log}");
 }
 
+/// `steer`, `abort`, `set-model` and `set-thinking` act on a session another
+/// client runs a turn in, say what came of it, and exit 1 with the server's
+/// reason when it refuses (busy, no turn, an unknown model or level).
+#[tokio::test(flavor = "multi_thread")]
+async fn steer_abort_and_settings_from_the_command_line() {
+    let options = Options {
+        faux_delay_ms: 5,
+        ..Options::default()
+    };
+    let server = TestServer::start_with("control", options).await;
+    let client = std::sync::Arc::new(server.connect().await);
+    let id = client.create(params("ctl")).await.unwrap().id;
+
+    // Idle: nothing to steer or abort.
+    for args in [&["steer", "ctl", "hi"][..], &["abort", "ctl"]] {
+        let refused = server.run_cli(args).await;
+        assert_eq!(refused.status.code(), Some(1), "{args:?}: {refused:#?}");
+        assert!(refused.stderr.contains("no active prompt"), "{refused:#?}");
+    }
+
+    let mut events = client.events();
+    let turn = {
+        let (client, id) = (std::sync::Arc::clone(&client), id.clone());
+        tokio::spawn(async move {
+            client
+                .prompt(&id, "a long job with many words to stream, one by one")
+                .await
+        })
+    };
+    next_event(&mut events, "the turn streams", |e| {
+        matches!(e, kernel::protocol::ServerEvent::SessionProgress { .. })
+    })
+    .await;
+    let steered = server
+        .run_cli(&["steer", "ctl", "be", "brief"])
+        .await
+        .success();
+    assert!(
+        steered.stdout.starts_with("steered session"),
+        "{steered:#?}"
+    );
+    let busy = server
+        .run_cli(&["set-model", "ctl", "faux/faux-reasoner"])
+        .await;
+    assert_eq!(busy.status.code(), Some(1), "{busy:#?}");
+    assert!(busy.stderr.contains("(busy)"), "{busy:#?}");
+    let aborted = server.run_cli(&["abort", "ctl"]).await.success();
+    assert!(
+        aborted.stdout.starts_with("aborted the running turn"),
+        "{aborted:#?}"
+    );
+    let ended = within("the aborted turn to end", turn).await.unwrap();
+    let last = ended.expect("the prompt settles").transcript;
+    assert!(
+        matches!(
+            last.last(),
+            Some(kernel::protocol::TranscriptItem::Assistant(a))
+                if a.status == kernel::protocol::AssistantStatus::Aborted
+        ),
+        "{last:#?}"
+    );
+
+    let switched = server
+        .run_cli(&["set-model", "ctl", "faux/faux-reasoner"])
+        .await
+        .success();
+    assert!(
+        switched
+            .stdout
+            .contains("now uses faux/faux-reasoner with thinking"),
+        "{switched:#?}"
+    );
+    let high = server
+        .run_cli(&["set-thinking", "ctl", "high"])
+        .await
+        .success();
+    assert!(high.stdout.contains("with thinking high"), "{high:#?}");
+    let unknown = server.run_cli(&["set-model", "ctl", "nope/x"]).await;
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        unknown.stderr.contains("Unknown model nope/x"),
+        "{unknown:#?}"
+    );
+    server
+        .run_cli(&["set-model", "ctl", "faux/faux-1"])
+        .await
+        .success();
+    let unsupported = server.run_cli(&["set-thinking", "ctl", "high"]).await;
+    assert_eq!(unsupported.status.code(), Some(1));
+    assert!(
+        unsupported
+            .stderr
+            .contains("does not support thinking level high"),
+        "{unsupported:#?}"
+    );
+    let usage = server.run_cli(&["set-thinking", "ctl", "bogus"]).await;
+    assert_eq!(usage.status.code(), Some(2));
+    // The other client sees the session's settings change.
+    let now = client.attach(&id).await.unwrap();
+    assert_eq!(now.model.id, "faux-1");
+}
+
 /// Issue #15, item 7: a `prompt` refused as busy prints nothing of the turn
 /// another client is running (it prints only its own session's output, and
 /// only for its own request), and says why on stderr. Many rounds, each

@@ -34,7 +34,9 @@ pub use kernel::time::format_utc;
 
 use self::activate::{MODEL_ONLY_AT_ACTIVATION, client_target};
 use self::args::{Commands, parse_from, prompt_text};
-use self::commands::{run_attach, run_create, run_list, run_log, run_models, run_rm, run_serve};
+use self::commands::{
+    Control, run_attach, run_control, run_create, run_list, run_log, run_models, run_rm, run_serve,
+};
 use self::stream::run_prompt;
 use crate::config;
 use std::io::IsTerminal;
@@ -218,6 +220,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Commands::Log { id, json } => run_log(&target()?, &id, json).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,
+        Commands::Steer { id, text } => {
+            let text = prompt_text(&text)?;
+            run_control(&target()?, &id, Control::Steer(text)).await
+        }
+        Commands::Abort { id } => run_control(&target()?, &id, Control::Abort).await,
+        Commands::SetModel { id, model } => {
+            run_control(&target()?, &id, Control::SetModel(model)).await
+        }
+        Commands::SetThinking { id, level } => {
+            run_control(&target()?, &id, Control::SetThinking(level)).await
+        }
         Commands::Models { json } => run_models(&target()?, json).await,
         Commands::Acp => crate::acp::run(activate::connect(&target()?).await?).await,
     };

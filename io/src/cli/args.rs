@@ -169,6 +169,55 @@ pub(super) enum Commands {
         json: bool,
     },
 
+    /// Send a steering message into a session's running turn: the model
+    /// reads it before its next step.
+    ///
+    /// Refused when no turn runs (start one with `prompt`).
+    Steer {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// The message; several words are joined with spaces. `-` alone
+        /// reads it from standard input.
+        #[arg(required = true, num_args = 1.., value_name = "TEXT")]
+        text: Vec<String>,
+    },
+
+    /// Abort a session's running turn: what the reply had so far is kept,
+    /// marked aborted.
+    ///
+    /// Refused when no turn runs.
+    Abort {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+    },
+
+    /// Switch a session's model for its next turns (see `pi-server models`).
+    ///
+    /// Refused while a turn runs.
+    SetModel {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// The model, as PROVIDER/MODEL.
+        #[arg(value_name = "PROVIDER/MODEL", value_parser = parse_model)]
+        model: ModelRef,
+    },
+
+    /// Set a session's thinking level for its next turns.
+    ///
+    /// Refused while a turn runs, and for a level the session's model does
+    /// not offer (`pi-server models` lists each model's levels).
+    SetThinking {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// off, minimal, low, medium, high, xhigh or max.
+        #[arg(value_name = "LEVEL", value_parser = parse_thinking)]
+        level: ThinkingLevel,
+    },
+
     /// Delete a stored session.
     Rm {
         /// Session id, a unique prefix of one, or a session name (see `pi-server list`).

@@ -8,7 +8,8 @@ use super::attach;
 use super::discover::{Found, close_all, servers, session_server};
 use crate::config;
 use kernel::protocol::{
-    CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, ThinkingLevel,
+    CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, SessionSnapshot,
+    ThinkingLevel,
 };
 use kernel::time::format_utc;
 use std::collections::{BTreeMap, BTreeSet};
@@ -285,6 +286,72 @@ pub(super) async fn run_rm(target: &Target, query: &str) -> Result<(), String> {
     result.map_err(|e| format!("cannot remove session {id}: {e}"))?;
     outln!("removed session {id}");
     Ok(())
+}
+
+/// What `steer`, `abort`, `set-model` and `set-thinking` ask of a session.
+#[derive(Debug)]
+pub(super) enum Control {
+    Steer(String),
+    Abort,
+    SetModel(ModelRef),
+    SetThinking(ThinkingLevel),
+}
+
+/// Attaches to the session `query` names, asks `control` of it, says what
+/// came of it, and detaches.
+pub(super) async fn run_control(
+    target: &Target,
+    query: &str,
+    control: Control,
+) -> Result<(), String> {
+    let (client, id) = session_server(target, query).await?;
+    let result = control_session(&client, &id, control).await;
+    client.close().await;
+    outln!("{}", result?);
+    Ok(())
+}
+
+async fn control_session(
+    client: &crate::client::Client,
+    id: &str,
+    control: Control,
+) -> Result<String, String> {
+    client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let uses = |s: SessionSnapshot| {
+        format!(
+            "session {id} now uses {}/{} with thinking {}",
+            s.model.provider,
+            s.model.id,
+            s.thinking_level.as_str()
+        )
+    };
+    let result = match control {
+        Control::Steer(text) => client
+            .steer(id, &text)
+            .await
+            .map(|_| format!("steered session {id}: its running turn reads the message next"))
+            .map_err(|e| format!("cannot steer session {id}: {e}")),
+        Control::Abort => client
+            .abort(id)
+            .await
+            .map(|_| format!("aborted the running turn of session {id}"))
+            .map_err(|e| format!("cannot abort the turn of session {id}: {e}")),
+        Control::SetModel(model) => client
+            .set_model(id, model)
+            .await
+            .map(uses)
+            .map_err(|e| format!("cannot switch the model of session {id}: {e}")),
+        Control::SetThinking(level) => client
+            .set_thinking(id, level)
+            .await
+            .map(uses)
+            .map_err(|e| format!("cannot set the thinking level of session {id}: {e}")),
+    };
+    let _ = client.detach(id).await;
+    result
 }
 
 pub(super) async fn run_models(target: &Target, json: bool) -> Result<(), String> {
