@@ -583,7 +583,7 @@ async fn a_piped_attach_sends_as_the_session_can_take_it_and_waits_at_eof() {
 /// unique prefix or its name, and an ambiguous name lists the candidates.
 #[tokio::test(flavor = "multi_thread")]
 async fn log_prefixes_and_names() {
-    let server = TestServer::start("log").await;
+    let mut server = TestServer::start("log").await;
     let id = server
         .run_cli(&["create", "--cwd", "/tmp", "--name", "notes"])
         .await
@@ -613,12 +613,23 @@ async fn log_prefixes_and_names() {
     assert_eq!(items[0]["role"], "user");
     assert_eq!(items[1]["role"], "assistant");
 
-    for _ in 0..2 {
-        server
-            .run_cli(&["create", "--cwd", "/tmp", "--name", "twin"])
-            .await
-            .success();
-    }
+    // Names are unique within a server, but sessions from elsewhere (an
+    // older server, a copied directory) may share one.
+    server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "twin"])
+        .await
+        .success();
+    let copy = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "twin-copy"])
+        .await
+        .success()
+        .stdout;
+    assert!(server.terminate().await.success());
+    let meta = server.session_dir.join(copy.trim()).join("meta.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    std::fs::write(&meta, text.replace("twin-copy", "twin")).unwrap();
+    server.spawn();
+    server.wait_ready().await;
     let twin = server.run_cli(&["log", "twin"]).await;
     assert_eq!(twin.status.code(), Some(1));
     assert!(
@@ -905,6 +916,58 @@ async fn steer_abort_and_settings_from_the_command_line() {
     // The other client sees the session's settings change.
     let now = client.attach(&id).await.unwrap();
     assert_eq!(now.model.id, "faux-1");
+}
+
+/// Names are unique: `create --name` and `rename` refuse a taken name,
+/// naming its holder; a renamed session is found by its new name, listed
+/// with it, and keeps it across a server restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn names_are_unique_and_sessions_can_be_renamed() {
+    let mut server = TestServer::start("names").await;
+    let first = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "dup"])
+        .await
+        .success()
+        .stdout;
+    let first = first.trim().to_owned();
+    let again = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "dup"])
+        .await;
+    assert_eq!(again.status.code(), Some(1), "{again:#?}");
+    assert!(
+        again
+            .stderr
+            .contains(&format!("Name \"dup\" is taken by session {first}")),
+        "{again:#?}"
+    );
+    let second = server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "other"])
+        .await
+        .success()
+        .stdout;
+    let second = second.trim().to_owned();
+    let taken = server.run_cli(&["rename", "other", "dup"]).await;
+    assert_eq!(taken.status.code(), Some(1), "{taken:#?}");
+    assert!(taken.stderr.contains(&first), "{taken:#?}");
+
+    let renamed = server
+        .run_cli(&["rename", "other", "tests"])
+        .await
+        .success();
+    assert_eq!(
+        renamed.stdout,
+        format!("session {second} is now named tests\n")
+    );
+    server
+        .run_cli(&["prompt", "tests", "hello"])
+        .await
+        .success();
+    server.restart().await;
+    let listed = server.run_cli(&["list", "--json"]).await.success().stdout;
+    assert!(listed.contains("\"tests\""), "{listed}");
+    assert!(!listed.contains("\"other\""), "{listed}");
+    let log = server.run_cli(&["log", "tests"]).await.success().stdout;
+    assert!(log.contains("hello"), "{log}");
 }
 
 /// Issue #15, item 7: a `prompt` refused as busy prints nothing of the turn

@@ -547,8 +547,8 @@ async fn s12_locked_session_under_concurrent_attaches() {
     let c = server.connect().await;
     let mut locks = Vec::new();
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let s = c.create(params("locked")).await.unwrap().id;
+    for i in 0..8 {
+        let s = c.create(params(&format!("locked {i}"))).await.unwrap().id;
         c.detach(&s).await.unwrap();
         server.wait_no_worker(&s).await;
         let lock = std::fs::OpenOptions::new()

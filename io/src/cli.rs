@@ -224,6 +224,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let text = prompt_text(&text)?;
             run_control(&target()?, &id, Control::Steer(text)).await
         }
+        Commands::Rename { id, name } => run_control(&target()?, &id, Control::Rename(name)).await,
         Commands::Abort { id } => run_control(&target()?, &id, Control::Abort).await,
         Commands::SetModel { id, model } => {
             run_control(&target()?, &id, Control::SetModel(model)).await

@@ -105,11 +105,13 @@ impl StoredSession {
             Persist::State {
                 revision,
                 updated_at,
+                name,
                 model,
                 thinking_level,
                 queued_steer,
                 summary,
             } => {
+                self.name = name.clone();
                 self.revision = *revision;
                 self.updated_at = *updated_at;
                 self.model = model.clone();
@@ -133,6 +135,8 @@ pub enum Persist {
         revision: u64,
         /// Last change.
         updated_at: u64,
+        /// Display name (kept in `meta.json`, not the database).
+        name: Option<String>,
         /// Selected model.
         model: ModelRef,
         /// Selected thinking level.
@@ -668,6 +672,13 @@ impl Runtime {
             Operation::Abort => return self.on_abort(op),
             Operation::SetModel { model } => self.on_set_model(model),
             Operation::SetThinking { level } => self.on_set_thinking(level),
+            Operation::Rename { name } => {
+                // The server checked the name (unique, well formed); a turn
+                // may run: a name is no setting of it.
+                self.state.name = Some(name);
+                self.bump();
+                Ok(())
+            }
         };
         self.done(op, result);
     }
@@ -1559,6 +1570,7 @@ impl Runtime {
         self.out.push(RuntimeOutput::Persist(Persist::State {
             revision: s.revision,
             updated_at: s.updated_at,
+            name: s.name.clone(),
             model: s.model.clone(),
             thinking_level: s.thinking_level,
             queued_steer: s.queued_steer.clone(),

@@ -49,6 +49,8 @@ pub enum Operation {
     SetModel { model: ModelRef },
     /// Select a thinking level (idle only).
     SetThinking { level: ThinkingLevel },
+    /// Name the session (the server checked the name).
+    Rename { name: String },
 }
 
 impl Operation {
@@ -60,6 +62,7 @@ impl Operation {
             Self::Abort => "abort",
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
+            Self::Rename { .. } => "rename",
         }
     }
 }

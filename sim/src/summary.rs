@@ -109,6 +109,7 @@ pub fn client(names: &mut Names, m: &ClientMessage) -> String {
                 Command::SetThinking { thinking_level, .. } => {
                     format!(" {}", thinking_level.as_str())
                 }
+                Command::Rename { name, .. } => format!(" {:?}", short(name)),
                 _ => String::new(),
             };
             format!("#{} {}{target}{extra}", r.id, c.name())
@@ -189,7 +190,8 @@ fn result_summary(names: &mut Names, r: &CommandResult) -> String {
         | CommandResult::Steer { session }
         | CommandResult::Abort { session }
         | CommandResult::SetModel { session }
-        | CommandResult::SetThinking { session } => {
+        | CommandResult::SetThinking { session }
+        | CommandResult::Rename { session } => {
             format!("{} {}", r.name(), snapshot(names, session))
         }
     }
@@ -238,6 +240,7 @@ pub fn to_worker(m: &ToWorker) -> String {
                 }
                 Operation::SetModel { model } => format!(" {}/{}", model.provider, model.id),
                 Operation::SetThinking { level } => format!(" {}", level.as_str()),
+                Operation::Rename { name } => format!(" {:?}", short(name)),
                 Operation::Abort => String::new(),
             };
             format!("{op} {}{detail}", operation.name())

@@ -624,6 +624,17 @@ impl Client {
         session_of(self.request(command).await?)
     }
 
+    /// `rename` (our extension): name an attached session; refused when
+    /// another session has the name.
+    pub async fn rename(
+        &self,
+        session_id: &str,
+        name: &str,
+    ) -> Result<SessionSnapshot, ClientError> {
+        let (session_id, name) = (session_id.to_owned(), name.to_owned());
+        session_of(self.request(Command::Rename { session_id, name }).await?)
+    }
+
     /// `remove` (our extension): delete a stored session.
     pub async fn remove(&self, session_id: &str) -> Result<(), ClientError> {
         let session_id = session_id.to_owned();

@@ -218,6 +218,17 @@ pub(super) enum Commands {
         level: ThinkingLevel,
     },
 
+    /// Rename a session. Names are unique among a server's sessions: a
+    /// name another session has is refused, naming that session.
+    Rename {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// The new name: one line, at most 128 characters.
+        #[arg(value_parser = parse_non_empty)]
+        name: String,
+    },
+
     /// Delete a stored session.
     Rm {
         /// Session id, a unique prefix of one, or a session name (see `pi-server list`).

@@ -288,13 +288,15 @@ pub(super) async fn run_rm(target: &Target, query: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What `steer`, `abort`, `set-model` and `set-thinking` ask of a session.
+/// What `steer`, `abort`, `set-model`, `set-thinking` and `rename` ask of a
+/// session.
 #[derive(Debug)]
 pub(super) enum Control {
     Steer(String),
     Abort,
     SetModel(ModelRef),
     SetThinking(ThinkingLevel),
+    Rename(String),
 }
 
 /// Attaches to the session `query` names, asks `control` of it, says what
@@ -349,6 +351,11 @@ async fn control_session(
             .await
             .map(uses)
             .map_err(|e| format!("cannot set the thinking level of session {id}: {e}")),
+        Control::Rename(name) => client
+            .rename(id, &name)
+            .await
+            .map(|s| format!("session {id} is now named {}", s.name.unwrap_or_default()))
+            .map_err(|e| format!("cannot rename session {id}: {e}")),
     };
     let _ = client.detach(id).await;
     result

@@ -232,14 +232,22 @@ pub(super) fn write_initial(
         .map_err(sqlite_error(dir, id, "commit the initial state"))
 }
 
-/// Applies a batch in one `BEGIN IMMEDIATE` transaction. Returns the model
-/// and thinking level of the batch's last state write, if any.
+/// What `meta.json` holds of a state write.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Settings {
+    pub(super) name: Option<String>,
+    pub(super) model: ModelRef,
+    pub(super) thinking_level: ThinkingLevel,
+}
+
+/// Applies a batch in one `BEGIN IMMEDIATE` transaction. Returns the name,
+/// model and thinking level of the batch's last state write, if any.
 pub(super) fn apply(
     conn: &mut Connection,
     dir: &Path,
     id: &str,
     batch: &[Persist],
-) -> Result<Option<(ModelRef, ThinkingLevel)>, StoreError> {
+) -> Result<Option<Settings>, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sqlite_error(dir, id, "begin a transaction"))?;
@@ -250,6 +258,7 @@ pub(super) fn apply(
             Persist::State {
                 revision,
                 updated_at,
+                name,
                 model,
                 thinking_level,
                 queued_steer,
@@ -282,7 +291,11 @@ pub(super) fn apply(
                 if changed != 1 {
                     return Err(corrupt(dir, id, "its state row is missing"));
                 }
-                settings = Some((model.clone(), *thinking_level));
+                settings = Some(Settings {
+                    name: name.clone(),
+                    model: model.clone(),
+                    thinking_level: *thinking_level,
+                });
             }
             // A server-wide setting, not session state: the worker writes it to settings.json.
             Persist::DefaultModel(_) => {}

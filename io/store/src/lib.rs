@@ -637,8 +637,8 @@ impl SessionStore {
     /// Makes a batch of writes durable in ONE `BEGIN IMMEDIATE` transaction:
     /// either all of it is committed or none. Items are upserted by id (a new
     /// id goes to the end of the transcript, a known id keeps its position).
-    /// If the batch changes the model or thinking level, `meta.json` is
-    /// rewritten after the commit; should that fail, the error is returned
+    /// If the batch changes the name, model or thinking level, `meta.json` is
+    /// rewritten after the commit (the name lives there alone); should that fail, the error is returned
     /// but the batch is committed, and the next open repairs `meta.json`.
     ///
     /// An item or steer message that its wire schema forbids fails the whole
@@ -654,14 +654,17 @@ impl SessionStore {
             return Ok(());
         }
         let settings = db::apply(&mut self.conn, &self.dir, &self.id, batch)?;
-        if let Some((model, thinking_level)) = settings
-            && (self.meta.model != model || self.meta.thinking_level != thinking_level)
-        {
-            let mut meta = self.meta.clone();
-            meta.model = model;
-            meta.thinking_level = thinking_level;
-            meta::write(&self.dir, &self.id, &meta)?;
-            self.meta = meta;
+        if let Some(settings) = settings {
+            let meta = Meta {
+                name: settings.name,
+                model: settings.model,
+                thinking_level: settings.thinking_level,
+                ..self.meta.clone()
+            };
+            if meta != self.meta {
+                meta::write(&self.dir, &self.id, &meta)?;
+                self.meta = meta;
+            }
         }
         Ok(())
     }

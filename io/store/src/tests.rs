@@ -133,6 +133,7 @@ fn state_of(s: &StoredSession) -> Persist {
     Persist::State {
         revision: s.revision,
         updated_at: s.updated_at,
+        name: s.name.clone(),
         model: s.model.clone(),
         thinking_level: s.thinking_level,
         queued_steer: s.queued_steer.clone(),
@@ -514,6 +515,22 @@ fn open_repairs_a_stale_meta_json() {
     assert_eq!(loaded, s);
     let text = fs::read_to_string(dir.join("stale").join(META_FILE)).unwrap();
     assert!(text.contains("\"thinkingLevel\": \"low\""), "{text}");
+}
+
+#[test]
+fn a_new_name_is_written_to_meta_json_and_listed() {
+    let tmp = TempDir::new();
+    let dir = tmp.sessions();
+    let mut s = session("named");
+    let mut store = SessionStore::create(&dir, &s).unwrap();
+    s.revision = 2;
+    s.name = Some("renamed".into());
+    store.apply(&[state_of(&s)]).unwrap();
+    let listed = scan_catalog(&dir);
+    assert_eq!(listed[0].session_name.as_deref(), Some("renamed"));
+    store.close().unwrap();
+    let (_store, loaded) = SessionStore::open(&dir, "named").unwrap();
+    assert_eq!(loaded, s, "the name survives a reopen");
 }
 
 #[test]

@@ -71,6 +71,9 @@ pub enum Command {
     /// `{command:"remove", sessionId}`: our extension (not in the v1 schema).
     /// Deletes a stored session; attached connections get `session_removed`.
     Remove { session_id: String },
+    /// `{command:"rename", sessionId, name}`: our extension. Names an
+    /// attached session; a name is unique among the server's sessions.
+    Rename { session_id: String, name: String },
     /// `{command:"status"}`: our extension. The runtime state of every live
     /// session (v1's `SessionMetadata` is durable metadata only), without
     /// attaching to any or starting a worker.
@@ -91,6 +94,7 @@ impl Command {
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
+            Self::Rename { .. } => "rename",
             Self::Status => "status",
         }
     }
@@ -106,6 +110,7 @@ impl Command {
             | Self::Abort { session_id }
             | Self::SetModel { session_id, .. }
             | Self::SetThinking { session_id, .. }
+            | Self::Rename { session_id, .. }
             | Self::Remove { session_id } => Some(session_id),
         }
     }
@@ -180,6 +185,8 @@ pub enum CommandResult {
     SetThinking { session: SessionSnapshot },
     /// `{command:"remove", sessionId}`: our extension.
     Remove { session_id: String },
+    /// `{command:"rename", session}`: our extension.
+    Rename { session: SessionSnapshot },
     /// `{command:"status", sessions}`: our extension; one entry per live
     /// session, in id order. A stored session that is not live has none.
     Status { sessions: Vec<LiveStatus> },
@@ -254,7 +261,8 @@ impl CommandResult {
             | Self::Steer { session }
             | Self::Abort { session }
             | Self::SetModel { session }
-            | Self::SetThinking { session } => Some(session),
+            | Self::SetThinking { session }
+            | Self::Rename { session } => Some(session),
             Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } | Self::Status { .. } => {
                 None
             }
@@ -271,7 +279,8 @@ impl CommandResult {
             | Self::Steer { session }
             | Self::Abort { session }
             | Self::SetModel { session }
-            | Self::SetThinking { session } => Ok(session),
+            | Self::SetThinking { session }
+            | Self::Rename { session } => Ok(session),
             other => Err(other.name()),
         }
     }
@@ -289,6 +298,7 @@ impl CommandResult {
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
+            Self::Rename { .. } => "rename",
             Self::Status { .. } => "status",
         }
     }
@@ -305,6 +315,7 @@ impl CommandResult {
             "abort" => Self::Abort { session },
             "set_model" => Self::SetModel { session },
             "set_thinking" => Self::SetThinking { session },
+            "rename" => Self::Rename { session },
             _ => return None,
         })
     }

@@ -128,6 +128,7 @@ fn operation_to_value(op: &Operation) -> Value {
         Operation::Abort => b,
         Operation::SetModel { model } => b.put("model", model.to_value()),
         Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
+        Operation::Rename { name } => b.put("name", text(name)),
     }
     .build()
 }
@@ -161,6 +162,12 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
             let f = Fields::new(value, path, &["kind", "thinkingLevel"])?;
             Operation::SetThinking {
                 level: f.required("thinkingLevel", read_thinking)?,
+            }
+        }
+        Some("rename") => {
+            let f = Fields::new(value, path, &["kind", "name"])?;
+            Operation::Rename {
+                name: f.required("name", read_string)?,
             }
         }
         other => {

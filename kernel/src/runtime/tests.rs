@@ -728,6 +728,30 @@ fn set_model_records_the_default_for_new_sessions() {
 }
 
 #[test]
+fn a_rename_is_stored_and_shown_even_during_a_turn() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "go".into() });
+    let out = t
+        .op(
+            2,
+            Operation::Rename {
+                name: "fixes".into(),
+            },
+        )
+        .to_vec();
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            RuntimeOutput::Persist(Persist::State { name: Some(n), .. }) if n == "fixes"
+        )),
+        "{out:#?}"
+    );
+    let renamed = t.done(2).expect("answered").expect("accepted");
+    assert_eq!(renamed.name.as_deref(), Some("fixes"));
+    assert_eq!(renamed.phase, SessionPhase::Turn, "the turn goes on");
+}
+
+#[test]
 fn faux_tool_round_trip() {
     // The faux provider asks for bash on a `!` prompt and reports the result.
     let mut t = T::new("faux-1");

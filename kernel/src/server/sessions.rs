@@ -46,6 +46,8 @@ pub(crate) struct PendingOp {
     /// A snapshot showed a turn since it went out: for a prompt, its turn
     /// started (and, once the session is idle again, ended).
     turn_seen: bool,
+    /// The name a rename on its way takes: no other session may take it.
+    claims: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -425,6 +427,9 @@ fn result_for(name: &str, session: SessionSnapshot) -> CommandResult {
         .unwrap_or_else(|| unreachable!("no snapshot result for {name}"))
 }
 
+/// The longest session name, in characters.
+pub(crate) const MAX_NAME_CHARS: usize = 128;
+
 fn not_live(session: &str) -> String {
     format!("Session is not live: {session}")
 }
@@ -451,6 +456,14 @@ impl Server {
             Command::Attach { session_id } => self.on_attach(conn, request_id, session_id),
             Command::Detach { session_id } => self.on_detach(conn, request_id, session_id),
             Command::Remove { session_id } => self.on_remove(conn, request_id, session_id),
+            Command::Rename { session_id, name } => match self.check_name(&name, &session_id) {
+                Ok(()) => {
+                    self.on_operation(conn, request_id, session_id, Operation::Rename { name })
+                }
+                Err(message) => {
+                    self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message)
+                }
+            },
             Command::Status => {
                 let sessions = self.status();
                 self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));
@@ -487,6 +500,11 @@ impl Server {
         if let Some(error) = self.live_capacity_error() {
             return self.respond(conn, request_id, Err(error));
         }
+        if let Some(name) = &params.name
+            && let Err(message) = self.check_name(name, "")
+        {
+            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+        }
         let session_id = loop {
             let id = self.rng.uuid_v4();
             let taken = self.sessions.contains_key(&id) || self.catalog.contains(&id);
@@ -507,6 +525,59 @@ impl Server {
             kind: Acquire::Create,
         };
         self.open(session_id, Some(spec), vec![waiter]);
+    }
+
+    /// Whether session `session` (empty for a new one) may take `name`: a
+    /// name is a line of at most [`MAX_NAME_CHARS`] characters, not blank,
+    /// and no other session of this server has it or is being given it.
+    fn check_name(&self, name: &str, session: &str) -> Result<(), String> {
+        if name.trim().is_empty() {
+            return Err("A session name must not be blank".into());
+        }
+        if name.chars().any(char::is_control) {
+            return Err("A session name must not hold control characters".into());
+        }
+        if name.chars().count() > MAX_NAME_CHARS {
+            return Err(format!(
+                "A session name has at most {MAX_NAME_CHARS} characters"
+            ));
+        }
+        match self.name_holder(name, session) {
+            Some(holder) => Err(format!("Name {name:?} is taken by session {holder}")),
+            None => Ok(()),
+        }
+    }
+
+    /// The session other than `except` that has `name`, or is being created
+    /// or renamed with it.
+    fn name_holder(&self, name: &str, except: &str) -> Option<String> {
+        let has = |n: Option<&str>| n == Some(name);
+        for (id, live) in &self.sessions {
+            if id == except {
+                continue;
+            }
+            let claimed = live.ops.values().any(|op| has(op.claims.as_deref()));
+            let creating = live.start.as_ref().and_then(|s| s.create.as_deref());
+            let named = match (&live.snapshot, creating) {
+                (Some(snapshot), _) => has(snapshot.name.as_deref()),
+                (None, Some(create)) => has(create.name.as_deref()),
+                (None, None) => self
+                    .catalog
+                    .get(id)
+                    .is_some_and(|m| has(m.session_name.as_deref())),
+            };
+            if claimed || named {
+                return Some(id.clone());
+            }
+        }
+        self.catalog
+            .iter()
+            .find(|(id, stored)| {
+                *id != except
+                    && !self.sessions.contains_key(*id)
+                    && has(stored.meta.session_name.as_deref())
+            })
+            .map(|(id, _)| id.clone())
     }
 
     pub(super) fn on_attach(&mut self, conn: ConnId, request_id: String, session_id: String) {
@@ -894,6 +965,10 @@ impl Server {
                 request_id: request_id.to_string(),
                 name,
                 turn_seen: false,
+                claims: match &operation {
+                    Operation::Rename { name } => Some(name.clone()),
+                    _ => None,
+                },
             },
         );
         let worker = live.worker.id();

@@ -1100,6 +1100,97 @@ fn status_reports_a_stored_sessions_model_from_the_catalog() {
 /// Wrong tokens from one address lock it out, doubling; the lock holds even
 /// for the right token; other addresses and local clients are not affected;
 /// after the lock, the right token is accepted and the failures forgotten.
+/// The error a request got, as `(code, message)`.
+fn refusal(h: &Harness, conn: ConnId) -> (ErrorCode, String) {
+    match h.last(conn) {
+        ServerMessage::Response(Response {
+            outcome: Err(e), ..
+        }) => (e.code, e.message),
+        other => panic!("not a refusal: {other:?}"),
+    }
+}
+
+/// A name belongs to one session: create and rename refuse a name a stored
+/// session, a live one, a session being created or a rename on its way
+/// holds, naming the holder; blank names and control characters are
+/// refused; a session may keep its own name; the list shows a new name.
+#[test]
+fn names_are_unique_among_the_servers_sessions() {
+    let a = ConnId(1);
+    let mut h = Harness::serving(vec![stored(2)], a);
+    let named = |name: &str| {
+        Command::Create(CreateParams {
+            name: Some(name.into()),
+            ..CreateParams::default()
+        })
+    };
+    h.request(a, "create", named("name 2"));
+    assert_eq!(
+        refusal(&h, a),
+        (
+            ErrorCode::InvalidRequest,
+            "Name \"name 2\" is taken by session stored-00002".into()
+        )
+    );
+
+    // A session being created holds its name before its worker is up.
+    let outputs = h.request(a, "create", named("first"));
+    let (worker, first) = spawned(&outputs);
+    h.request(a, "again", named("first"));
+    assert!(refusal(&h, a).1.contains(&first), "{:?}", refusal(&h, a));
+    h.step(Input::WorkerSpawned {
+        worker,
+        token: String::new(),
+    });
+    let mut snap = snapshot(&first, 1, SessionPhase::Idle);
+    snap.name = Some("first".into());
+    h.worker(
+        worker,
+        FromWorker::Ready {
+            snapshot: snap.clone(),
+        },
+    );
+
+    let (second_worker, second) = h.create(a);
+    let rename = |session: &str, name: &str| Command::Rename {
+        session_id: session.into(),
+        name: name.into(),
+    };
+    for (name, why) in [
+        (
+            "first",
+            format!("Name \"first\" is taken by session {first}"),
+        ),
+        ("  ", "A session name must not be blank".into()),
+        (
+            "a\nb",
+            "A session name must not hold control characters".into(),
+        ),
+    ] {
+        h.request(a, "rename", rename(&second, name));
+        assert_eq!(refusal(&h, a), (ErrorCode::InvalidRequest, why));
+    }
+    // Its own name again is no conflict.
+    let outputs = h.request(a, "rename", rename(&first, "first"));
+    let op = op_of(&outputs);
+    h.op_done(worker, op, &snap);
+
+    // A rename on its way claims the name.
+    let outputs = h.request(a, "rename", rename(&second, "second"));
+    let op = op_of(&outputs);
+    h.request(a, "rename", rename(&first, "second"));
+    assert!(refusal(&h, a).1.contains(&second), "{:?}", refusal(&h, a));
+    let mut renamed = snapshot(&second, 2, SessionPhase::Idle);
+    renamed.name = Some("second".into());
+    h.op_done(second_worker, op, &renamed);
+    let listed = h.list(a);
+    let name_of = |id: &str| entry(&listed, id).and_then(|m| m.session_name.clone());
+    assert_eq!(name_of(&second).as_deref(), Some("second"));
+    assert_eq!(name_of(&first).as_deref(), Some("first"));
+    h.request(a, "rename", rename(&first, "second"));
+    assert!(refusal(&h, a).1.contains(&second));
+}
+
 #[test]
 fn failed_tokens_back_off_per_address() {
     let mut config = config();

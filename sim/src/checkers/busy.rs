@@ -349,6 +349,8 @@ fn check_runtime(
         Operation::Abort => (!running, "abort"),
         Operation::SetModel { .. } => (running, "set_model"),
         Operation::SetThinking { .. } => (running, "set_thinking"),
+        // A name is no setting of a turn: never busy.
+        Operation::Rename { .. } => (false, "rename"),
     };
     if busy != expect_busy {
         return violation(format!(

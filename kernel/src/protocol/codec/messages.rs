@@ -91,6 +91,9 @@ impl Schema for Command {
             Self::SetThinking { thinking_level, .. } => command_map(name, session_id, 3)
                 .put("thinkingLevel", text(thinking_level.as_str()))
                 .build(),
+            Self::Rename { name: n, .. } => command_map(name, session_id, 3)
+                .put("name", text(n))
+                .build(),
         }
     }
 
@@ -151,6 +154,13 @@ impl Schema for Command {
                 Ok(Self::SetThinking {
                     session_id: session(&f)?,
                     thinking_level: f.required("thinkingLevel", read_thinking_level)?,
+                })
+            }
+            "rename" => {
+                let f = Fields::new(value, path, &["command", "sessionId", "name"])?;
+                Ok(Self::Rename {
+                    session_id: session(&f)?,
+                    name: f.required("name", read_string)?,
                 })
             }
             other => Err(unknown_variant(path, "command", other)),
@@ -222,7 +232,8 @@ impl Schema for CommandResult {
             | Self::Steer { session }
             | Self::Abort { session }
             | Self::SetModel { session }
-            | Self::SetThinking { session } => map.put("session", session.to_value()).build(),
+            | Self::SetThinking { session }
+            | Self::Rename { session } => map.put("session", session.to_value()).build(),
         }
     }
 
@@ -252,7 +263,8 @@ impl Schema for CommandResult {
                     Self::Remove { session_id }
                 })
             }
-            "create" | "attach" | "prompt" | "steer" | "abort" | "set_model" | "set_thinking" => {
+            "create" | "attach" | "prompt" | "steer" | "abort" | "set_model" | "set_thinking"
+            | "rename" => {
                 let f = Fields::new(value, path, &["command", "session"])?;
                 let session = f.required("session", SessionSnapshot::from_value_at)?;
                 Ok(Self::with_session(name, session).expect("a command with a session"))
