@@ -198,3 +198,107 @@ fn attach_in_a_terminal_prompts_steers_pastes_aborts_survives_a_restart_and_deta
     assert!(status.success(), "attach exited {status:?}");
     tui.wait_for("detached from session");
 }
+
+/// Slash commands in the terminal: an unknown one is not sent, `//` escapes,
+/// Tab completes, `/model`, `/thinking` and `/name` change the session for
+/// every client, `/new` and `/sessions` switch sessions, `/export` writes
+/// the transcript, Esc aborts a turn, `/quit` detaches.
+#[test]
+fn slash_commands_change_the_session_switch_and_export() {
+    let mut env = Env::new("tui-slash");
+    env.var("PI_FAUX_DELAY_MS", "30");
+    let id = uuid();
+    let _server = env.serve(&id, &[]);
+    let mut other = env.connect(&id);
+    let session = other
+        .create(CreateParams {
+            cwd: Some("/".into()),
+            ..CreateParams::default()
+        })
+        .id;
+    let mut tui = Tui::spawn(&env, &["--server-id", &id, "attach", &session]);
+    tui.wait_for("prompt ›");
+
+    tui.type_text("/frobnicate");
+    tui.send("\r");
+    tui.wait_for("unknown command /frobnicate");
+    tui.send("\x15"); // Ctrl-U: the line came back into the input
+    tui.type_text("//slash as text");
+    tui.send("\r");
+    tui.wait_for("You said: /slash as text");
+    tui.wait_for("prompt ›");
+
+    tui.type_text("/help");
+    tui.send("\r");
+    tui.wait_for("/thinking [LEVEL]");
+
+    tui.type_text("/mo");
+    tui.send("\t");
+    tui.wait_for("│/model ");
+    tui.type_text("faux/faux-reasoner");
+    tui.send("\r");
+    tui.wait_for("done: /model faux/faux-reasoner");
+    tui.type_text("/thinking high");
+    tui.send("\r");
+    tui.wait_for("done: /thinking high");
+    tui.type_text("/name slashed");
+    tui.send("\r");
+    tui.wait_for("done: /name slashed");
+    let seen = other.attach(&session);
+    assert_eq!(
+        (
+            seen.model.id.as_str(),
+            seen.thinking_level.as_str(),
+            seen.name.as_deref()
+        ),
+        ("faux-reasoner", "high", Some("slashed")),
+        "another client sees the settings"
+    );
+
+    // Esc aborts a running turn.
+    tui.type_text(LONG);
+    tui.send("\r");
+    tui.wait_for("steer ›");
+    tui.send("\x1b");
+    tui.wait_for("turn aborted");
+    tui.wait_for("prompt ›");
+
+    tui.type_text("/export");
+    tui.send("\r");
+    tui.wait_for("transcript written to slashed.md");
+    let exported = std::fs::read_to_string(env.root.join("slashed.md")).expect("exported");
+    assert!(
+        exported.contains("› //slash as text") || exported.contains("› /slash as text"),
+        "{exported}"
+    );
+
+    // A new session in the same directory, then back by name.
+    tui.type_text("/new");
+    tui.send("\r");
+    tui.wait("the new session's empty screen", SOON, |s| {
+        !s.contains("slash as text") && s.contains("prompt ›")
+    });
+    tui.type_text("/sessions");
+    tui.send("\r");
+    let listed = tui.wait_for("NAME-OR-ID");
+    assert!(listed.contains("slashed"), "{listed}");
+    tui.type_text("/sessions slashed");
+    tui.send("\r");
+    tui.wait_for("You said: /slash as text");
+
+    tui.type_text("/quit");
+    tui.send("\r");
+    let deadline = Instant::now() + SOON;
+    let status = loop {
+        if let Some(status) = tui.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "attach did not exit:\n{}",
+            tui.screen()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "attach exited {status:?}");
+}

@@ -680,6 +680,9 @@ impl Client {
             Request::Prompt(text) => self.prompt(session_id, text).await,
             Request::Steer(text) => self.steer(session_id, text).await,
             Request::Abort => self.abort(session_id).await,
+            Request::SetModel(model) => self.set_model(session_id, model.clone()).await,
+            Request::SetThinking(level) => self.set_thinking(session_id, *level).await,
+            Request::Rename(name) => self.rename(session_id, name).await,
         };
         match result {
             Err(e) => (Err(e.into()), None),
@@ -696,6 +699,9 @@ impl Client {
                             .map(|u| machine::follow::text_of(&u.content))
                             .collect(),
                     },
+                    Request::SetModel(_) | Request::SetThinking(_) | Request::Rename(_) => {
+                        Answer::Applied
+                    }
                 };
                 (Ok(answer), Some(snapshot))
             }

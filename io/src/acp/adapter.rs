@@ -481,6 +481,18 @@ impl Adapter {
                         Request::Prompt(text) => (Command::Prompt { session_id, text }, false),
                         Request::Steer(text) => (Command::Steer { session_id, text }, false),
                         Request::Abort => (Command::Abort { session_id }, true),
+                        // Typed lines only (ACP's prompts are never slash commands).
+                        Request::SetModel(model) => {
+                            (Command::SetModel { session_id, model }, false)
+                        }
+                        Request::SetThinking(thinking_level) => (
+                            Command::SetThinking {
+                                session_id,
+                                thinking_level,
+                            },
+                            false,
+                        ),
+                        Request::Rename(name) => (Command::Rename { session_id, name }, false),
                     };
                     let pending = Pending::Front {
                         session: session.to_owned(),
@@ -517,16 +529,18 @@ impl Adapter {
                                 format!("the connection was lost while the prompt was sent ({how}); it may have run"),
                             ),
                         ),
-                        Why::Closed => self.error(
+                        Why::Closed | Why::NotConnected => self.error(
                             rpc,
                             RpcError::new(code::INTERNAL, "the connection to the server is closed"),
                         ),
+                        Why::Invalid(why) => self.error(rpc, RpcError::params(why)),
                     }
                 }
                 front::Output::Notice(front::Notice::AbortRefused(e)) => {
                     self.log(format!("cannot cancel the turn of session {session}: {e}"));
                 }
-                front::Output::Notice(_) | front::Output::Finished => {}
+                // Typed lines only: ACP's prompts are text as they are.
+                front::Output::Notice(_) | front::Output::Local(_) | front::Output::Finished => {}
             }
         }
     }

@@ -8,9 +8,10 @@
 
 use super::Failure;
 use crate::client::{Client, Status};
-use crate::tui::view::sanitize;
+use crate::tui::view::{reason, sanitize};
 use kernel::client::follow::{self, Follower, Update};
-use kernel::client::front::{self, Front, Link, Notice, Output, Request};
+use kernel::client::front::{Front, Link, Notice, Output, Request};
+use kernel::client::{front, slash};
 use kernel::protocol::codec::Schema;
 use kernel::protocol::{AssistantStatus, ServerEvent, SessionSnapshot, ToolStatus};
 use std::collections::BTreeSet;
@@ -162,13 +163,18 @@ pub(super) fn print_log(snapshot: &SessionSnapshot, json: bool) {
         }
         return;
     }
+    print(&transcript_text(snapshot));
+}
+
+/// The transcript as `log` prints it (and the terminal's `/export` writes it).
+pub(crate) fn transcript_text(snapshot: &SessionSnapshot) -> String {
     let mut plain = Plain::default();
     let mut out = String::new();
     for update in Follower::new(snapshot.id.clone()).replay(snapshot) {
         plain.show(update, &mut out);
     }
     plain.finish(&mut out);
-    print(&out);
+    out
 }
 
 /// Lines of stdin, read on a plain thread (a blocking read must not hold up
@@ -194,17 +200,26 @@ type Answered = (
 );
 
 /// Why a line came back, as the user reads it.
-fn why(why: &front::Why) -> String {
-    match why {
-        front::Why::Refused(e) => format!("refused: {e}"),
-        front::Why::Busy => "the session was busy".into(),
-        front::Why::Lost(how) => {
-            format!("the connection was lost while it was sent ({how}); it may have run")
+/// A slash command line mode carries out itself: the text to show, or
+/// `None` to leave (`/quit`).
+fn local(client: &Client, id: &str, command: slash::Command) -> Option<String> {
+    use slash::Command;
+    Some(match command {
+        Command::Quit => return None,
+        Command::Help => slash::help(),
+        Command::Model(None) | Command::Thinking(None) => {
+            crate::tui::settings_text(client, id, matches!(command, Command::Model(_)))
         }
-        front::Why::Aborted => "the turn was aborted before it went out".into(),
-        front::Why::Withdrawn => "the abort withdrew it before the model saw it".into(),
-        front::Why::Closed => "the connection is closed".into(),
-    }
+        Command::New => "(in line mode, start one with `pi-server create`)".into(),
+        Command::Sessions(_) => "(in line mode, `pi-server list` lists them)".into(),
+        Command::Export(_) => "(in line mode, `pi-server log` prints the transcript)".into(),
+        Command::Abort
+        | Command::Model(Some(_))
+        | Command::Thinking(Some(_))
+        | Command::Name(_) => {
+            unreachable!("the front carries these out")
+        }
+    })
 }
 
 /// `attach` without a terminal: follows session `id` (attached by `client`,
@@ -338,10 +353,8 @@ pub(super) async fn run_lines(
                         let _ = done.send((call, outcome, snapshot)).await;
                     });
                 }
-                Output::HandBack {
-                    text, why: reason, ..
-                } => {
-                    eprintln!("(line not taken: {}) {text}", why(&reason))
+                Output::HandBack { text, why, .. } => {
+                    eprintln!("(line not taken: {}) {text}", reason(&why))
                 }
                 Output::Notice(notice) => match notice {
                     Notice::Held { lines } => {
@@ -355,7 +368,15 @@ pub(super) async fn run_lines(
                     Notice::NothingToAbort => {}
                     Notice::Aborting => eprintln!("(aborting the turn; Ctrl-C again leaves)"),
                     Notice::AbortRefused(e) => eprintln!("(cannot abort: {e})"),
+                    Notice::Applied(line) => eprintln!("(done: {line})"),
                 },
+                Output::Local(command) => {
+                    if let Some(text) = local(&client, id, command) {
+                        eprintln!("{text}");
+                    } else {
+                        finished = true;
+                    }
+                }
                 Output::Finished => finished = true,
             }
         }

@@ -452,13 +452,20 @@ pub(super) async fn run_attach(
         .attach(id)
         .await
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut id = id.to_owned();
     let result = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() && !json {
-        crate::tui::run(Arc::clone(&client), id, history)
-            .await
-            .map_err(Failure::from)
+        // The UI may end on another session (`/new`, `/sessions NAME`).
+        match crate::tui::run(Arc::clone(&client), &id, history).await {
+            Ok(last) => {
+                id = last;
+                Ok(())
+            }
+            Err(e) => Err(Failure::from(e)),
+        }
     } else {
-        attach::run_lines(Arc::clone(&client), id, &snapshot, json).await
+        attach::run_lines(Arc::clone(&client), &id, &snapshot, json).await
     };
+    let id = id.as_str();
     let _ = client.detach(id).await;
     if result.is_ok() {
         eprintln!("detached from session {id}");

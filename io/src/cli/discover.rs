@@ -14,6 +14,7 @@ use super::activate::{
     MODEL_ONLY_AT_ACTIVATION, Target, activate, connect, connect_error, no_server, version_refusal,
 };
 use crate::client::{Client, ClientOptions};
+use kernel::client::lookup::{Unresolved, resolve};
 use kernel::protocol::SessionMetadata;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -187,7 +188,7 @@ pub(super) async fn servers(target: &Target) -> Result<Vec<Found>, String> {
 /// The server holding the session `query` names, and the session's id.
 ///
 /// `query` is a session id, a unique prefix of one, or a session name (see
-/// [`resolve`]); the sessions searched are those of every discovered server
+/// [`kernel::client::lookup::resolve`]); the sessions searched are those of every discovered server
 /// (or of the one `--server-id`/`--connect` picked).
 pub(super) async fn session_server(
     target: &Target,
@@ -247,93 +248,9 @@ pub(super) async fn session_server(
     }
 }
 
-/// Why a session query named no one session.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Unresolved {
-    None,
-    /// The candidates, as `id (name)` lines.
-    Ambiguous(Vec<String>),
-}
-
-/// The session id `query` names: an exact id, else the one session whose
-/// name is `query`, else the one id it is a prefix of.
-pub(super) fn resolve(sessions: &[SessionMetadata], query: &str) -> Result<String, Unresolved> {
-    if sessions.iter().any(|s| s.id == query) {
-        return Ok(query.to_owned());
-    }
-    let mut ids: Vec<&SessionMetadata> = sessions
-        .iter()
-        .filter(|s| s.session_name.as_deref() == Some(query))
-        .collect();
-    if ids.is_empty() {
-        ids = sessions
-            .iter()
-            .filter(|s| s.id.starts_with(query))
-            .collect();
-    }
-    ids.sort_by(|a, b| a.id.cmp(&b.id));
-    ids.dedup_by(|a, b| a.id == b.id);
-    match ids.as_slice() {
-        [] => Err(Unresolved::None),
-        [one] => Ok(one.id.clone()),
-        many => Err(Unresolved::Ambiguous(
-            many.iter()
-                .map(|s| match &s.session_name {
-                    Some(name) => format!("{} ({name})", s.id),
-                    None => s.id.clone(),
-                })
-                .collect(),
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn meta(id: &str, name: Option<&str>) -> SessionMetadata {
-        SessionMetadata {
-            id: id.into(),
-            created_at: 0,
-            updated_at: None,
-            parent_session_id: None,
-            session_name: name.map(str::to_owned),
-            cwd: None,
-        }
-    }
-
-    #[test]
-    fn a_query_is_an_id_a_name_or_a_unique_prefix() {
-        let sessions = [
-            meta("abc123", Some("work")),
-            meta("abd456", None),
-            meta("work", None),
-            meta("ff00", Some("twin")),
-            meta("ee00", Some("twin")),
-        ];
-        assert_eq!(resolve(&sessions, "abd456"), Ok("abd456".into()));
-        assert_eq!(
-            resolve(&sessions, "work"),
-            Ok("work".into()),
-            "an id beats a name"
-        );
-        assert_eq!(resolve(&sessions, "abc"), Ok("abc123".into()));
-        assert_eq!(resolve(&sessions, "zz"), Err(Unresolved::None));
-        assert_eq!(
-            resolve(&sessions, "ab"),
-            Err(Unresolved::Ambiguous(vec![
-                "abc123 (work)".into(),
-                "abd456".into()
-            ]))
-        );
-        assert_eq!(
-            resolve(&sessions, "twin"),
-            Err(Unresolved::Ambiguous(vec![
-                "ee00 (twin)".into(),
-                "ff00 (twin)".into()
-            ]))
-        );
-    }
 
     #[test]
     fn endpoints_are_uuid_named_sockets_only() {

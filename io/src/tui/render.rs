@@ -229,7 +229,7 @@ fn draw_input(frame: &mut Frame<'_>, view: &View, area: Rect, lines: &[(String, 
     } else {
         " prompt › "
     };
-    let hint = " Enter send · Alt-Enter newline · Ctrl-C abort/clear · Ctrl-D detach ";
+    let hint = " Enter send · Alt-Enter newline · Esc abort · Ctrl-D detach · /help ";
     let block = Border::default()
         .borders(Borders::ALL)
         .border_style(if view.busy() {
@@ -240,6 +240,11 @@ fn draw_input(frame: &mut Frame<'_>, view: &View, area: Rect, lines: &[(String, 
         .title(title)
         .title_bottom(Line::styled(hint, dim()));
     let inner = block.inner(area);
+    if inner.height == 0 || inner.width == 0 {
+        // A terminal too small for an input line (or one of no size yet).
+        frame.render_widget(block, area);
+        return;
+    }
     let height = inner.height as usize;
     // The cursor's row, and the rows shown around it.
     let cursor = view.editor.cursor();

@@ -20,6 +20,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use kernel::client::ClientError;
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Answer, Front, Link, Notice, Output, Request, Why};
+use kernel::client::slash;
 use kernel::protocol::{
     AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ThinkingLevel, ToolStatus,
     TranscriptItem,
@@ -60,6 +61,10 @@ pub(crate) enum Action {
     },
     /// Detach and leave.
     Detach,
+    /// A slash command the host carries out: it needs the client (listings,
+    /// a new session, switching, export); what comes of it comes back as
+    /// [`View::info`] or [`View::warn`].
+    Local(slash::Command),
 }
 
 /// The answer to an [`Action::Send`].
@@ -289,14 +294,30 @@ pub(crate) struct View {
 }
 
 /// Why a line came back, as the input's notice says it.
-fn reason(why: &Why) -> String {
+/// `/help` in the terminal: the commands, then the keys.
+fn help() -> String {
+    format!(
+        "{}\nkeys: Enter send · Alt-Enter/Ctrl-J newline · Tab complete a /command · \
+         Ctrl-C/Esc abort (again: clear) · Ctrl-D detach · Ctrl-T thinking · \
+         PageUp/PageDown scroll · Up/Down history",
+        slash::help()
+    )
+}
+
+/// Why a line came back, as every front end says it.
+pub(crate) fn reason(why: &Why) -> String {
     match why {
         Why::Refused(e) => format!("refused: {}", sanitize(&e.to_string())),
         Why::Busy => "the session was busy".into(),
-        Why::Lost(_) => "the connection was lost while it was sent; it may have run".into(),
-        Why::Aborted => "the turn was aborted".into(),
-        Why::Withdrawn => "the model had not seen it".into(),
+        Why::Lost(how) => format!(
+            "the connection was lost while it was sent ({}); it may have run",
+            sanitize(how)
+        ),
+        Why::Aborted => "the turn was aborted before it went out".into(),
+        Why::Withdrawn => "the abort withdrew it before the model saw it".into(),
         Why::Closed => "the connection is closed".into(),
+        Why::Invalid(why) => sanitize(why),
+        Why::NotConnected => "not connected; try again once the server is back".into(),
     }
 }
 
@@ -500,7 +521,15 @@ impl View {
         let mut back = Vec::new();
         for output in self.front.step(input) {
             match output {
-                Output::Send { call, request, .. } => actions.push(Action::Send { call, request }),
+                Output::Send { call, request, .. } => {
+                    if let Request::Prompt(text) | Request::Steer(text) = &request {
+                        self.follower.expect_own(text.clone());
+                    }
+                    actions.push(Action::Send { call, request });
+                }
+                Output::Local(slash::Command::Help) => self.notice(Level::Info, help()),
+                Output::Local(slash::Command::Quit) => actions.push(Action::Detach),
+                Output::Local(command) => actions.push(Action::Local(command)),
                 Output::HandBack { text, why, .. } => {
                     self.notice(
                         Level::Warn,
@@ -522,6 +551,9 @@ impl View {
                         self.notice(Level::Info, "the session was busy; sending it again".into())
                     }
                     Notice::Aborting => self.notice(Level::Info, "aborting the turn…".into()),
+                    Notice::Applied(line) => {
+                        self.notice(Level::Info, format!("done: {}", sanitize(&line)))
+                    }
                     Notice::AbortRefused(e) => self.notice(
                         Level::Error,
                         format!("cannot abort: {}", sanitize(&e.to_string())),
@@ -578,7 +610,8 @@ impl View {
             }
             KeyCode::Char('w') if ctrl => self.editor.delete_word(),
             KeyCode::Char(c) if !ctrl => self.editor.insert(c.encode_utf8(&mut [0; 4])),
-            KeyCode::Tab => self.editor.insert("    "),
+            KeyCode::Esc => return self.interrupt(),
+            KeyCode::Tab => self.complete(),
             KeyCode::Backspace => self.editor.backspace(),
             KeyCode::Delete => self.editor.delete(),
             KeyCode::Left => self.editor.cursor = self.editor.prev_boundary(),
@@ -593,6 +626,38 @@ impl View {
             _ => {}
         }
         Vec::new()
+    }
+
+    /// Tab: completes a slash command's name (and lists the candidates when
+    /// there are several); elsewhere, four spaces.
+    fn complete(&mut self) {
+        let candidates = slash::complete(&self.editor.text);
+        match candidates.as_slice() {
+            [] => self.editor.insert("    "),
+            [one] => self.editor.show(format!("{one} ")),
+            many => {
+                let common = many.iter().fold(many[0].to_owned(), |common, name| {
+                    common
+                        .chars()
+                        .zip(name.chars())
+                        .take_while(|(a, b)| a == b)
+                        .map(|(a, _)| a)
+                        .collect()
+                });
+                self.editor.show(common);
+                self.notice(Level::Info, many.join("  "));
+            }
+        }
+    }
+
+    /// Something the host did for a slash command.
+    pub(crate) fn info(&mut self, text: &str) {
+        self.notice(Level::Info, sanitize(text));
+    }
+
+    /// Something the host could not do for a slash command.
+    pub(crate) fn warn(&mut self, text: &str) {
+        self.notice(Level::Warn, sanitize(text));
     }
 
     /// Ctrl-C: aborts a running turn; pressed again, or when idle, clears the input.
@@ -613,7 +678,6 @@ impl View {
         }
         let text = self.editor.take();
         self.scroll = 0;
-        self.follower.expect_own(text.clone());
         self.front_step(front::Input::Typed(text))
     }
 

@@ -36,7 +36,8 @@
 //! phases and the connection's state.
 
 use super::ClientError;
-use crate::protocol::{ErrorCode, SessionPhase};
+use super::slash::{self, Command, Line};
+use crate::protocol::{ErrorCode, ModelRef, SessionPhase, ThinkingLevel};
 use std::collections::{BTreeMap, VecDeque};
 
 /// How often a line refused for the session's state is decided again
@@ -52,6 +53,12 @@ pub enum Request {
     Steer(String),
     /// End the running turn.
     Abort,
+    /// Switch the model (`/model`).
+    SetModel(ModelRef),
+    /// Set the thinking level (`/thinking`).
+    SetThinking(ThinkingLevel),
+    /// Rename the session (`/name`).
+    Rename(String),
 }
 
 /// A call's answer, as the driver reports it.
@@ -69,6 +76,8 @@ pub enum Answer {
         /// Their texts, oldest first.
         withdrawn: Vec<String>,
     },
+    /// A setting (model, thinking level, name) was applied.
+    Applied,
 }
 
 /// The connection as the front end's client reports it.
@@ -85,7 +94,8 @@ pub enum Link {
 /// One input to [`Front::step`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
-    /// The user entered a line (blank ones are ignored).
+    /// The user entered a line (blank ones are ignored): text for the
+    /// model, or a slash command ([`slash`]).
     Typed(String),
     /// A request to start a turn now (ACP's `session/prompt`): a prompt or
     /// nothing. It waits out a reconnection, but not a busy session: busy
@@ -136,6 +146,11 @@ pub enum Why {
     Withdrawn,
     /// The connection is closed for good.
     Closed,
+    /// A slash command that is none as written ([`slash::Line::Invalid`]).
+    Invalid(String),
+    /// A setting asked while the connection is away (it is not held: the
+    /// session may have changed meanwhile).
+    NotConnected,
 }
 
 /// Something the front end tells the user.
@@ -161,6 +176,8 @@ pub enum Notice {
     Aborting,
     /// The abort was refused.
     AbortRefused(ClientError),
+    /// A slash command's setting was applied: the line that asked for it.
+    Applied(String),
 }
 
 /// One output of [`Front::step`], carried out in order.
@@ -187,6 +204,10 @@ pub enum Output {
     },
     /// Tell the user.
     Notice(Notice),
+    /// A slash command for the front end itself to carry out (help, quit,
+    /// listings, switching sessions, export): nothing goes to the server
+    /// from the front.
+    Local(Command),
     /// Input ended, every line went out or came back, and no turn of ours runs.
     Finished,
 }
@@ -208,6 +229,8 @@ enum Sent {
     Prompt(Held),
     Steer(Held),
     Abort,
+    /// A slash command's setting, with its line.
+    Setting(String),
 }
 
 /// The client side of one session. See the [module docs](self).
@@ -250,7 +273,7 @@ impl Front {
     /// Processes one input; returns what to do, in order.
     pub fn step(&mut self, input: Input) -> Vec<Output> {
         match input {
-            Input::Typed(text) => self.hold(text, false, 0),
+            Input::Typed(text) => self.typed(text),
             Input::Prompt { text, tag } => self.hold(text, true, tag),
             Input::Abort => self.on_abort(),
             Input::EndOfInput => self.ended = true,
@@ -299,6 +322,38 @@ impl Front {
         self.turn_start
     }
 
+    /// A typed line: text is held, a command carried out or handed on, an
+    /// invalid one handed back.
+    fn typed(&mut self, text: String) {
+        if text.trim().is_empty() {
+            return;
+        }
+        let request = match slash::parse(&text) {
+            Line::Text(text) => return self.hold(text, false, 0),
+            Line::Invalid(why) => {
+                let (why, tag) = (Why::Invalid(why), 0);
+                return self.out.push(Output::HandBack { text, why, tag });
+            }
+            Line::Command(Command::Abort) => return self.on_abort(),
+            Line::Command(Command::Model(Some(model))) => Request::SetModel(model),
+            Line::Command(Command::Thinking(Some(level))) => Request::SetThinking(level),
+            Line::Command(Command::Name(name)) => Request::Rename(name),
+            Line::Command(local) => return self.out.push(Output::Local(local)),
+        };
+        let why = match self.link {
+            Link::Up => {
+                let call = self.next_call;
+                self.next_call += 1;
+                self.sent.insert(call, Sent::Setting(text));
+                let tag = 0;
+                return self.out.push(Output::Send { call, request, tag });
+            }
+            Link::Reconnecting => Why::NotConnected,
+            Link::Closed => Why::Closed,
+        };
+        self.out.push(Output::HandBack { text, why, tag: 0 });
+    }
+
     /// A line entered: held (blank ones ignored), or handed back at once
     /// on a closed connection.
     fn hold(&mut self, text: String, prompt_only: bool, tag: u64) {
@@ -330,6 +385,7 @@ impl Front {
             Sent::Prompt(line) => (Request::Prompt(line.text.clone()), line.tag),
             Sent::Steer(line) => (Request::Steer(line.text.clone()), line.tag),
             Sent::Abort => (Request::Abort, 0),
+            Sent::Setting(_) => unreachable!("a setting is sent where it is typed"),
         };
         self.sent.insert(call, sent);
         self.out.push(Output::Send { call, request, tag });
@@ -398,6 +454,14 @@ impl Front {
             self.prompting = None;
         }
         match (sent, outcome) {
+            (Sent::Setting(line), Ok(_)) => self.out.push(Output::Notice(Notice::Applied(line))),
+            (Sent::Setting(text), Err(error)) => {
+                let why = match error {
+                    ClientError::Disconnected(how) => Why::Lost(how),
+                    other => Why::Refused(other),
+                };
+                self.out.push(Output::HandBack { text, why, tag: 0 });
+            }
             (Sent::Prompt(_), Ok(Answer::Prompt { phase })) => self.phase = phase,
             (Sent::Steer(_), Ok(_)) | (Sent::Prompt(_), Ok(_)) => {}
             (Sent::Abort, Ok(answer)) => {

@@ -55,6 +55,8 @@
 pub mod follow;
 pub mod front;
 pub mod lease;
+pub mod lookup;
+pub mod slash;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -500,3 +500,42 @@ fn a_message_typed_while_reconnecting_waits_and_goes() {
         [send(1, Request::Prompt("hello".into()))]
     );
 }
+
+#[test]
+fn any_terminal_size_draws_without_panicking() {
+    let mut view = View::new(&history(), History::All);
+    typed(&mut view, "a draft in the input");
+    for (width, height) in [(0, 0), (1, 1), (3, 2), (10, 4), (20, 5), (100, 30)] {
+        screen(&view, width, height);
+    }
+}
+
+#[test]
+fn slash_commands_complete_and_stay_out_of_the_transcript() {
+    let mut view = View::new(&snapshot(SessionPhase::Idle, vec![]), History::All);
+    typed(&mut view, "/th");
+    assert!(view.on_key(key(KeyCode::Tab)).is_empty());
+    assert_eq!(view.editor.text(), "/thinking ");
+    typed(&mut view, "high");
+    let actions = view.on_key(key(KeyCode::Enter));
+    assert!(
+        matches!(
+            &actions[..],
+            [Action::Send {
+                request: Request::SetThinking(_),
+                ..
+            }]
+        ),
+        "{actions:?}"
+    );
+    typed(&mut view, "/sessions");
+    let actions = view.on_key(key(KeyCode::Enter));
+    assert_eq!(actions, [Action::Local(slash::Command::Sessions(None))]);
+    typed(&mut view, "/quit");
+    assert_eq!(view.on_key(key(KeyCode::Enter)), [Action::Detach]);
+    typed(&mut view, "/nope");
+    assert!(view.on_key(key(KeyCode::Enter)).is_empty());
+    assert_eq!(view.editor.text(), "/nope", "an unknown command comes back");
+    let shown = screen(&view, 80, 20);
+    assert!(shown.contains("unknown command /nope"), "{shown}");
+}

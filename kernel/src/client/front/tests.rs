@@ -206,6 +206,78 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
+#[test]
+fn slash_commands_are_settings_local_actions_or_handed_back() {
+    let mut f = Front::new(SessionPhase::Idle, 0);
+    // An unknown command never goes to the model; `//` escapes.
+    let out = f.step(Input::Typed("/frobnicate".into()));
+    assert!(
+        matches!(&out[..], [Output::HandBack { text, why: Why::Invalid(_), .. }] if text == "/frobnicate"),
+        "{out:?}"
+    );
+    let out = f.step(Input::Typed("//frobnicate".into()));
+    assert_eq!(sends(&out), [(1, Request::Prompt("/frobnicate".into()))]);
+    f.step(Input::Answered {
+        call: 1,
+        outcome: Ok(Answer::Prompt {
+            phase: SessionPhase::Idle,
+        }),
+    });
+
+    // A setting goes at once, busy or not, and says when it is applied.
+    let out = f.step(Input::Typed("/thinking high".into()));
+    assert_eq!(
+        sends(&out),
+        [(
+            2,
+            Request::SetThinking(crate::protocol::ThinkingLevel::High)
+        )]
+    );
+    let out = f.step(Input::Answered {
+        call: 2,
+        outcome: Ok(Answer::Applied),
+    });
+    assert_eq!(
+        out,
+        [Output::Notice(Notice::Applied("/thinking high".into()))]
+    );
+    // Refused (a turn runs): the line comes back with the reason.
+    let out = f.step(Input::Typed("/name fixes".into()));
+    assert_eq!(sends(&out), [(3, Request::Rename("fixes".into()))]);
+    let out = f.step(Input::Answered {
+        call: 3,
+        outcome: Err(busy()),
+    });
+    assert!(
+        matches!(&out[..], [Output::HandBack { text, why: Why::Refused(_), .. }] if text == "/name fixes"),
+        "{out:?}"
+    );
+
+    // The front end's own commands, and /abort as Ctrl-C.
+    let out = f.step(Input::Typed("/help".into()));
+    assert_eq!(out, [Output::Local(Command::Help)]);
+    let out = f.step(Input::Typed("/model".into()));
+    assert_eq!(out, [Output::Local(Command::Model(None))]);
+    let out = f.step(Input::Typed("/abort".into()));
+    assert_eq!(out, [Output::Notice(Notice::NothingToAbort)]);
+
+    // Away: a setting is not held, it comes back.
+    f.step(Input::Link(Link::Reconnecting));
+    let out = f.step(Input::Typed("/model faux/faux-1".into()));
+    assert!(
+        matches!(
+            &out[..],
+            [Output::HandBack {
+                why: Why::NotConnected,
+                ..
+            }]
+        ),
+        "{out:?}"
+    );
+    let out = f.step(Input::EndOfInput);
+    assert!(out.contains(&Output::Finished), "nothing left: {out:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
     /// Whatever the server answers and whatever the connection does, every
@@ -297,6 +369,9 @@ proptest! {
                         Ok(Answer::Steer)
                     }
                     Request::Abort => Ok(Answer::Abort { withdrawn: vec![] }),
+                    Request::SetModel(_) | Request::SetThinking(_) | Request::Rename(_) => {
+                        Ok(Answer::Applied)
+                    }
                 };
                 absorb(f.step(Input::Answered { call, outcome }), &mut pending, &mut back);
             }

@@ -1,0 +1,94 @@
+//! Which session a user means: the id, name or id prefix they typed, as
+//! every front end reads it (`pi-server prompt NAME`, `/sessions NAME`).
+
+use crate::protocol::SessionMetadata;
+
+/// Why a session query named no one session.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// No session.
+    None,
+    /// The candidates, as `id (name)` lines.
+    Ambiguous(Vec<String>),
+}
+
+/// The session id `query` names: an exact id, else the one session whose
+/// name is `query`, else the one id it is a prefix of.
+pub fn resolve(sessions: &[SessionMetadata], query: &str) -> Result<String, Unresolved> {
+    if sessions.iter().any(|s| s.id == query) {
+        return Ok(query.to_owned());
+    }
+    let mut ids: Vec<&SessionMetadata> = sessions
+        .iter()
+        .filter(|s| s.session_name.as_deref() == Some(query))
+        .collect();
+    if ids.is_empty() {
+        ids = sessions
+            .iter()
+            .filter(|s| s.id.starts_with(query))
+            .collect();
+    }
+    ids.sort_by(|a, b| a.id.cmp(&b.id));
+    ids.dedup_by(|a, b| a.id == b.id);
+    match ids.as_slice() {
+        [] => Err(Unresolved::None),
+        [one] => Ok(one.id.clone()),
+        many => Err(Unresolved::Ambiguous(
+            many.iter()
+                .map(|s| match &s.session_name {
+                    Some(name) => format!("{} ({name})", s.id),
+                    None => s.id.clone(),
+                })
+                .collect(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(id: &str, name: Option<&str>) -> SessionMetadata {
+        SessionMetadata {
+            id: id.into(),
+            created_at: 0,
+            updated_at: None,
+            parent_session_id: None,
+            session_name: name.map(str::to_owned),
+            cwd: None,
+        }
+    }
+
+    #[test]
+    fn a_query_is_an_id_a_name_or_a_unique_prefix() {
+        let sessions = [
+            meta("abc123", Some("work")),
+            meta("abd456", None),
+            meta("work", None),
+            meta("ff00", Some("twin")),
+            meta("ee00", Some("twin")),
+        ];
+        assert_eq!(resolve(&sessions, "abd456"), Ok("abd456".into()));
+        assert_eq!(
+            resolve(&sessions, "work"),
+            Ok("work".into()),
+            "an id beats a name"
+        );
+        assert_eq!(resolve(&sessions, "abc"), Ok("abc123".into()));
+        assert_eq!(resolve(&sessions, "zz"), Err(Unresolved::None));
+        assert_eq!(
+            resolve(&sessions, "ab"),
+            Err(Unresolved::Ambiguous(vec![
+                "abc123 (work)".into(),
+                "abd456".into()
+            ]))
+        );
+        assert_eq!(
+            resolve(&sessions, "twin"),
+            Err(Unresolved::Ambiguous(vec![
+                "ee00 (twin)".into(),
+                "ff00 (twin)".into()
+            ]))
+        );
+    }
+}
