@@ -583,47 +583,84 @@ async fn s12_locked_session_under_concurrent_attaches() {
     c.close().await;
 }
 
-/// 13. Graceful close (SIGTERM) stops accepting, closes every connection and
-/// disposes every runtime, busy ones included; the interrupted reply is
-/// stored as aborted.
+/// 13. A durable stop (SIGTERM): the server stops accepting, closes every
+/// connection, disposes the idle runtimes and removes its socket; a running
+/// turn goes on in its worker. With no next server the turn ends complete and
+/// the worker retires after the orphan grace; with one, the turn is adopted
+/// and ends complete there. (pi's own server aborts such a turn.)
 #[tokio::test(flavor = "multi_thread")]
-async fn s13_graceful_close_releases_all_runtimes() {
-    let mut server = TestServer::start("s13").await;
-    let a = Arc::new(server.connect_once().await);
-    let b = server.connect_once().await;
-    let s1 = a.create(params("busy")).await.unwrap().id;
-    let s2 = b.create(params("idle")).await.unwrap().id;
-    let workers = [server.worker_of(&s1).await, server.worker_of(&s2).await];
-    let mut a_events = a.events();
-    let mut b_events = b.events();
-    let prompt = tokio::spawn({
-        let (a, s1) = (Arc::clone(&a), s1.clone());
-        async move { a.prompt(&s1, &long_text(400)).await }
-    });
-    next_event(&mut a_events, "the turn streams", |e| is_delta_of(e, &s1)).await;
+async fn s13_a_stop_keeps_running_turns() {
+    let options = Options {
+        env: vec![("PI_WORKER_ORPHAN_GRACE_MS".into(), "300".into())],
+        ..Options::default()
+    };
+    let mut server = TestServer::start_with("s13", options).await;
+    for next_server in [false, true] {
+        let a = Arc::new(server.connect_once().await);
+        let b = server.connect_once().await;
+        let s1 = a
+            .create(params(&format!("busy {next_server}")))
+            .await
+            .unwrap()
+            .id;
+        let s2 = b
+            .create(params(&format!("idle {next_server}")))
+            .await
+            .unwrap()
+            .id;
+        let busy = server.worker_of(&s1).await;
+        let idle = server.worker_of(&s2).await;
+        let mut a_events = a.events();
+        let mut b_events = b.events();
+        let prompt = tokio::spawn({
+            let (a, s1) = (Arc::clone(&a), s1.clone());
+            async move { a.prompt(&s1, &long_text(300)).await }
+        });
+        next_event(&mut a_events, "the turn streams", |e| is_delta_of(e, &s1)).await;
 
-    let status = server.terminate().await;
-    assert!(status.success(), "graceful close exits 0, got {status}");
-    until_closed(&mut a_events).await;
-    until_closed(&mut b_events).await;
-    let outcome = within("the pending prompt", prompt).await.unwrap();
-    assert!(
-        matches!(outcome, Err(ClientError::Disconnected(_))),
-        "{outcome:?}"
-    );
-    for pid in workers {
-        wait_exit(pid, "every worker to exit").await;
+        let status = server.terminate().await;
+        assert!(status.success(), "a stop exits 0, got {status}");
+        until_closed(&mut a_events).await;
+        until_closed(&mut b_events).await;
+        let outcome = within("the pending prompt", prompt).await.unwrap();
+        assert!(
+            matches!(outcome, Err(ClientError::Disconnected(_))),
+            "{outcome:?}"
+        );
+        assert!(!server.socket.exists(), "the socket is removed");
+        wait_exit(idle, "the idle worker to exit").await;
+        assert!(alive(busy), "the busy worker goes on");
+        if next_server {
+            server.spawn();
+            server.wait_ready().await;
+            let c = server.connect().await;
+            let done = within("the adopted turn", async {
+                loop {
+                    let snapshot = c.attach(&s1).await.unwrap();
+                    if snapshot.phase == SessionPhase::Idle {
+                        break snapshot;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            assert_eq!(server.worker_of(&s1).await, busy, "adopted, not restarted");
+            assert!(done.transcript.len() == 2, "{:?}", done.transcript);
+            c.close().await;
+            wait_exit(busy, "the idle worker to be disposed").await;
+        } else {
+            wait_exit(busy, "the orphan to finish its turn and retire").await;
+            server.spawn();
+            server.wait_ready().await;
+        }
+        let items = stored_items(&server.session_path(&s1));
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(
+            items.last(),
+            Some(&("assistant".to_owned(), Some("complete".to_owned()))),
+            "the turn was not aborted (next server: {next_server})"
+        );
     }
-    assert!(server.workers().is_empty());
-    assert!(!server.socket.exists(), "the socket is removed");
-
-    let items = stored_items(&server.session_path(&s1));
-    assert_eq!(items.len(), 2, "{items:?}");
-    assert_eq!(
-        items.last(),
-        Some(&("assistant".to_owned(), Some("aborted".to_owned())))
-    );
-    assert!(stored_items(&server.session_path(&s2)).is_empty());
 }
 
 /// `serve` runs itself again with glibc's mmap threshold fixed, and its

@@ -356,6 +356,10 @@ struct Daemon<P: Platform> {
     deferring: bool,
     stepping: bool,
     done: bool,
+    /// Workers with work under way that a stop let go on as orphans: a
+    /// second stop request kills them too.
+    let_go: Vec<(Option<u32>, Option<tokio::task::AbortHandle>)>,
+    stopping: bool,
     /// Watches the session directory while it lives (`None`: polled).
     _catalog_watch: Option<Box<dyn Send>>,
     /// A `CatalogChanged` is queued and not handled yet: the watcher sends
@@ -720,6 +724,8 @@ pub async fn run_on<P: Platform>(
         deferring: false,
         stepping: false,
         done: false,
+        let_go: Vec::new(),
+        stopping: false,
         _catalog_watch: catalog_watch,
         catalog_change_queued,
     };
@@ -991,12 +997,18 @@ impl<P: Platform> Daemon<P> {
 
     fn on_stop(&mut self, count: u32) {
         if count == 1 {
-            tracing::info!("shutting down (signal again to stop at once)");
+            tracing::info!(
+                "shutting down; running turns go on in their workers for the next server (signal again to stop everything at once)"
+            );
+            self.stopping = true;
             self.step(Input::Shutdown);
         } else {
             tracing::warn!("second stop request: stopping now");
             for w in self.workers.values() {
                 self.platform.kill_worker(w.pid, w.task.as_ref());
+            }
+            for (pid, task) in &self.let_go {
+                self.platform.kill_worker(*pid, task.as_ref());
             }
             self.done = true;
         }
@@ -1386,11 +1398,14 @@ impl<P: Platform> Daemon<P> {
                 }
             }
             Output::ReleaseWorker { worker } => {
-                if let Some(w) = self.workers.remove(&worker) {
+                if let Some(mut w) = self.workers.remove(&worker) {
                     tracing::info!(%worker, session = %w.session_id, "released a worker to the next server");
                     self.released.push(w.session_id.clone());
-                    if let Some(reader) = w.reader {
+                    if let Some(reader) = w.reader.take() {
                         reader.abort();
+                    }
+                    if self.stopping {
+                        self.let_go.push((w.pid, w.task.take()));
                     }
                     // Dropping the channel closes it; the worker becomes an orphan and announces itself.
                 }

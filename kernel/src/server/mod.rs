@@ -1307,9 +1307,16 @@ impl Server {
         for id in ids {
             self.close(id, CloseReason::Shutdown);
         }
+        // A stop keeps turns: a session with work under way is released, as
+        // to a successor, and its worker goes on as an orphan (adopted by
+        // the next server, or retiring once idle); the rest are disposed.
         let live: Vec<String> = self.sessions.keys().cloned().collect();
         for session in live {
-            self.dispose(&session);
+            if self.has_work(&session) {
+                self.release(&session);
+            } else {
+                self.dispose(&session);
+            }
         }
     }
 

@@ -1798,23 +1798,44 @@ impl Server {
         }
         let sessions: Vec<String> = self.sessions.keys().cloned().collect();
         for session_id in sessions {
-            let live = self.remove_live(&session_id);
-            let worker = live.worker.id();
-            self.workers.remove(&worker);
-            for pending in live.ops.into_values() {
-                if pending.request_id.is_empty() {
-                    continue; // a v8 prompt, answered at once: never counted in flight
-                }
-                self.finish_pending(pending.conn);
+            self.release(&session_id);
+        }
+    }
+
+    /// Whether a ready session has work under way: a turn (or a compaction,
+    /// a retry) its snapshot shows, or an operation on its way that may
+    /// start one. A stop leaves such a session's worker running.
+    pub(super) fn has_work(&self, session_id: &str) -> bool {
+        self.sessions.get(session_id).is_some_and(|live| {
+            live.phase == Phase::Ready
+                && (!live.ops.is_empty()
+                    || live
+                        .snapshot
+                        .as_ref()
+                        .is_some_and(|s| s.phase != SessionPhase::Idle))
+        })
+    }
+
+    /// Lets a live session's worker go on without this server: it becomes
+    /// an orphan that the next server adopts (or that retires once idle).
+    /// One still opening cannot be adopted: it is stopped.
+    pub(super) fn release(&mut self, session_id: &str) {
+        let live = self.remove_live(session_id);
+        let worker = live.worker.id();
+        self.workers.remove(&worker);
+        for pending in live.ops.into_values() {
+            if pending.request_id.is_empty() {
+                continue; // a v8 prompt, answered at once: never counted in flight
             }
-            for waiter in live.waiters {
-                self.finish_pending(waiter.conn);
-            }
-            match live.phase {
-                // Not ready yet: nobody could adopt it; stop it.
-                Phase::Opening => self.out.push(Output::KillWorker { worker }),
-                _ => self.out.push(Output::ReleaseWorker { worker }),
-            }
+            self.finish_pending(pending.conn);
+        }
+        for waiter in live.waiters {
+            self.finish_pending(waiter.conn);
+        }
+        match live.phase {
+            // Not ready yet: nobody could adopt it; stop it.
+            Phase::Opening => self.out.push(Output::KillWorker { worker }),
+            _ => self.out.push(Output::ReleaseWorker { worker }),
         }
     }
 
