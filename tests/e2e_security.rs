@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kernel::protocol::{ErrorCode, ServerMessage};
-use pi_io::client::{Client, ClientOptions};
+use pi_io::client::{Address, Client, ClientOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -194,7 +194,7 @@ fn witness(
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_handshakes_are_refused_while_others_are_served() {
     let options = Options {
-        token: Some("t0ken".into()),
+        token: Some(TOKEN.into()),
         ..Options::default()
     };
     let server = TestServer::start_with("hostile", options).await;
@@ -225,7 +225,7 @@ async fn hostile_handshakes_are_refused_while_others_are_served() {
     assert_eq!(no_token.expect_hello_error().await.code, ErrorCode::Auth);
 
     let mut bad_version = server.raw().await;
-    bad_version.hello(99, Some("t0ken")).await;
+    bad_version.hello(99, Some(TOKEN)).await;
     assert_eq!(
         bad_version.expect_hello_error().await.code,
         ErrorCode::Version
@@ -256,9 +256,9 @@ async fn hostile_handshakes_are_refused_while_others_are_served() {
 
     // A valid hello, then a second hello.
     let mut twice = server.raw().await;
-    twice.hello(1, Some("t0ken")).await;
+    twice.hello(1, Some(TOKEN)).await;
     assert!(matches!(twice.recv().await, Some(ServerMessage::Hello(_))));
-    twice.hello(1, Some("t0ken")).await;
+    twice.hello(1, Some(TOKEN)).await;
     let error = twice.expect_hello_error().await;
     assert_eq!(error.code, ErrorCode::InvalidRequest, "{error:?}");
     good.list().await.unwrap();
@@ -284,6 +284,9 @@ async fn hostile_handshakes_are_refused_while_others_are_served() {
 }
 
 /// A free TCP port on the loopback interface (bound, then released).
+/// A token strong enough for a network listener.
+const TOKEN: &str = "remote-token-0123456789abcdef";
+
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
@@ -310,7 +313,7 @@ async fn remote_clients_over_tcp_need_the_token() {
     let mut server = TestServer::new(
         "tcp",
         Options {
-            token: Some("t0ken".into()),
+            token: Some(TOKEN.into()),
             serve_args: vec!["--listen".into(), format!("tcp://{address}")],
             ..Options::default()
         },
@@ -319,7 +322,7 @@ async fn remote_clients_over_tcp_need_the_token() {
     server.wait_ready().await;
 
     let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-    let remote = Client::connect_stream(stream, Some("t0ken"), ClientOptions::default())
+    let remote = Client::connect_stream(stream, Some(TOKEN), ClientOptions::default())
         .await
         .unwrap();
     let id = remote.create(params("remote")).await.unwrap().id;
@@ -383,6 +386,81 @@ async fn remote_clients_over_tcp_need_the_token() {
     local.close().await;
 }
 
+/// A token guards the network listeners, not the user's own socket: with
+/// `--listen`, local commands need no token while remote ones do (and find
+/// it in `$PI_SERVER_TOKEN_FILE`); a token file others may read, or a weak
+/// token, is refused for a network listener with the fix in the message.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_network_token_leaves_the_local_socket_alone_and_must_be_strong() {
+    for (token, mode, why) in [
+        (TOKEN, 0o644, "chmod 600"),
+        ("secret", 0o600, "bits of entropy"),
+    ] {
+        let weak = TestServer::new(
+            "tcp-weak",
+            Options {
+                token: Some(token.into()),
+                serve_args: vec!["--listen".into(), "tcp://127.0.0.1:0".into()],
+                ..Options::default()
+            },
+        );
+        let file = weak.token_file.clone().unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let (status, text) = serve_once(&weak);
+        assert!(!status.success(), "{text}");
+        assert!(
+            text.contains("cannot guard a network listener") && text.contains(why),
+            "{text}"
+        );
+        assert!(!weak.socket.exists(), "nothing is bound: {text}");
+    }
+
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut server = TestServer::new(
+        "tcp-local",
+        Options {
+            token: Some(TOKEN.into()),
+            serve_args: vec!["--listen".into(), format!("tcp://{address}")],
+            ..Options::default()
+        },
+    );
+    server.spawn();
+    server.wait_ready().await;
+    // Local: no token, through the library and the CLI.
+    let socket = Address::Unix(server.socket.clone());
+    let local = Client::connect(&socket, None)
+        .await
+        .expect("no token needed");
+    let id = local.create(params("local")).await.unwrap().id;
+    let mut command = std::process::Command::new(bin());
+    command
+        .arg("--connect")
+        .arg(format!("unix://{}", server.socket.display()))
+        .args(["list", "-q"]);
+    server.root.isolate(&mut command);
+    let out = run(command).await.success();
+    assert_eq!(out.stdout.trim(), id);
+    // Remote: the token, from the environment.
+    let remote = |env: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new(bin());
+        command
+            .arg("--connect")
+            .arg(format!("tcp://{address}"))
+            .args(["list", "-q"]);
+        server.root.isolate(&mut command);
+        if let Some(file) = env {
+            command.env("PI_SERVER_TOKEN_FILE", file);
+        }
+        run(command)
+    };
+    let out = remote(server.token_file.as_deref()).await.success();
+    assert_eq!(out.stdout.trim(), id);
+    let out = remote(None).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.contains("PI_SERVER_TOKEN_FILE"), "{out:?}");
+    local.close().await;
+}
+
 /// Protocol v8 has no token in its hello: over the WebSocket, a remote
 /// client presents it at the upgrade (`Authorization: Bearer`). With it
 /// the v8 hello is answered; without it, or with a wrong one, `auth`.
@@ -396,7 +474,7 @@ async fn v8_over_a_websocket_authenticates_at_the_upgrade() {
     let mut server = TestServer::new(
         "ws-v8",
         Options {
-            token: Some("t0ken".into()),
+            token: Some(TOKEN.into()),
             serve_args: vec!["--listen".into(), format!("http://{address}")],
             ..Options::default()
         },
@@ -413,7 +491,7 @@ async fn v8_over_a_websocket_authenticates_at_the_upgrade() {
             .unwrap()
     };
     for (token, expected) in [
-        (Some("t0ken"), r#"Text("hello")"#),
+        (Some(TOKEN), r#"Text("hello")"#),
         (Some("wrong"), "Invalid token"),
         (None, "present it at the transport"),
     ] {
@@ -434,7 +512,7 @@ async fn v8_over_a_websocket_authenticates_at_the_upgrade() {
         let value = cbor::decode(&answer[4..], &Default::default()).unwrap();
         let text = format!("{value:?}");
         assert!(text.contains(expected), "{token:?}: {text}");
-        if token == Some("t0ken") {
+        if token == Some(TOKEN) {
             assert!(text.contains("Int(8)"), "{text}");
         }
         // Failed tokens back off per address: let the next one be looked at.

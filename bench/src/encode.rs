@@ -137,6 +137,7 @@ impl Fan {
             models: faux::models(),
             limits: Limits::default(),
             idle_exit: None,
+            local_token: true,
         };
         let mut fan = Self {
             server: Server::new(config),

@@ -68,6 +68,11 @@ impl Server {
         let token = pi_io::config::new_uuid();
         let token_file = dir.join("token");
         std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|e| e.to_string())?;
         let args = [
             "--listen".to_string(),
             format!("http://{addr}"),

@@ -241,6 +241,7 @@ fn config() -> Config {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: None,
+        local_token: true,
     }
 }
 

@@ -98,6 +98,7 @@ impl TestRoot {
             .env_remove("PI_SERVER_DIR")
             .env_remove("PI_SERVER_ID")
             .env_remove("PI_SERVER_IDLE_EXIT_MS")
+            .env_remove("PI_SERVER_TOKEN_FILE")
             .env_remove("PI_FAUX_DELAY_MS")
             // The servers' own allocator tuning, not the caller's.
             .env_remove(pi_io::cli::MMAP_THRESHOLD_VAR)
@@ -518,6 +519,9 @@ impl TestServer {
         let token_file = options.token.as_ref().map(|token| {
             let file = root.path.join("token");
             std::fs::write(&file, format!("{token}\n")).expect("write the token file");
+            // Private, as a token guarding a network listener must be.
+            std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod the token file");
             file
         });
         Self {

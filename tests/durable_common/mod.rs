@@ -232,6 +232,7 @@ impl Env {
         let removed = vec![
             "PI_SERVER_ID",
             "PI_SERVER_IDLE_EXIT_MS",
+            "PI_SERVER_TOKEN_FILE",
             "PI_WORKER_ORPHAN_GRACE_MS",
             "PI_SERVER_ADOPTION_GRACE_MS",
             "PI_FAUX_DELAY_MS",

@@ -99,13 +99,21 @@ impl Target {
     }
 }
 
+/// The environment variable naming a client's token file.
+pub(super) const TOKEN_FILE_VAR: &str = "PI_SERVER_TOKEN_FILE";
+
 /// The target of a client command, from the global options.
 pub(super) fn client_target(
     global: &GlobalArgs,
     model: Option<ModelRef>,
 ) -> Result<Target, String> {
-    let token = global
-        .token_file
+    // A client takes its token from --token-file, else $PI_SERVER_TOKEN_FILE.
+    let token_file = global.token_file.clone().or_else(|| {
+        std::env::var_os(TOKEN_FILE_VAR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let token = token_file
         .as_deref()
         .map(config::read_token_file)
         .transpose()?;
@@ -116,8 +124,8 @@ pub(super) fn client_target(
         }
         if matches!(address, Address::Tcp(_)) && token.is_none() {
             return Err(format!(
-                "--connect {address} needs --token-file: a server accepts TCP clients \
-                 only with its token"
+                "--connect {address} needs --token-file (or {TOKEN_FILE_VAR}): a server \
+                 accepts TCP clients only with its token"
             ));
         }
         return Ok(Target {
@@ -134,7 +142,7 @@ pub(super) fn client_target(
         global.server_id.is_some() || std::env::var("PI_SERVER_ID").is_ok_and(|id| !id.is_empty());
     let server_id = config::server_id(global.server_id.clone(), &server_dir)?;
     let session_dir = absolute(&config::session_dir(global.session_dir.clone()))?;
-    let token_file = global.token_file.as_deref().map(absolute).transpose()?;
+    let token_file = token_file.as_deref().map(absolute).transpose()?;
     Ok(Target {
         address: Address::Unix(config::socket_path(&server_dir, &server_id)),
         token,

@@ -61,7 +61,9 @@ pub(super) struct GlobalArgs {
     #[arg(long, global = true, value_name = "unix:///PATH|tcp://HOST:PORT", value_parser = parse_connect)]
     pub(super) connect: Option<Address>,
 
-    /// File holding a shared secret: clients send it in hello, `serve` requires it
+    /// File holding a shared secret [clients' default: $PI_SERVER_TOKEN_FILE]: clients send it
+    /// in hello; `serve` requires it of remote clients, and of local ones only without --listen.
+    /// For a network listener it must be private (chmod 600) and of 128 bits or more
     #[arg(long, global = true, value_name = "FILE")]
     pub(super) token_file: Option<PathBuf>,
 }

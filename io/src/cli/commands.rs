@@ -47,6 +47,21 @@ pub(super) async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(),
             return Err(format!("--listen {scheme}://… may be given once"));
         }
     }
+    if (listen_tcp.is_some() || listen_web.is_some())
+        && let (Some(token), Some(file)) = (&token, &global.token_file)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file)
+            .map_err(|e| format!("cannot read token file {}: {e}", file.display()))?
+            .permissions()
+            .mode();
+        if let Some(problem) = kernel::server::network_token_problem(token, mode) {
+            return Err(format!(
+                "--token-file {} cannot guard a network listener: {problem}",
+                file.display()
+            ));
+        }
+    }
     if listen_web.is_none()
         && !(args.allow_host.is_empty()
             && args.allow_origin.is_empty()

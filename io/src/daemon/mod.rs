@@ -549,6 +549,10 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
     let config = Config {
         server_id: opts.server_id.clone(),
         token: opts.token.clone(),
+        // With a network listener the token guards it; the socket keeps its
+        // file permissions as its guard. Without one, the token was given
+        // for the socket.
+        local_token: opts.listen_tcp.is_none() && opts.listen_web.is_none(),
         // The kernel's ids are not secrets.
         seed: config::random_u64(),
         models: crate::agent::ModelRegistry::load(&config::agent_dir())

@@ -138,6 +138,7 @@ pub(crate) async fn serve(options: Options) -> turmoil::Result {
             models: faux::models(),
             limits: options.limits,
             idle_exit: None,
+            local_token: true,
         },
         session_dir,
         clients: vec![Clients(clients)],

@@ -100,6 +100,35 @@ impl Connection {
     }
 }
 
+/// Why a token (from a file of permission bits `mode`) may not guard a
+/// network listener, with the fix: a file others may read, or a token of
+/// less than 128 bits of entropy as its length and its characters' classes
+/// allow (an upper bound: 6 letters are 28 bits, 32 hex digits 165).
+pub fn network_token_problem(token: &str, mode: u32) -> Option<String> {
+    const FIX: &str = "make one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`";
+    if mode & 0o077 != 0 {
+        return Some(format!(
+            "the token file may be read by other users (mode {:o}): `chmod 600` it, or {FIX}",
+            mode & 0o777
+        ));
+    }
+    let classes = [
+        (token.bytes().any(|b| b.is_ascii_digit()), 10.0),
+        (token.bytes().any(|b| b.is_ascii_lowercase()), 26.0),
+        (token.bytes().any(|b| b.is_ascii_uppercase()), 26.0),
+        (token.bytes().any(|b| !b.is_ascii_alphanumeric()), 32.0),
+    ];
+    let alphabet: f64 = classes
+        .iter()
+        .filter(|(used, _)| *used)
+        .map(|(_, n)| n)
+        .sum();
+    let bits = token.chars().count() as f64 * alphabet.max(1.0).log2();
+    (bits < 128.0).then(|| {
+        format!("the token holds about {bits:.0} bits of entropy, under the 128 a network listener needs: {FIX}")
+    })
+}
+
 /// Compares two secrets in time independent of where they differ.
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = (a.len() ^ b.len()) as u64;
@@ -114,6 +143,22 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_network_token_is_private_and_strong() {
+        use super::network_token_problem as problem;
+        let hex = "0123456789abcdef0123456789abcdef";
+        let base64 = "q83vQ1Zk4rP0aXb2mN7sTw==";
+        assert_eq!(problem(hex, 0o600), None);
+        assert_eq!(problem(base64, 0o400), None);
+        assert!(problem(hex, 0o644).unwrap().contains("chmod 600"));
+        assert!(
+            problem("secret", 0o600)
+                .unwrap()
+                .contains("bits of entropy")
+        );
+        assert!(problem(&hex[..16], 0o600).is_some(), "16 hex digits");
+    }
+
     use super::*;
 
     #[test]

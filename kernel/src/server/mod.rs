@@ -25,7 +25,7 @@ mod throttle;
 mod timers;
 mod v8;
 
-pub use connection::Stage;
+pub use connection::{Stage, network_token_problem};
 
 use crate::ids::{ChannelId, ConnId, OpId, PeerAddr, WorkerId};
 use crate::limits::Limits;
@@ -61,8 +61,13 @@ pub use crate::wire::frame::Frame;
 pub struct Config {
     /// Reported in every server snapshot.
     pub server_id: String,
-    /// When set, every hello must carry this token (`hello_error auth` otherwise).
+    /// When set, a remote client's hello must carry this token (`hello_error
+    /// auth` otherwise), and a local one's too with [`Config::local_token`].
     pub token: Option<String>,
+    /// Whether local clients (of the Unix socket, whose file permissions
+    /// guard it) need the token too: a server whose token guards network
+    /// listeners does not lock its own user's terminal out.
+    pub local_token: bool,
     /// Seeds connection and session ids. The daemon draws it from the OS.
     pub seed: u64,
     /// Models offered, reported in server snapshots.
@@ -81,6 +86,7 @@ impl fmt::Debug for Config {
         let Self {
             server_id,
             token,
+            local_token,
             seed,
             models,
             limits,
@@ -93,6 +99,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("server_id", server_id)
             .field("token", &token.as_ref().map(|_| "<set>"))
+            .field("local_token", local_token)
             .field("seed", seed)
             .field("models", &models)
             .field("limits", limits)
@@ -798,13 +805,16 @@ impl Server {
     /// Checks the token a client gave (in its v1 hello, or at its transport
     /// for v8) against the configured one, in constant time, with failures
     /// backing off per remote address. With no token configured anything
-    /// passes. A failure ends the connection with `hello_error auth`
+    /// passes, and so does a local client unless [`Config::local_token`]. A failure ends the connection with `hello_error auth`
     /// (`missing` when no token was given) and returns false.
     fn authenticate(&mut self, id: ConnId, given: Option<&str>, missing: &str) -> bool {
         let Some(expected) = &self.config.token else {
             return true;
         };
         let peer = self.conns.get(&id).expect("checked").peer.clone();
+        if peer.is_none() && !self.config.local_token {
+            return true;
+        }
         if let Some(wait) = peer
             .as_ref()
             .and_then(|p| self.auth_throttle.locked(p, self.now))

@@ -24,6 +24,7 @@ fn config() -> Config {
         models: faux::models(),
         limits: Limits::default(),
         idle_exit: None,
+        local_token: true,
     }
 }
 
@@ -1189,6 +1190,34 @@ fn names_are_unique_among_the_servers_sessions() {
     assert_eq!(name_of(&first).as_deref(), Some("first"));
     h.request(a, "rename", rename(&first, "second"));
     assert!(refusal(&h, a).1.contains(&second));
+}
+
+/// A token that guards network listeners leaves local clients alone (their
+/// socket's permissions guard them) unless asked to guard them too.
+#[test]
+fn a_token_guards_local_clients_only_when_asked() {
+    for local_token in [false, true] {
+        let mut config = config();
+        config.token = Some("secret".into());
+        config.local_token = local_token;
+        let mut h = Harness::with(config);
+        h.step(Input::CatalogLoaded {
+            sessions: vec![],
+            models: Vec::new(),
+        });
+        let hello = |h: &mut Harness, conn, peer: Option<crate::ids::PeerAddr>| {
+            h.step(Input::Accepted { conn, peer });
+            let frame = client_frame(&ClientMessage::Hello(ClientHello {
+                version: PROTOCOL_VERSION,
+                token: None,
+            }));
+            h.step(Input::Received { conn, bytes: frame });
+            matches!(h.last(conn), ServerMessage::Hello(_))
+        };
+        assert_eq!(hello(&mut h, ConnId(1), None), !local_token, "local");
+        let remote = Some(crate::ids::PeerAddr("192.0.2.7".into()));
+        assert!(!hello(&mut h, ConnId(2), remote), "remote");
+    }
 }
 
 #[test]

@@ -584,6 +584,7 @@ impl World {
             models: options.models.clone(),
             limits: options.limits.clone(),
             idle_exit: None,
+            local_token: true,
         }
     }
 
