@@ -970,6 +970,75 @@ async fn names_are_unique_and_sessions_can_be_renamed() {
     assert!(log.contains("hello"), "{log}");
 }
 
+/// `exec` creates a session in the working directory, streams one reply to
+/// stdout with tool calls and thinking on stderr (`--quiet`: the reply
+/// alone), and leaves the session for `prompt --last` / `-c`, which takes
+/// the newest session of the directory; an empty prompt is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_then_prompt_the_last_session_of_the_directory() {
+    let server = TestServer::start("exec").await;
+    let project = server.root.path.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let in_project = |args: &[&str]| {
+        let mut command = server.cli(args);
+        command.current_dir(&project);
+        run(command)
+    };
+    let first = in_project(&[
+        "exec",
+        "--model",
+        "faux/faux-reasoner",
+        "--thinking",
+        "high",
+        "!echo from-the-tool",
+    ])
+    .await
+    .success();
+    assert_eq!(
+        first.stdout, "The bash tool finished: from-the-tool\n",
+        "stdout is the reply alone"
+    );
+    assert!(
+        first.stderr.contains("▸ bash: echo from-the-tool"),
+        "{first:?}"
+    );
+    assert!(first.stderr.contains("(thinking)"), "{first:?}");
+    assert!(first.stderr.contains("(session "), "{first:?}");
+    let quiet = in_project(&["exec", "-q", "!echo quiet"]).await.success();
+    assert!(quiet.stderr.is_empty(), "{quiet:?}");
+
+    let again = in_project(&["prompt", "-c", "and", "once", "more"])
+        .await
+        .success();
+    assert!(
+        again.stdout.contains("You said: and once more"),
+        "{again:?}"
+    );
+    let listed = server.run_cli(&["list", "--json"]).await.success().stdout;
+    let sessions: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(sessions.len(), 2, "{listed}");
+    let cwd = project.to_str().unwrap();
+    assert!(sessions.iter().all(|s| s["cwd"] == cwd), "{listed}");
+    let log = in_project(&["log", sessions[0]["id"].as_str().unwrap()])
+        .await
+        .success()
+        .stdout;
+    assert!(
+        log.contains("› !echo quiet") && log.contains("› and once more"),
+        "the newest session took it: {log}"
+    );
+
+    let empty = in_project(&["prompt", "-c", " "]).await;
+    assert_eq!(empty.status.code(), Some(1), "{empty:?}");
+    assert!(empty.stderr.contains("the prompt is empty"), "{empty:?}");
+    let elsewhere = server.run_cli(&["prompt", "--last", "hi"]).await;
+    assert_eq!(elsewhere.status.code(), Some(1), "{elsewhere:?}");
+    assert!(
+        elsewhere.stderr.contains("No session works in"),
+        "{elsewhere:?}"
+    );
+}
+
 /// Issue #15, item 7: a `prompt` refused as busy prints nothing of the turn
 /// another client is running (it prints only its own session's output, and
 /// only for its own request), and says why on stderr. Many rounds, each

@@ -38,7 +38,7 @@ use self::args::{Commands, parse_from, prompt_text};
 use self::commands::{
     Control, run_attach, run_control, run_create, run_list, run_log, run_models, run_rm, run_serve,
 };
-use self::stream::run_prompt;
+use self::stream::{Which, run_prompt};
 use crate::config;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -212,12 +212,49 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Commands::Create(args) => run_create(&target()?, args).await,
-        Commands::Prompt { id, text } => {
-            let text = prompt_text(&text)?;
-            return run_prompt(&target()?, &id, &text).await;
+        Commands::Prompt {
+            id,
+            text,
+            last,
+            quiet,
+        } => {
+            // With --last every word is the prompt's.
+            let (which, words) = match (last, id) {
+                (true, id) => (Which::Last, id.into_iter().chain(text).collect()),
+                (false, Some(id)) if id.trim().is_empty() => {
+                    return Err(Failure::from("the session id is empty".to_owned()));
+                }
+                (false, Some(id)) => (Which::Query(id), text),
+                (false, None) => unreachable!("clap requires an id without --last"),
+            };
+            if words.is_empty() {
+                return Err(Failure::from(
+                    "the prompt's text is missing: `pi-server prompt ID TEXT`".to_owned(),
+                ));
+            }
+            let text = prompt_text(&words)?;
+            return run_prompt(&target()?, &which, &text, quiet).await;
         }
-        Commands::Attach { id, history, json } => {
-            return run_attach(&target()?, &id, history, json).await;
+        Commands::Exec {
+            create,
+            quiet,
+            text,
+        } => {
+            let text = prompt_text(&text)?;
+            let params = commands::create_params(create)?;
+            return stream::run_exec(&target()?, params, &text, quiet).await;
+        }
+        Commands::Attach {
+            id,
+            last,
+            history,
+            json,
+        } => {
+            let which = match id {
+                Some(id) if !last => Which::Query(id),
+                _ => Which::Last,
+            };
+            return run_attach(&target()?, &which, history, json).await;
         }
         Commands::Log { id, json } => run_log(&target()?, &id, json).await,
         Commands::Rm { id } => run_rm(&target()?, &id).await,

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 
 /// A durable multi-client server for coding-agent sessions (pi protocol v1).
 ///
-/// Client commands (list, create, prompt, attach, rm, models) talk to the
-/// server of the selected server directory and id, and start one in the
-/// background when none is running. Several servers (different ids) may
-/// share a server directory: `list` shows the sessions of all of them, and
-/// `prompt`, `attach` and `rm` find the server holding the session. Run
-/// `pi-server demo` for a tour.
+/// Client commands (all but serve, completions and demo) talk to the server
+/// of the selected server directory and id, and start one in the background
+/// when none is running. Several servers (different ids) may share a server
+/// directory: `list` shows the sessions of all of them, and the commands
+/// taking a session find the server holding it. Run `pi-server demo` for a
+/// tour.
 #[derive(Debug, Parser)]
 #[command(name = "pi-server", version, propagate_version = true)]
 pub struct Cli {
@@ -125,9 +125,33 @@ pub(super) enum Commands {
     /// prompt (for example `busy` during another turn) or the reply ends in
     /// an error. Ctrl-C aborts the turn.
     Prompt {
-        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
-        #[arg(value_parser = parse_non_empty)]
-        id: String,
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`);
+        /// none with --last.
+        #[arg(required_unless_present = "last", value_name = "ID")]
+        id: Option<String>,
+        /// The prompt; several words are joined with spaces. `-` alone reads
+        /// the prompt from standard input.
+        #[arg(num_args = 0.., value_name = "TEXT")]
+        text: Vec<String>,
+        /// The most recently active session of the working directory.
+        #[arg(short = 'c', long)]
+        last: bool,
+        /// The reply alone: no tool calls or thinking on stderr.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+
+    /// Create a session, send it one prompt, stream the reply, and exit (as
+    /// `codex exec` and `claude -p`); the session stays for `prompt --last`.
+    ///
+    /// Tool calls and thinking go to stderr (--quiet: the reply alone), and
+    /// the session's id at the end. Exits as `prompt` does.
+    Exec {
+        #[command(flatten)]
+        create: CreateArgs,
+        /// The reply alone: no tool calls, thinking or session id on stderr.
+        #[arg(short, long)]
+        quiet: bool,
         /// The prompt; several words are joined with spaces. `-` alone reads
         /// the prompt from standard input.
         #[arg(required = true, num_args = 1.., value_name = "TEXT")]
@@ -149,8 +173,11 @@ pub(super) enum Commands {
     /// runs, and replies stream to stdout.
     Attach {
         /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
-        #[arg(value_parser = parse_non_empty)]
-        id: String,
+        #[arg(value_parser = parse_non_empty, required_unless_present = "last", value_name = "ID")]
+        id: Option<String>,
+        /// The most recently active session of the working directory.
+        #[arg(short = 'c', long, conflicts_with = "id")]
+        last: bool,
         /// How many of the latest turns to show on attach, or `all`.
         #[arg(long, default_value = "10", value_name = "N|all")]
         history: crate::tui::History,
@@ -449,7 +476,13 @@ where
 /// The prompt's words joined, or standard input for a lone `-`.
 pub(super) fn prompt_text(words: &[String]) -> Result<String, String> {
     if words != ["-"] {
-        return Ok(words.join(" "));
+        let text = words.join(" ");
+        if text.trim().is_empty() {
+            return Err(
+                "the prompt is empty: give its text, or `-` to read it from standard input".into(),
+            );
+        }
+        return Ok(text);
     }
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
@@ -674,17 +707,26 @@ mod tests {
     }
 
     #[test]
-    fn prompt_joins_words_and_rejects_empty_ids() {
+    fn prompt_joins_words_and_takes_the_last_session() {
         let cli = parse(&["prompt", "abc", "hello", "there"]).unwrap();
-        let Commands::Prompt { id, text } = cli.command else {
+        let Commands::Prompt { id, text, last, .. } = cli.command else {
             panic!("not prompt")
         };
         assert_eq!(
-            (id.as_str(), text.join(" ").as_str()),
-            ("abc", "hello there")
+            (id.as_deref(), text.join(" ").as_str(), last),
+            (Some("abc"), "hello there", false)
         );
-        assert!(parse(&["prompt", "", "x"]).is_err());
-        assert!(parse(&["prompt", "abc"]).is_err());
+        assert!(parse(&["prompt"]).is_err(), "an id or --last");
+        let cli = parse(&["prompt", "-c", "hello", "there"]).unwrap();
+        let Commands::Prompt { id, text, last, .. } = cli.command else {
+            panic!("not prompt")
+        };
+        assert_eq!(
+            (id.as_deref(), text, last),
+            (Some("hello"), vec!["there".to_owned()], true)
+        );
+        assert!(prompt_text(&["".to_owned()]).is_err(), "an empty prompt");
+        assert!(prompt_text(&[" ".to_owned(), "".to_owned()]).is_err());
     }
 
     #[test]

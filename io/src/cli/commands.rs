@@ -228,7 +228,9 @@ pub(super) fn session_json(s: &SessionMetadata) -> serde_json::Value {
     serde_json::Value::Object(map)
 }
 
-pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
+/// What `create` (and `exec`) ask for: the working directory resolved and
+/// checked (the current one by default).
+pub(super) fn create_params(args: CreateArgs) -> Result<CreateParams, String> {
     let cwd = match args.cwd {
         Some(dir) => absolute(&dir)?,
         None => std::env::current_dir()
@@ -241,16 +243,24 @@ pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), 
         .to_str()
         .ok_or_else(|| format!("--cwd {}: the path is not valid UTF-8", cwd.display()))?
         .to_owned();
-    let client = connect(target).await?;
-    if let Some(model) = &args.model {
-        check_model(&client.server_snapshot().models, model, args.thinking)?;
-    }
-    let params = CreateParams {
+    Ok(CreateParams {
         cwd: Some(cwd),
         name: args.name,
         model: args.model,
         thinking_level: args.thinking,
-    };
+    })
+}
+
+pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
+    let params = create_params(args)?;
+    let client = connect(target).await?;
+    if let Some(model) = &params.model {
+        check_model(
+            &client.server_snapshot().models,
+            model,
+            params.thinking_level,
+        )?;
+    }
     let session = client
         .create(params)
         .await
@@ -456,11 +466,11 @@ pub(super) async fn run_log(target: &Target, query: &str, json: bool) -> Result<
 
 pub(super) async fn run_attach(
     target: &Target,
-    query: &str,
+    which: &super::stream::Which,
     history: crate::tui::History,
     json: bool,
 ) -> Result<(), Failure> {
-    let (client, id) = session_server(target, query).await?;
+    let (client, id) = super::stream::which_session(target, which).await?;
     let client = Arc::new(client);
     let id = id.as_str();
     let snapshot = client

@@ -14,7 +14,7 @@ use super::activate::{
     MODEL_ONLY_AT_ACTIVATION, Target, activate, connect, connect_error, no_server, version_refusal,
 };
 use crate::client::{Client, ClientOptions};
-use kernel::client::lookup::{Unresolved, resolve};
+use kernel::client::lookup::{Unresolved, latest_in, resolve};
 use kernel::protocol::SessionMetadata;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -194,6 +194,28 @@ pub(super) async fn session_server(
     target: &Target,
     query: &str,
 ) -> Result<(Client, String), String> {
+    let none = format!("No session matches {query}");
+    session_server_by(target, query, &none, |sessions| resolve(sessions, query)).await
+}
+
+/// The server holding the most recently active session of the working
+/// directory (`--last`), and the session's id.
+pub(super) async fn latest_here(target: &Target) -> Result<(Client, String), String> {
+    let cwd =
+        std::env::current_dir().map_err(|e| format!("cannot read the working directory: {e}"))?;
+    let cwd = cwd.to_string_lossy().into_owned();
+    let none = format!("No session works in {cwd}");
+    session_server_by(target, &cwd, &none, |sessions| latest_in(sessions, &cwd)).await
+}
+
+/// [`session_server`] with `pick` choosing the session among those of the
+/// servers searched; `none` says that it found none.
+async fn session_server_by(
+    target: &Target,
+    query: &str,
+    none: &str,
+    pick: impl Fn(&[SessionMetadata]) -> Result<String, Unresolved>,
+) -> Result<(Client, String), String> {
     let found = if target.explicit {
         let client = connect(target).await?;
         vec![Found {
@@ -208,12 +230,12 @@ pub(super) async fn session_server(
         .iter()
         .flat_map(|f| f.client.server_snapshot().sessions)
         .collect();
-    let id = match resolve(&sessions, query) {
+    let id = match pick(&sessions) {
         Ok(id) => id,
         Err(Unresolved::None) => {
             close_all(found).await;
             return Err(format!(
-                "No session matches {query}\n  \
+                "{none}\n  \
                  (searched {searched} running server{}; see `pi-server list`)",
                 if searched == 1 { "" } else { "s" }
             ));

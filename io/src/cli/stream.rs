@@ -7,7 +7,7 @@ use super::discover::session_server;
 use crate::client::{Client, Status};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Front};
-use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, TranscriptItem};
+use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, ToolStatus, TranscriptItem};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
 
@@ -29,6 +29,10 @@ pub(super) struct Stream {
     deltas: usize,
     /// Ctrl-C was pressed while the prompt ran.
     interrupted: bool,
+    /// Tool calls and thinking go to stderr (`prompt` without `--quiet`).
+    activity: bool,
+    /// With `activity`: thinking is being written to stderr.
+    thinking: bool,
 }
 
 impl Stream {
@@ -41,6 +45,29 @@ impl Stream {
             item: None,
             deltas: 0,
             interrupted: false,
+            activity: false,
+            thinking: false,
+        }
+    }
+
+    /// Also shows the turn's tool calls and thinking, on stderr (stdout
+    /// stays the reply alone).
+    pub(super) fn with_activity(mut self) -> Self {
+        self.activity = true;
+        self
+    }
+
+    /// A line of activity on stderr, after the reply's open line.
+    fn note(&mut self, text: &str) {
+        self.end_thinking();
+        let gap = if self.line_open { "\n" } else { "" };
+        eprintln!("{gap}{text}");
+        self.line_open = false;
+    }
+
+    fn end_thinking(&mut self) {
+        if std::mem::take(&mut self.thinking) {
+            eprintln!();
         }
     }
 
@@ -103,15 +130,35 @@ impl Stream {
 
     pub(super) fn show(&mut self, updates: Vec<Update>) {
         for update in updates {
+            let shown = self.showing || !self.own_only;
             match update {
                 Update::User { own: true, .. } => self.showing = true,
-                Update::Text { item_id, delta } if self.showing || !self.own_only => {
+                Update::Text { item_id, delta } if shown => {
+                    self.end_thinking();
                     if self.item.as_ref().is_some_and(|item| *item != item_id) {
                         self.end_line();
                     }
                     self.item = Some(item_id);
                     self.deltas += 1;
                     self.write(&delta);
+                }
+                Update::Thinking { delta, .. } if shown && self.activity => {
+                    if !self.thinking {
+                        self.note("(thinking)");
+                        self.thinking = true;
+                    }
+                    eprint!("{}", crate::tui::view::sanitize(&delta));
+                }
+                Update::ToolCall {
+                    tool_name, input, ..
+                } if shown && self.activity => {
+                    let title = follow::tool_title(&tool_name, &input);
+                    self.note(&format!("▸ {}", crate::tui::view::sanitize(&title)));
+                }
+                Update::Tool { status, .. }
+                    if shown && self.activity && status == ToolStatus::Error =>
+                {
+                    self.note("  ✗ the tool failed");
                 }
                 _ => {}
             }
@@ -250,24 +297,89 @@ pub(super) fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String>
 // ---------------------------------------------------------------------------
 // prompt
 
-pub(super) async fn run_prompt(target: &Target, query: &str, text: &str) -> Result<(), Failure> {
-    let (client, id) = session_server(target, query).await?;
-    let result = prompt_attached(&client, &id, text).await;
+/// Which session `prompt` and `attach` mean.
+#[derive(Debug, Clone)]
+pub(super) enum Which {
+    /// A session id, a unique prefix of one, or a name.
+    Query(String),
+    /// The most recently active session of this working directory.
+    Last,
+}
+
+/// The server and session id `which` means.
+pub(super) async fn which_session(
+    target: &Target,
+    which: &Which,
+) -> Result<(Client, String), String> {
+    match which {
+        Which::Query(query) => session_server(target, query).await,
+        Which::Last => super::discover::latest_here(target).await,
+    }
+}
+
+pub(super) async fn run_prompt(
+    target: &Target,
+    which: &Which,
+    text: &str,
+    quiet: bool,
+) -> Result<(), Failure> {
+    let (client, id) = which_session(target, which).await?;
+    let result = prompt_attached(&client, &id, text, quiet).await;
     let _ = client.detach(&id).await;
+    client.close().await;
+    result
+}
+
+/// `exec`: a new session, one prompt streamed, and its id on stderr.
+pub(super) async fn run_exec(
+    target: &Target,
+    params: kernel::protocol::CreateParams,
+    text: &str,
+    quiet: bool,
+) -> Result<(), Failure> {
+    let client = super::activate::connect(target).await?;
+    let created = client
+        .create(params)
+        .await
+        .map_err(|e| format!("cannot create the session: {e}"));
+    let result = match created {
+        Ok(session) => {
+            let result = prompt_attached(&client, &session.id, text, quiet).await;
+            if !quiet {
+                eprintln!(
+                    "(session {}: `pi-server prompt {} ...` goes on with it)",
+                    session.id,
+                    &session.id[..8.min(session.id.len())]
+                );
+            }
+            let _ = client.detach(&session.id).await;
+            result
+        }
+        Err(e) => Err(Failure::from(e)),
+    };
     client.close().await;
     result
 }
 
 /// Exits 130 when Ctrl-C stopped the turn, with the one message that says
 /// how it ended (aborted, in a tool call or not).
-pub(super) async fn prompt_attached(client: &Client, id: &str, text: &str) -> Result<(), Failure> {
+pub(super) async fn prompt_attached(
+    client: &Client,
+    id: &str,
+    text: &str,
+    quiet: bool,
+) -> Result<(), Failure> {
     client
         .attach(id)
         .await
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
-    let mut stream = Stream::new();
+    let mut stream = if quiet {
+        Stream::new()
+    } else {
+        Stream::new().with_activity()
+    };
     let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
     let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
     match outcome {

@@ -44,9 +44,43 @@ pub fn resolve(sessions: &[SessionMetadata], query: &str) -> Result<String, Unre
     }
 }
 
+/// The most recently active session whose working directory is `cwd`
+/// (`--last`): the newest update, else creation; ties by id.
+pub fn latest_in(sessions: &[SessionMetadata], cwd: &str) -> Result<String, Unresolved> {
+    sessions
+        .iter()
+        .filter(|s| s.cwd.as_deref() == Some(cwd))
+        .max_by(|a, b| {
+            let at = |s: &SessionMetadata| s.updated_at.unwrap_or(s.created_at);
+            at(a).cmp(&at(b)).then_with(|| a.id.cmp(&b.id))
+        })
+        .map(|s| s.id.clone())
+        .ok_or(Unresolved::None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_session_is_the_newest_of_the_directory() {
+        let at = |id: &str, cwd: &str, created: u64, updated: Option<u64>| SessionMetadata {
+            id: id.into(),
+            created_at: created,
+            updated_at: updated,
+            parent_session_id: None,
+            session_name: None,
+            cwd: Some(cwd.into()),
+        };
+        let sessions = [
+            at("a", "/p", 1, Some(50)),
+            at("b", "/p", 40, None),
+            at("c", "/q", 1, Some(99)),
+        ];
+        assert_eq!(latest_in(&sessions, "/p"), Ok("a".into()));
+        assert_eq!(latest_in(&sessions, "/q"), Ok("c".into()));
+        assert_eq!(latest_in(&sessions, "/r"), Err(Unresolved::None));
+    }
 
     fn meta(id: &str, name: Option<&str>) -> SessionMetadata {
         SessionMetadata {
