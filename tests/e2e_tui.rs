@@ -302,3 +302,45 @@ fn slash_commands_change_the_session_switch_and_export() {
     };
     assert!(status.success(), "attach exited {status:?}");
 }
+
+/// The pids of this world's `pi-server serve` processes.
+fn servers(env: &Env) -> Vec<u32> {
+    env.processes()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"serve"))
+        })
+        .collect()
+}
+
+/// A server the CLI started, killed under an attached terminal: the UI
+/// starts it again (as every client command would) and says so, and the
+/// session goes on.
+#[test]
+fn the_terminal_starts_its_crashed_server_again() {
+    let mut env = Env::new("tui-restart");
+    env.var("PI_FAUX_DELAY_MS", "5");
+    let created = env.run(&["create", "--cwd", "/", "--name", "phoenix"]);
+    created.ok();
+    let mut tui = Tui::spawn(&env, &["attach", "phoenix"]);
+    tui.wait_for("prompt ›");
+    let [server] = servers(&env)[..] else {
+        panic!("one server: {:?}", servers(&env));
+    };
+    signal(server, "KILL");
+    tui.wait("the restart", Duration::from_secs(20), |s| {
+        s.contains("starting a server") || s.contains("reconnected")
+    });
+    tui.wait("the reconnection", Duration::from_secs(20), |s| {
+        s.contains("reconnected")
+    });
+    let after = servers(&env);
+    assert!(
+        after.len() == 1 && after[0] != server,
+        "a new server: {after:?}"
+    );
+    tui.type_text("still here?");
+    tui.send("\r");
+    tui.wait_for("You said: still here?");
+}

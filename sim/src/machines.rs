@@ -105,6 +105,7 @@ impl Machine {
         let config = ClientConfig {
             token: world.options().token.clone(),
             reconnect: true,
+            launch: false,
             limits: Default::default(),
         };
         let mut machine = Self {
@@ -180,7 +181,8 @@ impl Machine {
                         }
                     }
                     ClientOutput::Complete { call, result } => self.complete(call, result)?,
-                    ClientOutput::Event(_) | ClientOutput::Status(_) => {}
+                    // These machines never launch their server (`launch: false`).
+                    ClientOutput::Event(_) | ClientOutput::Status(_) | ClientOutput::Launch => {}
                 }
             }
         }

@@ -185,6 +185,7 @@ impl ClientOptions {
         ClientConfig {
             token: token.map(str::to_owned),
             reconnect: reconnect && self.reconnect,
+            launch: false,
             limits,
         }
     }
@@ -202,6 +203,7 @@ pub struct Client {
 enum Control {
     Transmit(Vec<u8>),
     Connect,
+    Launch,
     Close,
 }
 
@@ -254,6 +256,9 @@ impl Inner {
             match output {
                 ClientOutput::Connect => {
                     let _ = self.control.send(Control::Connect);
+                }
+                ClientOutput::Launch => {
+                    let _ = self.control.send(Control::Launch);
                 }
                 ClientOutput::Transmit(bytes) => {
                     let _ = self.control.send(Control::Transmit(bytes));
@@ -355,21 +360,40 @@ impl From<&Address> for Address {
     }
 }
 
+/// Starts the server at a client's address when none runs there (the
+/// CLI's cold activation), so that a client can bring back a server that
+/// crashed or retired; the reconnection finds it at a later attempt. The
+/// kernel's client decides when ([`machine::ClientOutput::Launch`]).
+pub type Launcher = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// Where to open a new transport.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Connector {
-    At(Address),
+    At(Address, Option<Launcher>),
     None,
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::At(address, launcher) => f
+                .debug_tuple("At")
+                .field(address)
+                .field(&launcher.as_ref().map(|_| "<launcher>"))
+                .finish(),
+            Self::None => f.write_str("None"),
+        }
+    }
 }
 
 impl Connector {
     async fn connect(&self) -> std::io::Result<(ReadHalf, WriteHalf)> {
         match self {
-            Self::At(Address::Unix(path)) => {
+            Self::At(Address::Unix(path), _) => {
                 let (read, write) = UnixStream::connect(path).await?.into_split();
                 Ok((Box::new(read), Box::new(write)))
             }
-            Self::At(Address::Tcp(addr)) => {
+            Self::At(Address::Tcp(addr), _) => {
                 let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
                 // Deltas are small frames that must not wait for an ACK.
                 stream.set_nodelay(true)?;
@@ -401,7 +425,18 @@ impl Client {
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let connector = Connector::At(address.into());
+        Self::connect_launching(address, token, options, None).await
+    }
+
+    /// [`Client::connect_with`], starting the server with `launcher` when a
+    /// reconnection finds none running.
+    pub async fn connect_launching(
+        address: impl Into<Address>,
+        token: Option<&str>,
+        options: ClientOptions,
+        launcher: Option<Launcher>,
+    ) -> Result<Self, ClientError> {
+        let connector = Connector::At(address.into(), launcher);
         let transport = connector.connect().await.map_err(ClientError::Io)?;
         Self::start(transport, connector, token, options).await
     }
@@ -439,8 +474,9 @@ impl Client {
         token: Option<&str>,
         options: ClientOptions,
     ) -> Result<Self, ClientError> {
-        let reconnect = matches!(connector, Connector::At(_));
-        let config = options.config(token, reconnect);
+        let reconnect = matches!(connector, Connector::At(..));
+        let mut config = options.config(token, reconnect);
+        config.launch = config.reconnect && matches!(connector, Connector::At(_, Some(_)));
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();
         let (status, mut status_rx) = watch::channel(Status::Reconnecting {
@@ -795,7 +831,22 @@ async fn drive(
                     }
                     Err(e) => client.step(ClientInput::ConnectFailed {
                         reason: e.to_string(),
+                        absent: matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                        ),
                     }),
+                }
+            }
+            Woke::Control(Some(Control::Launch)) => {
+                if let Connector::At(address, Some(launcher)) = &connector {
+                    let launcher = Arc::clone(launcher);
+                    let address = address.clone();
+                    // It may wait for a lock another starter holds.
+                    tokio::task::spawn_blocking(move || match launcher() {
+                        Ok(()) => tracing::info!(%address, "started a server"),
+                        Err(e) => tracing::warn!(%address, error = %e, "cannot start a server"),
+                    });
                 }
             }
             Woke::Control(Some(Control::Close)) => {

@@ -223,7 +223,7 @@ pub(super) fn connect_error(at: impl Into<Address>, error: ClientError) -> Strin
 /// Connects to the target's server, starting one first if none answers, or
 /// replacing one that speaks another protocol version.
 pub(super) async fn connect(target: &Target) -> Result<Client, String> {
-    match Client::connect(&target.address, target.token.as_deref()).await {
+    match open(target).await {
         Ok(client) => already_running(target, client).await,
         Err(e) => match &target.launch {
             Some(launch) if no_server(&e) || version_refusal(&e).is_some() => {
@@ -232,6 +232,18 @@ pub(super) async fn connect(target: &Target) -> Result<Client, String> {
             _ => Err(connect_error(&target.address, e)),
         },
     }
+}
+
+/// A client of the target's server, which starts it again should a
+/// reconnection find none ([`launcher`]).
+async fn open(target: &Target) -> Result<Client, ClientError> {
+    Client::connect_launching(
+        &target.address,
+        target.token.as_deref(),
+        crate::client::ClientOptions::default(),
+        launcher(target),
+    )
+    .await
 }
 
 /// A server answered without being started by us: a global `--model` is an error.
@@ -252,7 +264,7 @@ pub(super) async fn activate(target: &Target, launch: &Launch) -> Result<Client,
         .await
         .map_err(|e| format!("cannot take the launcher lock: {e}"))??;
     // Whoever held the lock before us may have started or replaced the server.
-    let outcome = match Client::connect(&target.address, target.token.as_deref()).await {
+    let outcome = match open(target).await {
         Ok(client) => already_running(target, client).await,
         Err(e) if no_server(&e) => start_server(target, launch, None).await,
         Err(e) => match version_refusal(&e) {
@@ -297,42 +309,7 @@ async fn start_server(
         crate::settings::set_default_model(&agent_dir, model)?;
         tracing::info!(model = %format!("{}/{}", model.provider, model.id), agent_dir = %agent_dir.display(), "recorded the default model");
     }
-    let log_path = launch
-        .server_dir
-        .join(format!("server-{}.log", launch.server_id));
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let mut command = std::process::Command::new(exe);
-    command
-        .arg("serve")
-        .arg("--server-dir")
-        .arg(&launch.server_dir)
-        .arg("--server-id")
-        .arg(&launch.server_id)
-        .arg("--session-dir")
-        .arg(&launch.session_dir)
-        .arg("--idle-exit-ms")
-        .arg(launch.idle_exit_ms.to_string());
-    if let Some(token_file) = &launch.token_file {
-        command.arg("--token-file").arg(token_file);
-    }
-    command
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .process_group(0);
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start a server: {e}"))?;
+    let (child, log_path) = spawn_server(launch)?;
     tracing::info!(pid = child.id(), socket = %at, "started a background server");
     let mut child = Some(child);
     let outcome = wait_for_server(target, &mut child, &log_path, replacing.is_some()).await;
@@ -371,6 +348,71 @@ async fn start_server(
     Ok(client)
 }
 
+/// Spawns a detached, idle-exiting server for `launch`, its output going
+/// to its log; returns it and the log's path.
+fn spawn_server(launch: &Launch) -> Result<(Child, PathBuf), String> {
+    let log_path = launch
+        .server_dir
+        .join(format!("server-{}.log", launch.server_id));
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| format!("cannot open the server log {}: {e}", log_path.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("serve")
+        .arg("--server-dir")
+        .arg(&launch.server_dir)
+        .arg("--server-id")
+        .arg(&launch.server_id)
+        .arg("--session-dir")
+        .arg(&launch.session_dir)
+        .arg("--idle-exit-ms")
+        .arg(launch.idle_exit_ms.to_string());
+    if let Some(token_file) = &launch.token_file {
+        command.arg("--token-file").arg(token_file);
+    }
+    command
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0);
+    let child = command
+        .spawn()
+        .map_err(|e| format!("cannot start a server: {e}"))?;
+    Ok((child, log_path))
+}
+
+/// Starts the target's server again when a client's reconnection finds none
+/// (it crashed, or retired while the client was away): under the launcher
+/// lock, unless one answers by then. The reconnection finds it.
+pub(super) fn launcher(target: &Target) -> Option<crate::client::Launcher> {
+    let launch = target.launch.clone()?;
+    let Address::Unix(socket) = target.address.clone() else {
+        return None;
+    };
+    Some(std::sync::Arc::new(move || {
+        let lock_path = launch
+            .server_dir
+            .join(format!("launcher-{}.lock", launch.server_id));
+        let _lock = lock_file(&lock_path)?;
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            return Ok(());
+        }
+        let (mut child, _) = spawn_server(&launch)?;
+        // Reap it whenever it retires, so it never lingers as a zombie.
+        std::thread::spawn(move || child.wait());
+        Ok(())
+    }))
+}
+
 /// Polls the socket until the server answers, it exits, or time runs out.
 /// Leaves `child` as `None` once it has been reaped. While `replacing`, the
 /// old server's version errors mean the new one is not there yet.
@@ -388,7 +430,7 @@ async fn wait_for_server(
     let deadline = Instant::now() + timeout;
     loop {
         tokio::time::sleep(START_POLL_INTERVAL).await;
-        match Client::connect(&target.address, target.token.as_deref()).await {
+        match open(target).await {
             Ok(client) => return Ok(client),
             Err(e) if no_server(&e) => {}
             // The old server still answers, or drops what it had not accepted yet.

@@ -67,12 +67,17 @@ pub(super) fn endpoints(dir: &Path) -> Vec<(String, PathBuf)> {
     found
 }
 
-async fn probe(server_id: &str, socket: &Path, token: Option<&str>) -> Probe {
+async fn probe(
+    server_id: &str,
+    socket: &Path,
+    token: Option<&str>,
+    launcher: Option<crate::client::Launcher>,
+) -> Probe {
     let options = ClientOptions {
         handshake_timeout: PROBE_TIMEOUT,
         ..ClientOptions::default()
     };
-    let attempt = Client::connect_with(socket, token, options);
+    let attempt = Client::connect_launching(socket, token, options, launcher);
     match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
         Ok(Ok(client)) => Probe::Ready(client),
         Ok(Err(e)) => match version_refusal(&e) {
@@ -91,15 +96,20 @@ async fn probe(server_id: &str, socket: &Path, token: Option<&str>) -> Probe {
 }
 
 /// Tries every endpoint of `dir`, a few at a time; results by server id.
-async fn probe_all(dir: &Path, token: Option<&str>) -> Vec<(String, Probe)> {
+/// A client of a server found there starts it again should it vanish
+/// ([`super::activate::launcher`]).
+async fn probe_all(target: &Target, dir: &Path) -> Vec<(String, Probe)> {
     let permits = Arc::new(Semaphore::new(PROBE_PARALLELISM));
     let mut tasks = JoinSet::new();
     for (server_id, socket) in endpoints(dir) {
         let permits = Arc::clone(&permits);
-        let token = token.map(str::to_owned);
+        let token = target.token.clone();
+        let launcher = target
+            .for_server(&server_id)
+            .and_then(|t| super::activate::launcher(&t));
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let outcome = probe(&server_id, &socket, token.as_deref()).await;
+            let outcome = probe(&server_id, &socket, token.as_deref(), launcher).await;
             (server_id, outcome)
         });
     }
@@ -138,7 +148,7 @@ pub(super) async fn servers(target: &Target) -> Result<Vec<Found>, String> {
     let mut found = Vec::new();
     let mut other_versions = Vec::new();
     let mut skipped = Vec::new();
-    for (server_id, outcome) in probe_all(&launch.server_dir, target.token.as_deref()).await {
+    for (server_id, outcome) in probe_all(target, &launch.server_dir).await {
         match outcome {
             Probe::Ready(client) => found.push(Found { server_id, client }),
             Probe::OtherVersion => other_versions.push(server_id),

@@ -82,6 +82,9 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// Reconnect after the transport is lost (the driver can open a new one).
     pub reconnect: bool,
+    /// The driver can start the server (the CLI's own servers, started on
+    /// demand): a reconnection that finds nothing listening starts one, once.
+    pub launch: bool,
     /// Bounds and deadlines.
     pub limits: ClientLimits,
 }
@@ -127,6 +130,9 @@ pub enum ClientInput {
     ConnectFailed {
         /// What the driver saw.
         reason: String,
+        /// Nothing listens at the address (no socket, or refused): no
+        /// server runs there.
+        absent: bool,
     },
     /// Bytes read from the transport.
     Received(Vec<u8>),
@@ -183,6 +189,9 @@ pub enum Status {
 pub enum ClientOutput {
     /// Open a new transport to the same server address.
     Connect,
+    /// Start the server (nothing listens at its address); a later
+    /// [`ClientOutput::Connect`] finds it.
+    Launch,
     /// Write these bytes (whole frames) to the transport, in order.
     Transmit(Vec<u8>),
     /// Close the transport after writing what was transmitted.
@@ -261,6 +270,8 @@ enum Phase {
 struct Reconnection {
     since: Instant,
     attempts: u32,
+    /// A server was started during it ([`ClientOutput::Launch`]).
+    launched: bool,
 }
 
 /// A prompt handed back by a suspension: it resolves from the session's
@@ -328,7 +339,9 @@ impl Client {
         self.now = now;
         match input {
             ClientInput::TransportUp => self.on_transport_up(now),
-            ClientInput::ConnectFailed { reason } => self.on_connect_failed(now, reason),
+            ClientInput::ConnectFailed { reason, absent } => {
+                self.on_connect_failed(now, reason, absent)
+            }
             ClientInput::Received(bytes) => self.on_received(&bytes),
             ClientInput::TransportClosed { reason } => self.on_transport_closed(now, reason),
             ClientInput::Tick => self.on_tick(now),
@@ -404,10 +417,26 @@ impl Client {
         };
     }
 
-    fn on_connect_failed(&mut self, now: Instant, reason: String) {
-        if self.phase == Phase::Connecting {
-            self.transport_lost(now, reason);
+    fn on_connect_failed(&mut self, now: Instant, reason: String, absent: bool) {
+        if self.phase != Phase::Connecting {
+            return;
         }
+        // The server is gone (it crashed, or retired): start it again, once
+        // per reconnection, and find it at a later attempt.
+        let reason = match &mut self.reconnection {
+            Some(reconnection) if absent && self.config.launch && !reconnection.launched => {
+                reconnection.launched = true;
+                let reason = format!("{reason}; starting a server");
+                self.outputs.push(ClientOutput::Launch);
+                self.outputs
+                    .push(ClientOutput::Status(Status::Reconnecting {
+                        reason: reason.clone(),
+                    }));
+                reason
+            }
+            _ => reason,
+        };
+        self.transport_lost(now, reason);
     }
 
     fn on_transport_closed(&mut self, now: Instant, reason: String) {
@@ -449,6 +478,7 @@ impl Client {
         let reconnection = *self.reconnection.get_or_insert(Reconnection {
             since: now,
             attempts: 0,
+            launched: false,
         });
         let limits = self.config.limits.clone();
         if now.saturating_since(reconnection.since) >= limits.reconnect_window {

@@ -66,6 +66,7 @@ impl Harness {
         let config = ClientConfig {
             token: Some("secret".into()),
             reconnect,
+            launch: false,
             limits: ClientLimits::default(),
         };
         Self {
@@ -543,6 +544,54 @@ fn held_requests_fail_when_the_transport_is_lost_again() {
     );
 }
 
+/// A client that can start its server does so when a reconnection finds
+/// nothing listening, once per reconnection, and says so; a server that is
+/// there but refuses is not started again.
+#[test]
+fn a_reconnection_that_finds_no_server_starts_one_once() {
+    let mut h = Harness::ready(true);
+    h.client.config.launch = true;
+    h.step(ClientInput::TransportClosed {
+        reason: "reset".into(),
+    });
+    let mut launches = 0;
+    for (absent, round) in [(false, 0), (true, 1), (true, 2), (true, 3)] {
+        h.now = h.client.next_deadline().expect("backing off");
+        h.step(ClientInput::Tick);
+        h.take_outputs();
+        h.step(ClientInput::ConnectFailed {
+            reason: "connection refused".into(),
+            absent,
+        });
+        let outputs = h.take_outputs();
+        if outputs.contains(&ClientOutput::Launch) {
+            launches += 1;
+            assert_eq!(round, 1, "the first absent attempt starts it");
+            assert!(outputs.iter().any(|o| matches!(
+                o,
+                ClientOutput::Status(Status::Reconnecting { reason }) if reason.contains("starting a server")
+            )));
+        }
+    }
+    assert_eq!(launches, 1);
+    // Back, then lost again: a new reconnection may start it again.
+    h.now = h.client.next_deadline().expect("backing off");
+    h.step(ClientInput::Tick);
+    h.step(ClientInput::TransportUp);
+    h.server_hello("c2");
+    h.step(ClientInput::TransportClosed {
+        reason: "reset".into(),
+    });
+    h.now = h.client.next_deadline().expect("backing off");
+    h.step(ClientInput::Tick);
+    h.take_outputs();
+    h.step(ClientInput::ConnectFailed {
+        reason: "no such socket".into(),
+        absent: true,
+    });
+    assert!(h.take_outputs().contains(&ClientOutput::Launch));
+}
+
 #[test]
 fn reconnection_backs_off_and_gives_up_after_its_window() {
     let mut h = Harness::ready(true);
@@ -562,7 +611,12 @@ fn reconnection_backs_off_and_gives_up_after_its_window() {
         assert_eq!(h.outputs.last(), Some(&ClientOutput::Connect));
         h.step(ClientInput::ConnectFailed {
             reason: "connection refused".into(),
+            absent: true,
         });
+        assert!(
+            !h.outputs.contains(&ClientOutput::Launch),
+            "a client that cannot start its server does not try"
+        );
     }
     assert_eq!(&delays[..6], &[50, 100, 200, 400, 800, 1000]);
     assert!(delays.iter().all(|&d| d <= 1000));
