@@ -141,7 +141,7 @@ async fn auto_started_server_retires_after_its_grace() {
 
     // The session is stored, and the next command starts a new server.
     let listed = server.run_cli(&["list"]).await.success();
-    assert!(listed.stdout.contains(&id), "{listed:?}");
+    assert!(listed.stdout.contains(&id[..8]), "{listed:?}");
     assert_eq!(auto_log(&server).matches("serving").count(), 2);
 }
 
@@ -374,7 +374,7 @@ async fn create_list_rm_and_models() {
     assert_eq!(snapshot.thinking_level.as_str(), "low");
 
     // Attached: live, idle, with our one client.
-    let table = server.run_cli(&["list"]).await.success();
+    let table = server.run_cli(&["list", "--wide"]).await.success();
     let mut lines = table.stdout.lines();
     let header = lines.next().unwrap_or_default();
     assert!(header.contains("CREATED (UTC)"), "{table:?}");
@@ -384,6 +384,31 @@ async fn create_list_rm_and_models() {
     assert!(row.contains("keeper") && row.contains("/tmp"), "{row}");
     assert!(header.contains("MODEL"), "{table:?}");
     assert!(row.contains("faux/faux-reasoner (low)"), "{row}");
+    // The default table: a short id, the state with its client, in 100 columns.
+    let short = server.run_cli(&["list"]).await.success();
+    let short_row = short
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&id[..8]))
+        .unwrap_or_else(|| panic!("a row for {id}: {short:?}"));
+    assert!(
+        short_row.contains("keeper") && short_row.contains("idle·1"),
+        "{short_row}"
+    );
+    assert!(
+        short.stdout.lines().all(|l| l.chars().count() <= 100),
+        "{short:?}"
+    );
+    let filtered = server.run_cli(&["list", "keep"]).await.success();
+    assert_eq!(filtered.stdout.lines().count(), 2, "{filtered:?}");
+    let none = server
+        .run_cli(&["list", "--cwd", "/nowhere"])
+        .await
+        .success();
+    assert!(
+        none.stdout.is_empty() && none.stderr.contains("no session matches"),
+        "{none:?}"
+    );
     let json = server.run_cli(&["list", "--json"]).await.success();
     let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(list[0]["id"], id.as_str());

@@ -702,7 +702,7 @@ fn several_servers_share_a_server_dir() {
     let mut expected = [(x.clone(), on_x.clone()), (y.clone(), on_y.clone())];
     expected.sort();
     assert_eq!(pairs, expected);
-    let table = env.run(&["list"]);
+    let table = env.run(&["list", "--wide"]);
     let rows: Vec<&str> = table.ok().stdout.lines().collect();
     assert_eq!(rows.len(), 3, "{}", table.stdout);
     let row_x = format!("{x}  {on_x}");

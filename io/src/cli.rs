@@ -206,7 +206,23 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Commands::Serve(args) => run_serve(global, args).await,
         Commands::Worker => crate::worker::run_worker().await,
         Commands::Demo => demo::run_demo().await,
-        Commands::List { json, quiet } => run_list(&target()?, json, quiet).await,
+        Commands::List {
+            filter,
+            cwd,
+            wide,
+            json,
+            quiet,
+        } => {
+            let cwd = cwd.as_deref().map(args::absolute).transpose()?;
+            let listing = commands::Listing {
+                filter,
+                cwd: cwd.map(|c| c.to_string_lossy().into_owned()),
+                wide,
+                json,
+                quiet,
+            };
+            run_list(&target()?, &listing).await
+        }
         Commands::Completions { shell } => {
             print(&args::completions(shell));
             Ok(())

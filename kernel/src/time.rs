@@ -44,6 +44,20 @@ impl fmt::Display for Instant {
     }
 }
 
+/// How long before `now` (epoch milliseconds) `then` was, as a listing
+/// shows it: `now`, `42s ago`, `5m ago`, `3h ago`, `6d ago`, then the date.
+pub fn ago(now: u64, then: u64) -> String {
+    let secs = now.saturating_sub(then) / 1000;
+    match secs {
+        0..=4 => "now".into(),
+        5..=59 => format!("{secs}s ago"),
+        60..=3_599 => format!("{}m ago", secs / 60),
+        3_600..=86_399 => format!("{}h ago", secs / 3_600),
+        86_400..=604_799 => format!("{}d ago", secs / 86_400),
+        _ => format_utc(then)[..10].to_owned(),
+    }
+}
+
 /// Formats epoch milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
 pub fn format_utc(epoch_ms: u64) -> String {
     let secs = epoch_ms / 1000;

@@ -91,17 +91,28 @@ pub(super) enum Commands {
     #[command(hide = true)]
     Worker,
 
-    /// List the sessions of every server running in the server dir: server id,
-    /// session id, creation and last activity time (UTC), status, attached
-    /// clients, model, working directory, name.
+    /// List the sessions of every server running in the server dir: a short
+    /// id (usable wherever a session is named), name, status, attached
+    /// clients, model, last activity and working directory.
     ///
-    /// Newest activity first. STATUS is what a live session is doing
+    /// Newest activity first; --wide adds the server and creation time and
+    /// shows ids and times (UTC) in full. STATUS is what a live session is doing
     /// (opening, idle, turn, compaction, retry, error: its last reply failed,
     /// closing) or `stored` when no worker runs it. The model and thinking
     /// level are the server's report (`-` from a server too old to say).
     /// When no server runs, the default one is started. With --server-id or
     /// --connect, that server only.
     List {
+        /// Only sessions whose id starts with TEXT, or whose name or
+        /// working directory holds it (ignoring case).
+        #[arg(value_name = "TEXT")]
+        filter: Option<String>,
+        /// Only sessions working in DIR.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Every column in full: server, whole ids, UTC times.
+        #[arg(short, long, conflicts_with_all = ["json", "quiet"])]
+        wide: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,

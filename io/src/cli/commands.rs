@@ -7,6 +7,7 @@ use super::args::{CreateArgs, GlobalArgs, Listen, ServeArgs, absolute};
 use super::attach;
 use super::discover::{Found, close_all, servers, session_server};
 use crate::config;
+use kernel::client::lookup;
 use kernel::protocol::{
     CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, SessionSnapshot,
     ThinkingLevel,
@@ -93,7 +94,20 @@ pub(super) async fn run_serve(global: GlobalArgs, args: ServeArgs) -> Result<(),
 
 /// Sessions of every discovered server (or of the chosen one), as
 /// `(server id, session)` pairs sorted by server id, then session id.
-pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result<(), String> {
+/// What `list` shows, and how.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    pub(super) filter: Option<String>,
+    pub(super) cwd: Option<String>,
+    pub(super) wide: bool,
+    pub(super) json: bool,
+    pub(super) quiet: bool,
+}
+
+pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), String> {
+    let Listing {
+        json, quiet, wide, ..
+    } = *listing;
     let found = servers(target).await?;
     let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
     let mut live: BTreeMap<(String, String), LiveStatus> = BTreeMap::new();
@@ -138,6 +152,16 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
     if let Some(problem) = failed {
         return Err(problem);
     }
+    pairs.retain(|(_, s)| {
+        listing
+            .cwd
+            .as_ref()
+            .is_none_or(|cwd| s.cwd.as_ref() == Some(cwd))
+            && listing
+                .filter
+                .as_deref()
+                .is_none_or(|text| lookup::matches(s, text))
+    });
     // Newest activity first.
     let last = |s: &SessionMetadata| s.updated_at.unwrap_or(s.created_at);
     pairs.sort_by(|a, b| {
@@ -173,7 +197,69 @@ pub(super) async fn run_list(target: &Target, json: bool, quiet: bool) -> Result
         return Ok(());
     }
     if pairs.is_empty() {
-        eprintln!("no sessions yet; create one with `pi-server create`");
+        if listing.filter.is_some() || listing.cwd.is_some() {
+            eprintln!("no session matches");
+        } else {
+            eprintln!("no sessions yet; create one with `pi-server create`");
+        }
+        return Ok(());
+    }
+    if !wide {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let servers: BTreeSet<&String> = pairs.iter().map(|(server, _)| server).collect();
+        let short = lookup::unique_prefix_len(pairs.iter().map(|(_, s)| s.id.as_str()), 8);
+        let home = std::env::var("HOME").unwrap_or_default();
+        let mut header: Vec<String> = ["ID", "NAME", "STATUS", "MODEL", "ACTIVE", "CWD"]
+            .map(str::to_owned)
+            .to_vec();
+        if servers.len() > 1 {
+            header.insert(0, "SERVER".into());
+        }
+        let mut rows = vec![header];
+        for (server_id, s) in &pairs {
+            let model = model(server_id, &s.id).map_or_else(
+                || "-".to_owned(),
+                |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
+            );
+            // Attached clients, after the state: `idle·2`.
+            let status = match state(server_id, &s.id) {
+                (status, Some(clients)) if clients > 0 => format!("{status}·{clients}"),
+                (status, _) => status.to_owned(),
+            };
+            let cwd = s.cwd.clone().unwrap_or_default();
+            let cwd = match cwd.strip_prefix(&home) {
+                Some(rest) if !home.is_empty() && (rest.is_empty() || rest.starts_with('/')) => {
+                    format!("~{rest}")
+                }
+                _ => cwd,
+            };
+            let mut row = vec![
+                s.id[..short.min(s.id.len())].to_owned(),
+                clip(s.session_name.as_deref().unwrap_or("-"), 20),
+                status,
+                clip(&model, 28),
+                kernel::time::ago(now, last(s)),
+                cwd,
+            ];
+            if servers.len() > 1 {
+                row.insert(0, server_id[..8.min(server_id.len())].to_owned());
+            }
+            rows.push(row);
+        }
+        // The directory takes what the terminal (else 100 columns) leaves.
+        let width = terminal_width().unwrap_or(100);
+        let columns = rows[0].len();
+        let used: usize = (0..columns - 1)
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0) + 2)
+            .sum();
+        let room = width.saturating_sub(used).max(12);
+        for row in &mut rows[1..] {
+            let cwd = row.last_mut().expect("a directory column");
+            *cwd = clip_left(cwd, room);
+        }
+        print_table(&rows);
         return Ok(());
     }
     let mut rows = vec![vec![
@@ -425,6 +511,35 @@ pub(super) async fn run_models(target: &Target, json: bool) -> Result<(), String
     }
     print_table(&rows);
     Ok(())
+}
+
+/// Standard output's terminal's width, when it is one.
+fn terminal_width() -> Option<usize> {
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
+        return None;
+    }
+    let size = rustix::termios::tcgetwinsize(&stdout).ok()?;
+    (size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// `text` cut to `width` characters, the cut marked with `…`.
+fn clip(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(width.saturating_sub(1)).collect();
+    format!("{kept}…")
+}
+
+/// `text` cut to its last `width` characters (a path's end says most).
+fn clip_left(text: &str, width: usize) -> String {
+    let count = text.chars().count();
+    if count <= width {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().skip(count - width.saturating_sub(1)).collect();
+    format!("…{kept}")
 }
 
 /// Prints rows in left-aligned columns; the last column is not padded.

@@ -44,6 +44,36 @@ pub fn resolve(sessions: &[SessionMetadata], query: &str) -> Result<String, Unre
     }
 }
 
+/// Whether `session` is one a listing filtered by `text` shows: its id
+/// starts with it, or its name or working directory holds it (ignoring
+/// case).
+pub fn matches(session: &SessionMetadata, text: &str) -> bool {
+    let text = text.to_lowercase();
+    let holds = |field: &Option<String>| {
+        field
+            .as_deref()
+            .is_some_and(|f| f.to_lowercase().contains(&text))
+    };
+    session.id.starts_with(&text) || holds(&session.session_name) || holds(&session.cwd)
+}
+
+/// The shortest prefix length, at least `min`, that tells every id of
+/// `ids` apart (a listing's short ids, each usable as a query).
+pub fn unique_prefix_len<'a>(ids: impl IntoIterator<Item = &'a str>, min: usize) -> usize {
+    let mut ids: Vec<&str> = ids.into_iter().collect();
+    ids.sort_unstable();
+    ids.windows(2)
+        .map(|pair| {
+            let common = pair[0]
+                .bytes()
+                .zip(pair[1].bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            common + 1
+        })
+        .fold(min, usize::max)
+}
+
 /// The most recently active session whose working directory is `cwd`
 /// (`--last`): the newest update, else creation; ties by id.
 pub fn latest_in(sessions: &[SessionMetadata], cwd: &str) -> Result<String, Unresolved> {
@@ -61,6 +91,26 @@ pub fn latest_in(sessions: &[SessionMetadata], cwd: &str) -> Result<String, Unre
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_matches_id_prefixes_names_and_directories() {
+        let s = SessionMetadata {
+            id: "abc123".into(),
+            created_at: 0,
+            updated_at: None,
+            parent_session_id: None,
+            session_name: Some("Bug Fix".into()),
+            cwd: Some("/home/me/project".into()),
+        };
+        for yes in ["abc", "bug", "fix", "project", "/home"] {
+            assert!(matches(&s, yes), "{yes}");
+        }
+        for no in ["123", "zzz"] {
+            assert!(!matches(&s, no), "{no}");
+        }
+        assert_eq!(unique_prefix_len(["abcdef01", "abcdef02", "x"], 4), 8);
+        assert_eq!(unique_prefix_len(["a1", "b2"], 8), 8);
+    }
 
     #[test]
     fn the_last_session_is_the_newest_of_the_directory() {
