@@ -15,7 +15,10 @@ use std::io::{self, Stdout};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossterm::event::{DisableBracketedPaste, EnableBracketedPaste, Event as TermEvent};
+use crossterm::event::{
+    DisableBracketedPaste, DisableFocusChange, EnableBracketedPaste, EnableFocusChange,
+    Event as TermEvent,
+};
 use crossterm::execute;
 use crossterm::terminal::{
     EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
@@ -92,7 +95,12 @@ impl Screen {
     fn enter() -> io::Result<Self> {
         enable_raw_mode()?;
         let mut stdout = io::stdout();
-        if let Err(e) = execute!(stdout, EnterAlternateScreen, EnableBracketedPaste) {
+        if let Err(e) = execute!(
+            stdout,
+            EnterAlternateScreen,
+            EnableBracketedPaste,
+            EnableFocusChange
+        ) {
             let _ = disable_raw_mode();
             return Err(e);
         }
@@ -107,7 +115,12 @@ impl Screen {
 }
 
 fn restore() {
-    let _ = execute!(io::stdout(), DisableBracketedPaste, LeaveAlternateScreen);
+    let _ = execute!(
+        io::stdout(),
+        DisableFocusChange,
+        DisableBracketedPaste,
+        LeaveAlternateScreen
+    );
     let _ = disable_raw_mode();
 }
 
@@ -175,6 +188,12 @@ async fn run_session(
     let mut events = client.events();
     let mut status = client.status();
     let mut view = View::new(&snapshot, history);
+    view.windows = client
+        .server_snapshot()
+        .models
+        .iter()
+        .map(|m| (format!("{}/{}", m.provider, m.id), m.context_window))
+        .collect();
     // Calls on their way are the front's: one prompt, one abort, the steers
     // typed; a full channel only makes their tasks wait.
     let (done_tx, mut done_rx) = mpsc::channel::<Done>(16);
@@ -192,6 +211,14 @@ async fn run_session(
                 }
             })
             .map_err(|e| format!("cannot draw: {e}"))?;
+        if std::mem::take(&mut view.bell) {
+            // A turn ended while the terminal was elsewhere: the bell (and
+            // an OSC 9 notification where the terminal shows them).
+            use std::io::Write;
+            let mut out = io::stdout();
+            let _ = out.write_all(b"\x07\x1b]9;pi-server: the turn ended\x07");
+            let _ = out.flush();
+        }
         // Wait for something, then take everything else already there
         // before the next draw (a burst of deltas is one frame).
         let mut actions = Vec::new();
@@ -384,6 +411,14 @@ fn on_terminal(view: &mut View, event: TermEvent) -> Vec<Action> {
         TermEvent::Key(key) => view.on_key(key),
         TermEvent::Paste(text) => {
             view.on_paste(&text);
+            Vec::new()
+        }
+        TermEvent::FocusGained => {
+            view.focused = true;
+            Vec::new()
+        }
+        TermEvent::FocusLost => {
+            view.focused = false;
             Vec::new()
         }
         _ => Vec::new(), // a resize redraws anyway

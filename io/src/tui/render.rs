@@ -210,6 +210,13 @@ fn status_line(view: &View) -> Line<'static> {
         format!("thinking {}", s.thinking.as_str()),
         format!("{} tokens ${:.4}", s.tokens, s.cost),
     ];
+    // How full the context window was at the latest model call.
+    if let Some(window) = view.windows.get(&s.model).filter(|w| **w > 0)
+        && s.context > 0
+    {
+        let percent = (s.context * 100).div_ceil(*window).min(100);
+        parts.push(format!("context {percent}% of {}", thousands(*window)));
+    }
     if s.queued_steers > 0 {
         parts.push(format!("{} steer queued", s.queued_steers));
     }
@@ -217,6 +224,15 @@ fn status_line(view: &View) -> Line<'static> {
         format!(" {} ", parts.join(" │ ")),
         Style::default().add_modifier(Modifier::REVERSED),
     )
+}
+
+/// `200000` as `200k`, `1048576` as `1.0M`.
+fn thousands(n: u64) -> String {
+    match n {
+        0..=9_999 => n.to_string(),
+        10_000..=999_999 => format!("{}k", n / 1000),
+        _ => format!("{:.1}M", n as f64 / 1_000_000.0),
+    }
 }
 
 fn short_id(id: &str) -> String {

@@ -25,6 +25,7 @@ use kernel::protocol::{
     AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ThinkingLevel, ToolStatus,
     TranscriptItem,
 };
+use std::collections::BTreeMap;
 
 /// How much of the stored history `attach` shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,19 +123,23 @@ pub(crate) struct Status {
     /// Tokens and cost of every reply in the session.
     pub(crate) tokens: u64,
     pub(crate) cost: f64,
+    /// Tokens of the latest model call (its context and reply): how full
+    /// the context window is.
+    pub(crate) context: u64,
     /// Steers accepted and not yet taken into the turn.
     pub(crate) queued_steers: u64,
 }
 
 impl Status {
     fn of(snapshot: &SessionSnapshot) -> Self {
-        let (mut tokens, mut cost) = (0, 0.0);
+        let (mut tokens, mut cost, mut context) = (0, 0.0, 0);
         for item in &snapshot.transcript {
             if let TranscriptItem::Assistant(a) = item
                 && let Some(usage) = &a.usage
             {
                 tokens += usage.total_tokens;
                 cost += usage.cost.total;
+                context = usage.total_tokens;
             }
         }
         Self {
@@ -145,6 +150,7 @@ impl Status {
             phase: snapshot.phase,
             tokens,
             cost,
+            context,
             queued_steers: snapshot.queued_steer_count,
         }
     }
@@ -291,6 +297,12 @@ pub(crate) struct View {
     turn_base: usize,
     /// The session was removed: the host leaves.
     pub(crate) removed: bool,
+    /// Context windows of the server's models, by `provider/id`.
+    pub(crate) windows: BTreeMap<String, u64>,
+    /// The terminal has the focus (as far as it reports).
+    pub(crate) focused: bool,
+    /// A turn ended while the terminal was not focused: ring once.
+    pub(crate) bell: bool,
 }
 
 /// Why a line came back, as the input's notice says it.
@@ -339,6 +351,9 @@ impl View {
             tick: 0,
             turn_base: turn_base(snapshot),
             removed: false,
+            windows: BTreeMap::new(),
+            focused: true,
+            bell: false,
         };
         // History is not labelled by sender: the protocol does not record it.
         for update in view.follower.replay(snapshot) {
@@ -443,6 +458,9 @@ impl View {
 
     /// The line that says how a turn ended, when no reply says it.
     fn turn_ended(&mut self, snapshot: &SessionSnapshot) {
+        if !self.focused {
+            self.bell = true;
+        }
         let base = turn_base(snapshot).min(self.turn_base);
         // An aborted or failed reply says so itself; these endings have no reply to say it.
         match follow::turn_outcome(snapshot, base) {

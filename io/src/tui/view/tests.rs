@@ -539,3 +539,34 @@ fn slash_commands_complete_and_stay_out_of_the_transcript() {
     let shown = screen(&view, 80, 20);
     assert!(shown.contains("unknown command /nope"), "{shown}");
 }
+
+#[test]
+fn the_status_line_shows_the_context_window_and_a_turn_ending_unfocused_rings() {
+    let mut view = View::new(&history(), History::All);
+    view.windows.insert("faux/faux-1".into(), 400);
+    let shown = screen(&view, 120, 30);
+    assert!(shown.contains("context 30% of 400"), "{shown}");
+
+    let mut view = View::new(&snapshot(SessionPhase::Idle, vec![]), History::All);
+    view.focused = false;
+    let turn = snapshot(SessionPhase::Turn, vec![user("u1", "go")]);
+    view.on_event(&snap(turn));
+    assert!(!view.bell, "not before the turn ends");
+    let mut done = snapshot(
+        SessionPhase::Idle,
+        vec![
+            user("u1", "go"),
+            reply(
+                "a1",
+                vec![text("done")],
+                AssistantStatus::Complete(StopReason::Stop),
+            ),
+        ],
+    );
+    done.revision = 5;
+    view.on_event(&snap(done.clone()));
+    assert!(view.bell, "a turn ended while unfocused");
+    let mut focused = View::new(&snapshot(SessionPhase::Turn, vec![]), History::All);
+    focused.on_event(&snap(done));
+    assert!(!focused.bell, "focused: no bell");
+}
