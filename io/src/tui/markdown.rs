@@ -1,16 +1,18 @@
 //! Markdown to styled terminal lines: headings, emphasis, inline code, code
-//! blocks, lists, quotes and links, from pulldown-cmark's events. Partial
+//! blocks, lists, quotes, links and GFM tables, from pulldown-cmark's events. Partial
 //! markdown (a reply still streaming, an unclosed code fence) renders as far
 //! as it goes. The input is already sanitised.
 
-use pulldown_cmark::{CodeBlockKind, Event, HeadingLevel, Options, Parser, Tag, TagEnd};
+use pulldown_cmark::{Alignment, CodeBlockKind, Event, HeadingLevel, Options, Parser, Tag, TagEnd};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
+use unicode_width::UnicodeWidthStr;
 
 /// The lines of `text` rendered, unwrapped (the renderer wraps them).
 pub(crate) fn render(text: &str) -> Vec<Line<'static>> {
     let mut r = Renderer::default();
-    let options = Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    let options =
+        Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS | Options::ENABLE_TABLES;
     for event in Parser::new_ext(text, options) {
         r.event(event);
     }
@@ -38,6 +40,63 @@ struct Renderer {
     link: Option<String>,
     /// A list item's bullet, to put before its first text.
     bullet: Option<String>,
+    /// A table being read: drawn whole at its end, its columns aligned.
+    table: Option<Table>,
+}
+
+/// A GFM table's cells as plain text, its header first.
+#[derive(Default)]
+struct Table {
+    alignments: Vec<Alignment>,
+    rows: Vec<Vec<String>>,
+    cell: String,
+}
+
+impl Table {
+    /// The table's lines: cells padded to their column's width as the
+    /// column aligns, `│` between them, a rule under the header.
+    fn lines(&self) -> Vec<Line<'static>> {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let width = |c: usize| {
+            self.rows
+                .iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| UnicodeWidthStr::width(cell.as_str()))
+                .max()
+                .unwrap_or(0)
+        };
+        let widths: Vec<usize> = (0..columns).map(width).collect();
+        let bar = Style::default().add_modifier(Modifier::DIM);
+        let mut lines = Vec::new();
+        for (i, row) in self.rows.iter().enumerate() {
+            let mut spans = Vec::new();
+            for (c, w) in widths.iter().enumerate() {
+                if c > 0 {
+                    spans.push(Span::styled(" │ ", bar));
+                }
+                let cell = row.get(c).map_or("", String::as_str);
+                let pad = w.saturating_sub(UnicodeWidthStr::width(cell));
+                let (left, right) = match self.alignments.get(c) {
+                    Some(Alignment::Right) => (pad, 0),
+                    Some(Alignment::Center) => (pad / 2, pad - pad / 2),
+                    _ => (0, pad),
+                };
+                let text = format!("{}{cell}{}", " ".repeat(left), " ".repeat(right));
+                let style = if i == 0 {
+                    Style::default().add_modifier(Modifier::BOLD)
+                } else {
+                    Style::default()
+                };
+                spans.push(Span::styled(text, style));
+            }
+            lines.push(Line::from(spans));
+            if i == 0 {
+                let rule: Vec<String> = widths.iter().map(|w| "─".repeat(*w)).collect();
+                lines.push(Line::styled(rule.join("─┼─"), bar));
+            }
+        }
+        lines
+    }
 }
 
 impl Renderer {
@@ -97,6 +156,13 @@ impl Renderer {
     }
 
     fn event(&mut self, event: Event<'_>) {
+        if let Some(table) = &mut self.table {
+            match &event {
+                Event::Text(text) | Event::Code(text) => return table.cell.push_str(text),
+                Event::SoftBreak | Event::HardBreak => return table.cell.push(' '),
+                _ => {}
+            }
+        }
         match event {
             Event::Start(tag) => self.start(tag),
             Event::End(tag) => self.end(tag),
@@ -198,6 +264,18 @@ impl Renderer {
                     .push(Style::default().add_modifier(Modifier::UNDERLINED));
             }
             Tag::Image { dest_url, .. } => self.push(&format!("[image {dest_url}] "), self.style()),
+            Tag::Table(alignments) => {
+                self.blank();
+                self.table = Some(Table {
+                    alignments,
+                    ..Table::default()
+                });
+            }
+            Tag::TableHead | Tag::TableRow => {
+                if let Some(table) = &mut self.table {
+                    table.rows.push(Vec::new());
+                }
+            }
             _ => {}
         }
     }
@@ -232,6 +310,31 @@ impl Renderer {
                 }
             }
             TagEnd::Item => self.flush(),
+            TagEnd::TableCell => {
+                if let Some(table) = &mut self.table {
+                    let cell = std::mem::take(&mut table.cell).trim().to_owned();
+                    if let Some(row) = table.rows.last_mut() {
+                        row.push(cell);
+                    }
+                }
+            }
+            TagEnd::Table => {
+                if let Some(table) = self.table.take() {
+                    for line in table.lines() {
+                        let indent = self.indent();
+                        let mut spans = Vec::new();
+                        if !indent.is_empty() {
+                            spans.push(Span::styled(
+                                indent,
+                                Style::default().add_modifier(Modifier::DIM),
+                            ));
+                        }
+                        spans.extend(line.spans);
+                        self.lines.push(Line::from(spans));
+                    }
+                }
+                self.blank();
+            }
             TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough => {
                 self.styles.pop();
             }
@@ -288,6 +391,26 @@ mod tests {
         assert_eq!(bold.content, "bold");
         assert!(bold.style.add_modifier.contains(Modifier::BOLD));
         assert_eq!(lines[2].spans[5].style.fg, Some(Color::Cyan));
+    }
+
+    #[test]
+    fn tables_align_their_columns() {
+        let text = "Sizes:\n\n| file | bytes | ok |\n|:-----|------:|:--:|\n| `a.rs` | 7 | yes |\n| bigger.rs | 12345 | no |\n\nDone.";
+        assert_eq!(
+            plain(&render(text)),
+            [
+                "Sizes:",
+                "",
+                "file      │ bytes │ ok ",
+                "──────────┼───────┼────",
+                "a.rs      │     7 │ yes",
+                "bigger.rs │ 12345 │ no ",
+                "",
+                "Done.",
+            ]
+        );
+        // A table still streaming (no rows yet) renders what it has.
+        assert_eq!(plain(&render("| a | b |\n|---|---|")), ["a │ b", "──┼──"]);
     }
 
     #[test]
