@@ -149,6 +149,13 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
         let s = live.get(&(server_id.to_owned(), id.to_owned()))?;
         Some((s.model.clone()?, s.thinking_level?))
     };
+    // As the tables show it: `provider/id (level)`, or `-`.
+    let model_text = |server_id: &str, id: &str| {
+        model(server_id, id).map_or_else(
+            || "-".to_owned(),
+            |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
+        )
+    };
     if let Some(problem) = failed {
         return Err(problem);
     }
@@ -219,10 +226,7 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
         }
         let mut rows = vec![header];
         for (server_id, s) in &pairs {
-            let model = model(server_id, &s.id).map_or_else(
-                || "-".to_owned(),
-                |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
-            );
+            let model = model_text(server_id, &s.id);
             // Attached clients, after the state: `idle·2`.
             let status = match state(server_id, &s.id) {
                 (status, Some(clients)) if clients > 0 => format!("{status}·{clients}"),
@@ -274,10 +278,7 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
         "NAME".into(),
     ]];
     for (server_id, s) in &pairs {
-        let model = model(server_id, &s.id).map_or_else(
-            || "-".to_owned(),
-            |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
-        );
+        let model = model_text(server_id, &s.id);
         let (status, clients) = state(server_id, &s.id);
         rows.push(vec![
             server_id.clone(),

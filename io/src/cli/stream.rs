@@ -57,12 +57,13 @@ impl Stream {
         self
     }
 
-    /// A line of activity on stderr, after the reply's open line.
+    /// A line of activity on stderr, on a line of its own where both go to
+    /// one terminal. Stdout's open line stays open: its own newline comes
+    /// with its next item.
     fn note(&mut self, text: &str) {
         self.end_thinking();
         let gap = if self.line_open { "\n" } else { "" };
         eprintln!("{gap}{text}");
-        self.line_open = false;
     }
 
     fn end_thinking(&mut self) {
