@@ -171,12 +171,17 @@ fn block_lines(view: &View, block: &Block, last: bool, out: &mut Vec<Line<'stati
                 Span::styled(mark, style),
             ]));
             let lines: Vec<&str> = output.trim_end().lines().collect();
-            for line in lines.iter().take(TOOL_LINES) {
+            let shown = if view.expand_tools {
+                lines.len()
+            } else {
+                TOOL_LINES
+            };
+            for line in lines.iter().take(shown) {
                 out.push(Line::styled(format!("  {line}"), dim()));
             }
-            if lines.len() > TOOL_LINES {
+            if lines.len() > shown {
                 out.push(Line::styled(
-                    format!("  … {} more lines", lines.len() - TOOL_LINES),
+                    format!("  … {} more lines (Ctrl-O shows them)", lines.len() - shown),
                     dim(),
                 ));
             }

@@ -291,6 +291,8 @@ pub(crate) struct View {
     /// Lines scrolled up from the bottom of the transcript (0 follows it).
     pub(crate) scroll: usize,
     pub(crate) show_thinking: bool,
+    /// Tool outputs shown whole (Ctrl-O), not cut to their first lines.
+    pub(crate) expand_tools: bool,
     /// Advances with time while something runs (the spinner).
     pub(crate) tick: u64,
     /// The transcript length when the current turn started.
@@ -311,7 +313,7 @@ fn help() -> String {
     format!(
         "{}\nkeys: Enter send · Alt-Enter/Ctrl-J newline · Tab complete a /command · \
          Ctrl-C/Esc abort (again: clear) · Ctrl-D detach · Ctrl-T thinking · \
-         PageUp/PageDown scroll · Up/Down history",
+         Ctrl-O whole tool outputs · PageUp/PageDown scroll · Up/Down history",
         slash::help()
     )
 }
@@ -348,6 +350,7 @@ impl View {
             front: Front::new(snapshot.phase, snapshot.transcript.len()),
             scroll: 0,
             show_thinking: false,
+            expand_tools: false,
             tick: 0,
             turn_base: turn_base(snapshot),
             removed: false,
@@ -617,6 +620,7 @@ impl View {
             KeyCode::Char('j') if ctrl => self.editor.insert("\n"),
             KeyCode::Enter => return self.submit(),
             KeyCode::Char('t') if ctrl => self.show_thinking = !self.show_thinking,
+            KeyCode::Char('o') if ctrl => self.expand_tools = !self.expand_tools,
             KeyCode::Char('a') if ctrl => self.editor.cursor = self.editor.line_start(),
             KeyCode::Char('e') if ctrl => self.editor.cursor = self.editor.line_end(),
             KeyCode::Char('u') if ctrl => {

@@ -570,3 +570,19 @@ fn the_status_line_shows_the_context_window_and_a_turn_ending_unfocused_rings() 
     focused.on_event(&snap(done));
     assert!(!focused.bell, "focused: no bell");
 }
+
+#[test]
+fn ctrl_o_shows_tool_outputs_whole() {
+    let mut view = View::new(&history(), History::All);
+    let cut = screen(&view, 80, 40);
+    assert!(cut.contains("… 3 more lines (Ctrl-O shows them)"), "{cut}");
+    assert!(!cut.contains("  7"), "{cut}");
+    view.on_key(ctrl('o'));
+    let whole = screen(&view, 80, 40);
+    assert!(
+        whole.contains("  7") && !whole.contains("more lines"),
+        "{whole}"
+    );
+    view.on_key(ctrl('o'));
+    assert_eq!(screen(&view, 80, 40), cut);
+}
