@@ -287,6 +287,22 @@ async fn hostile_handshakes_are_refused_while_others_are_served() {
 /// A token strong enough for a network listener.
 const TOKEN: &str = "remote-token-0123456789abcdef";
 
+/// A running server with [`TOKEN`] and a TCP listener, and its address.
+async fn tcp_server(name: &str) -> (TestServer, String) {
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut server = TestServer::new(
+        name,
+        Options {
+            token: Some(TOKEN.into()),
+            serve_args: vec!["--listen".into(), format!("tcp://{address}")],
+            ..Options::default()
+        },
+    );
+    server.spawn();
+    server.wait_ready().await;
+    (server, address)
+}
+
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
@@ -309,17 +325,7 @@ async fn remote_clients_over_tcp_need_the_token() {
     assert!(text.contains("it needs --token-file"), "{text}");
     assert!(!open.socket.exists(), "nothing is bound: {text}");
 
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut server = TestServer::new(
-        "tcp",
-        Options {
-            token: Some(TOKEN.into()),
-            serve_args: vec!["--listen".into(), format!("tcp://{address}")],
-            ..Options::default()
-        },
-    );
-    server.spawn();
-    server.wait_ready().await;
+    let (server, address) = tcp_server("tcp").await;
 
     let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     let remote = Client::connect_stream(stream, Some(TOKEN), ClientOptions::default())
@@ -415,17 +421,7 @@ async fn a_network_token_leaves_the_local_socket_alone_and_must_be_strong() {
         assert!(!weak.socket.exists(), "nothing is bound: {text}");
     }
 
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut server = TestServer::new(
-        "tcp-local",
-        Options {
-            token: Some(TOKEN.into()),
-            serve_args: vec!["--listen".into(), format!("tcp://{address}")],
-            ..Options::default()
-        },
-    );
-    server.spawn();
-    server.wait_ready().await;
+    let (server, address) = tcp_server("tcp-local").await;
     // Local: no token, through the library and the CLI.
     let socket = Address::Unix(server.socket.clone());
     let local = Client::connect(&socket, None)

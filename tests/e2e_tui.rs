@@ -104,6 +104,23 @@ impl Tui {
     fn wait_for(&self, text: &str) -> String {
         self.wait(&format!("{text:?}"), SOON, |s| s.contains(text))
     }
+
+    /// Waits for `attach` to exit, and checks that it exited 0.
+    fn exits_cleanly(&mut self) {
+        let deadline = Instant::now() + SOON;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "attach did not exit:\n{}",
+                self.screen()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "attach exited {status:?}");
+    }
 }
 
 impl Drop for Tui {
@@ -183,19 +200,7 @@ fn attach_in_a_terminal_prompts_steers_pastes_aborts_survives_a_restart_and_deta
 
     // Ctrl-D on an empty input detaches.
     tui.send("\x04");
-    let deadline = Instant::now() + SOON;
-    let status = loop {
-        if let Some(status) = tui.child.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "attach did not exit:\n{}",
-            tui.screen()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "attach exited {status:?}");
+    tui.exits_cleanly();
     tui.wait_for("detached from session");
 }
 
@@ -288,19 +293,7 @@ fn slash_commands_change_the_session_switch_and_export() {
 
     tui.type_text("/quit");
     tui.send("\r");
-    let deadline = Instant::now() + SOON;
-    let status = loop {
-        if let Some(status) = tui.child.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "attach did not exit:\n{}",
-            tui.screen()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "attach exited {status:?}");
+    tui.exits_cleanly();
 }
 
 /// The pids of this world's `pi-server serve` processes.

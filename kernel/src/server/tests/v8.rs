@@ -76,6 +76,21 @@ impl Harness {
         self.v8_sent(conn).split_off(from)
     }
 
+    /// The worker streams `text` into reply `message_id`'s first part.
+    fn text_delta(&mut self, worker: WorkerId, message_id: &str, text: &str) {
+        self.worker(
+            worker,
+            FromWorker::<SessionSnapshot>::Progress {
+                progress: TranscriptProgress::AssistantDelta {
+                    message_id: message_id.into(),
+                    content_index: 0,
+                    kind: DeltaKind::Text,
+                    delta: text.into(),
+                },
+            },
+        );
+    }
+
     /// The session target of the route the last `attachment` envelope announced.
     fn route(&self, conn: ConnId) -> Value {
         let frame = self.sent[&conn]
@@ -466,17 +481,7 @@ fn session_status_is_replicated_state_that_follows_attachments_and_turns() {
 
     // A reply's progress changes nothing it shows: no update.
     let before = h.frames(watcher);
-    h.worker(
-        worker,
-        FromWorker::<SessionSnapshot>::Progress {
-            progress: TranscriptProgress::AssistantDelta {
-                message_id: "a0".into(),
-                content_index: 0,
-                kind: DeltaKind::Text,
-                delta: "x".into(),
-            },
-        },
-    );
+    h.text_delta(worker, "a0", "x");
     assert!(h.v8_since(watcher, before).is_empty());
 
     // Detach: back to no clients, by a small op, not the whole list again.
@@ -585,17 +590,7 @@ fn a_prompt_answers_at_once_streams_small_ops_and_is_waited_for() {
         },
     );
     for word in ["Hello", " there"] {
-        h.worker(
-            worker,
-            FromWorker::<SessionSnapshot>::Progress {
-                progress: TranscriptProgress::AssistantDelta {
-                    message_id: "a0".into(),
-                    content_index: 0,
-                    kind: DeltaKind::Text,
-                    delta: word.into(),
-                },
-            },
-        );
+        h.text_delta(worker, "a0", word);
     }
     let updates = h.v8_since(c, before);
     assert!(updates[1].contains(r#"["p",["docs","pi.live","generation","message","content"],0,0,[{"type":"text","text":"Hello"}]]"#), "{updates:#?}");
