@@ -60,6 +60,10 @@ pub struct Machine {
     pub outstanding: BTreeMap<CallId, Call>,
     /// Leases granted and not released: lease → session.
     pub leases: BTreeMap<LeaseId, String>,
+    /// The revision of each leased session's cached snapshot, as last seen
+    /// on the current connection (judged from outside the machine: it
+    /// never goes back within a connection).
+    cached: BTreeMap<String, u64>,
     /// Counters.
     pub stats: MachineStats,
 }
@@ -115,6 +119,7 @@ impl Machine {
             next_call: 1,
             outstanding: BTreeMap::new(),
             leases: BTreeMap::new(),
+            cached: BTreeMap::new(),
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
@@ -171,6 +176,7 @@ impl Machine {
                         }
                     }
                     ClientOutput::Connect => {
+                        self.cached.clear();
                         self.conn = Some(world.connect_tapped());
                         self.stats.reconnects += 1;
                         inputs.push_back(ClientInput::TransportUp);
@@ -185,6 +191,30 @@ impl Machine {
                     ClientOutput::Event(_) | ClientOutput::Status(_) | ClientOutput::Launch => {}
                 }
             }
+            self.check_cache()?;
+        }
+        Ok(())
+    }
+
+    /// The cached snapshot of every leased session never goes back in
+    /// revision while one connection lasts (DESIGN.md, `Client`).
+    fn check_cache(&mut self) -> Result<(), Violation> {
+        for session in self.leases.values() {
+            let Some(snapshot) = self.client.session_snapshot(session) else {
+                continue;
+            };
+            let seen = self
+                .cached
+                .entry(session.clone())
+                .or_insert(snapshot.revision);
+            if snapshot.revision < *seen {
+                return Err(violation(format!(
+                    "{}: the cached snapshot of {session} went back from revision {} to {} \
+                     within one connection",
+                    self.name, *seen, snapshot.revision
+                )));
+            }
+            *seen = snapshot.revision;
         }
         Ok(())
     }
