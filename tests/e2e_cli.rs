@@ -1031,6 +1031,16 @@ async fn exec_then_prompt_the_last_session_of_the_directory() {
     assert!(first.stderr.contains("(session "), "{first:?}");
     let quiet = in_project(&["exec", "-q", "!echo quiet"]).await.success();
     assert!(quiet.stderr.is_empty(), "{quiet:?}");
+    let created = in_project(&["create", "--json", "--name", "as-json"])
+        .await
+        .success();
+    let created: serde_json::Value = serde_json::from_str(&created.stdout).unwrap();
+    assert_eq!(
+        (created["name"].as_str(), created["model"].as_str()),
+        (Some("as-json"), Some("faux/faux-1"))
+    );
+    let as_json = created["id"].as_str().unwrap().to_owned();
+    server.run_cli(&["rm", &as_json]).await.success();
 
     let again = in_project(&["prompt", "-c", "and", "once", "more"])
         .await

@@ -227,7 +227,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             print(&args::completions(shell));
             Ok(())
         }
-        Commands::Create(args) => run_create(&target()?, args).await,
+        Commands::Create { args, json } => run_create(&target()?, args, json).await,
         Commands::Prompt {
             id,
             text,

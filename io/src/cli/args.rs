@@ -128,7 +128,14 @@ pub(super) enum Commands {
     },
 
     /// Create a session and print its id.
-    Create(CreateArgs),
+    Create {
+        #[command(flatten)]
+        args: CreateArgs,
+        /// Print the new session as a JSON object (id, name, cwd, model,
+        /// thinkingLevel) instead of its id.
+        #[arg(long)]
+        json: bool,
+    },
 
     /// Send one prompt to a session and stream the reply to stdout.
     ///
@@ -619,7 +626,7 @@ mod tests {
             "n",
         ])
         .unwrap();
-        let Commands::Create(args) = cli.command else {
+        let Commands::Create { args, .. } = cli.command else {
             panic!("not create")
         };
         assert_eq!(args.model.unwrap().id, "faux-reasoner");
@@ -647,7 +654,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.default_model.unwrap().id, "faux-reasoner");
-        let Commands::Create(args) = cli.command else {
+        let Commands::Create { args, .. } = cli.command else {
             panic!("not create")
         };
         assert_eq!(args.model.unwrap().id, "faux-1");

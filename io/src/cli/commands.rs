@@ -338,7 +338,11 @@ pub(super) fn create_params(args: CreateArgs) -> Result<CreateParams, String> {
     })
 }
 
-pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), String> {
+pub(super) async fn run_create(
+    target: &Target,
+    args: CreateArgs,
+    json: bool,
+) -> Result<(), String> {
     let params = create_params(args)?;
     let client = connect(target).await?;
     if let Some(model) = &params.model {
@@ -364,7 +368,18 @@ pub(super) async fn run_create(target: &Target, args: CreateArgs) -> Result<(), 
             chosen.provider, chosen.id
         );
     }
-    outln!("{}", session.id);
+    if json {
+        let value = serde_json::json!({
+            "id": session.id,
+            "name": session.name,
+            "cwd": session.cwd,
+            "model": format!("{}/{}", chosen.provider, chosen.id),
+            "thinkingLevel": session.thinking_level.as_str(),
+        });
+        outln!("{value}");
+    } else {
+        outln!("{}", session.id);
+    }
     Ok(())
 }
 
