@@ -229,8 +229,11 @@ enum Sent {
     Prompt(Held),
     Steer(Held),
     Abort,
-    /// A slash command's setting, with its line.
-    Setting(String),
+    /// A slash command's setting: its line, and what it asks.
+    Setting {
+        line: String,
+        request: Request,
+    },
 }
 
 /// The client side of one session. See the [module docs](self).
@@ -342,11 +345,11 @@ impl Front {
         };
         let why = match self.link {
             Link::Up => {
-                let call = self.next_call;
-                self.next_call += 1;
-                self.sent.insert(call, Sent::Setting(text));
-                let tag = 0;
-                return self.out.push(Output::Send { call, request, tag });
+                self.call(Sent::Setting {
+                    line: text,
+                    request,
+                });
+                return;
             }
             Link::Reconnecting => Why::NotConnected,
             Link::Closed => Why::Closed,
@@ -385,7 +388,7 @@ impl Front {
             Sent::Prompt(line) => (Request::Prompt(line.text.clone()), line.tag),
             Sent::Steer(line) => (Request::Steer(line.text.clone()), line.tag),
             Sent::Abort => (Request::Abort, 0),
-            Sent::Setting(_) => unreachable!("a setting is sent where it is typed"),
+            Sent::Setting { request, .. } => (request.clone(), 0),
         };
         self.sent.insert(call, sent);
         self.out.push(Output::Send { call, request, tag });
@@ -454,12 +457,11 @@ impl Front {
             self.prompting = None;
         }
         match (sent, outcome) {
-            (Sent::Setting(line), Ok(_)) => self.out.push(Output::Notice(Notice::Applied(line))),
-            (Sent::Setting(text), Err(error)) => {
-                let why = match error {
-                    ClientError::Disconnected(how) => Why::Lost(how),
-                    other => Why::Refused(other),
-                };
+            (Sent::Setting { line, .. }, Ok(_)) => {
+                self.out.push(Output::Notice(Notice::Applied(line)))
+            }
+            (Sent::Setting { line: text, .. }, Err(error)) => {
+                let why = failure(error);
                 self.out.push(Output::HandBack { text, why, tag: 0 });
             }
             (Sent::Prompt(_), Ok(Answer::Prompt { phase })) => self.phase = phase,
@@ -481,11 +483,7 @@ impl Front {
             }
             (Sent::Steer(line), Err(error)) if is_busy(&error) => self.retry(line, true),
             (Sent::Prompt(line) | Sent::Steer(line), Err(error)) => {
-                let why = match error {
-                    ClientError::Disconnected(how) => Why::Lost(how),
-                    other => Why::Refused(other),
-                };
-                self.hand_back(line, why);
+                self.hand_back(line, failure(error))
             }
         }
     }
@@ -566,6 +564,15 @@ impl Front {
         {
             panic!("front: {broken}");
         }
+    }
+}
+
+/// Why a call's line comes back: lost with the connection (it may have
+/// run), or refused.
+fn failure(error: ClientError) -> Why {
+    match error {
+        ClientError::Disconnected(how) => Why::Lost(how),
+        other => Why::Refused(other),
     }
 }
 

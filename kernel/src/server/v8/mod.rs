@@ -743,8 +743,12 @@ impl Server {
             self.refresh_directory(&[]);
         }
         if svc == Svc::Status {
+            // As the directory: existing subscribers first, or (when there
+            // are none) the state that may have gone stale meanwhile.
             self.v8_publish_status();
-            self.refresh_status(&[]);
+            if self.status_watchers.is_empty() {
+                self.refresh_status(&[]);
+            }
             self.status_watchers.insert(conn);
         }
         let snapshot = {
@@ -1544,9 +1548,7 @@ impl Server {
         let state = self.status_state.get_or_insert_with(|| {
             State::new(Value::object(vec![("sessions", Value::Array(vec![]))]))
         });
-        if state.value().get("sessions") == Some(&sessions) && state.sequence() > 0 {
-            return;
-        }
+        // An unchanged status publishes nothing (`publish` finds no ops).
         let next = Value::object(vec![("sessions", sessions)]);
         let Some(ops) = state.publish(next) else {
             return;
