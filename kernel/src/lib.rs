@@ -20,6 +20,7 @@ pub mod host;
 pub mod ids;
 pub mod limits;
 pub mod link;
+pub mod mcp;
 pub mod protocol;
 pub mod rng;
 pub mod runtime;

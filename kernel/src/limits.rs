@@ -108,6 +108,8 @@ pub struct WorkerLimits {
     pub announce_retry: Duration,
     /// Connecting to announce, and then the server's answer, each take at most this long.
     pub announce_timeout: Duration,
+    /// The session's MCP servers.
+    pub mcp: McpLimits,
 }
 
 impl Default for WorkerLimits {
@@ -116,6 +118,32 @@ impl Default for WorkerLimits {
             orphan_grace: Duration::from_secs(30),
             announce_retry: Duration::from_millis(200),
             announce_timeout: Duration::from_secs(5),
+            mcp: McpLimits::default(),
+        }
+    }
+}
+
+/// Bounds of a session's MCP servers ([`crate::mcp::McpServers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpLimits {
+    /// A server that has not listed its tools this long after its start
+    /// is stopped and failed; a turn waits for its servers at most this long.
+    pub start_timeout: Duration,
+    /// A failed server is started again by a turn this long after it failed.
+    pub retry_after: Duration,
+    /// A call of an MCP tool fails after this long.
+    pub call_timeout: Duration,
+    /// The most MCP tools a session offers.
+    pub max_tools: usize,
+}
+
+impl Default for McpLimits {
+    fn default() -> Self {
+        Self {
+            start_timeout: Duration::from_secs(30),
+            retry_after: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(120),
+            max_tools: 128,
         }
     }
 }
