@@ -14,6 +14,7 @@ use crate::store::{SessionStore, StoreError};
 use kernel::faux::{self, FauxStream};
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, WorkerHost};
 use kernel::limits::WorkerLimits;
+use kernel::mcp::{McpInput, McpOutput, OfferedTool, ServerConfig};
 use kernel::protocol::worker::{WorkerFrame, decode_worker_frame, frame_worker_message};
 use kernel::runtime::{ModelEvent, ModelRequest};
 use kernel::time::Instant;
@@ -266,6 +267,8 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
         events: events_tx,
         model_task: None,
         tool_task: None,
+        mcp_tasks: Default::default(),
+        mcp_peers: Default::default(),
         agent_dir,
         outputs: session_dir.join(&session_id),
         delay: faux_delay,
@@ -342,6 +345,16 @@ async fn announce<D: Dial>(
     (Some(fresh), answer)
 }
 
+/// The ready MCP servers' clients, by name and start.
+type McpPeers = std::sync::Arc<
+    std::sync::Mutex<
+        std::collections::HashMap<
+            (String, u64),
+            agent::rmcp::service::Peer<agent::rmcp::RoleClient>,
+        >,
+    >,
+>;
+
 /// An announcement in flight: the channel it opened, and the first answer.
 type Announcing<S> = JoinHandle<(Option<Channel<S>>, Option<WorkerFrame>)>;
 
@@ -365,6 +378,11 @@ struct Worker<D: Dial> {
     events: mpsc::Sender<HostInput>,
     model_task: Option<(u64, JoinHandle<()>, CancellationToken)>,
     tool_task: Option<(String, JoinHandle<()>, CancellationToken)>,
+    /// Each running MCP server's task, by name and start; aborting it ends
+    /// the server (its process group is killed).
+    mcp_tasks: std::collections::HashMap<(String, u64), JoinHandle<()>>,
+    /// How to call each ready MCP server, by name and start.
+    mcp_peers: McpPeers,
     agent_dir: PathBuf,
     /// The session's directory: its own `settings.json` (tools, context
     /// files), and the whole outputs of cut `bash` commands.
@@ -450,8 +468,38 @@ impl<D: Dial> Worker<D> {
                     }
                     None
                 }
-                HostOutput::StartModel { call, request } => {
-                    self.start_model(call, request);
+                HostOutput::StartModel {
+                    call,
+                    request,
+                    mcp_tools,
+                } => {
+                    self.start_model(call, request, &mcp_tools);
+                    None
+                }
+                HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(
+                    crate::settings::mcp_layers(&self.agent_dir, &self.outputs),
+                ))),
+                HostOutput::Mcp(McpOutput::Start { generation, config }) => {
+                    self.start_mcp(generation, config);
+                    None
+                }
+                HostOutput::Mcp(McpOutput::Stop { name, generation }) => {
+                    let key = (name, generation);
+                    if let Some(task) = self.mcp_tasks.remove(&key) {
+                        task.abort();
+                    }
+                    self.peers().remove(&key);
+                    None
+                }
+                HostOutput::Mcp(McpOutput::Notice(_)) => None, // the host tells them
+                HostOutput::CallMcp {
+                    id,
+                    server,
+                    generation,
+                    tool,
+                    input,
+                } => {
+                    self.call_mcp(id, (server, generation), tool, input);
                     None
                 }
                 HostOutput::CancelModel { call } => {
@@ -531,7 +579,117 @@ impl<D: Dial> Worker<D> {
         e.failure()
     }
 
-    fn start_model(&mut self, call: u64, request: ModelRequest) {
+    fn peers(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<
+            (String, u64),
+            agent::rmcp::service::Peer<agent::rmcp::RoleClient>,
+        >,
+    > {
+        self.mcp_peers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts an MCP server; its task answers the host when it is up (or
+    /// not), and again when it ends.
+    fn start_mcp(&mut self, generation: u64, config: ServerConfig) {
+        let events = self.events.clone();
+        let peers = std::sync::Arc::clone(&self.mcp_peers);
+        let cwd = PathBuf::from(&self.cwd);
+        let session = self.outputs.clone();
+        let key = (config.name.clone(), generation);
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            let name = config.name.clone();
+            let failed = |reason: String| {
+                HostInput::Mcp(McpInput::Failed {
+                    name: name.clone(),
+                    generation,
+                    reason,
+                })
+            };
+            match agent::mcp::start(&config, &cwd, Some(&session)).await {
+                Err(reason) => {
+                    let _ = events.send(failed(reason)).await;
+                }
+                Ok((started, tools)) => {
+                    tracing::info!(server = %name, tools = tools.len(), "MCP server ready");
+                    peers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(task_key.clone(), started.peer());
+                    let started_input = HostInput::Mcp(McpInput::Started {
+                        name: name.clone(),
+                        generation,
+                        tools,
+                    });
+                    if events.send(started_input).await.is_err() {
+                        return;
+                    }
+                    let agent::mcp::Started {
+                        service,
+                        group,
+                        stderr,
+                    } = started;
+                    let _ = service.waiting().await;
+                    drop(group);
+                    peers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&task_key);
+                    let said = stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                    let reason = agent::mcp::explain("it closed its connection", &said);
+                    let _ = events.send(failed(reason)).await;
+                }
+            }
+        });
+        if let Some(old) = self.mcp_tasks.insert(key, task) {
+            old.abort();
+        }
+    }
+
+    /// Calls an MCP server's tool like a built-in one: one at a time, and
+    /// cancelled the same way.
+    fn call_mcp(
+        &mut self,
+        id: String,
+        server: (String, u64),
+        tool: String,
+        input: kernel::wire::Value,
+    ) {
+        let events = self.events.clone();
+        let peer = self.peers().get(&server).cloned();
+        let cancel = CancellationToken::new();
+        let outputs = self.outputs.clone();
+        let task_id = id.clone();
+        let task = tokio::spawn(async move {
+            let done = match peer {
+                Some(peer) => agent::mcp::call(&peer, &tool, &input, Some(&outputs)).await,
+                None => agent::ToolOutcome {
+                    content: vec![kernel::protocol::Content::Text {
+                        text: format!("{tool}: MCP server {:?} is gone", server.0),
+                    }],
+                    details: None,
+                    is_error: true,
+                },
+            };
+            let _ = events
+                .send(HostInput::ToolDone {
+                    id,
+                    content: done.content,
+                    details: done.details,
+                    is_error: done.is_error,
+                })
+                .await;
+        });
+        if let Some((_, old, old_cancel)) = self.tool_task.replace((task_id, task, cancel)) {
+            old_cancel.cancel();
+            old.abort();
+        }
+    }
+
+    fn start_model(&mut self, call: u64, request: ModelRequest, mcp_tools: &[OfferedTool]) {
         let events = self.events.clone();
         let (delay, clock) = (self.delay, self.clock);
         let cancel = CancellationToken::new();
@@ -541,13 +699,22 @@ impl<D: Dial> Worker<D> {
             // Context files are read again for every call: edits take effect.
             let date = kernel::time::format_utc(clock().as_millis());
             let date = date.split(' ').next().unwrap_or_default().to_owned();
-            Some(self.registry.call_config(
-                &request.model,
-                &self.cwd,
-                &self.agent_dir,
-                &self.outputs,
-                &date,
-            ))
+            Some(
+                self.registry
+                    .call_config(
+                        &request.model,
+                        &self.cwd,
+                        &self.agent_dir,
+                        &self.outputs,
+                        &date,
+                    )
+                    .map(|mut config| {
+                        config
+                            .tools
+                            .extend(mcp_tools.iter().map(agent::ToolSpec::mcp));
+                        config
+                    }),
+            )
         };
         let token = cancel.clone();
         let task = tokio::spawn(async move {
@@ -643,6 +810,9 @@ impl<D: Dial> Worker<D> {
         if let Some((_, t, cancel)) = self.tool_task.take() {
             cancel.cancel();
             t.abort();
+        }
+        for (_, task) in self.mcp_tasks.drain() {
+            task.abort();
         }
     }
 }

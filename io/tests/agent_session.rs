@@ -150,6 +150,16 @@ impl Session {
 
     /// [`Session::open`] with `extra` fields on the mock provider of `models.json`.
     async fn open_with(dir: &TempDir, mock: &Mock, extra: serde_json::Value) -> Self {
+        Self::open_bounded(dir, mock, extra, Default::default()).await
+    }
+
+    /// [`Session::open_with`], the worker held to `limits`.
+    async fn open_bounded(
+        dir: &TempDir,
+        mock: &Mock,
+        extra: serde_json::Value,
+        limits: kernel::limits::WorkerLimits,
+    ) -> Self {
         let mut provider = serde_json::json!({
             "baseUrl": format!("{}/v1", mock.base),
             "api": "openai-completions",
@@ -171,7 +181,7 @@ impl Session {
             pid: u64::from(std::process::id()),
             cwd: None,
             clock: pi_io::worker::wall_now,
-            limits: Default::default(),
+            limits,
             policy: Default::default(),
             faux_delay: Duration::ZERO,
         };
@@ -748,5 +758,324 @@ async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
     assert!(
         (usage.cost.total - (50.0 + 10.0) / 1e6).abs() < 1e-12,
         "{usage:?}"
+    );
+}
+
+// ---- MCP servers ----------------------------------------------------------------------
+
+/// `tests/mcp`, with the reference MCP servers installed from npm.
+fn mcp_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp");
+    let install = std::process::Command::new(dir.join("install.sh"))
+        .output()
+        .expect("tests/mcp/install.sh runs (it needs npm)");
+    assert!(
+        install.status.success(),
+        "tests/mcp/install.sh failed: {install:#?}"
+    );
+    dir.canonicalize().unwrap()
+}
+
+fn node_server(dir: &Path, package: &str, args: &[&str]) -> serde_json::Value {
+    let script = dir.join(format!(
+        "node_modules/@modelcontextprotocol/{package}/dist/index.js"
+    ));
+    let mut argv = vec![script.display().to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    serde_json::json!({"command": "node", "args": argv})
+}
+
+/// The reference server over Streamable HTTP, on a free port, killed on drop.
+struct HttpServer(std::process::Child, u16);
+
+impl HttpServer {
+    async fn start(dir: &Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let script = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+        let child = std::process::Command::new("node")
+            .arg(script)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("node runs");
+        let server = Self(child, port);
+        let limit = std::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < limit,
+                "the HTTP MCP server listens"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn notices(items: &[TranscriptItem]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            TranscriptItem::Assistant(a) if a.status == AssistantStatus::Error => {
+                a.error_message.clone()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn offered_tools(request: &agent_common::Recorded) -> Vec<String> {
+    request.body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_reference_mcp_servers_tools_are_offered_called_and_shown_over_stdio_and_http() {
+    let mcp = mcp_dir();
+    let dir = TempDir::new();
+    let project = dir.0.join("project");
+    std::fs::write(project.join("notes.txt"), "the notes say 42\n").unwrap();
+    let http = HttpServer::start(&mcp).await;
+    // The agent directory's settings run two stdio servers...
+    let settings = serde_json::json!({"mcpServers": {
+        "everything": node_server(&mcp, "server-everything", &["stdio"]),
+        "files": node_server(&mcp, "server-filesystem", &[project.to_str().unwrap()]),
+    }});
+    std::fs::write(dir.0.join("agent/settings.json"), settings.to_string()).unwrap();
+    let mock = Mock::sequence(vec![
+        tool_reply(
+            "c1",
+            "mcp__everything__echo",
+            serde_json::json!({"message": "hello mcp"}),
+        ),
+        tool_reply(
+            "c2",
+            "mcp__files__read_text_file",
+            serde_json::json!({"path": project.join("notes.txt")}),
+        ),
+        tool_reply(
+            "c3",
+            "mcp__web__get-sum",
+            serde_json::json!({"a": 2, "b": 3}),
+        ),
+        text_reply("All three answered."),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock).await;
+    // ...and the session's own settings add one over Streamable HTTP.
+    let own = serde_json::json!({"mcpServers": {"web": {
+        "type": "http", "url": format!("http://127.0.0.1:{}/mcp", http.1)
+    }}});
+    std::fs::write(
+        s.session_dir.join(SESSION).join("settings.json"),
+        own.to_string(),
+    )
+    .unwrap();
+    let op = s
+        .operation(Operation::Prompt {
+            text: "use the servers".into(),
+        })
+        .await;
+    s.run_until("the turn", |s| s.done(op)).await;
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 4);
+    let offered = offered_tools(&requests[0]);
+    for name in [
+        "read",
+        "bash",
+        "mcp__everything__echo",
+        "mcp__files__read_text_file",
+        "mcp__web__get-sum",
+    ] {
+        assert!(offered.iter().any(|o| o == name), "{name} in {offered:?}");
+    }
+    // The schema is passed through.
+    let echo = requests[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "mcp__everything__echo")
+        .unwrap();
+    assert_eq!(
+        echo["function"]["parameters"]["properties"]["message"]["type"],
+        "string"
+    );
+    let t = s.transcript();
+    assert_eq!(notices(t), Vec::<String>::new(), "{t:#?}");
+    let tools: Vec<&TranscriptItem> = t
+        .iter()
+        .filter(|i| matches!(i, TranscriptItem::Tool(_)))
+        .collect();
+    assert_eq!(tools.len(), 3, "{t:#?}");
+    for (item, (name, said)) in tools.iter().zip([
+        ("mcp__everything__echo", "hello mcp"),
+        ("mcp__files__read_text_file", "the notes say 42"),
+        ("mcp__web__get-sum", "5"),
+    ]) {
+        let TranscriptItem::Tool(tool) = item else {
+            unreachable!()
+        };
+        assert_eq!(tool.tool_name, name);
+        assert_eq!(tool.status, ToolStatus::Complete, "{tool:#?}");
+        assert!(
+            tool_text(item).contains(said),
+            "{name}: {}",
+            tool_text(item)
+        );
+    }
+    // Each result reached the model.
+    for (request, said) in requests[1..]
+        .iter()
+        .zip(["hello mcp", "the notes say 42", "5"])
+    {
+        let body = request.body["messages"].to_string();
+        assert!(body.contains(said), "{said} in {body}");
+    }
+    drop(http);
+}
+
+#[tokio::test]
+async fn a_server_that_fails_crashes_hangs_or_prints_garbage_is_told_and_the_session_goes_on() {
+    let mcp = mcp_dir();
+    let dir = TempDir::new();
+    let faulty = mcp.join("faulty.mjs").display().to_string();
+    let settings = serde_json::json!({"mcpServers": {
+        "absent": {"command": "no-such-mcp-server-anywhere"},
+        "garbage": {"command": "node", "args": [faulty, "garbage"]},
+        "faulty": {"command": "node", "args": [faulty]},
+        "broken": {"command": ["not", "a", "string"]},
+    }});
+    std::fs::write(dir.0.join("agent/settings.json"), settings.to_string()).unwrap();
+    let mock = Mock::sequence(vec![
+        tool_reply("c1", "mcp__faulty__ok", serde_json::json!({"text": "fine"})),
+        tool_reply("c2", "mcp__faulty__hang", serde_json::json!({})),
+        tool_reply("c3", "mcp__faulty__crash", serde_json::json!({})),
+        tool_reply(
+            "c4",
+            "mcp__faulty__ok",
+            serde_json::json!({"text": "again"}),
+        ),
+        text_reply("Done despite the servers."),
+    ])
+    .await;
+    let limits = kernel::limits::WorkerLimits {
+        mcp: kernel::limits::McpLimits {
+            start_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(2),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut s = Session::open_bounded(&dir, &mock, serde_json::json!({}), limits).await;
+    let op = s
+        .operation(Operation::Prompt {
+            text: "try them".into(),
+        })
+        .await;
+    s.run_until("the turn", |s| s.done(op)).await;
+    let t = s.transcript();
+    let told = notices(t);
+    let settings_path = dir.0.join("agent/settings.json").display().to_string();
+    assert!(
+        told.iter()
+            .any(|n| n.contains(&settings_path) && n.contains("\"broken\"")),
+        "a malformed entry is told with its file: {told:#?}"
+    );
+    assert!(
+        told.iter()
+            .any(|n| n.contains("\"absent\" failed to start")),
+        "{told:#?}"
+    );
+    assert!(
+        told.iter()
+            .any(|n| n.contains("\"garbage\" failed to start")),
+        "{told:#?}"
+    );
+    assert!(
+        told.iter()
+            .any(|n| n.contains("\"bad-schema\" is left out")),
+        "{told:#?}"
+    );
+    // The notices come before the turn, and the model is never sent them.
+    let user = t
+        .iter()
+        .position(|i| matches!(i, TranscriptItem::User(_)))
+        .unwrap();
+    assert_eq!(notices(&t[..user]).len(), told.len(), "{t:#?}");
+    let offered = offered_tools(&mock.requests()[0]);
+    assert!(
+        offered.iter().any(|o| o == "mcp__faulty__ok"),
+        "{offered:?}"
+    );
+    assert!(!offered.iter().any(|o| o.starts_with("mcp__garbage")));
+    assert!(
+        !mock.requests()[0]
+            .body
+            .to_string()
+            .contains("failed to start")
+    );
+
+    let results: Vec<(String, ToolStatus, String)> = t
+        .iter()
+        .filter_map(|i| match i {
+            TranscriptItem::Tool(tool) => Some((tool.tool_name.clone(), tool.status, tool_text(i))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 4, "{results:#?}");
+    assert_eq!(results[0].1, ToolStatus::Complete);
+    assert!(results[0].2.contains("ok: fine"));
+    assert_eq!(results[1].1, ToolStatus::Error);
+    assert!(
+        results[1].2.contains("did not answer within 2 s"),
+        "{results:#?}"
+    );
+    assert_eq!(results[2].1, ToolStatus::Error);
+    assert_eq!(
+        results[3].1,
+        ToolStatus::Error,
+        "the crashed server is gone"
+    );
+    assert!(results[3].2.contains("faulty"), "{results:#?}");
+    let TranscriptItem::Assistant(last) = t.last().unwrap() else {
+        panic!("{t:#?}")
+    };
+    assert_eq!(last.status, AssistantStatus::Complete(StopReason::Stop));
+    // Its death is told before the next turn.
+    let next = s
+        .operation(Operation::Prompt {
+            text: "and now?".into(),
+        })
+        .await;
+    s.run_until("the next turn", |s| s.done(next)).await;
+    assert!(
+        notices(s.transcript())
+            .iter()
+            .any(|n| n.contains("\"faulty\" stopped")),
+        "{:#?}",
+        notices(s.transcript())
     );
 }

@@ -103,7 +103,7 @@ async fn wait_gone(pid: i32) -> bool {
 #[test]
 fn specs_describe_every_tool_with_object_schemas() {
     let specs = tool_specs();
-    let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
         ["read", "write", "edit", "bash", "grep", "find", "ls"]

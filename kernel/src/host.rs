@@ -48,6 +48,7 @@ use crate::faux;
 use crate::ids::OpId;
 use crate::limits::WorkerLimits;
 use crate::link::{Link, LinkAction, LinkInput};
+use crate::mcp::{McpInput, McpOutput, McpServers, OfferedTool, Route};
 use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
 use crate::protocol::{
     ErrorCode, JsonValue, ModelMetadata, ModelRef, PackedSnapshot, ProtocolError, SessionPhase,
@@ -57,8 +58,9 @@ use crate::runtime::{
     StoredSession,
 };
 use crate::time::Instant;
-use crate::worker::{CreateSpec, FromWorker, RuntimeMessage, TailSnapshot, ToWorker};
+use crate::worker::{CreateSpec, FromWorker, Operation, RuntimeMessage, TailSnapshot, ToWorker};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 /// What the worker knows when it starts: who it is, and the facts of its
 /// machine that the create policy needs.
@@ -180,6 +182,11 @@ pub enum HostInput {
         /// Whether it failed.
         is_error: bool,
     },
+    /// What the session's MCP servers did: the answer to
+    /// [`HostOutput::LoadMcp`] ([`McpInput::Configure`]), or to
+    /// [`HostOutput::Mcp`]'s start ([`McpInput::Started`], [`McpInput::Failed`]),
+    /// or a server's death.
+    Mcp(McpInput),
     /// Time passed (see [`WorkerHost::next_deadline`]).
     Tick,
 }
@@ -212,6 +219,8 @@ pub enum HostOutput {
         call: u64,
         /// What to ask.
         request: ModelRequest,
+        /// The MCP tools offered beside the built-in ones.
+        mcp_tools: Arc<[OfferedTool]>,
     },
     /// Stop model call `call`.
     CancelModel {
@@ -229,7 +238,25 @@ pub enum HostOutput {
         /// Working directory.
         cwd: String,
     },
-    /// Stop a running tool.
+    /// Call a tool of an MCP server; answer [`HostInput::ToolDone`].
+    CallMcp {
+        /// The tool item's id.
+        id: String,
+        /// The server.
+        server: String,
+        /// The start of it that offered the tool.
+        generation: u64,
+        /// The tool's name on the server.
+        tool: String,
+        /// Its arguments.
+        input: JsonValue,
+    },
+    /// Read the session's MCP configuration, layer by layer; answer
+    /// [`HostInput::Mcp`] with [`McpInput::Configure`].
+    LoadMcp,
+    /// Start or stop an MCP server ([`McpOutput::Start`], [`McpOutput::Stop`]).
+    Mcp(McpOutput),
+    /// Stop a running tool (a built-in one, or an MCP call).
     CancelTool {
         /// The tool item's id.
         id: String,
@@ -299,14 +326,42 @@ pub struct WorkerHost {
     ops: BTreeMap<OpId, OpId>,
     /// The next host-local operation id.
     next_op: u64,
+    /// The session's MCP servers.
+    mcp: McpServers,
+    /// Their tools, as model calls offer them.
+    mcp_tools: Arc<[OfferedTool]>,
+    /// Whether a turn waits for the MCP servers.
+    gate: Gate,
+    /// A prompt came while the configuration read at open was in use: read
+    /// it again before the prompt runs.
+    reload: bool,
+    /// Runtime inputs that wait for the gate, or were made by the host;
+    /// run in order once the store is idle.
+    runnable: VecDeque<RuntimeInput>,
+    /// Notices waiting for the session to be idle.
+    notices: Vec<String>,
+    /// The MCP call running, and when it times out.
+    mcp_call: Option<(String, Instant)>,
     now: Instant,
     out: Vec<HostOutput>,
+}
+
+/// Where a prompt stands with the session's MCP servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Operations go to the runtime.
+    Open,
+    /// The configuration was asked for; operations wait.
+    Loading,
+    /// Servers are starting; operations wait.
+    Starting,
 }
 
 impl WorkerHost {
     /// A new worker host; its first output is its hello.
     pub fn new(config: HostConfig, now: Instant) -> (Self, Vec<HostOutput>) {
         let link = Link::new(config.limits.orphan_grace, config.limits.announce_retry);
+        let mcp = McpServers::new(config.limits.mcp.clone());
         let mut host = Self {
             config,
             stage: HostStage::AwaitingStart,
@@ -321,6 +376,13 @@ impl WorkerHost {
             deferred: VecDeque::new(),
             ops: BTreeMap::new(),
             next_op: 1,
+            mcp,
+            mcp_tools: Arc::from([]),
+            gate: Gate::Open,
+            reload: false,
+            runnable: VecDeque::new(),
+            notices: Vec::new(),
+            mcp_call: None,
             now,
             out: Vec::new(),
         };
@@ -351,10 +413,16 @@ impl WorkerHost {
             return None;
         }
         let runtime = self.runtime.as_ref().and_then(Runtime::next_deadline);
-        [runtime, self.link.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        let call = self.mcp_call.as_ref().map(|(_, at)| *at);
+        [
+            runtime,
+            self.link.next_deadline(),
+            self.mcp.next_deadline(),
+            call,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Feeds one input at `now`.
@@ -368,6 +436,18 @@ impl WorkerHost {
             return Vec::new();
         }
         self.on_input(input);
+        while !self.waiting_for_store() && self.stage == HostStage::Running {
+            if self.gate == Gate::Open
+                && let Some(input) = self.runnable.pop_front()
+            {
+                self.run(input);
+                continue;
+            }
+            let Some(input) = self.deferred.pop_front() else {
+                break;
+            };
+            self.on_input(input);
+        }
         while !self.waiting_for_store() && self.stage != HostStage::Done {
             let Some(input) = self.deferred.pop_front() else {
                 break;
@@ -424,13 +504,23 @@ impl WorkerHost {
                     details,
                     is_error,
                 },
-            ) => self.run(RuntimeInput::ToolDone {
-                id,
-                content,
-                details,
-                is_error,
-            }),
-            (HostStage::Running, HostInput::Tick) => self.run(RuntimeInput::Tick),
+            ) => {
+                if self.mcp_call.as_ref().is_some_and(|(i, _)| *i == id) {
+                    self.mcp_call = None;
+                }
+                self.run(RuntimeInput::ToolDone {
+                    id,
+                    content,
+                    details,
+                    is_error,
+                })
+            }
+            (HostStage::Running, HostInput::Mcp(input)) => self.on_mcp(input),
+            (HostStage::Running, HostInput::Tick) => {
+                self.on_mcp(McpInput::Tick);
+                self.time_out_mcp_call();
+                self.run(RuntimeInput::Tick)
+            }
             // Anything else is stale (an answer after the host moved on) or
             // early (time before there is a runtime): nothing to do.
             _ => {}
@@ -548,6 +638,9 @@ impl WorkerHost {
         self.runtime = Some(runtime.with_policy(self.config.policy.clone()));
         self.stage = HostStage::Running;
         self.out.push(HostOutput::RecordServer);
+        // The servers start now, so that the first prompt finds them up.
+        self.gate = Gate::Loading;
+        self.out.push(HostOutput::LoadMcp);
         self.release(outputs.into());
     }
 
@@ -580,9 +673,91 @@ impl WorkerHost {
             // Frames a server never sends a running worker: ignored.
             _ => return,
         };
-        if !self.link.is_orphaned() {
+        if self.link.is_orphaned() {
+            return;
+        }
+        let idle = self
+            .runtime
+            .as_ref()
+            .is_some_and(|r| r.phase() == SessionPhase::Idle);
+        let prompt = matches!(
+            input,
+            RuntimeInput::Operation {
+                operation: Operation::Prompt { .. },
+                ..
+            }
+        );
+        if prompt && idle && self.runnable.is_empty() {
+            // A turn starts with its MCP servers as configured now: read
+            // again, once the reading under way (at open) is done.
+            match self.gate {
+                Gate::Open => {
+                    self.gate = Gate::Loading;
+                    self.out.push(HostOutput::LoadMcp);
+                }
+                Gate::Loading | Gate::Starting => self.reload = true,
+            }
+        }
+        if self.gate != Gate::Open || !self.runnable.is_empty() {
+            self.runnable.push_back(input);
+        } else {
             self.run(input);
         }
+    }
+
+    fn on_mcp(&mut self, input: McpInput) {
+        if matches!(input, McpInput::Configure(_)) {
+            if self.gate != Gate::Loading {
+                return; // not asked for
+            }
+            self.gate = Gate::Starting;
+        }
+        for output in self.mcp.step(self.now, input) {
+            match output {
+                McpOutput::Notice(text) => self.notices.push(text),
+                output => self.out.push(HostOutput::Mcp(output)),
+            }
+        }
+        self.mcp_tools = self.mcp.tools().cloned().collect();
+        if self.gate == Gate::Starting && self.mcp.settled() && self.reload {
+            self.reload = false;
+            self.gate = Gate::Loading;
+            self.out.push(HostOutput::LoadMcp);
+        }
+        if self.gate == Gate::Starting && self.mcp.settled() {
+            self.gate = Gate::Open;
+            // Told before the waiting prompt, so that they come before its turn.
+            let notices = std::mem::take(&mut self.notices);
+            let waiting = std::mem::take(&mut self.runnable);
+            self.runnable = notices.into_iter().map(RuntimeInput::Notice).collect();
+            self.runnable.extend(waiting);
+        }
+        let idle = self
+            .runtime
+            .as_ref()
+            .is_some_and(|r| r.phase() == SessionPhase::Idle);
+        if self.gate == Gate::Open && idle {
+            let notices = std::mem::take(&mut self.notices);
+            self.runnable
+                .extend(notices.into_iter().map(RuntimeInput::Notice));
+        }
+    }
+
+    /// Fails the MCP call running past its deadline, and stops it.
+    fn time_out_mcp_call(&mut self) {
+        let Some((id, at)) = self.mcp_call.clone() else {
+            return;
+        };
+        if self.now < at {
+            return;
+        }
+        self.mcp_call = None;
+        self.out.push(HostOutput::CancelTool { id: id.clone() });
+        let secs = self.config.limits.mcp.call_timeout.as_secs_f64();
+        self.runnable.push_back(tool_error(
+            id,
+            format!("the MCP tool did not answer within {secs} s"),
+        ));
     }
 
     fn on_channel_lost(&mut self) {
@@ -698,22 +873,50 @@ impl WorkerHost {
                         .expect("infallible");
                     packed(message)
                 }
-                RuntimeOutput::StartModel { call, request } => {
-                    HostOutput::StartModel { call, request }
-                }
+                RuntimeOutput::StartModel { call, request } => HostOutput::StartModel {
+                    call,
+                    request,
+                    mcp_tools: Arc::clone(&self.mcp_tools),
+                },
                 RuntimeOutput::CancelModel { call } => HostOutput::CancelModel { call },
                 RuntimeOutput::RunTool {
                     id,
                     tool_name,
                     input,
                     cwd,
-                } => HostOutput::RunTool {
-                    id,
-                    tool_name,
-                    input,
-                    cwd,
+                } => match self.mcp.route(&tool_name) {
+                    Route::Builtin => HostOutput::RunTool {
+                        id,
+                        tool_name,
+                        input,
+                        cwd,
+                    },
+                    Route::Call {
+                        server,
+                        generation,
+                        tool,
+                    } => {
+                        let deadline = self.now + self.config.limits.mcp.call_timeout;
+                        self.mcp_call = Some((id.clone(), deadline));
+                        HostOutput::CallMcp {
+                            id,
+                            server,
+                            generation,
+                            tool,
+                            input,
+                        }
+                    }
+                    Route::Unavailable(message) => {
+                        self.runnable.push_back(tool_error(id, message));
+                        continue;
+                    }
                 },
-                RuntimeOutput::CancelTool { id } => HostOutput::CancelTool { id },
+                RuntimeOutput::CancelTool { id } => {
+                    if self.mcp_call.as_ref().is_some_and(|(i, _)| *i == id) {
+                        self.mcp_call = None;
+                    }
+                    HostOutput::CancelTool { id }
+                }
                 RuntimeOutput::Exit => return self.exit(Ok(())),
             };
             self.out.push(out);
@@ -808,6 +1011,16 @@ fn is_store_answer(input: &HostInput) -> bool {
 /// A runtime message for the channel, its snapshot packed. A snapshot that
 /// cannot be encoded (JSON in it nested past the CBOR limits) could be
 /// shown to no client: the session fails instead of going silent.
+/// A tool run that failed with `message`, as the runtime hears it.
+fn tool_error(id: String, message: String) -> RuntimeInput {
+    RuntimeInput::ToolDone {
+        id,
+        content: vec![crate::protocol::Content::Text { text: message }],
+        details: None,
+        is_error: true,
+    }
+}
+
 fn packed(message: RuntimeMessage) -> HostOutput {
     let message = message.pack().unwrap_or_else(|error| FromWorker::Fatal {
         message: format!("the session's snapshot cannot be encoded: {error}"),

@@ -268,6 +268,10 @@ pub enum RuntimeInput {
     },
     /// Time passed (see [`Runtime::next_deadline`]).
     Tick,
+    /// Tell the session's clients this, in the transcript: it becomes an
+    /// assistant item with status `error`, which every client shows and the
+    /// model is never sent (an MCP server that failed to start, say).
+    Notice(String),
     /// The server disposes the session: finish and exit.
     Dispose,
     /// A [`Persist`] failed; the driver dropped the rest of that step's
@@ -567,6 +571,7 @@ impl Runtime {
                 is_error,
             } => self.on_tool_done(id, content, details, is_error),
             RuntimeInput::Tick => self.on_tick(),
+            RuntimeInput::Notice(text) => self.on_notice(text),
             RuntimeInput::Dispose => self.on_dispose(),
             RuntimeInput::StorageFailed {
                 message,
@@ -681,6 +686,22 @@ impl Runtime {
             }
         };
         self.done(op, result);
+    }
+
+    fn on_notice(&mut self, text: String) {
+        let item = AssistantItem {
+            id: self.fresh_item_id(),
+            content: Vec::new(),
+            model: self.state.model.clone(),
+            response_model: None,
+            usage: None,
+            timestamp: self.now.as_millis(),
+            status: AssistantStatus::Error,
+            error_message: Some(text).filter(|t| !t.is_empty()),
+        };
+        self.commit(TranscriptItem::Assistant(item));
+        self.bump();
+        self.send_snapshot();
     }
 
     fn on_prompt(&mut self, op: OpId, text: String) {

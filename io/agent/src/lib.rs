@@ -19,6 +19,7 @@
 mod anthropic;
 pub mod context;
 pub mod json;
+pub mod mcp;
 mod model;
 mod openai;
 mod prompt;
@@ -32,6 +33,7 @@ mod transport;
 
 pub use model::{ModelEvent, ModelRequest, Purpose};
 pub use registry::{Api, ModelRegistry, ProviderConfig, Timeouts};
+pub use rmcp;
 pub use tokio_util::sync::CancellationToken;
 pub use tools::{ToolOutcome, ToolSpec, reap_tool_groups, run_tool, run_tool_in, tool_specs};
 

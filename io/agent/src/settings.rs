@@ -88,6 +88,29 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
     })
 }
 
+/// Where the editor's MCP servers (ACP `mcpServers`) are remembered in a
+/// session's directory, as `{"mcpServers": {...}}`.
+pub const EDITOR_MCP: &str = "editor-mcp.json";
+
+/// The layers of a session's MCP configuration, in the order they merge
+/// (later wins by name): `<agentDir>/settings.json`, the session's own
+/// `settings.json`, and the editor's servers remembered with the session.
+pub fn mcp_layers(agent_dir: &Path, session: &Path) -> Vec<kernel::mcp::Layer> {
+    [
+        file(agent_dir),
+        session.join("settings.json"),
+        session.join(EDITOR_MCP),
+    ]
+    .into_iter()
+    .map(|path| kernel::mcp::Layer {
+        servers: read_file(&path)
+            .get("mcpServers")
+            .map(crate::json::from_json),
+        source: path.display().to_string(),
+    })
+    .collect()
+}
+
 /// The model new sessions start with, if the settings name one.
 pub fn default_model(agent_dir: &Path) -> Option<ModelRef> {
     let map = read(agent_dir);

@@ -37,9 +37,9 @@ pub const BASH_DEFAULT_TIMEOUT_SECS: u64 = 120;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
     /// Tool name.
-    pub name: &'static str,
+    pub name: String,
     /// What it does, for the model.
-    pub description: &'static str,
+    pub description: String,
     /// JSON schema of its input.
     pub parameters: serde_json::Value,
 }
@@ -55,6 +55,17 @@ pub struct ToolOutcome {
     pub is_error: bool,
 }
 
+impl ToolSpec {
+    /// An MCP server's tool, as the kernel offers it.
+    pub fn mcp(tool: &kernel::mcp::OfferedTool) -> Self {
+        Self {
+            name: tool.name.clone(),
+            description: tool.description.clone(),
+            parameters: super::json::to_json(&tool.schema),
+        }
+    }
+}
+
 impl ToolOutcome {
     fn ok(text: String, details: serde_json::Value) -> Self {
         Self {
@@ -64,7 +75,7 @@ impl ToolOutcome {
         }
     }
 
-    fn error(text: impl Into<String>) -> Self {
+    pub(crate) fn error(text: impl Into<String>) -> Self {
         Self {
             content: vec![Content::Text { text: text.into() }],
             details: None,
@@ -83,7 +94,7 @@ pub fn select_tools(names: &[String]) -> Result<Vec<ToolSpec>, String> {
     let all = tool_specs();
     let mut out: Vec<ToolSpec> = Vec::new();
     for name in names {
-        match all.iter().find(|s| s.name == name) {
+        match all.iter().find(|s| s.name == *name) {
             Some(spec) if !out.iter().any(|s| s.name == spec.name) => out.push(spec.clone()),
             Some(_) => {}
             None => {
@@ -101,10 +112,12 @@ pub fn select_tools(names: &[String]) -> Result<Vec<ToolSpec>, String> {
 pub fn tool_specs() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
-            name: "read",
-            description: "Read a file. Text comes back as is, at most 2000 lines or 50 KB per call \
+            name: "read".into(),
+            description:
+                "Read a file. Text comes back as is, at most 2000 lines or 50 KB per call \
                           (use offset and limit for more). Images (png, jpeg, gif, webp) come back \
-                          as images.",
+                          as images."
+                    .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -117,9 +130,10 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "write",
+            name: "write".into(),
             description: "Write content to a file, creating it and its parent directories, or \
-                          replacing it entirely.",
+                          replacing it entirely."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -131,10 +145,11 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "edit",
+            name: "edit".into(),
             description: "Replace exact text in a file. old_text must match the file exactly \
                           (whitespace included) and exactly once; include surrounding lines to \
-                          make it unique.",
+                          make it unique."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -147,10 +162,11 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "bash",
+            name: "bash".into(),
             description: "Run a bash command in the working directory. stdout and stderr are \
                           returned together; long output keeps its last 50 KB. The command is \
-                          killed after timeout seconds (default 120).",
+                          killed after timeout seconds (default 120)."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -162,10 +178,11 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "grep",
+            name: "grep".into(),
             description: "Search file contents for a regular expression (ripgrep syntax), \
                           respecting .gitignore. Returns path:line: text, at most limit matches \
-                          (default 100) or 50 KB.",
+                          (default 100) or 50 KB."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -182,9 +199,10 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "find",
+            name: "find".into(),
             description: "Find files and directories whose path matches a glob (e.g. *.rs, \
-                          **/test_*.py), respecting .gitignore. At most limit paths (default 1000).",
+                          **/test_*.py), respecting .gitignore. At most limit paths (default 1000)."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -197,9 +215,10 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
         ToolSpec {
-            name: "ls",
+            name: "ls".into(),
             description: "List a directory's entries, sorted, directories with a trailing /, \
-                          dotfiles included. At most limit entries (default 500).",
+                          dotfiles included. At most limit entries (default 500)."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -246,7 +265,7 @@ pub async fn run_tool_in(
         "find" => search::find(&args, cwd, cancel).await,
         "ls" => search::ls(&args, cwd).await,
         other => {
-            let known: Vec<&str> = tool_specs().iter().map(|s| s.name).collect();
+            let known: Vec<String> = tool_specs().into_iter().map(|s| s.name).collect();
             return ToolOutcome::error(format!(
                 "unknown tool {other:?}; the tools are {}",
                 known.join(", ")
@@ -613,14 +632,14 @@ pub const GROUPS: &str = "tool-groups";
 
 /// Kills a process group (SIGKILL) when dropped while armed, and keeps its
 /// record in the session's directory while armed.
-struct GroupKill {
+pub(crate) struct GroupKill {
     pid: Option<rustix::process::Pid>,
     record: Option<PathBuf>,
 }
 
 impl GroupKill {
     /// Arms for `pid`'s group, recorded under `session` if given.
-    fn new(pid: Option<rustix::process::Pid>, session: Option<&Path>) -> Self {
+    pub(crate) fn new(pid: Option<rustix::process::Pid>, session: Option<&Path>) -> Self {
         let record = pid.zip(session).and_then(|(pid, session)| {
             let dir = session.join(GROUPS);
             let started = start_time(pid.as_raw_nonzero().get())?;

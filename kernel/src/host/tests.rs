@@ -33,14 +33,25 @@ fn start(create: Option<CreateSpec>) -> HostInput {
     })
 }
 
+/// Steps `host`, answering its requests for the MCP configuration with
+/// none, as a session without MCP servers does.
+fn serve(host: &mut WorkerHost, now: Instant, input: HostInput) -> Vec<HostOutput> {
+    let mut out = host.step(now, input);
+    while let Some(i) = out.iter().position(|o| *o == HostOutput::LoadMcp) {
+        out.remove(i);
+        out.extend(host.step(now, HostInput::Mcp(McpInput::Configure(Vec::new()))));
+    }
+    out
+}
+
 /// A host that created its session and committed its first writes.
 fn running(config: HostConfig) -> (WorkerHost, Vec<HostOutput>) {
     let (mut host, _) = WorkerHost::new(config, Instant(1000));
-    let out = host.step(Instant(1000), start(Some(spec())));
+    let out = serve(&mut host, Instant(1000), start(Some(spec())));
     let Some(HostOutput::CreateStore(stored)) = out.first().cloned() else {
         panic!("expected CreateStore, got {out:?}");
     };
-    let mut out = host.step(Instant(1000), HostInput::StoreOpened(Ok(stored)));
+    let mut out = serve(&mut host, Instant(1000), HostInput::StoreOpened(Ok(stored)));
     commit_all(&mut host, &mut out);
     (host, out)
 }
@@ -48,7 +59,7 @@ fn running(config: HostConfig) -> (WorkerHost, Vec<HostOutput>) {
 /// Answers every commit in `out` with success, collecting what follows.
 fn commit_all(host: &mut WorkerHost, out: &mut Vec<HostOutput>) {
     while let Some(HostOutput::Commit(_)) = out.last() {
-        let more = host.step(Instant(1000), HostInput::Committed(Ok(())));
+        let more = serve(host, Instant(1000), HostInput::Committed(Ok(())));
         out.extend(more);
     }
 }
@@ -97,7 +108,7 @@ fn create_takes_the_process_cwd_and_the_known_default_model() {
         id: "faux-reasoner".into(),
     });
     let (mut host, _) = WorkerHost::new(cfg.clone(), Instant(5));
-    let out = host.step(Instant(7), start(Some(spec())));
+    let out = serve(&mut host, Instant(7), start(Some(spec())));
     let [HostOutput::CreateStore(stored)] = out.as_slice() else {
         panic!("{out:?}");
     };
@@ -114,7 +125,7 @@ fn create_takes_the_process_cwd_and_the_known_default_model() {
     });
     cfg.cwd = None;
     let (mut host, _) = WorkerHost::new(cfg, Instant(5));
-    let out = host.step(Instant(7), start(Some(spec())));
+    let out = serve(&mut host, Instant(7), start(Some(spec())));
     let [HostOutput::CreateStore(stored)] = out.as_slice() else {
         panic!("{out:?}");
     };
@@ -132,7 +143,7 @@ fn a_bad_create_request_fails_and_exits_without_touching_the_store() {
         provider: "faux".into(),
         id: "nope".into(),
     });
-    let out = host.step(Instant(0), start(Some(bad)));
+    let out = serve(&mut host, Instant(0), start(Some(bad)));
     assert!(matches!(
         sent(&out).as_slice(),
         [FromWorker::Failed { error }] if error.code == ErrorCode::InvalidRequest
@@ -153,11 +164,11 @@ fn store_failures_map_to_protocol_codes() {
     ] {
         let (mut host, _) = WorkerHost::new(config(), Instant(0));
         assert_eq!(
-            host.step(Instant(0), start(None)),
+            serve(&mut host, Instant(0), start(None)),
             vec![HostOutput::OpenStore]
         );
         let failure = StoreFailure::new(kind, "why");
-        let out = host.step(Instant(0), HostInput::StoreOpened(Err(failure)));
+        let out = serve(&mut host, Instant(0), HostInput::StoreOpened(Err(failure)));
         assert!(
             matches!(sent(&out).as_slice(), [FromWorker::Failed { error }] if error.code == code && error.message == "why"),
             "{kind:?}: {out:?}"
@@ -169,17 +180,22 @@ fn store_failures_map_to_protocol_codes() {
 #[test]
 fn anything_but_start_first_is_an_error_exit() {
     let (mut host, _) = WorkerHost::new(config(), Instant(0));
-    let out = host.step(Instant(0), HostInput::Frame(WorkerFrame::Adopted));
+    let out = serve(
+        &mut host,
+        Instant(0),
+        HostInput::Frame(WorkerFrame::Adopted),
+    );
     assert!(matches!(out.as_slice(), [HostOutput::Exit(Err(e))] if e.contains("expected start")));
     let (mut host, _) = WorkerHost::new(config(), Instant(0));
-    let out = host.step(Instant(0), HostInput::ChannelLost);
+    let out = serve(&mut host, Instant(0), HostInput::ChannelLost);
     assert!(matches!(out.as_slice(), [HostOutput::Exit(Err(e))] if e.contains("before start")));
 }
 
 #[test]
 fn open_starts_above_the_revision_the_server_showed() {
     let (mut host, _) = WorkerHost::new(config(), Instant(0));
-    host.step(
+    serve(
+        &mut host,
         Instant(0),
         HostInput::Frame(WorkerFrame::Start {
             create: None,
@@ -194,7 +210,7 @@ fn open_starts_above_the_revision_the_server_showed() {
         };
         (s, ())
     };
-    let mut out = host.step(Instant(0), HostInput::StoreOpened(Ok(stored)));
+    let mut out = serve(&mut host, Instant(0), HostInput::StoreOpened(Ok(stored)));
     assert_eq!(out.first(), Some(&HostOutput::RecordServer));
     commit_all(&mut host, &mut out);
     let Some(FromWorker::Ready { snapshot }) = sent(&out).first().copied() else {
@@ -210,15 +226,15 @@ fn nothing_after_a_commit_is_released_until_it_succeeds() {
         op: OpId(1),
         operation: Operation::Prompt { text: "hi".into() },
     }));
-    let out = host.step(Instant(1000), prompt);
+    let out = serve(&mut host, Instant(1000), prompt);
     let Some(HostOutput::Commit(batch)) = out.last() else {
         panic!("the prompt's user item commits first: {out:?}");
     };
     assert!(!batch.is_empty());
     assert!(sent(&out).is_empty(), "no frame before the commit: {out:?}");
     // An input arriving meanwhile waits behind the commit.
-    assert!(host.step(Instant(1001), HostInput::Tick).is_empty());
-    let out = host.step(Instant(1002), HostInput::Committed(Ok(())));
+    assert!(serve(&mut host, Instant(1001), HostInput::Tick).is_empty());
+    let out = serve(&mut host, Instant(1002), HostInput::Committed(Ok(())));
     assert!(!sent(&out).is_empty(), "released after the commit: {out:?}");
     assert!(
         out.iter()
@@ -239,7 +255,7 @@ fn the_default_model_is_saved_only_after_its_batch_commits() {
                 },
             },
         }));
-        let out = host.step(Instant(1000), set);
+        let out = serve(&mut host, Instant(1000), set);
         assert!(
             matches!(out.last(), Some(HostOutput::Commit(b)) if !b.iter().any(|p| matches!(p, Persist::DefaultModel(_))))
         );
@@ -255,7 +271,7 @@ fn the_default_model_is_saved_only_after_its_batch_commits() {
                 "disk I/O error",
             ))
         };
-        let out = host.step(Instant(1000), HostInput::Committed(result));
+        let out = serve(&mut host, Instant(1000), HostInput::Committed(result));
         assert_eq!(
             out.iter()
                 .any(|o| matches!(o, HostOutput::SaveDefaultModel(m) if m.id == "faux-reasoner")),
@@ -272,12 +288,12 @@ fn a_full_store_is_read_back_and_survived_and_a_broken_one_is_fatal() {
         op: OpId(1),
         operation: Operation::Prompt { text: "hi".into() },
     }));
-    host.step(Instant(1000), prompt.clone());
+    serve(&mut host, Instant(1000), prompt.clone());
     let stored = host.runtime().expect("running").state().clone();
     let full = StoreFailure::new(StoreFailureKind::Full, "database or disk is full");
-    let out = host.step(Instant(1000), HostInput::Committed(Err(full)));
+    let out = serve(&mut host, Instant(1000), HostInput::Committed(Err(full)));
     assert_eq!(out, vec![HostOutput::ReloadStore]);
-    let out = host.step(Instant(1000), HostInput::Reloaded(Ok(stored)));
+    let out = serve(&mut host, Instant(1000), HostInput::Reloaded(Ok(stored)));
     let done = sent(&out).into_iter().find_map(|m| match m {
         FromWorker::OpDone {
             outcome: Err(e), ..
@@ -295,9 +311,9 @@ fn a_full_store_is_read_back_and_survived_and_a_broken_one_is_fatal() {
     );
 
     let (mut host, _) = running(config());
-    host.step(Instant(1000), prompt);
+    serve(&mut host, Instant(1000), prompt);
     let broken = StoreFailure::new(StoreFailureKind::Broken, "disk I/O error");
-    let mut out = host.step(Instant(1000), HostInput::Committed(Err(broken)));
+    let mut out = serve(&mut host, Instant(1000), HostInput::Committed(Err(broken)));
     commit_all(&mut host, &mut out);
     assert!(
         sent(&out)
@@ -311,7 +327,7 @@ fn a_full_store_is_read_back_and_survived_and_a_broken_one_is_fatal() {
 #[test]
 fn an_orphan_announces_one_attempt_at_a_time_and_is_adopted() {
     let (mut host, _) = running(config());
-    let out = host.step(Instant(2000), HostInput::ChannelLost);
+    let out = serve(&mut host, Instant(2000), HostInput::ChannelLost);
     let [
         HostOutput::Announce(WorkerFrame::Hello {
             resume: Some(snapshot),
@@ -329,22 +345,20 @@ fn an_orphan_announces_one_attempt_at_a_time_and_is_adopted() {
     assert!(host.is_orphaned());
     // A retry while the first attempt is out starts no second one.
     assert_eq!(host.next_deadline(), Some(Instant(2200)));
-    assert!(host.step(Instant(2200), HostInput::Tick).is_empty());
-    assert!(
-        host.step(Instant(2201), HostInput::ServerAppeared)
-            .is_empty()
-    );
+    assert!(serve(&mut host, Instant(2200), HostInput::Tick).is_empty());
+    assert!(serve(&mut host, Instant(2201), HostInput::ServerAppeared).is_empty());
     // No server: dropped, and the next retry announces again.
     assert_eq!(
-        host.step(Instant(2300), HostInput::Announced(None)),
+        serve(&mut host, Instant(2300), HostInput::Announced(None)),
         vec![HostOutput::DropAnnouncement]
     );
-    let out = host.step(Instant(2400), HostInput::Tick);
+    let out = serve(&mut host, Instant(2400), HostInput::Tick);
     assert!(
         matches!(out.as_slice(), [HostOutput::Announce(_)]),
         "{out:?}"
     );
-    let out = host.step(
+    let out = serve(
+        &mut host,
         Instant(2410),
         HostInput::Announced(Some(WorkerFrame::Adopted)),
     );
@@ -356,12 +370,12 @@ fn an_orphan_announces_one_attempt_at_a_time_and_is_adopted() {
 #[test]
 fn an_orphan_ignores_the_old_channel_and_keeps_its_frames_to_itself() {
     let (mut host, _) = running(config());
-    host.step(Instant(1000), HostInput::ChannelLost);
+    serve(&mut host, Instant(1000), HostInput::ChannelLost);
     let prompt = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
         op: OpId(1),
         operation: Operation::Prompt { text: "hi".into() },
     }));
-    assert!(host.step(Instant(1000), prompt).is_empty());
+    assert!(serve(&mut host, Instant(1000), prompt).is_empty());
 }
 
 #[test]
@@ -369,9 +383,9 @@ fn an_idle_orphan_retires_after_its_grace_a_busy_one_finishes_first() {
     let mut cfg = config();
     cfg.limits.orphan_grace = Duration::from_secs(1);
     let (mut host, _) = running(cfg.clone());
-    host.step(Instant(1000), HostInput::ChannelLost);
-    host.step(Instant(1001), HostInput::Announced(None));
-    let mut out = host.step(Instant(2000), HostInput::Tick);
+    serve(&mut host, Instant(1000), HostInput::ChannelLost);
+    serve(&mut host, Instant(1001), HostInput::Announced(None));
+    let mut out = serve(&mut host, Instant(2000), HostInput::Tick);
     commit_all(&mut host, &mut out);
     assert_eq!(out.last(), Some(&HostOutput::Exit(Ok(()))), "{out:?}");
     assert_eq!(host.stage(), HostStage::Done);
@@ -381,11 +395,11 @@ fn an_idle_orphan_retires_after_its_grace_a_busy_one_finishes_first() {
         op: OpId(1),
         operation: Operation::Prompt { text: "hi".into() },
     }));
-    let mut out = host.step(Instant(1000), prompt);
+    let mut out = serve(&mut host, Instant(1000), prompt);
     commit_all(&mut host, &mut out);
-    host.step(Instant(1000), HostInput::ChannelLost);
-    host.step(Instant(1001), HostInput::Announced(None));
-    let out = host.step(Instant(5000), HostInput::Tick);
+    serve(&mut host, Instant(1000), HostInput::ChannelLost);
+    serve(&mut host, Instant(1001), HostInput::Announced(None));
+    let out = serve(&mut host, Instant(5000), HostInput::Tick);
     assert!(
         !out.iter().any(|o| matches!(o, HostOutput::Exit(_))),
         "a turn is running: {out:?}"
@@ -403,19 +417,22 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
         }))
     };
     // The old server's op 1 starts a turn; then that server is gone.
-    let mut out = host.step(
+    let mut out = serve(
+        &mut host,
         Instant(1000),
         op(1, Operation::Prompt { text: "hi".into() }),
     );
     commit_all(&mut host, &mut out);
-    host.step(Instant(1000), HostInput::ChannelLost);
-    let out = host.step(
+    serve(&mut host, Instant(1000), HostInput::ChannelLost);
+    let out = serve(
+        &mut host,
         Instant(1001),
         HostInput::Announced(Some(WorkerFrame::Adopted)),
     );
     assert_eq!(out, vec![HostOutput::SwitchChannel]);
     // The new server numbers from 1 again: its steer is answered as its own.
-    let mut out = host.step(
+    let mut out = serve(
+        &mut host,
         Instant(1002),
         op(
             1,
@@ -429,7 +446,7 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
     assert_eq!(done, vec![OpId(1)], "{out:?}");
     // Its abort ends the inherited turn: the abort is answered, under the
     // new server's id; the old prompt's answer goes nowhere.
-    let mut out = host.step(Instant(1003), op(2, Operation::Abort));
+    let mut out = serve(&mut host, Instant(1003), op(2, Operation::Abort));
     commit_all(&mut host, &mut out);
     let done = answered(&out);
     assert_eq!(done, vec![OpId(2)], "{out:?}");
@@ -441,13 +458,13 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
 fn a_worker_asked_for_its_snapshot_sends_it() {
     let (mut host, _) = running(config());
     let ask = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Snapshot));
-    let out = host.step(Instant(1001), ask.clone());
+    let out = serve(&mut host, Instant(1001), ask.clone());
     let expected = host.runtime().expect("running").snapshot();
     let [FromWorker::Snapshot { snapshot }] = sent(&out).as_slice() else {
         panic!("{out:?}");
     };
     assert_eq!(snapshot.unpack().expect("decodes"), expected);
-    host.step(Instant(1002), HostInput::ChannelLost);
+    serve(&mut host, Instant(1002), HostInput::ChannelLost);
     assert!(host.is_orphaned());
-    assert!(sent(&host.step(Instant(1003), ask)).is_empty());
+    assert!(sent(&serve(&mut host, Instant(1003), ask)).is_empty());
 }

@@ -10,6 +10,7 @@ use crate::summary;
 use kernel::faux::FauxStream;
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
 use kernel::ids::{ChannelId, OpId, WorkerId};
+use kernel::mcp::McpInput;
 use kernel::protocol::worker::WorkerFrame;
 use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase, TranscriptItem};
 use kernel::runtime::{ModelEvent, Persist, Runtime, StoredSession};
@@ -408,7 +409,11 @@ impl World {
                     self.store.default_model = Some(model);
                     None
                 }
-                HostOutput::StartModel { call, request } => {
+                // The simulated sessions configure no MCP servers.
+                HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(Vec::new()))),
+                HostOutput::Mcp(output) => unreachable!("no MCP server is configured: {output:?}"),
+                HostOutput::CallMcp { id, .. } => unreachable!("no MCP tool is offered: {id}"),
+                HostOutput::StartModel { call, request, .. } => {
                     let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
                     self.workers.get_mut(&worker).expect("live").stream = Some((call, stream));
                     None
