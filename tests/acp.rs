@@ -23,6 +23,13 @@ async fn published_acp_client_drives_the_adapter() {
     run_script("a,b,c,d,e,f,g,h,j,k").await;
 }
 
+/// Scenario `l`: the editor's MCP servers (the reference server from npm),
+/// offered to the model, called, and kept by a turn that outlives the editor.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_editors_mcp_servers_run_in_the_session_and_outlive_the_editor() {
+    run_script("l").await;
+}
+
 /// Scenario `i`: a server SIGKILLed mid-prompt and started again. The new
 /// server waits for the orphan that still holds the session's lock, so the
 /// adapter's re-attach is served by it and the prompt completes.
@@ -46,6 +53,17 @@ async fn run_script(scenarios: &str) {
     assert!(
         install.status.success(),
         "tests/acp/install.sh failed: {install:#?}"
+    );
+    let mcp = dir.join("../mcp/install.sh");
+    let install = run_bounded(
+        Command::new(mcp),
+        Duration::from_secs(300),
+        "tests/mcp/install.sh",
+    )
+    .await;
+    assert!(
+        install.status.success(),
+        "tests/mcp/install.sh failed: {install:#?}"
     );
 
     // Dropping the root kills every process mentioning it (servers,

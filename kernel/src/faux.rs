@@ -79,13 +79,37 @@ pub struct FauxStream {
     delay: Duration,
 }
 
+/// The tool a `!` prompt asks for, and its input: `bash` with the text as
+/// the command, or an MCP tool named first with `key=value` arguments.
+fn tool_call(command: &str) -> (String, Value) {
+    let mut words = command.split_whitespace();
+    match words.next() {
+        Some(tool) if tool.starts_with(crate::mcp::PREFIX) => {
+            let args = words
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| {
+                    let value = v.parse::<i64>().map_or_else(|_| Value::text(v), Value::Int);
+                    (k.to_string(), value)
+                })
+                .collect();
+            (tool.to_string(), Value::Map(args))
+        }
+        _ => (
+            "bash".into(),
+            Value::Map(vec![("command".into(), Value::text(command))]),
+        ),
+    }
+}
+
 impl FauxStream {
     /// Starts replying to `request` at `now`, one event every `delay`.
     ///
     /// - A summarise request answers with a short summary of the user messages.
     /// - A prompt starting with `!` asks for the `bash` tool with the rest of
     ///   the text as the command; once the tool result is in the context, the
-    ///   reply reports its first line.
+    ///   reply reports its first line. `!mcp__<server>__<tool> key=value …`
+    ///   asks for that MCP tool instead, each value a string (or an integer
+    ///   when it reads as one).
     /// - Otherwise the reply repeats the latest user message, word by word
     ///   (after some thinking on a reasoning level above `off`).
     ///
@@ -152,21 +176,18 @@ impl FauxStream {
                         match said.strip_prefix('!') {
                             Some(command) => {
                                 let id = format!("call-{}", request.context.len());
+                                let (tool_name, input) = tool_call(command.trim());
                                 pending.push_back(ModelEvent::ToolCall {
                                     tool_call_id: id,
-                                    tool_name: "bash".into(),
+                                    tool_name,
                                 });
-                                let args = format!("{{\"command\":{command:?}}}");
+                                let args = input.json_text();
                                 for chunk in chunks(&args) {
                                     pending.push_back(ModelEvent::Delta {
                                         kind: DeltaKind::ToolCall,
                                         text: chunk,
                                     });
                                 }
-                                let input = Value::Map(vec![(
-                                    "command".into(),
-                                    Value::Text(command.trim().into()),
-                                )]);
                                 pending.push_back(ModelEvent::ToolInput { input });
                                 stop = StopReason::ToolUse;
                             }

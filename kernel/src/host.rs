@@ -440,7 +440,7 @@ impl WorkerHost {
             if self.gate == Gate::Open
                 && let Some(input) = self.runnable.pop_front()
             {
-                self.run(input);
+                self.run_gated(input);
                 continue;
             }
             let Some(input) = self.deferred.pop_front() else {
@@ -687,6 +687,7 @@ impl WorkerHost {
                 ..
             }
         );
+
         if prompt && idle && self.runnable.is_empty() {
             // A turn starts with its MCP servers as configured now: read
             // again, once the reading under way (at open) is done.
@@ -701,7 +702,26 @@ impl WorkerHost {
         if self.gate != Gate::Open || !self.runnable.is_empty() {
             self.runnable.push_back(input);
         } else {
-            self.run(input);
+            self.run_gated(input);
+        }
+    }
+
+    /// Runs an input that waited for the gate (or did not have to). The
+    /// editor's MCP servers change at once, not at the next prompt: the
+    /// configuration is read again after they are stored (outputs are
+    /// carried out in order), and what follows waits for it.
+    fn run_gated(&mut self, input: RuntimeInput) {
+        let servers = matches!(
+            input,
+            RuntimeInput::Operation {
+                operation: Operation::SetMcpServers { .. },
+                ..
+            }
+        );
+        self.run(input);
+        if servers && self.gate == Gate::Open {
+            self.gate = Gate::Loading;
+            self.out.push(HostOutput::LoadMcp);
         }
     }
 

@@ -36,6 +36,11 @@ use crate::protocol::JsonValue;
 use crate::time::Instant;
 use std::collections::BTreeSet;
 
+/// The file in a session's directory that remembers the MCP servers its
+/// editor configured (ACP `mcpServers`), as `{"mcpServers": {...}}`: the
+/// last layer of its configuration.
+pub const EDITOR_FILE: &str = "editor-mcp.json";
+
 /// Every offered MCP tool's name starts with this.
 pub const PREFIX: &str = "mcp__";
 /// The longest tool name every provider accepts.

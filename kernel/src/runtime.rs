@@ -119,7 +119,9 @@ impl StoredSession {
                 self.queued_steer = queued_steer.clone();
                 self.summary = summary.clone();
             }
-            Persist::DefaultModel(_) => {}
+            // Not in the session's database: the settings and the session
+            // directory's `editor-mcp.json` hold them.
+            Persist::DefaultModel(_) | Persist::EditorMcp(_) => {}
         }
     }
 }
@@ -148,6 +150,9 @@ pub enum Persist {
     },
     /// The model a new session should start with (the most recently selected one).
     DefaultModel(ModelRef),
+    /// The MCP servers the session's editor configured (an object of named
+    /// servers), in place of those remembered before.
+    EditorMcp(JsonValue),
 }
 
 /// What a model call is for.
@@ -677,6 +682,13 @@ impl Runtime {
             Operation::Abort => return self.on_abort(op),
             Operation::SetModel { model } => self.on_set_model(model),
             Operation::SetThinking { level } => self.on_set_thinking(level),
+            Operation::SetMcpServers { servers } => {
+                // Remembered before it is answered; the host starts them
+                // before the next prompt runs. No revision: no client sees it.
+                self.out
+                    .push(RuntimeOutput::Persist(Persist::EditorMcp(servers)));
+                Ok(())
+            }
             Operation::Rename { name } => {
                 // The server checked the name (unique, well formed); a turn
                 // may run: a name is no setting of it.

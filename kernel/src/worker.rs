@@ -18,7 +18,8 @@
 
 use crate::ids::{OpId, WorkerId};
 use crate::protocol::{
-    ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptProgress,
+    JsonValue, ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel,
+    TranscriptProgress,
 };
 use crate::time::Instant;
 use std::time::Duration;
@@ -51,6 +52,8 @@ pub enum Operation {
     SetThinking { level: ThinkingLevel },
     /// Name the session (the server checked the name).
     Rename { name: String },
+    /// Remember the editor's MCP servers (an object of named servers).
+    SetMcpServers { servers: JsonValue },
 }
 
 impl Operation {
@@ -63,6 +66,7 @@ impl Operation {
             Self::SetModel { .. } => "set_model",
             Self::SetThinking { .. } => "set_thinking",
             Self::Rename { .. } => "rename",
+            Self::SetMcpServers { .. } => "set_mcp_servers",
         }
     }
 }

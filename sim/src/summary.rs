@@ -187,6 +187,7 @@ fn result_summary(names: &mut Names, r: &CommandResult) -> String {
         CommandResult::Create { session }
         | CommandResult::Attach { session }
         | CommandResult::Prompt { session }
+        | CommandResult::SetMcpServers { session }
         | CommandResult::Steer { session }
         | CommandResult::Abort { session }
         | CommandResult::SetModel { session }
@@ -241,6 +242,7 @@ pub fn to_worker(m: &ToWorker) -> String {
                 Operation::SetModel { model } => format!(" {}/{}", model.provider, model.id),
                 Operation::SetThinking { level } => format!(" {}", level.as_str()),
                 Operation::Rename { name } => format!(" {:?}", short(name)),
+                Operation::SetMcpServers { servers } => format!(" {}", short(&servers.json_text())),
                 Operation::Abort => String::new(),
             };
             format!("{op} {}{detail}", operation.name())

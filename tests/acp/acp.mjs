@@ -970,6 +970,46 @@ define("f", "session/load after the adapter was SIGKILLed mid-turn", async () =>
   check(textOf(replay2, "user_message_chunk").includes(text), "a later session/load replays the prompt");
 });
 
+// The editor's MCP servers: the reference server from npm (tests/mcp).
+const everything = path.resolve(
+  path.dirname(new URL(import.meta.url).pathname),
+  "../mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+);
+const editorMcp = [{ name: "everything", command: "node", args: [everything, "stdio"], env: [] }];
+
+define("l", "the editor's MCP servers: offered, called, and kept by a turn that outlives the editor", async () => {
+  const a = await Adapter.open("l-A");
+  const cwd = workDir("l");
+  const { sessionId: s } = await a.newSession(cwd, editorMcp);
+  const from = a.updates.length;
+  const done = await a.prompt(s, "!mcp__everything__echo message=from-the-editor");
+  check(done.stopReason === "end_turn", "the MCP tool prompt answers end_turn", done);
+  await sleep(100);
+  const ups = a.updatesOf(s, from);
+  const call = ups.find(isKind("tool_call"));
+  check(call && call.update.title.includes("mcp__everything__echo"), "a tool_call update names the MCP tool", ups.map((u) => u.update));
+  const completed = ups.find((u) => u.update.sessionUpdate === "tool_call_update" && u.update.toolCallId === call.update.toolCallId && u.update.status === "completed");
+  check(completed && JSON.stringify(completed.update.content ?? []).includes("from-the-editor"), "the MCP tool's result reaches the editor", completed?.update);
+  check(textOf(ups).includes("finished"), `the model is sent the result (${JSON.stringify(textOf(ups))})`, textOf(ups));
+
+  // The editor goes away in the middle of a long MCP call; the turn goes on.
+  a.prompt(s, "!mcp__everything__trigger-long-running-operation duration=2 steps=2");
+  await waitFor(() => a.updatesOf(s, from).filter(isKind("tool_call")).length >= 2, "the long MCP call to start");
+  a.kill("SIGKILL");
+  await within(a.exited, "adapter A to exit");
+  await sleep(3000);
+  const b = await Adapter.open("l-B");
+  const load = await b.call(acp.methods.agent.session.load, { sessionId: s, cwd, mcpServers: editorMcp });
+  const replay = b.rawUpdates(s, load.sentAt, load.answeredAt);
+  const long = replay.filter((u) => u.update.sessionUpdate === "tool_call_update" && u.update.status === "completed");
+  check(
+    long.some((u) => JSON.stringify(u.update.content ?? []).includes("Long running operation completed")),
+    "the long MCP call completed with no editor attached",
+    replay.map((u) => u.update),
+  );
+  check(textOf(replay).includes("The mcp__everything__trigger-long-running-operation tool finished"), "and the turn answered after it", textOf(replay));
+});
+
 define("g", "two adapters on one session", async () => {
   const a = await Adapter.open("g-A");
   const b = await Adapter.open("g-B");

@@ -88,10 +88,6 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
     })
 }
 
-/// Where the editor's MCP servers (ACP `mcpServers`) are remembered in a
-/// session's directory, as `{"mcpServers": {...}}`.
-pub const EDITOR_MCP: &str = "editor-mcp.json";
-
 /// The layers of a session's MCP configuration, in the order they merge
 /// (later wins by name): `<agentDir>/settings.json`, the session's own
 /// `settings.json`, and the editor's servers remembered with the session.
@@ -99,7 +95,7 @@ pub fn mcp_layers(agent_dir: &Path, session: &Path) -> Vec<kernel::mcp::Layer> {
     [
         file(agent_dir),
         session.join("settings.json"),
-        session.join(EDITOR_MCP),
+        session.join(kernel::mcp::EDITOR_FILE),
     ]
     .into_iter()
     .map(|path| kernel::mcp::Layer {

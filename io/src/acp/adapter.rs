@@ -99,11 +99,19 @@ pub(crate) enum Output {
 /// What a pi call in flight was for.
 #[derive(Debug)]
 enum Pending {
+    /// `session/new`, with the editor's MCP servers to remember.
     New {
         rpc: Value,
+        mcp: Option<kernel::protocol::JsonValue>,
     },
+    /// `session/load` or `session/resume`, likewise.
     Open {
         rpc: Value,
+        session: String,
+        mcp: kernel::protocol::JsonValue,
+    },
+    /// The editor's MCP servers, remembered with the session.
+    Mcp {
         session: String,
     },
     List {
@@ -190,9 +198,14 @@ pub(crate) struct Adapter {
     next_token: Token,
     /// The `session/prompt` requests not answered yet, by their front tag.
     prompts: BTreeMap<u64, (String, Value)>,
-    /// `mcpServers` were reported once.
-    mcp_reported: bool,
     out: Vec<Output>,
+}
+
+/// The editor's `mcpServers`, in the shape the session remembers them.
+fn mcp_servers(servers: &[acp::McpServer]) -> Result<kernel::protocol::JsonValue, RpcError> {
+    let list = serde_json::to_value(servers)
+        .map_err(|e| RpcError::params(format!("invalid mcpServers: {e}")))?;
+    kernel::mcp::from_acp(&crate::agent::json::from_json(&list)).map_err(RpcError::params)
 }
 
 /// A JSON-RPC error object.
@@ -223,7 +236,6 @@ impl Adapter {
             pending: BTreeMap::new(),
             prompts: BTreeMap::new(),
             next_token: 1,
-            mcp_reported: false,
             out: Vec::new(),
         }
     }
@@ -333,21 +345,24 @@ impl Adapter {
             }
             R::NewSessionRequest(new) => {
                 let cwd = path_text(&new.cwd, "cwd")?;
-                self.report_mcp(new.mcp_servers.len());
+                let mcp = mcp_servers(&new.mcp_servers)?;
                 let params = CreateParams {
                     cwd: Some(cwd),
                     ..CreateParams::default()
                 };
-                self.call(Pending::New { rpc }, Command::Create(params));
+                // A new session remembers none: nothing to replace.
+                let mcp =
+                    Some(mcp).filter(|m| !matches!(m, kernel::wire::Value::Map(e) if e.is_empty()));
+                self.call(Pending::New { rpc, mcp }, Command::Create(params));
                 Ok(())
             }
             R::LoadSessionRequest(load) => {
-                self.report_mcp(load.mcp_servers.len());
-                self.open(rpc, load.session_id.0.to_string(), false)
+                let mcp = mcp_servers(&load.mcp_servers)?;
+                self.open(rpc, load.session_id.0.to_string(), false, mcp)
             }
             R::ResumeSessionRequest(resume) => {
-                self.report_mcp(resume.mcp_servers.len());
-                self.open(rpc, resume.session_id.0.to_string(), true)
+                let mcp = mcp_servers(&resume.mcp_servers)?;
+                self.open(rpc, resume.session_id.0.to_string(), true, mcp)
             }
             R::ListSessionsRequest(list) => {
                 let cwd = list
@@ -409,7 +424,13 @@ impl Adapter {
     }
 
     /// `session/load` (replay) or `session/resume` (no replay): attach.
-    fn open(&mut self, rpc: Value, session: String, quiet: bool) -> Result<(), RpcError> {
+    fn open(
+        &mut self,
+        rpc: Value,
+        session: String,
+        quiet: bool,
+        mcp: kernel::protocol::JsonValue,
+    ) -> Result<(), RpcError> {
         if self.sessions.contains_key(&session) {
             return Err(RpcError::params(format!(
                 "session {session} is already open on this connection"
@@ -423,8 +444,19 @@ impl Adapter {
         let command = Command::Attach {
             session_id: session.clone(),
         };
-        self.call(Pending::Open { rpc, session }, command);
+        self.call(Pending::Open { rpc, session, mcp }, command);
         Ok(())
+    }
+
+    /// Remembers the editor's MCP servers with `session`, in place of
+    /// those it remembered: the session's worker runs them, for this editor
+    /// and every other client, until an editor says otherwise.
+    fn remember_mcp(&mut self, session: String, servers: kernel::protocol::JsonValue) {
+        let command = Command::SetMcpServers {
+            session_id: session.clone(),
+            servers,
+        };
+        self.call(Pending::Mcp { session }, command);
     }
 
     fn prompt(&mut self, rpc: Value, session: String, text: String) -> Result<(), RpcError> {
@@ -600,15 +632,6 @@ impl Adapter {
         Ok(())
     }
 
-    fn report_mcp(&mut self, servers: usize) {
-        if servers > 0 && !self.mcp_reported {
-            self.mcp_reported = true;
-            self.log(format!(
-                "{servers} MCP server(s) were offered; pi-server does not connect to MCP servers yet, so their tools are not available"
-            ));
-        }
-    }
-
     fn opened(&mut self, session: &str) -> Result<&mut Open, RpcError> {
         self.sessions.get_mut(session).ok_or_else(|| {
             RpcError::new(
@@ -675,10 +698,15 @@ impl Adapter {
             return;
         };
         match pending {
-            Pending::New { rpc } => match result.map(CommandResult::into_session) {
+            Pending::New { rpc, mcp } => match result.map(CommandResult::into_session) {
                 Ok(Ok(snapshot)) => {
                     let open = Open::new(snapshot.id.clone(), true, None);
                     self.sessions.insert(snapshot.id.clone(), open);
+                    // Sent before any prompt of the editor's: the session's
+                    // first turn runs with them.
+                    if let Some(servers) = mcp {
+                        self.remember_mcp(snapshot.id.clone(), servers);
+                    }
                     self.on_snapshot(&snapshot);
                     let response = acp::NewSessionResponse::new(snapshot.id.clone())
                         .config_options(self.config_options(&snapshot));
@@ -687,8 +715,9 @@ impl Adapter {
                 Ok(Err(what)) => self.error(rpc, unexpected(what)),
                 Err(e) => self.error(rpc, pi_error(&e, None)),
             },
-            Pending::Open { rpc, session } => match result.map(CommandResult::into_session) {
+            Pending::Open { rpc, session, mcp } => match result.map(CommandResult::into_session) {
                 Ok(Ok(snapshot)) => {
+                    self.remember_mcp(session.clone(), mcp);
                     // Everything the attach holds is told before the answer.
                     self.on_snapshot(&snapshot);
                     let options = self.config_options(&snapshot);
@@ -706,6 +735,13 @@ impl Adapter {
                 Ok(Err(what)) => self.open_failed(rpc, &session, unexpected(what)),
                 Err(e) => self.open_failed(rpc, &session, pi_error(&e, Some(&session))),
             },
+            Pending::Mcp { session } => {
+                if let Err(e) = result {
+                    self.log(format!(
+                        "session {session}: the editor's MCP servers were not remembered: {e}"
+                    ));
+                }
+            }
             Pending::List { rpc, cwd } => match result {
                 Ok(CommandResult::List { sessions }) => {
                     let sessions: Vec<acp::SessionInfo> = sessions
@@ -1069,6 +1105,28 @@ fn tool_kind(name: &str) -> acp::ToolKind {
         "bash" => acp::ToolKind::Execute,
         "grep" | "find" | "glob" => acp::ToolKind::Search,
         "fetch" | "web_fetch" => acp::ToolKind::Fetch,
+        mcp if mcp.starts_with(kernel::mcp::PREFIX) => mcp_tool_kind(mcp),
+        _ => acp::ToolKind::Other,
+    }
+}
+
+/// An MCP tool's kind, by the verb its name on its server starts with
+/// (`mcp__files__read_text_file` reads).
+fn mcp_tool_kind(name: &str) -> acp::ToolKind {
+    let tool = name
+        .strip_prefix(kernel::mcp::PREFIX)
+        .and_then(|rest| rest.split_once("__"))
+        .map_or(name, |(_, tool)| tool)
+        .to_ascii_lowercase();
+    let verb = tool.split(['_', '-']).next().unwrap_or_default();
+    match verb {
+        "read" | "get" | "list" | "show" | "view" | "describe" => acp::ToolKind::Read,
+        "write" | "edit" | "create" | "update" | "delete" | "move" | "rename" => {
+            acp::ToolKind::Edit
+        }
+        "search" | "find" | "grep" | "query" => acp::ToolKind::Search,
+        "fetch" | "download" | "browse" => acp::ToolKind::Fetch,
+        "run" | "exec" | "execute" => acp::ToolKind::Execute,
         _ => acp::ToolKind::Other,
     }
 }

@@ -297,6 +297,9 @@ pub(super) fn apply(
                     thinking_level: *thinking_level,
                 });
             }
+            // Not in the database: `SessionStore::apply` writes the editor's
+            // MCP servers to their file after the transaction.
+            Persist::EditorMcp(_) => {}
             // A server-wide setting, not session state: the worker writes it to settings.json.
             Persist::DefaultModel(_) => {}
         }

@@ -654,6 +654,17 @@ impl SessionStore {
             return Ok(());
         }
         let settings = db::apply(&mut self.conn, &self.dir, &self.id, batch)?;
+        let editor = batch.iter().rev().find_map(|p| match p {
+            Persist::EditorMcp(servers) => Some(servers),
+            _ => None,
+        });
+        if let Some(servers) = editor {
+            let text = kernel::wire::Value::Map(vec![("mcpServers".into(), servers.clone())])
+                .json_text()
+                + "\n";
+            let (file, tmp) = (kernel::mcp::EDITOR_FILE, ".editor-mcp.json.tmp");
+            meta::replace(&self.dir, &self.id, file, tmp, text.as_bytes())?;
+        }
         if let Some(settings) = settings {
             let meta = Meta {
                 name: settings.name,

@@ -182,12 +182,24 @@ pub(super) fn read(dir: &Path, id: &str) -> Result<Meta, StoreError> {
 /// Replaces `<dir>/meta.json` atomically: writes and fsyncs a temporary
 /// file, renames it over `meta.json` and fsyncs the directory.
 pub(super) fn write(dir: &Path, id: &str, meta: &Meta) -> Result<(), StoreError> {
-    let tmp = dir.join(META_TMP_FILE);
-    let path = dir.join(META_FILE);
+    replace(dir, id, META_FILE, META_TMP_FILE, &render(meta))
+}
+
+/// Replaces `dir/name` with `bytes`, durably: written to `dir/tmp_name`,
+/// synced, renamed over, and the directory synced.
+pub(super) fn replace(
+    dir: &Path,
+    id: &str,
+    name: &str,
+    tmp_name: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let tmp = dir.join(tmp_name);
+    let path = dir.join(name);
     let io_error = |what: &str, e| StoreError::io(format!("Session {id}: cannot {what}"), e);
     let mut file =
         File::create(&tmp).map_err(|e| io_error(&format!("create {}", tmp.display()), e))?;
-    file.write_all(&render(meta))
+    file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| io_error(&format!("write {}", tmp.display()), e))?;
     drop(file);

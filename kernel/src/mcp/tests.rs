@@ -94,7 +94,10 @@ fn a_malformed_entry_is_a_notice_naming_it_and_its_file_and_the_rest_runs() {
     }
     for entry in ["args", "bad", "ftp", "none", "old"] {
         let named = format!("MCP server {entry:?} is left out");
-        assert!(problems.iter().any(|p| p.contains(&named)), "{entry}: {problems:#?}");
+        assert!(
+            problems.iter().any(|p| p.contains(&named)),
+            "{entry}: {problems:#?}"
+        );
     }
     let (_, problems) = merge(&[layer("/s/settings.json", "[1]")]);
     assert_eq!(

@@ -33,8 +33,8 @@ pub mod read;
 pub mod spliced;
 
 pub use fields::{
-    Fields, MapBuilder, read_bool, read_id, read_json, read_list, read_number, read_string,
-    read_uint, read_uint_min, uint_value,
+    Fields, MapBuilder, read_bool, read_id, read_json, read_list, read_number, read_object,
+    read_string, read_uint, read_uint_min, uint_value,
 };
 
 use super::types::*;

@@ -74,6 +74,14 @@ pub enum Command {
     /// `{command:"rename", sessionId, name}`: our extension. Names an
     /// attached session; a name is unique among the server's sessions.
     Rename { session_id: String, name: String },
+    /// `{command:"set_mcp_servers", sessionId, mcpServers}`: our extension.
+    /// Remembers with an attached session the MCP servers its editor
+    /// configured (`settings.json`'s shape: an object of named servers),
+    /// in place of those it remembered.
+    SetMcpServers {
+        session_id: String,
+        servers: JsonValue,
+    },
     /// `{command:"status"}`: our extension. The runtime state of every live
     /// session (v1's `SessionMetadata` is durable metadata only), without
     /// attaching to any or starting a worker.
@@ -95,6 +103,7 @@ impl Command {
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
             Self::Rename { .. } => "rename",
+            Self::SetMcpServers { .. } => "set_mcp_servers",
             Self::Status => "status",
         }
     }
@@ -111,6 +120,7 @@ impl Command {
             | Self::SetModel { session_id, .. }
             | Self::SetThinking { session_id, .. }
             | Self::Rename { session_id, .. }
+            | Self::SetMcpServers { session_id, .. }
             | Self::Remove { session_id } => Some(session_id),
         }
     }
@@ -187,6 +197,8 @@ pub enum CommandResult {
     Remove { session_id: String },
     /// `{command:"rename", session}`: our extension.
     Rename { session: SessionSnapshot },
+    /// `{command:"set_mcp_servers", session}`: our extension.
+    SetMcpServers { session: SessionSnapshot },
     /// `{command:"status", sessions}`: our extension; one entry per live
     /// session, in id order. A stored session that is not live has none.
     Status { sessions: Vec<LiveStatus> },
@@ -262,7 +274,8 @@ impl CommandResult {
             | Self::Abort { session }
             | Self::SetModel { session }
             | Self::SetThinking { session }
-            | Self::Rename { session } => Some(session),
+            | Self::Rename { session }
+            | Self::SetMcpServers { session } => Some(session),
             Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } | Self::Status { .. } => {
                 None
             }
@@ -280,7 +293,8 @@ impl CommandResult {
             | Self::Abort { session }
             | Self::SetModel { session }
             | Self::SetThinking { session }
-            | Self::Rename { session } => Ok(session),
+            | Self::Rename { session }
+            | Self::SetMcpServers { session } => Ok(session),
             other => Err(other.name()),
         }
     }
@@ -299,6 +313,7 @@ impl CommandResult {
             Self::SetThinking { .. } => "set_thinking",
             Self::Remove { .. } => "remove",
             Self::Rename { .. } => "rename",
+            Self::SetMcpServers { .. } => "set_mcp_servers",
             Self::Status { .. } => "status",
         }
     }
@@ -316,6 +331,7 @@ impl CommandResult {
             "set_model" => Self::SetModel { session },
             "set_thinking" => Self::SetThinking { session },
             "rename" => Self::Rename { session },
+            "set_mcp_servers" => Self::SetMcpServers { session },
             _ => return None,
         })
     }

@@ -19,8 +19,8 @@
 //! clients and answers [`WorkerFrame::Released`] just before it exits.
 
 use super::codec::{
-    Fields, MapBuilder, Path, Schema, SchemaError, direct, read_id, read_list, read_string,
-    read_uint,
+    Fields, MapBuilder, Path, Schema, SchemaError, direct, read_id, read_list, read_object,
+    read_string, read_uint,
 };
 use super::packed::{PackedSnapshot, PackedTranscript};
 use super::types::{
@@ -129,6 +129,7 @@ fn operation_to_value(op: &Operation) -> Value {
         Operation::SetModel { model } => b.put("model", model.to_value()),
         Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
         Operation::Rename { name } => b.put("name", text(name)),
+        Operation::SetMcpServers { servers } => b.put("mcpServers", servers.clone()),
     }
     .build()
 }
@@ -168,6 +169,12 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
             let f = Fields::new(value, path, &["kind", "name"])?;
             Operation::Rename {
                 name: f.required("name", read_string)?,
+            }
+        }
+        Some("set_mcp_servers") => {
+            let f = Fields::new(value, path, &["kind", "mcpServers"])?;
+            Operation::SetMcpServers {
+                servers: f.required("mcpServers", read_object)?,
             }
         }
         other => {

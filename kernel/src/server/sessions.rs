@@ -464,6 +464,15 @@ impl Server {
                     self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message)
                 }
             },
+            Command::SetMcpServers {
+                session_id,
+                servers,
+            } => self.on_operation(
+                conn,
+                request_id,
+                session_id,
+                Operation::SetMcpServers { servers },
+            ),
             Command::Status => {
                 let sessions = self.status();
                 self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));

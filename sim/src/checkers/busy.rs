@@ -351,6 +351,8 @@ fn check_runtime(
         Operation::SetThinking { .. } => (running, "set_thinking"),
         // A name is no setting of a turn: never busy.
         Operation::Rename { .. } => (false, "rename"),
+        // Neither are the editor's MCP servers.
+        Operation::SetMcpServers { .. } => (false, "set_mcp_servers"),
     };
     if busy != expect_busy {
         return violation(format!(

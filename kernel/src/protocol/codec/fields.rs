@@ -249,6 +249,14 @@ pub fn read_json(value: &Value, path: &Path<'_>) -> Result<Value, SchemaError> {
     Ok(value.clone())
 }
 
+/// Reads a strict JSON object.
+pub fn read_object(value: &Value, path: &Path<'_>) -> Result<Value, SchemaError> {
+    match value {
+        Value::Map(_) => read_json(value, path),
+        other => Err(SchemaError::at(path, expected("an object", other))),
+    }
+}
+
 fn check_json(value: &Value, path: &Path<'_>) -> Result<(), SchemaError> {
     match value {
         Value::Null | Value::Bool(_) | Value::Text(_) => Ok(()),

@@ -2,8 +2,8 @@
 //! events and errors.
 
 use super::fields::{
-    Fields, MapBuilder, discriminator, read_bool, read_enum, read_id, read_json, read_string,
-    read_uint, unknown_variant,
+    Fields, MapBuilder, discriminator, read_bool, read_enum, read_id, read_json, read_object,
+    read_string, read_uint, unknown_variant,
 };
 use super::items::{read_protocol_version, read_thinking_level};
 use super::{Path, Schema, SchemaError};
@@ -94,6 +94,9 @@ impl Schema for Command {
             Self::Rename { name: n, .. } => command_map(name, session_id, 3)
                 .put("name", text(n))
                 .build(),
+            Self::SetMcpServers { servers, .. } => command_map(name, session_id, 3)
+                .put("mcpServers", servers.clone())
+                .build(),
         }
     }
 
@@ -161,6 +164,13 @@ impl Schema for Command {
                 Ok(Self::Rename {
                     session_id: session(&f)?,
                     name: f.required("name", read_string)?,
+                })
+            }
+            "set_mcp_servers" => {
+                let f = Fields::new(value, path, &["command", "sessionId", "mcpServers"])?;
+                Ok(Self::SetMcpServers {
+                    session_id: session(&f)?,
+                    servers: f.required("mcpServers", read_object)?,
                 })
             }
             other => Err(unknown_variant(path, "command", other)),
@@ -233,7 +243,8 @@ impl Schema for CommandResult {
             | Self::Abort { session }
             | Self::SetModel { session }
             | Self::SetThinking { session }
-            | Self::Rename { session } => map.put("session", session.to_value()).build(),
+            | Self::Rename { session }
+            | Self::SetMcpServers { session } => map.put("session", session.to_value()).build(),
         }
     }
 
@@ -264,7 +275,7 @@ impl Schema for CommandResult {
                 })
             }
             "create" | "attach" | "prompt" | "steer" | "abort" | "set_model" | "set_thinking"
-            | "rename" => {
+            | "rename" | "set_mcp_servers" => {
                 let f = Fields::new(value, path, &["command", "session"])?;
                 let session = f.required("session", SessionSnapshot::from_value_at)?;
                 Ok(Self::with_session(name, session).expect("a command with a session"))
