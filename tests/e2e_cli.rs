@@ -1197,3 +1197,61 @@ async fn a_model_without_credentials_warns_at_create_and_the_prompt_says_what_to
         "{output:?}"
     );
 }
+
+/// `mcp list` shows the configured servers without a session, and with one
+/// the state its worker runs them in: the reference server from npm ready
+/// with its tools, an absent command failed with the reason; a prompt calls
+/// one of the tools through the faux model.
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_list_shows_servers_their_state_and_tools() {
+    let mcp = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let install = std::process::Command::new(mcp.join("install.sh"))
+        .output()
+        .expect("tests/mcp/install.sh runs (it needs npm)");
+    assert!(install.status.success(), "{install:#?}");
+    let server = TestServer::start("mcp").await;
+    let everything = mcp.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let settings = serde_json::json!({"mcpServers": {
+        "everything": {"command": "node", "args": [everything, "stdio"]},
+        "absent": {"command": "no-such-mcp-server"},
+    }});
+    let agent = server.root.path.join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    std::fs::write(agent.join("settings.json"), settings.to_string()).unwrap();
+
+    let configured = server.run_cli(&["mcp", "list"]).await.success().stdout;
+    assert!(configured.starts_with("NAME "), "{configured}");
+    assert!(
+        configured.contains("everything  configured") && configured.contains("no-such-mcp-server"),
+        "{configured}"
+    );
+    server
+        .run_cli(&["create", "--cwd", "/tmp", "--name", "tools"])
+        .await
+        .success();
+    let live = server
+        .run_cli(&["mcp", "list", "tools"])
+        .await
+        .success()
+        .stdout;
+    assert!(live.contains("everything  ready"), "{live}");
+    assert!(live.contains("absent      failed"), "{live}");
+    assert!(live.contains("mcp__everything__get-sum"), "{live}");
+    assert!(
+        live.contains("absent: cannot run \"no-such-mcp-server\""),
+        "{live}"
+    );
+    let json = server
+        .run_cli(&["mcp", "list", "tools", "--json"])
+        .await
+        .success()
+        .stdout;
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(list.as_array().map(Vec::len), Some(2), "{json}");
+    let reply = server
+        .run_cli(&["prompt", "tools", "!mcp__everything__get-sum a=2 b=40"])
+        .await
+        .success()
+        .stdout;
+    assert!(reply.contains("The sum of 2 and 40 is 42"), "{reply}");
+}

@@ -34,9 +34,10 @@ pub(crate) use self::attach::transcript_text;
 pub use kernel::time::format_utc;
 
 use self::activate::{MODEL_ONLY_AT_ACTIVATION, client_target};
-use self::args::{Commands, parse_from, prompt_text};
+use self::args::{Commands, McpCommand, parse_from, prompt_text};
 use self::commands::{
-    Control, run_attach, run_control, run_create, run_list, run_log, run_models, run_rm, run_serve,
+    Control, run_attach, run_control, run_create, run_list, run_log, run_mcp_list, run_models,
+    run_rm, run_serve,
 };
 use self::stream::{Which, run_prompt};
 use crate::config;
@@ -287,6 +288,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             run_control(&target()?, &id, Control::SetThinking(level)).await
         }
         Commands::Models { json } => run_models(&target()?, json).await,
+        Commands::Mcp {
+            command: McpCommand::List { session, json },
+        } => run_mcp_list(&target()?, session.as_deref(), json).await,
         Commands::Acp => crate::acp::run(activate::connect(&target()?).await?).await,
     };
     result.map_err(Failure::from)

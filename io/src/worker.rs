@@ -492,6 +492,12 @@ impl<D: Dial> Worker<D> {
                     None
                 }
                 HostOutput::Mcp(McpOutput::Notice(_)) => None, // the host tells them
+                HostOutput::RecordMcp(status) => {
+                    if let Err(e) = agent::mcp::record(&self.outputs, &status) {
+                        tracing::warn!(error = %e, "cannot record the MCP servers' state");
+                    }
+                    None
+                }
                 HostOutput::CallMcp {
                     id,
                     server,

@@ -256,6 +256,9 @@ pub enum HostOutput {
     LoadMcp,
     /// Start or stop an MCP server ([`McpOutput::Start`], [`McpOutput::Stop`]).
     Mcp(McpOutput),
+    /// Keep the state of the session's MCP servers where `pi-server mcp
+    /// list` reads it ([`crate::mcp::STATUS_FILE`]); said at each change.
+    RecordMcp(Vec<crate::mcp::ServerStatus>),
     /// Stop a running tool (a built-in one, or an MCP call).
     CancelTool {
         /// The tool item's id.
@@ -342,6 +345,8 @@ pub struct WorkerHost {
     notices: Vec<String>,
     /// The MCP call running, and when it times out.
     mcp_call: Option<(String, Instant)>,
+    /// The MCP state last recorded.
+    mcp_recorded: Option<Vec<crate::mcp::ServerStatus>>,
     now: Instant,
     out: Vec<HostOutput>,
 }
@@ -383,6 +388,7 @@ impl WorkerHost {
             runnable: VecDeque::new(),
             notices: Vec::new(),
             mcp_call: None,
+            mcp_recorded: None,
             now,
             out: Vec::new(),
         };
@@ -739,6 +745,11 @@ impl WorkerHost {
             }
         }
         self.mcp_tools = self.mcp.tools().cloned().collect();
+        let status = self.mcp.status();
+        if self.mcp_recorded.as_ref() != Some(&status) {
+            self.mcp_recorded = Some(status.clone());
+            self.out.push(HostOutput::RecordMcp(status));
+        }
         if self.gate == Gate::Starting && self.mcp.settled() && self.reload {
             self.reload = false;
             self.gate = Gate::Loading;

@@ -41,6 +41,10 @@ use std::collections::BTreeSet;
 /// last layer of its configuration.
 pub const EDITOR_FILE: &str = "editor-mcp.json";
 
+/// The file in a session's directory where its worker keeps the state of
+/// the session's MCP servers ([`McpServers::status`]), for `pi-server mcp list`.
+pub const STATUS_FILE: &str = "mcp-status.json";
+
 /// Every offered MCP tool's name starts with this.
 pub const PREFIX: &str = "mcp__";
 /// The longest tool name every provider accepts.

@@ -701,6 +701,22 @@ impl Runtime {
     }
 
     fn on_notice(&mut self, text: String) {
+        // Told once between two prompts: each worker of the session tells
+        // its servers' failures, and a session may start several.
+        let told = self
+            .state
+            .transcript
+            .iter()
+            .rev()
+            .take_while(|i| !matches!(i, TranscriptItem::User(_)))
+            .any(|i| {
+                matches!(i, TranscriptItem::Assistant(a)
+                    if a.status == AssistantStatus::Error && a.content.is_empty()
+                        && a.error_message.as_deref() == Some(text.as_str()))
+            });
+        if told {
+            return;
+        }
         let item = AssistantItem {
             id: self.fresh_item_id(),
             content: Vec::new(),

@@ -9,7 +9,7 @@
 //! ends.
 
 use crate::tools::{GroupKill, ToolOutcome};
-use kernel::mcp::{ListedTool, ServerConfig, Transport};
+use kernel::mcp::{ListedTool, ServerConfig, ServerStatus, Transport};
 use kernel::protocol::Content;
 use kernel::wire::Value;
 use rmcp::ServiceExt as _;
@@ -226,6 +226,24 @@ pub async fn call(
         details: None,
         is_error: result.is_error == Some(true),
     }
+}
+
+/// Writes the state of a session's MCP servers to its directory
+/// ([`kernel::mcp::STATUS_FILE`]), replacing the last.
+pub fn record(session: &Path, status: &[ServerStatus]) -> std::io::Result<()> {
+    let list: Vec<serde_json::Value> = status
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "name": s.name, "target": s.target, "state": s.state,
+                "reason": s.reason, "tools": s.tools,
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&list).expect("JSON") + "\n";
+    let tmp = session.join(format!(".{}.tmp", kernel::mcp::STATUS_FILE));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, session.join(kernel::mcp::STATUS_FILE))
 }
 
 async fn save(dir: &Path, text: &str) -> Option<std::path::PathBuf> {

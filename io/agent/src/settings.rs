@@ -98,13 +98,22 @@ pub fn mcp_layers(agent_dir: &Path, session: &Path) -> Vec<kernel::mcp::Layer> {
         session.join(kernel::mcp::EDITOR_FILE),
     ]
     .into_iter()
-    .map(|path| kernel::mcp::Layer {
-        servers: read_file(&path)
+    .map(|path| mcp_layer(&path))
+    .collect()
+}
+
+/// The MCP servers `<agentDir>/settings.json` configures, for every session.
+pub fn mcp_global(agent_dir: &Path) -> kernel::mcp::Layer {
+    mcp_layer(&file(agent_dir))
+}
+
+fn mcp_layer(path: &Path) -> kernel::mcp::Layer {
+    kernel::mcp::Layer {
+        servers: read_file(path)
             .get("mcpServers")
             .map(crate::json::from_json),
         source: path.display().to_string(),
-    })
-    .collect()
+    }
 }
 
 /// The model new sessions start with, if the settings name one.

@@ -290,6 +290,19 @@ pub(super) enum Commands {
         json: bool,
     },
 
+    /// MCP servers: their tools are offered to a session's model beside the
+    /// built-in ones, as mcp__<server>__<tool>.
+    ///
+    /// Configure them in "mcpServers" of <agent-dir>/settings.json or of a
+    /// session's own settings.json, as {"name": {"command", "args", "env"}}
+    /// (stdio, started in the session's cwd) or {"name": {"type": "http",
+    /// "url", "headers"}} (Streamable HTTP); an editor's servers (ACP) are
+    /// remembered with its session. Later layers win by name.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
+
     /// Serve the Agent Client Protocol on stdin/stdout, for editors.
     ///
     /// An editor (Zed, a JetBrains IDE, Neovim, Emacs) starts this as its
@@ -756,4 +769,20 @@ mod tests {
         assert_eq!(args.idle_exit_ms, Some(250));
         assert_eq!(cli.global.token_file, Some(PathBuf::from("/t")));
     }
+}
+
+/// `pi-server mcp ...`
+#[derive(Debug, Subcommand)]
+pub(super) enum McpCommand {
+    /// Show MCP servers, their state and their tools. With a session, its
+    /// servers as its worker runs them (starting them if it is not live);
+    /// without, the servers <agent-dir>/settings.json configures.
+    List {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        session: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }

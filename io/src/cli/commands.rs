@@ -488,6 +488,127 @@ async fn control_session(
     result
 }
 
+/// `pi-server mcp list [SESSION]`: a session's MCP servers as its worker
+/// runs them (attaching starts it, and it starts them), or the servers
+/// `<agentDir>/settings.json` configures.
+pub(super) async fn run_mcp_list(
+    target: &Target,
+    session: Option<&str>,
+    json: bool,
+) -> Result<(), String> {
+    use kernel::mcp::{STATUS_FILE, merge};
+    let Some(query) = session else {
+        let (servers, problems) = merge(&[crate::settings::mcp_global(&config::agent_dir())]);
+        for p in &problems {
+            eprintln!("pi-server: {p}");
+        }
+        let status: Vec<serde_json::Value> = servers
+            .iter()
+            .map(|s| {
+                let target = match &s.transport {
+                    kernel::mcp::Transport::Stdio { command, args, .. } => {
+                        std::iter::once(command).chain(args).cloned().collect::<Vec<_>>().join(" ")
+                    }
+                    kernel::mcp::Transport::Http { url, .. } => url.clone(),
+                };
+                serde_json::json!({"name": s.name, "target": target, "state": "configured", "reason": null, "tools": []})
+            })
+            .collect();
+        return print_mcp(
+            &status,
+            json,
+            "no MCP servers are configured in the agent directory's settings.json",
+        );
+    };
+    let Some(launch) = &target.launch else {
+        return Err("mcp list SESSION reads the session's directory: run it on the server's machine, without --connect".into());
+    };
+    let (client, id) = session_server(target, query).await?;
+    let attached = client.attach(&id).await;
+    let path = launch.session_dir.join(&id).join(STATUS_FILE);
+    let read = || -> Option<Vec<serde_json::Value>> {
+        let text = std::fs::read_to_string(&path).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    // The worker records its servers' state at each change; wait for the
+    // ones still starting (a start takes at most 30 s).
+    let limit = std::time::Instant::now() + Duration::from_secs(35);
+    let mut told = false;
+    let status = loop {
+        let status = read();
+        let starting = status.as_ref().map_or(usize::MAX, |s| {
+            s.iter().filter(|v| v["state"] == "starting").count()
+        });
+        if starting == 0 || std::time::Instant::now() >= limit {
+            break status;
+        }
+        if !told && starting != usize::MAX {
+            told = true;
+            eprintln!("waiting for {starting} MCP server(s) to start…");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if attached.is_ok() {
+        let _ = client.detach(&id).await;
+    }
+    client.close().await;
+    attached.map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let status = status.ok_or_else(|| {
+        format!(
+            "session {id}'s worker has not recorded its MCP servers in {}",
+            path.display()
+        )
+    })?;
+    print_mcp(&status, json, &format!("session {id} has no MCP servers"))
+}
+
+fn print_mcp(status: &[serde_json::Value], json: bool, none: &str) -> Result<(), String> {
+    if json {
+        outln!("{}", serde_json::Value::Array(status.to_vec()));
+        return Ok(());
+    }
+    if status.is_empty() {
+        outln!("{none}");
+        return Ok(());
+    }
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let mut rows = vec![vec![
+        "NAME".into(),
+        "STATE".into(),
+        "TOOLS".into(),
+        "SERVER".into(),
+    ]];
+    for s in status {
+        let tools = s["tools"].as_array().map_or(0, Vec::len);
+        rows.push(vec![
+            text(&s["name"]),
+            text(&s["state"]),
+            if s["state"] == "ready" {
+                tools.to_string()
+            } else {
+                "-".into()
+            },
+            text(&s["target"]),
+        ]);
+    }
+    print_table(&rows);
+    for s in status {
+        if let Some(reason) = s["reason"].as_str() {
+            outln!("{}: {reason}", text(&s["name"]));
+        }
+        let tools: Vec<String> = s["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        if !tools.is_empty() {
+            outln!("{}: {}", text(&s["name"]), tools.join(", "));
+        }
+    }
+    Ok(())
+}
+
 pub(super) async fn run_models(target: &Target, json: bool) -> Result<(), String> {
     let client = connect(target).await?;
     let models = client.server_snapshot().models;

@@ -37,9 +37,14 @@ fn start(create: Option<CreateSpec>) -> HostInput {
 /// none, as a session without MCP servers does.
 fn serve(host: &mut WorkerHost, now: Instant, input: HostInput) -> Vec<HostOutput> {
     let mut out = host.step(now, input);
+    out.retain(|o| !matches!(o, HostOutput::RecordMcp(_)));
     while let Some(i) = out.iter().position(|o| *o == HostOutput::LoadMcp) {
         out.remove(i);
-        out.extend(host.step(now, HostInput::Mcp(McpInput::Configure(Vec::new()))));
+        let more = host.step(now, HostInput::Mcp(McpInput::Configure(Vec::new())));
+        out.extend(
+            more.into_iter()
+                .filter(|o| !matches!(o, HostOutput::RecordMcp(_))),
+        );
     }
     out
 }

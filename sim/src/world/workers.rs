@@ -412,6 +412,7 @@ impl World {
                 // The simulated sessions configure no MCP servers.
                 HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(Vec::new()))),
                 HostOutput::Mcp(output) => unreachable!("no MCP server is configured: {output:?}"),
+                HostOutput::RecordMcp(_) => None,
                 HostOutput::CallMcp { id, .. } => unreachable!("no MCP tool is offered: {id}"),
                 HostOutput::StartModel { call, request, .. } => {
                     let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
