@@ -831,9 +831,7 @@ fn notices(items: &[TranscriptItem]) -> Vec<String> {
     items
         .iter()
         .filter_map(|i| match i {
-            TranscriptItem::Assistant(a) if a.status == AssistantStatus::Error => {
-                a.error_message.clone()
-            }
+            TranscriptItem::Assistant(a) => kernel::runtime::notice_text(a).map(str::to_owned),
             _ => None,
         })
         .collect()

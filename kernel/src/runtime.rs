@@ -701,6 +701,9 @@ impl Runtime {
     }
 
     fn on_notice(&mut self, text: String) {
+        if text.is_empty() {
+            return;
+        }
         // Told once between two prompts: each worker of the session tells
         // its servers' failures, and a session may start several.
         let told = self
@@ -709,23 +712,19 @@ impl Runtime {
             .iter()
             .rev()
             .take_while(|i| !matches!(i, TranscriptItem::User(_)))
-            .any(|i| {
-                matches!(i, TranscriptItem::Assistant(a)
-                    if a.status == AssistantStatus::Error && a.content.is_empty()
-                        && a.error_message.as_deref() == Some(text.as_str()))
-            });
+            .any(|i| matches!(i, TranscriptItem::Assistant(a) if notice_text(a) == Some(text.as_str())));
         if told {
             return;
         }
         let item = AssistantItem {
             id: self.fresh_item_id(),
             content: Vec::new(),
-            model: self.state.model.clone(),
+            model: notice_model(),
             response_model: None,
             usage: None,
             timestamp: self.now.as_millis(),
             status: AssistantStatus::Error,
-            error_message: Some(text).filter(|t| !t.is_empty()),
+            error_message: Some(text),
         };
         self.commit(TranscriptItem::Assistant(item));
         self.bump();
@@ -1837,6 +1836,24 @@ fn context_tokens(context: &[TranscriptItem]) -> u64 {
         None => (0, context),
     };
     base + rest.iter().map(estimate_item).sum::<u64>()
+}
+
+/// The model a notice ([`RuntimeInput::Notice`]) names: none answered it.
+pub fn notice_model() -> ModelRef {
+    ModelRef {
+        provider: "pi-server".into(),
+        id: "notice".into(),
+    }
+}
+
+/// The text of `item` if it is a notice, not a reply: an assistant item of
+/// [`notice_model`] with status `error`.
+pub fn notice_text(item: &AssistantItem) -> Option<&str> {
+    (item.status == AssistantStatus::Error
+        && item.content.is_empty()
+        && item.model == notice_model())
+    .then_some(item.error_message.as_deref())
+    .flatten()
 }
 
 /// Whether a reply is part of what the model is sent.

@@ -980,12 +980,15 @@ const editorMcp = [{ name: "everything", command: "node", args: [everything, "st
 define("l", "the editor's MCP servers: offered, called, and kept by a turn that outlives the editor", async () => {
   const a = await Adapter.open("l-A");
   const cwd = workDir("l");
-  const { sessionId: s } = await a.newSession(cwd, editorMcp);
+  const absent = { name: "absent", command: "no-such-mcp-server", args: [], env: [] };
+  const { sessionId: s } = await a.newSession(cwd, [...editorMcp, absent]);
   const from = a.updates.length;
   const done = await a.prompt(s, "!mcp__everything__echo message=from-the-editor");
   check(done.stopReason === "end_turn", "the MCP tool prompt answers end_turn", done);
   await sleep(100);
   const ups = a.updatesOf(s, from);
+  const notice = textOf(ups).indexOf('⚠ MCP server "absent" failed to start');
+  check(notice >= 0 && notice < textOf(ups).indexOf("The mcp__everything__echo tool"), "a server that cannot start is told to the editor before the turn", textOf(ups));
   const call = ups.find(isKind("tool_call"));
   check(call && call.update.title.includes("mcp__everything__echo"), "a tool_call update names the MCP tool", ups.map((u) => u.update));
   const completed = ups.find((u) => u.update.sessionUpdate === "tool_call_update" && u.update.toolCallId === call.update.toolCallId && u.update.status === "completed");

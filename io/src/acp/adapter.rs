@@ -879,6 +879,10 @@ impl Adapter {
                 Update::User { own: true, .. } => continue,
                 Update::User { text, .. } => acp::SessionUpdate::UserMessageChunk(chunk(text)),
                 Update::Text { delta, .. } => acp::SessionUpdate::AgentMessageChunk(chunk(delta)),
+                // The session's own word, not the model's: shown apart.
+                Update::Notice { text, .. } => {
+                    acp::SessionUpdate::AgentMessageChunk(chunk(format!("⚠ {text}\n\n")))
+                }
                 Update::Thinking { delta, .. } => {
                     acp::SessionUpdate::AgentThoughtChunk(chunk(delta))
                 }

@@ -62,6 +62,10 @@ impl Plain {
     /// Appends the text of `update` to `out`.
     pub(super) fn show(&mut self, update: Update, out: &mut String) {
         match update {
+            Update::Notice { text, .. } => {
+                self.end_line(out);
+                self.write(&format!("⚠ {}\n", sanitize(&text)), out);
+            }
             Update::User { text, own, .. } => {
                 self.end_line(out);
                 let label = if self.label_others && !own {

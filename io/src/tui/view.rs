@@ -719,6 +719,10 @@ impl View {
                 text: sanitize(&text),
                 other: !own,
             }),
+            Update::Notice { text, .. } => self.blocks.push(Block::Notice {
+                level: Level::Warn,
+                text: format!("⚠ {}", sanitize(&text)),
+            }),
             Update::Text { item_id, delta } => {
                 if let Some(Block::Reply { text, .. }) = self.reply(&item_id) {
                     text.push_str(&sanitize(&delta));

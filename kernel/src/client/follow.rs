@@ -91,6 +91,14 @@ pub enum Update {
         /// Tool-specific details.
         details: Option<JsonValue>,
     },
+    /// A notice of the session (an MCP server that failed to start, say):
+    /// no reply, though the transcript holds it as an assistant item.
+    Notice {
+        /// Item id.
+        item_id: String,
+        /// What it says.
+        text: String,
+    },
     /// An assistant item ended.
     Reply {
         /// Item id.
@@ -404,6 +412,14 @@ impl Follower {
             return;
         }
         *anchored = true;
+        if let Some(text) = crate::runtime::notice_text(item) {
+            *finished = true;
+            out.push(Update::Notice {
+                item_id: item.id.clone(),
+                text: text.to_owned(),
+            });
+            return;
+        }
         for (index, content) in item.content.iter().enumerate() {
             if index == parts.len() {
                 parts.push(0);

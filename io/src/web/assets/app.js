@@ -868,6 +868,10 @@ const AssistantItem = ({ item, tails }) => {
       </div>`);
     }
   }
+  // A notice of the session (an MCP server that failed, say): no reply.
+  if (item.status === "error" && item.model?.provider === "pi-server" && item.model?.id === "notice") {
+    return html`<li class="item notice" data-testid="item-notice"><p class="notice">⚠ ${clean(item.errorMessage || "")}</p></li>`;
+  }
   let problem = null;
   if (item.status === "error") problem = `✗ The model reported an error: ${clean(item.errorMessage || "no message")}`;
   else if (item.status === "aborted") problem = `■ Turn aborted${item.errorMessage && item.errorMessage !== "Aborted" ? `: ${clean(item.errorMessage)}` : ""}`;

@@ -145,6 +145,7 @@ fn replay_tells_a_whole_transcript_in_order() {
             Update::ToolCall { .. } => "call",
             Update::Tool { .. } => "tool",
             Update::Reply { .. } => "reply",
+            Update::Notice { .. } => "notice",
         })
         .collect();
     assert_eq!(
@@ -408,4 +409,28 @@ fn outcomes_of_a_turn() {
         turn_outcome(&snapshot(1, vec![]), 5),
         TurnOutcome::Completed
     );
+}
+
+#[test]
+fn a_notice_is_told_as_one_and_a_failed_reply_as_a_reply() {
+    let mut f = Follower::new("s");
+    let notice = TranscriptItem::Assistant(AssistantItem {
+        id: "n1".into(),
+        content: Vec::new(),
+        model: crate::runtime::notice_model(),
+        response_model: None,
+        usage: None,
+        timestamp: 1,
+        status: AssistantStatus::Error,
+        error_message: Some("MCP server \"x\" failed to start".into()),
+    });
+    let failed = reply("a1", Vec::new(), AssistantStatus::Error);
+    let updates = f.replay(&snapshot(2, vec![notice, user("u1", "hi"), failed]));
+    assert!(matches!(
+        &updates[0],
+        Update::Notice { item_id, text } if item_id == "n1" && text.contains("failed to start")
+    ));
+    assert!(matches!(updates[1], Update::User { .. }));
+    assert!(matches!(updates[2], Update::Reply { .. }));
+    assert_eq!(updates.len(), 3);
 }
