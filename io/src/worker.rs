@@ -250,6 +250,7 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
         cwd,
         policy,
         limits: limits.clone(),
+        observe: false,
     };
     let (mut host, outputs) = WorkerHost::new(config, clock());
     let (events_tx, mut events) = mpsc::channel::<HostInput>(1024);

@@ -82,6 +82,26 @@ pub struct HostConfig {
     pub policy: Policy,
     /// Orphan and announcement bounds.
     pub limits: WorkerLimits,
+    /// Record each operation that waited for the MCP servers as the runtime
+    /// took it ([`WorkerHost::take_released`]), for an observer that judges
+    /// the runtime's answers (the simulator's checkers).
+    pub observe: bool,
+}
+
+/// An operation that waited for the session's MCP servers, as the runtime
+/// took it once they were up ([`HostConfig::observe`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Released {
+    /// The id its server gave it.
+    pub op: OpId,
+    /// The operation.
+    pub operation: Operation,
+    /// The runtime's phase just before it took it.
+    pub phase_before: SessionPhase,
+    /// The runtime's answer in the same step, if it answered at once.
+    pub immediate: Option<Result<(), ErrorCode>>,
+    /// A storage write failed in that step (so the answer may be its error).
+    pub store_failed: bool,
 }
 
 /// How a store operation failed, as the driver classifies it: a fact about
@@ -347,6 +367,8 @@ pub struct WorkerHost {
     mcp_call: Option<(String, Instant)>,
     /// The MCP state last recorded.
     mcp_recorded: Option<Vec<crate::mcp::ServerStatus>>,
+    /// What [`WorkerHost::take_released`] returns next.
+    released: Vec<Released>,
     now: Instant,
     out: Vec<HostOutput>,
 }
@@ -389,6 +411,7 @@ impl WorkerHost {
             notices: Vec::new(),
             mcp_call: None,
             mcp_recorded: None,
+            released: Vec::new(),
             now,
             out: Vec::new(),
         };
@@ -396,6 +419,19 @@ impl WorkerHost {
         host.out.push(HostOutput::Send(hello));
         let out = std::mem::take(&mut host.out);
         (host, out)
+    }
+
+    /// Whether operation `op` (the server's id) waits for the MCP servers.
+    pub fn holds(&self, op: OpId) -> bool {
+        self.runnable.iter().any(|input| {
+            matches!(input, RuntimeInput::Operation { op: local, .. } if self.ops.get(local) == Some(&op))
+        })
+    }
+
+    /// The operations that waited for the MCP servers and were taken by
+    /// the runtime since the last call ([`HostConfig::observe`]).
+    pub fn take_released(&mut self) -> Vec<Released> {
+        std::mem::take(&mut self.released)
     }
 
     /// Where the host stands.
@@ -446,7 +482,7 @@ impl WorkerHost {
             if self.gate == Gate::Open
                 && let Some(input) = self.runnable.pop_front()
             {
-                self.run_gated(input);
+                self.run_gated(input, true);
                 continue;
             }
             let Some(input) = self.deferred.pop_front() else {
@@ -463,7 +499,29 @@ impl WorkerHost {
         if self.stage == HostStage::Running && !self.waiting_for_store() {
             self.tick_link();
         }
+        debug_assert_eq!(self.invariants(), Ok(()));
         std::mem::take(&mut self.out)
+    }
+
+    /// The host's MCP invariants: while the gate is open no server is
+    /// starting (so no turn starts before its servers are up), and nothing
+    /// waits for it once the store is idle; the servers' own hold.
+    pub fn invariants(&self) -> Result<(), String> {
+        self.mcp.invariants()?;
+        if self.gate == Gate::Open && !self.mcp.settled() {
+            return Err("the MCP gate is open while a server is starting".into());
+        }
+        if self.stage == HostStage::Running
+            && self.gate == Gate::Open
+            && !self.waiting_for_store()
+            && !self.runnable.is_empty()
+        {
+            return Err(format!(
+                "{} inputs wait behind an open gate",
+                self.runnable.len()
+            ));
+        }
+        Ok(())
     }
 
     fn waiting_for_store(&self) -> bool {
@@ -708,7 +766,7 @@ impl WorkerHost {
         if self.gate != Gate::Open || !self.runnable.is_empty() {
             self.runnable.push_back(input);
         } else {
-            self.run_gated(input);
+            self.run_gated(input, false);
         }
     }
 
@@ -716,7 +774,7 @@ impl WorkerHost {
     /// editor's MCP servers change at once, not at the next prompt: the
     /// configuration is read again after they are stored (outputs are
     /// carried out in order), and what follows waits for it.
-    fn run_gated(&mut self, input: RuntimeInput) {
+    fn run_gated(&mut self, input: RuntimeInput, waited: bool) {
         let servers = matches!(
             input,
             RuntimeInput::Operation {
@@ -724,7 +782,38 @@ impl WorkerHost {
                 ..
             }
         );
-        self.run(input);
+        match (&input, &self.runtime) {
+            (RuntimeInput::Operation { op, operation }, Some(runtime))
+                if waited && self.config.observe =>
+            {
+                let (op, operation, phase_before) = (*op, operation.clone(), runtime.phase());
+                let outputs = self
+                    .runtime
+                    .as_mut()
+                    .expect("matched")
+                    .step(self.now, input);
+                let answer = |o: &RuntimeOutput| match o {
+                    RuntimeOutput::Send(FromWorker::OpDone { op: done, outcome })
+                        if *done == op =>
+                    {
+                        Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code))
+                    }
+                    _ => None,
+                };
+                let immediate = outputs.iter().find_map(answer);
+                if let Some(&server_op) = self.ops.get(&op) {
+                    self.released.push(Released {
+                        op: server_op,
+                        operation,
+                        phase_before,
+                        immediate,
+                        store_failed: false,
+                    });
+                }
+                self.release(outputs.into());
+            }
+            _ => self.run(input),
+        }
         if servers && self.gate == Gate::Open {
             self.gate = Gate::Loading;
             self.out.push(HostOutput::LoadMcp);

@@ -56,13 +56,16 @@ pub enum FaultKind {
     /// A worker told to dispose hangs instead (stuck in its last write): it
     /// stays alive and silent until the server kills it at its deadline.
     WorkerHang,
+    /// Sessions have MCP servers, which start late, fail to start, never
+    /// start, or die in the middle of a call; tool prompts call their tools.
+    Mcp,
 }
 
 impl FaultKind {
     /// Every kind. They are drawn in this order, except that kinds added
     /// after the first release of the swarm ([`FaultKind::Shutdown`]) are
     /// drawn after every other option, so that old seeds keep their options.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::Split,
         Self::Reorder,
         Self::Delay,
@@ -80,6 +83,7 @@ impl FaultKind {
         Self::CatalogDelay,
         Self::Shutdown,
         Self::WorkerHang,
+        Self::Mcp,
     ];
 
     /// The command-line name.
@@ -102,6 +106,7 @@ impl FaultKind {
             Self::CatalogDelay => "catalog-delay",
             Self::Shutdown => "shutdown",
             Self::WorkerHang => "worker-hang",
+            Self::Mcp => "mcp",
         }
     }
 
@@ -129,6 +134,8 @@ impl FaultKind {
             Self::WorkerCrash => (per_mille(prng, 15), 0),
             // Per dispose.
             Self::WorkerHang => (Ratio::new(prng.range_inclusive(50, 500) as u32, 1000), 0),
+            // Per server start / per call.
+            Self::Mcp => (Ratio::new(prng.range_inclusive(50, 500) as u32, 1000), 0),
             Self::WorkerHold => (per_mille(prng, 600), prng.range_inclusive(5, 400) as u32),
             Self::SpawnFailure => (per_mille(prng, 8), prng.range_inclusive(2, 50) as u32),
             Self::StorageFailure => (per_mille(prng, 8), prng.range_inclusive(2, 80) as u32),
@@ -167,6 +174,7 @@ impl FaultKind {
             Self::CatalogDelay => "after a (re)start the catalog loads late",
             Self::Shutdown => "graceful shutdown, then a new server (per step)",
             Self::WorkerHang => "a worker told to dispose hangs until killed (per dispose)",
+            Self::Mcp => "MCP servers start late, fail, hang or die mid-call (per start / call)",
         }
     }
 }
@@ -227,6 +235,8 @@ pub struct SwarmOptions {
     pub driver_seed: u64,
     /// Seeds the draws of [`FaultKind::WorkerHang`] (their own generator).
     pub hang_seed: u64,
+    /// Seeds the fake MCP servers' faults.
+    pub mcp_seed: u64,
     /// The client slots whose clients speak protocol v8 (the others v1).
     pub v8_slots: BTreeSet<u32>,
     /// Seeds the v8 clients' choices (their own generator).
@@ -243,10 +253,12 @@ impl SwarmOptions {
         let tool_prompts = Ratio::new(prng.range_inclusive(0, 40) as u32, 100);
         let time_advance = Ratio::new(prng.range_inclusive(2, 40) as u32, 100);
         let mut faults = BTreeMap::new();
-        for kind in FaultKind::ALL
-            .into_iter()
-            .filter(|k| !matches!(k, FaultKind::Shutdown | FaultKind::WorkerHang))
-        {
+        for kind in FaultKind::ALL.into_iter().filter(|k| {
+            !matches!(
+                k,
+                FaultKind::Shutdown | FaultKind::WorkerHang | FaultKind::Mcp
+            )
+        }) {
             let enabled = prng.coin();
             let fault = kind.draw(&mut prng);
             if enabled {
@@ -278,6 +290,13 @@ impl SwarmOptions {
         // seeds mix them with v1 clients on the same sessions; the others
         // keep the runs they had before v8.
         let (v8_slots, v8_seed) = draw_v8(seed, clients);
+        // And MCP servers, from a generator of their own: a quarter of the
+        // seeds give every session two.
+        let mut mcp = Prng::new(seed ^ MCP_DRAW);
+        if mcp.below(4) == 0 {
+            faults.insert(FaultKind::Mcp, FaultKind::Mcp.draw(&mut mcp));
+        }
+        let mcp_seed = mcp.fork();
         let mut options = Self {
             seed,
             steps: 1000,
@@ -294,6 +313,7 @@ impl SwarmOptions {
             world_seed,
             driver_seed,
             hang_seed,
+            mcp_seed,
             v8_slots,
             v8_seed,
         };
@@ -359,7 +379,18 @@ impl SwarmOptions {
             hang_on_dispose: self
                 .fault(FaultKind::WorkerHang)
                 .map(|f| (self.hang_seed, f.probability)),
-            worker_limits: Default::default(),
+            mcp: self
+                .fault(FaultKind::Mcp)
+                .map(|f| (self.mcp_seed, f.probability)),
+            worker_limits: kernel::limits::WorkerLimits {
+                mcp: kernel::limits::McpLimits {
+                    start_timeout: Duration::from_millis(300),
+                    retry_after: Duration::from_millis(500),
+                    call_timeout: Duration::from_millis(400),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
         }
     }
 
@@ -437,6 +468,7 @@ const KEPT_TRANSCRIPT_DRAW: u64 = 0x6b65_7074;
 /// pinned seeds (1, 7, 42) and the regression seeds draw none, and keep
 /// their traces.
 const V8_DRAW: u64 = 0x7638_0008;
+const MCP_DRAW: u64 = 0x6d63_7000;
 
 /// Which client slots speak v8 (none for two seeds in three; otherwise
 /// each slot by a coin, at least one), and the seed of their choices.

@@ -56,6 +56,7 @@ fn item(i: &TranscriptItem) -> String {
         TranscriptItem::Assistant(a) => match a.status {
             AssistantStatus::Streaming => "assistant:streaming".into(),
             AssistantStatus::Complete(_) => "assistant:complete".into(),
+            AssistantStatus::Error if kernel::runtime::notice_text(a).is_some() => "notice".into(),
             AssistantStatus::Error => "assistant:error".into(),
             AssistantStatus::Aborted => "assistant:aborted".into(),
         },

@@ -23,7 +23,7 @@
 //! or a world invariant (crash). Every run is a pure function of the seed:
 //! `cargo run -p sim -- --seed S --trace` replays it line by line.
 
-use crate::checkers::busy::prompt_text;
+use crate::checkers::busy::{prompt_text, tool_prompt_text};
 use crate::checkers::{self, Checkers, Violation};
 use crate::options::{FaultKind, SwarmOptions};
 use crate::prng::{Prng, Ratio, fnv};
@@ -538,13 +538,25 @@ impl Swarm {
         self.world.request(conn, command);
     }
 
+    /// A prompt's text naming its request: a tool prompt asks for an MCP
+    /// tool every other time when the sessions have MCP servers.
+    fn prompt(&mut self, conn: ConnId, tool: bool) -> String {
+        let id = self.world.next_request_id(conn);
+        if tool {
+            let mcp = self.options.fault(FaultKind::Mcp).is_some();
+            tool_prompt_text(conn, &id, mcp)
+        } else {
+            prompt_text(conn, &id, false)
+        }
+    }
+
     fn session_command(&mut self, conn: ConnId, choice: usize, session_id: String) -> Command {
         match choice {
             2 => Command::Attach { session_id },
             3 => Command::Detach { session_id },
             4 => {
                 let tool = self.prng.chance(self.options.tool_prompts);
-                let mut text = prompt_text(conn, &self.world.next_request_id(conn), tool);
+                let mut text = self.prompt(conn, tool);
                 if !tool && self.prng.below(6) == 0 {
                     // A long prompt, so that small context windows fill up and compact.
                     let words = self.prng.range_inclusive(20, 160) as usize;
@@ -752,7 +764,7 @@ impl Swarm {
             }
             9 => {
                 let tool = self.v8.chance(self.options.tool_prompts);
-                let mut text = prompt_text(conn, &self.world.next_request_id(conn), tool);
+                let mut text = self.prompt(conn, tool);
                 if !tool && self.v8.below(6) == 0 {
                     let words = self.v8.range_inclusive(20, 160) as usize;
                     text.push_str(&" lorem ipsum".repeat(words / 2));

@@ -48,3 +48,11 @@ fn seed_42() {
 fn seed_32_v8() {
     pinned(32);
 }
+
+/// Sessions with MCP servers (the seed draws them; `options::MCP_DRAW`):
+/// one never starts and is told as a notice before the first turn, and
+/// tool prompts call MCP tools.
+#[test]
+fn seed_41_mcp() {
+    pinned(41);
+}

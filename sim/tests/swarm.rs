@@ -5,8 +5,9 @@
 //! split across four tests so that the test runner spreads them over the
 //! cores. A failure names its class and the command that replays it.
 
-use sim::options::{Overrides, SwarmOptions};
+use sim::options::{FaultKind, Overrides, SwarmOptions};
 use sim::swarm;
+use sim::world::Milestone;
 use std::time::Instant;
 
 const SEEDS: u64 = 2000;
@@ -74,4 +75,37 @@ fn swarm_part_3() {
 #[test]
 fn swarm_part_4() {
     part(3);
+}
+
+/// Sessions with two MCP servers each, which start late, fail, never start
+/// or die mid-call, beside worker crashes, server restarts and disconnects:
+/// every rule holds, prompts wait for their servers and run, notices are
+/// told, and MCP tools answer.
+#[test]
+fn mcp_servers_that_fail_hang_or_die_keep_every_rule() {
+    let overrides = Overrides {
+        faults: Some(vec![
+            FaultKind::Mcp,
+            FaultKind::WorkerCrash,
+            FaultKind::ServerRestart,
+            FaultKind::Disconnect,
+        ]),
+        ..Overrides::default()
+    };
+    let mut failures = Vec::new();
+    let mut reached = sim::world::Reached::default();
+    for seed in 1..=300 {
+        let (report, swarm) = swarm::run(SwarmOptions::from_seed(seed, &overrides), false);
+        reached = reached.union(swarm.world.reached);
+        if let Err(failure) = report.result {
+            failures.push(format!(
+                "seed {seed}: {failure}\n  reproduce with: cargo run -p sim -- --seed {seed} \
+                 --faults mcp,worker-crash,server-restart,disconnect --trace"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for milestone in [Milestone::McpNotice, Milestone::McpCalled] {
+        assert!(reached.contains(milestone), "{milestone:?} never reached");
+    }
 }

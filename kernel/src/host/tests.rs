@@ -14,6 +14,7 @@ fn config() -> HostConfig {
         cwd: Some("/home/u".into()),
         policy: Policy::default(),
         limits: WorkerLimits::default(),
+        observe: false,
     }
 }
 

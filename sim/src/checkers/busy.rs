@@ -68,10 +68,29 @@ pub fn prompt_text(conn: ConnId, request_id: &str, tool: bool) -> String {
     format!("{}{conn}#{request_id}", if tool { "!" } else { "" })
 }
 
-/// The request a prompt text names (its first word), if it is one.
+/// [`prompt_text`] of a tool prompt, asking for MCP tool `t` of server
+/// `s0` or `s1` (by the request id's parity) when `mcp`, every other time.
+pub fn tool_prompt_text(conn: ConnId, request_id: &str, mcp: bool) -> String {
+    let n: u64 = request_id
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0);
+    if mcp && n.is_multiple_of(2) {
+        format!("!mcp__s{}__t {conn}#{request_id}", n / 2 % 2)
+    } else {
+        prompt_text(conn, request_id, true)
+    }
+}
+
+/// The request a prompt text names (its first word, after an MCP tool's
+/// name), if it is one.
 pub fn parse_prompt(text: &str) -> Option<PromptId> {
     let text = text.strip_prefix('!').unwrap_or(text);
-    let tag = text.split(' ').next()?;
+    let mut words = text.split(' ');
+    let mut tag = words.next()?;
+    if tag.starts_with(kernel::mcp::PREFIX) {
+        tag = words.next()?;
+    }
     let (conn, request) = tag.split_once('#')?;
     let conn = conn.strip_prefix('c')?.parse().ok()?;
     Some((ConnId(conn), request.to_string()))

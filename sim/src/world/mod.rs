@@ -161,6 +161,9 @@ pub struct Options {
     /// A worker told to dispose hangs with this probability (drawn from a
     /// generator of this seed): alive and silent until killed.
     pub hang_on_dispose: Option<(u64, crate::prng::Ratio)>,
+    /// Sessions have two MCP servers (`s0`, `s1`); each start and each call
+    /// goes wrong with this probability (drawn from a generator of this seed).
+    pub mcp: Option<(u64, crate::prng::Ratio)>,
     /// The limits every fake worker's host runs with (orphan grace, …).
     pub worker_limits: kernel::limits::WorkerLimits,
 }
@@ -181,6 +184,7 @@ impl Default for Options {
             holds: Holds::none(),
             models: faux::models(),
             hang_on_dispose: None,
+            mcp: None,
             worker_limits: kernel::limits::WorkerLimits::default(),
         }
     }
@@ -395,11 +399,15 @@ pub enum Milestone {
     V8Replicated,
     /// A v8 session call was fenced (`session_not_attached`).
     V8Fenced,
+    /// A session told a notice (an MCP server failed).
+    McpNotice,
+    /// An MCP tool answered a call.
+    McpCalled,
 }
 
 impl Milestone {
     /// Every milestone, in order.
-    pub const ALL: [Milestone; 14] = [
+    pub const ALL: [Milestone; 16] = [
         Self::Busy,
         Self::InvalidRequest,
         Self::NotFound,
@@ -414,6 +422,8 @@ impl Milestone {
         Self::TranscriptAskedFor,
         Self::V8Replicated,
         Self::V8Fenced,
+        Self::McpNotice,
+        Self::McpCalled,
     ];
 }
 
@@ -456,6 +466,8 @@ pub struct World {
     orphaned_at: BTreeMap<WorkerId, Instant>,
     /// Draws [`Options::hang_on_dispose`]'s hangs.
     hang: Option<(crate::prng::Prng, crate::prng::Ratio)>,
+    /// Draws [`Options::mcp`]'s faults.
+    mcp: Option<(crate::prng::Prng, crate::prng::Ratio)>,
     /// The milestones this run reached (not part of the state: the model
     /// checker unites them over every path, for its coverage report).
     pub reached: Reached,
@@ -533,6 +545,9 @@ impl World {
         let hang = options
             .hang_on_dispose
             .map(|(seed, ratio)| (crate::prng::Prng::new(seed), ratio));
+        let mcp = options
+            .mcp
+            .map(|(seed, ratio)| (crate::prng::Prng::new(seed), ratio));
         let mut world = Self {
             now: Instant(0),
             server,
@@ -550,6 +565,7 @@ impl World {
             generation: 0,
             reached: Reached::default(),
             hang,
+            mcp,
             orphaned_at: BTreeMap::new(),
             catalog_pending: None,
             expected_since: None,

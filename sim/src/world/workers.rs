@@ -10,12 +10,13 @@ use crate::summary;
 use kernel::faux::FauxStream;
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, StoreFailureKind, WorkerHost};
 use kernel::ids::{ChannelId, OpId, WorkerId};
-use kernel::mcp::McpInput;
+use kernel::mcp::{Layer, ListedTool, McpInput, McpOutput};
 use kernel::protocol::worker::WorkerFrame;
 use kernel::protocol::{Content, ErrorCode, ProtocolError, SessionPhase, TranscriptItem};
 use kernel::runtime::{ModelEvent, Persist, Runtime, StoredSession};
 use kernel::server::Input;
 use kernel::time::Instant;
+use kernel::wire::Value;
 use kernel::worker::{FromWorker, Operation, ToWorker};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -61,6 +62,10 @@ pub(super) struct FakeWorker {
     pub(super) stream: Option<(u64, FauxStream)>,
     /// Fake tool runs in flight: tool item id → (due, tool name).
     pub(super) tools: BTreeMap<String, (Instant, String)>,
+    /// Fake MCP server starts answering: (name, generation) → (due, up).
+    pub(super) mcp_starts: BTreeMap<(String, u64), (Instant, bool)>,
+    /// Fake MCP calls in flight: tool item id → (due, server, the server dies).
+    pub(super) mcp_calls: BTreeMap<String, (Instant, (String, u64), bool)>,
     /// Sequence number of the boot (or, once dead, of the death).
     pub(super) since: u64,
     pub(super) to_runtime: VecDeque<(u64, Memo<ToWorker>)>,
@@ -118,6 +123,8 @@ impl World {
             wrong_id: None,
             stream: None,
             tools: BTreeMap::new(),
+            mcp_starts: BTreeMap::new(),
+            mcp_calls: BTreeMap::new(),
             since,
             to_runtime: VecDeque::new(),
             to_server: VecDeque::new(),
@@ -169,6 +176,7 @@ impl World {
                     cwd: Some("/home/sim".into()),
                     policy: Self::worker_policy(),
                     limits: self.worker_limits(),
+                    observe: self.options.record_facts,
                 };
                 let (host, hello) = WorkerHost::new(config, self.now);
                 let w = self.workers.get_mut(&worker).expect("booting");
@@ -233,6 +241,10 @@ impl World {
     /// session is there (it survives), and fatal once it is gone.
     fn store_commit(&mut self, worker: WorkerId, batch: &[Persist]) -> Result<(), StoreFailure> {
         let id = self.workers[&worker].session_id.clone();
+        let notice = |p: &Persist| matches!(p, Persist::Item(TranscriptItem::Assistant(a)) if kernel::runtime::notice_text(a).is_some());
+        if batch.iter().any(notice) {
+            self.reached.insert(super::Milestone::McpNotice);
+        }
         for p in batch {
             if let Err(message) = self.store.apply(&id, p) {
                 trace!(self, "{worker} storage write failed: {message}");
@@ -301,6 +313,8 @@ impl World {
             *w.host = None;
             w.stream = None;
             w.tools.clear();
+            w.mcp_starts.clear();
+            w.mcp_calls.clear();
             w.to_runtime.clear();
             trace!(self, "{worker} hangs instead of disposing");
             self.reached.insert(super::Milestone::WorkerHung);
@@ -332,6 +346,15 @@ impl World {
         });
         self.host_step(worker, HostInput::Frame(frame));
         let watched = self.watched_op.take().expect("set above");
+        let held = self
+            .workers
+            .get(&worker)
+            .and_then(|w| w.host.as_ref())
+            .is_some_and(|h| h.holds(op));
+        if held {
+            // Judged when the runtime takes it ([`World::host_step`]).
+            return;
+        }
         self.fact(Fact::RuntimeOp {
             worker,
             session_id,
@@ -355,7 +378,32 @@ impl World {
         };
         let outputs = host.step(now, input);
         self.interrupted_before_step = before;
+        self.note_released(worker);
         self.apply_host(worker, outputs);
+    }
+
+    /// Records, before anything they caused is carried out, the operations
+    /// that waited for the MCP servers and that the runtime just took.
+    fn note_released(&mut self, worker: WorkerId) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let Some(host) = w.host.as_mut() else {
+            return;
+        };
+        let released = host.take_released();
+        let session_id = w.session_id.clone();
+        for r in released {
+            self.fact(Fact::RuntimeOp {
+                worker,
+                session_id: session_id.clone(),
+                op: r.op,
+                operation: r.operation,
+                phase_before: r.phase_before,
+                immediate: r.immediate,
+                store_failed: r.store_failed,
+            });
+        }
     }
 
     /// Carries out a worker host's outputs; the fake store answers at once,
@@ -409,11 +457,29 @@ impl World {
                     self.store.default_model = Some(model);
                     None
                 }
-                // The simulated sessions configure no MCP servers.
-                HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(Vec::new()))),
-                HostOutput::Mcp(output) => unreachable!("no MCP server is configured: {output:?}"),
-                HostOutput::RecordMcp(_) => None,
-                HostOutput::CallMcp { id, .. } => unreachable!("no MCP tool is offered: {id}"),
+                HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(self.mcp_layers()))),
+                HostOutput::Mcp(McpOutput::Start { generation, config }) => {
+                    self.mcp_start(worker, config.name, generation);
+                    None
+                }
+                HostOutput::Mcp(McpOutput::Stop { name, generation }) => {
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.mcp_starts.remove(&(name, generation));
+                    None
+                }
+                HostOutput::Mcp(McpOutput::Notice(_)) | HostOutput::RecordMcp(_) => None,
+                HostOutput::CallMcp {
+                    id,
+                    server,
+                    generation,
+                    ..
+                } => {
+                    let dies = self.mcp_fault();
+                    let due = self.now + self.options.tool_delay;
+                    let w = self.workers.get_mut(&worker).expect("live");
+                    w.mcp_calls.insert(id, (due, (server, generation), dies));
+                    None
+                }
                 HostOutput::StartModel { call, request, .. } => {
                     let stream = FauxStream::start(&request, self.now, self.options.faux_delay);
                     self.workers.get_mut(&worker).expect("live").stream = Some((call, stream));
@@ -466,6 +532,7 @@ impl World {
                     return;
                 };
                 queue.extend(host.step(now, input));
+                self.note_released(worker);
             }
         }
     }
@@ -521,6 +588,8 @@ impl World {
         *w.host = None;
         w.stream = None;
         w.tools.clear();
+        w.mcp_starts.clear();
+        w.mcp_calls.clear();
         w.to_runtime.clear();
         w.since = since;
         if !self.options.holds.exit && w.to_server.is_empty() {
@@ -601,6 +670,7 @@ impl World {
             }
             None => Vec::new(),
         };
+        self.mcp_due(worker, now);
         for (id, tool_name) in done {
             let Some(w) = self.workers.get_mut(&worker) else {
                 return;
@@ -624,6 +694,117 @@ impl World {
             .and_then(|w| w.host.as_ref()?.next_deadline());
         if tick.is_some_and(|d| d <= now) {
             self.host_step(worker, HostInput::Tick);
+        }
+    }
+
+    /// The sessions' MCP configuration: two fake servers when
+    /// [`super::Options::mcp`] is on, else none.
+    fn mcp_layers(&self) -> Vec<Layer> {
+        if self.mcp.is_none() {
+            return Vec::new();
+        }
+        let server = || Value::Map(vec![("command".into(), Value::text("fake"))]);
+        let servers = Value::Map(vec![("s0".into(), server()), ("s1".into(), server())]);
+        vec![Layer {
+            source: "sim".into(),
+            servers: Some(servers),
+        }]
+    }
+
+    /// Whether this MCP start or call goes wrong.
+    fn mcp_fault(&mut self) -> bool {
+        self.mcp
+            .as_mut()
+            .is_some_and(|(prng, ratio)| prng.chance(*ratio))
+    }
+
+    /// A fake MCP server starts: up with one tool `t` after the tool delay,
+    /// or (a fault) failed then, or never answering (the host's deadline).
+    fn mcp_start(&mut self, worker: WorkerId, name: String, generation: u64) {
+        let wrong = self.mcp_fault();
+        let hangs = wrong && self.mcp.as_mut().is_some_and(|(prng, _)| prng.coin());
+        if hangs {
+            trace!(self, "{worker} MCP server {name} never starts");
+            return;
+        }
+        let due = self.now + self.options.tool_delay;
+        let w = self.workers.get_mut(&worker).expect("live");
+        w.mcp_starts.insert((name, generation), (due, !wrong));
+    }
+
+    /// Answers the fake MCP starts and calls that are due.
+    fn mcp_due(&mut self, worker: WorkerId, now: Instant) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let starts: Vec<_> = w
+            .mcp_starts
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(k, (_, up))| (k.clone(), *up))
+            .collect();
+        let calls: Vec<_> = w
+            .mcp_calls
+            .iter()
+            .filter(|(_, (at, _, _))| *at <= now)
+            .map(|(id, (_, server, dies))| (id.clone(), server.clone(), *dies))
+            .collect();
+        for ((name, generation), up) in starts {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return;
+            };
+            w.mcp_starts.remove(&(name.clone(), generation));
+            let input = if up {
+                let schema = Value::Map(vec![("type".into(), Value::text("object"))]);
+                let tools = vec![ListedTool {
+                    name: "t".into(),
+                    description: None,
+                    schema,
+                }];
+                McpInput::Started {
+                    name,
+                    generation,
+                    tools,
+                }
+            } else {
+                let reason = "simulated start failure".into();
+                McpInput::Failed {
+                    name,
+                    generation,
+                    reason,
+                }
+            };
+            self.host_step(worker, HostInput::Mcp(input));
+        }
+        for (id, (name, generation), dies) in calls {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return;
+            };
+            if w.mcp_calls.remove(&id).is_none() {
+                continue;
+            }
+            if dies {
+                let reason = "simulated death".into();
+                let failed = McpInput::Failed {
+                    name: name.clone(),
+                    generation,
+                    reason,
+                };
+                self.host_step(worker, HostInput::Mcp(failed));
+            }
+            let text = if dies {
+                format!("MCP server {name} died")
+            } else {
+                self.reached.insert(super::Milestone::McpCalled);
+                format!("fake MCP output for {id}")
+            };
+            let input = HostInput::ToolDone {
+                id,
+                content: vec![Content::Text { text }],
+                details: None,
+                is_error: dies,
+            };
+            self.host_step(worker, input);
         }
     }
 
