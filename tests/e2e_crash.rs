@@ -117,6 +117,85 @@ fn processes(args: &[&str]) -> Vec<u32> {
         .collect()
 }
 
+/// A worker SIGKILLed in the middle of an MCP call: the call is marked
+/// failed like a built-in tool's, the stdio server (in its own recorded
+/// process group) dies with the next worker's start, and that worker starts
+/// the session's servers again before the next turn, which calls one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_mcp_servers_die_and_the_next_worker_starts_them_again() {
+    let mcp = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let install = std::process::Command::new(mcp.join("install.sh"))
+        .output()
+        .expect("tests/mcp/install.sh runs (it needs npm)");
+    assert!(install.status.success(), "{install:#?}");
+    let server = TestServer::start("wmcp").await;
+    let faulty = mcp.join("faulty.mjs").display().to_string();
+    // An argument no other test uses: it names this test's server processes.
+    let marker = format!("wmcp.{}", std::process::id());
+    let agent = server.root.path.join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let settings = serde_json::json!({"mcpServers": {
+        "faulty": {"command": "node", "args": [faulty, "tools", marker]},
+    }});
+    std::fs::write(agent.join("settings.json"), settings.to_string()).unwrap();
+    let argv = ["node", faulty.as_str(), "tools", marker.as_str()];
+
+    let a = Arc::new(server.connect().await);
+    let s = a.create(params("mcp")).await.unwrap().id;
+    let prompt = tokio::spawn({
+        let (a, s) = (Arc::clone(&a), s.clone());
+        async move { a.prompt(&s, "!mcp__faulty__hang text=forever").await }
+    });
+    let started = std::time::Instant::now();
+    let hanging = loop {
+        let snapshot = a.attach(&s).await.unwrap();
+        let running = snapshot
+            .transcript
+            .iter()
+            .any(|i| matches!(i, TranscriptItem::Tool(t) if t.tool_name == "mcp__faulty__hang"));
+        if running && !processes(&argv).is_empty() {
+            break processes(&argv);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the MCP call runs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let worker = server.worker_of(&s).await;
+    signal(worker, Sig::Kill);
+    wait_exit(worker, "the killed worker to be reaped").await;
+
+    let outcome = within("the pending prompt", prompt).await.unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let started = std::time::Instant::now();
+    while hanging.iter().any(|pid| processes(&argv).contains(pid)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the killed worker's MCP server outlives the session's next worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let snapshot = a.attach(&s).await.unwrap();
+    let call = snapshot.transcript.iter().find_map(|i| match i {
+        TranscriptItem::Tool(t) if t.tool_name == "mcp__faulty__hang" => Some(t.clone()),
+        _ => None,
+    });
+    let call = call.expect("the interrupted call is in the transcript");
+    assert!(
+        call.status == kernel::protocol::ToolStatus::Error,
+        "{call:?}"
+    );
+
+    let again = a.prompt(&s, "!mcp__faulty__ok text=again").await.unwrap();
+    let answered = again.transcript.iter().any(|i| {
+        matches!(i, TranscriptItem::Tool(t) if t.tool_name == "mcp__faulty__ok"
+            && t.status == kernel::protocol::ToolStatus::Complete)
+    });
+    assert!(answered, "{:#?}", again.transcript);
+    assert_eq!(processes(&argv).len(), 1, "one server, the new worker's");
+}
+
 /// A worker SIGKILLed mid-`bash` cannot kill the command's processes; the
 /// session's next worker does, before the session runs again.
 #[tokio::test(flavor = "multi_thread")]

@@ -57,11 +57,9 @@ pub async fn start(
     let (service, group) = match &config.transport {
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
+            crate::tools::without_worker_env(&mut cmd);
             cmd.args(args)
                 .current_dir(cwd)
-                // The worker's own variables (its channel's token among
-                // them) are not the server's.
-                .env_remove("PI_WORKER_TOKEN")
                 .envs(env.iter().map(|(k, v)| (k, v)))
                 .process_group(0)
                 .kill_on_drop(true);

@@ -282,6 +282,16 @@ pub async fn run_tool_in(
     })
 }
 
+/// Leaves the worker's own variables (its channel's token among them) out
+/// of a process it starts for a tool or an MCP server.
+pub(crate) fn without_worker_env(cmd: &mut tokio::process::Command) {
+    for (key, _) in std::env::vars_os() {
+        if key.as_encoded_bytes().starts_with(b"PI_WORKER_") {
+            cmd.env_remove(key);
+        }
+    }
+}
+
 /// A tool's input object.
 struct Args<'a>(&'a [(String, Value)]);
 
@@ -861,13 +871,7 @@ async fn bash(
         .stderr(writer2)
         .process_group(0)
         .kill_on_drop(true);
-    // The worker's own variables (its channel's token among them) are not
-    // the command's.
-    for (key, _) in std::env::vars_os() {
-        if key.as_encoded_bytes().starts_with(b"PI_WORKER_") {
-            cmd.env_remove(key);
-        }
-    }
+    without_worker_env(&mut cmd);
     let spawned = cmd.spawn();
     drop(cmd); // closes our copies of the pipe's write end
     let mut child = spawned.map_err(|e| format!("bash: cannot start bash: {e}"))?;
