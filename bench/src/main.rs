@@ -17,7 +17,8 @@
 //! mock model server), `v8` (protocol v8 beside v1: round trips, a turn's
 //! bytes and first text at turn 10 and turn 1,000, fan-out to 100
 //! transcript subscribers, and the TypeScript pi-server on the same work),
-//! or `all`. Each pair is measured in the same run,
+//! `mcp` (a prompt's first model request with three stdio MCP servers
+//! against none, and the worker's memory with them), or `all`. Each pair is measured in the same run,
 //! alternating A, B, A, B, … (`BENCH_ROUNDS`, default 7), and reported as
 //! medians and a ratio. `BENCH_QUICK=1` shrinks every size (for profiling).
 //! `PI_SERVER_BIN` selects the binary under test (default: this target
@@ -39,6 +40,7 @@ mod encode;
 mod fanout;
 mod kernel_bench;
 mod killloop;
+mod mcp;
 mod mockllm;
 mod node;
 mod peers;
@@ -74,6 +76,7 @@ const ALL: &[&str] = &[
     "soak",
     "peers",
     "v8",
+    "mcp",
 ];
 
 fn main() -> ExitCode {
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
             "soak" => soak::run(&env, &mut report),
             "peers" => peers::run(&env, &mut report),
             "v8" => v8::run(&env, &mut report),
+            "mcp" => mcp::run(&env, &mut report),
             _ => unreachable!("checked above"),
         };
         if let Err(e) = result {

@@ -39,6 +39,8 @@ pub(crate) struct Script {
     pub(crate) chats: AtomicU64,
     /// Deltas written, over every stream.
     pub(crate) deltas: AtomicU64,
+    /// When each stream's request arrived.
+    pub(crate) arrivals: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
 /// The running mock.
@@ -94,6 +96,7 @@ fn serve(stream: TcpStream, script: &Script) -> std::io::Result<()> {
     let Some((request_line, _)) = read_http_request(&mut reader)? else {
         return Ok(());
     };
+    let arrived = std::time::Instant::now();
     let mut parts = request_line.split_whitespace();
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
@@ -101,10 +104,16 @@ fn serve(stream: TcpStream, script: &Script) -> std::io::Result<()> {
     match (method, path) {
         ("POST", p) if p.ends_with("/responses") => {
             script.responses.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut a) = script.arrivals.lock() {
+                a.push(arrived);
+            }
             stream_reply(&mut out, script, Api::Responses)
         }
         ("POST", p) if p.ends_with("/chat/completions") => {
             script.chats.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut a) = script.arrivals.lock() {
+                a.push(arrived);
+            }
             stream_reply(&mut out, script, Api::Chat)
         }
         ("GET", p) if p.ends_with("/models") => {

@@ -23,6 +23,7 @@ use kernel::wire::{CborLimits, FrameDecoder};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -270,6 +271,7 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
         tool_task: None,
         mcp_tasks: Default::default(),
         mcp_peers: Default::default(),
+        mcp_specs: (Arc::from([]), Vec::new()),
         agent_dir,
         outputs: session_dir.join(&session_id),
         delay: faux_delay,
@@ -384,6 +386,9 @@ struct Worker<D: Dial> {
     mcp_tasks: std::collections::HashMap<(String, u64), JoinHandle<()>>,
     /// How to call each ready MCP server, by name and start.
     mcp_peers: McpPeers,
+    /// The MCP tools as the providers describe them, for the host's list
+    /// they were made from (it changes only when a server does).
+    mcp_specs: (Arc<[OfferedTool]>, Vec<agent::ToolSpec>),
     agent_dir: PathBuf,
     /// The session's directory: its own `settings.json` (tools, context
     /// files), and the whole outputs of cut `bash` commands.
@@ -474,7 +479,11 @@ impl<D: Dial> Worker<D> {
                     request,
                     mcp_tools,
                 } => {
-                    self.start_model(call, request, &mcp_tools);
+                    if !Arc::ptr_eq(&self.mcp_specs.0, &mcp_tools) {
+                        let specs = mcp_tools.iter().map(agent::ToolSpec::mcp).collect();
+                        self.mcp_specs = (mcp_tools, specs);
+                    }
+                    self.start_model(call, request);
                     None
                 }
                 HostOutput::LoadMcp => Some(HostInput::Mcp(McpInput::Configure(
@@ -696,7 +705,7 @@ impl<D: Dial> Worker<D> {
         }
     }
 
-    fn start_model(&mut self, call: u64, request: ModelRequest, mcp_tools: &[OfferedTool]) {
+    fn start_model(&mut self, call: u64, request: ModelRequest) {
         let events = self.events.clone();
         let (delay, clock) = (self.delay, self.clock);
         let cancel = CancellationToken::new();
@@ -716,9 +725,7 @@ impl<D: Dial> Worker<D> {
                         &date,
                     )
                     .map(|mut config| {
-                        config
-                            .tools
-                            .extend(mcp_tools.iter().map(agent::ToolSpec::mcp));
+                        config.tools.extend_from_slice(&self.mcp_specs.1);
                         config
                     }),
             )

@@ -351,8 +351,9 @@ pub struct WorkerHost {
     next_op: u64,
     /// The session's MCP servers.
     mcp: McpServers,
-    /// Their tools, as model calls offer them.
+    /// Their tools, as model calls offer them, made at this revision.
     mcp_tools: Arc<[OfferedTool]>,
+    mcp_revision: Option<u64>,
     /// Whether a turn waits for the MCP servers.
     gate: Gate,
     /// A prompt came while the configuration read at open was in use: read
@@ -365,8 +366,7 @@ pub struct WorkerHost {
     notices: Vec<String>,
     /// The MCP call running, and when it times out.
     mcp_call: Option<(String, Instant)>,
-    /// The MCP state last recorded.
-    mcp_recorded: Option<Vec<crate::mcp::ServerStatus>>,
+
     /// What [`WorkerHost::take_released`] returns next.
     released: Vec<Released>,
     now: Instant,
@@ -405,12 +405,12 @@ impl WorkerHost {
             next_op: 1,
             mcp,
             mcp_tools: Arc::from([]),
+            mcp_revision: None,
             gate: Gate::Open,
             reload: false,
             runnable: VecDeque::new(),
             notices: Vec::new(),
             mcp_call: None,
-            mcp_recorded: None,
             released: Vec::new(),
             now,
             out: Vec::new(),
@@ -833,11 +833,10 @@ impl WorkerHost {
                 output => self.out.push(HostOutput::Mcp(output)),
             }
         }
-        self.mcp_tools = self.mcp.tools().cloned().collect();
-        let status = self.mcp.status();
-        if self.mcp_recorded.as_ref() != Some(&status) {
-            self.mcp_recorded = Some(status.clone());
-            self.out.push(HostOutput::RecordMcp(status));
+        if self.mcp_revision != Some(self.mcp.revision()) {
+            self.mcp_revision = Some(self.mcp.revision());
+            self.mcp_tools = self.mcp.tools().cloned().collect();
+            self.out.push(HostOutput::RecordMcp(self.mcp.status()));
         }
         if self.gate == Gate::Starting && self.mcp.settled() && self.reload {
             self.reload = false;

@@ -448,6 +448,8 @@ pub struct McpServers {
     next_generation: u64,
     /// The configuration problems last told, so they are told once.
     told: Vec<String>,
+    /// Counts the changes of any server's state ([`McpServers::revision`]).
+    revision: u64,
     out: Vec<McpOutput>,
 }
 
@@ -459,6 +461,7 @@ impl McpServers {
             servers: Vec::new(),
             next_generation: 1,
             told: Vec::new(),
+            revision: 0,
             out: Vec::new(),
         }
     }
@@ -500,6 +503,12 @@ impl McpServers {
         }
         debug_assert_eq!(self.invariants(), Ok(()));
         std::mem::take(&mut self.out)
+    }
+
+    /// Changes whenever a server's state does (so its tools may have):
+    /// what was made of [`McpServers::tools`] at the same revision holds.
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// True when no server is starting: a turn may begin.
@@ -666,6 +675,10 @@ impl McpServers {
         for s in old {
             self.stop(&s);
         }
+        // A server started or stopped: the tools change.
+        if self.out.iter().any(|o| !matches!(o, McpOutput::Notice(_))) {
+            self.revision += 1;
+        }
         self.servers = servers;
     }
 
@@ -711,6 +724,7 @@ impl McpServers {
             )
         };
         s.state = State::Failed { reason, at: now };
+        self.revision += 1;
         self.out.push(McpOutput::Notice(notice));
     }
 
@@ -770,6 +784,7 @@ impl McpServers {
         }
         self.out.extend(problems.into_iter().map(McpOutput::Notice));
         self.servers[i].state = State::Ready { tools };
+        self.revision += 1;
     }
 }
 
