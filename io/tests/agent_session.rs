@@ -1077,3 +1077,52 @@ async fn a_server_that_fails_crashes_hangs_or_prints_garbage_is_told_and_the_ses
         notices(s.transcript())
     );
 }
+
+#[tokio::test]
+async fn a_long_mcp_result_keeps_its_start_and_the_whole_is_kept_in_the_session() {
+    let mcp = mcp_dir();
+    let dir = TempDir::new();
+    let faulty = mcp.join("faulty.mjs").display().to_string();
+    let settings =
+        serde_json::json!({"mcpServers": {"faulty": {"command": "node", "args": [faulty]}}});
+    std::fs::write(dir.0.join("agent/settings.json"), settings.to_string()).unwrap();
+    let mock = Mock::sequence(vec![
+        tool_reply("c1", "mcp__faulty__big", serde_json::json!({})),
+        text_reply("That was long."),
+    ])
+    .await;
+    let mut s = Session::open(&dir, &mock).await;
+    let op = s
+        .operation(Operation::Prompt {
+            text: "get it all".into(),
+        })
+        .await;
+    s.run_until("the turn", |s| s.done(op)).await;
+    let t = s.transcript();
+    let item = t
+        .iter()
+        .find(|i| matches!(i, TranscriptItem::Tool(_)))
+        .expect("the call");
+    let text = tool_text(item);
+    let limit = pi_io::agent::mcp::RESULT_MAX_BYTES;
+    assert!(text.starts_with("line 00000 "), "{}", &text[..80]);
+    assert!(
+        text.len() < limit + 1024,
+        "cut to its start: {} bytes",
+        text.len()
+    );
+    let path = text
+        .rsplit("the whole of it is in ")
+        .next()
+        .and_then(|p| p.strip_suffix(']'))
+        .expect("the result names the file");
+    let whole = std::fs::read_to_string(path).unwrap();
+    assert_eq!(whole.lines().count(), 4000);
+    assert!(
+        path.starts_with(s.session_dir.join(SESSION).to_str().unwrap()),
+        "{path}"
+    );
+    // The model was sent the cut result, not the whole.
+    let sent = mock.requests()[1].body.to_string();
+    assert!(sent.contains("line 00000") && !sent.contains("line 03999"));
+}

@@ -1,8 +1,8 @@
 // A deliberately faulty MCP server over stdio, for the tests of what a
 // session does when a server misbehaves. `node faulty.mjs garbage` prints
 // lines that are not JSON-RPC and never answers; `node faulty.mjs` answers
-// the handshake and offers three tools: `ok` answers, `hang` never answers,
-// and `crash` exits in the middle of the call.
+// the handshake and offers its tools: `ok` answers, `hang` never answers,
+// `crash` exits in the middle of the call, `big` answers 200,000 characters.
 import { createInterface } from "node:readline";
 
 const mode = process.argv[2] ?? "tools";
@@ -29,6 +29,7 @@ if (mode === "garbage") {
             { name: "ok", description: "Answers", inputSchema: schema },
             { name: "hang", description: "Never answers", inputSchema: schema },
             { name: "crash", description: "Exits mid-call", inputSchema: schema },
+            { name: "big", description: "Answers 200,000 characters", inputSchema: schema },
             { name: "bad-schema", description: "Has no object schema", inputSchema: { type: "string" } },
           ],
         });
@@ -38,6 +39,10 @@ if (mode === "garbage") {
           process.exit(3);
         }
         if (request.params.name === "hang") return;
+        if (request.params.name === "big") {
+          const lines = Array.from({ length: 4000 }, (_, i) => `line ${String(i).padStart(5, "0")} ${"x".repeat(38)}`);
+          return reply({ content: [{ type: "text", text: lines.join("\n") }] });
+        }
         return reply({ content: [{ type: "text", text: `ok: ${request.params.arguments?.text ?? ""}` }] });
       case "ping":
         return reply({});
