@@ -23,6 +23,11 @@
 //!   connection holds it) whose transcript is empty, small (10 items, 1 kB) or long
 //!   (500 items, about 1 MB); the connection detaches between attaches.
 //!
+//! - `requests`: the step answering a v1 `list` (one stored session) and the
+//!   one answering a v8 `pi.session-management.detach` (not attached), on
+//!   connections of their own: what the `v8` bench item compares, without
+//!   the sockets.
+//!
 //! A benchmark, not a test: nothing is asserted about time.
 
 // A benchmark measures wall time; the kernel's no-clock rule is for the kernel itself.
@@ -440,6 +445,89 @@ fn with_catalog(n: u64) -> Server {
     server
 }
 
+/// A v8 client frame: `value` as CBOR, framed.
+fn v8_frame(value: &kernel::wire::Value) -> Vec<u8> {
+    let payload = kernel::wire::cbor::to_vec(value).expect("a client value encodes");
+    encode_frame(&payload, DEFAULT_MAX_FRAME_LEN).expect("fits")
+}
+
+/// A v1 `list` and a v8 `detach`, each the only request of its connection
+/// (`STEPS_ROUNDS=N`: N of each, for instruction counts under callgrind).
+fn bench_requests() {
+    use kernel::wire::Value;
+    let mut server = with_catalog(1);
+    let now = Instant(1);
+    connect(&mut server, now, ConnId(1));
+    let out = server.step(
+        now,
+        Input::Accepted {
+            conn: ConnId(2),
+            peer: None,
+        },
+    );
+    ack_all(&mut server, now, out);
+    let hello = Value::object(vec![
+        ("type", Value::text("hello")),
+        ("version", Value::Int(8)),
+    ]);
+    let out = server.step(
+        now,
+        Input::Received {
+            conn: ConnId(2),
+            bytes: v8_frame(&hello),
+        },
+    );
+    ack_all(&mut server, now, out);
+    let list = frame(&ClientMessage::Request(Request {
+        id: "l".into(),
+        command: Command::List,
+    }));
+    let call = Value::object(vec![
+        ("kind", Value::text("call")),
+        ("service", Value::text("pi.session-management")),
+        ("method", Value::text("detach")),
+        (
+            "args",
+            Value::Array(vec![Value::object(vec![(
+                "sessionId",
+                Value::text("nope"),
+            )])]),
+        ),
+    ]);
+    let detach = v8_frame(&Value::object(vec![
+        ("type", Value::text("request")),
+        ("id", Value::text("d")),
+        (
+            "target",
+            Value::object(vec![("serverId", Value::text(config().server_id))]),
+        ),
+        ("call", call),
+    ]));
+    let fixed: Option<u64> = std::env::var("STEPS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut bytes = 0;
+    if let Some(rounds) = fixed {
+        for _ in 0..rounds {
+            timed_request(&mut server, now, ConnId(1), &list, &mut bytes);
+            timed_request(&mut server, now, ConnId(2), &detach, &mut bytes);
+        }
+        return;
+    }
+    let (list_ms, runs) = time_ms(|| timed_request(&mut server, now, ConnId(1), &list, &mut bytes));
+    println!(
+        "v1 list step, 1 stored session: {:.2} µs/step ({runs} runs, {bytes} B frame)",
+        list_ms * 1e3
+    );
+    let (detach_ms, runs) =
+        time_ms(|| timed_request(&mut server, now, ConnId(2), &detach, &mut bytes));
+    println!(
+        "v8 detach step (not attached): {:.2} µs/step ({runs} runs, {bytes} B frame); {:.2}× list",
+        detach_ms * 1e3,
+        detach_ms / list_ms
+    );
+}
+
 /// Times `f` over repeated runs for about a second; returns ms per run.
 fn time_ms(mut f: impl FnMut() -> Duration) -> (f64, u64) {
     let started = std::time::Instant::now();
@@ -681,6 +769,9 @@ fn main() {
     if run("hello") {
         bench_hello(1_000);
         bench_hello(10_000);
+    }
+    if run("requests") {
+        bench_requests();
     }
     if run("attach") {
         bench_attach(0, 0);

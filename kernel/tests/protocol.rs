@@ -2622,3 +2622,56 @@ proptest! {
         prop_assert_eq!(hex(&spliced), hex(&encode_server_message(&list)?));
     }
 }
+
+/// A v8 request envelope as a client encodes it (the call last).
+fn v8_request_bytes(id: &str, session: Option<(&str, &str)>, method: &str) -> Vec<u8> {
+    let server = (
+        "serverId".to_owned(),
+        text("00000000-0000-4000-8000-000000000001"),
+    );
+    let target = match session {
+        None => Value::Map(vec![server]),
+        Some((s, a)) => Value::Map(vec![
+            server,
+            ("sessionId".to_owned(), text(s)),
+            ("attachmentId".to_owned(), text(a)),
+        ]),
+    };
+    let call = Value::Map(vec![
+        ("kind".to_owned(), text("call")),
+        ("service".to_owned(), text("pi.session-management")),
+        ("method".to_owned(), text(method)),
+        (
+            "args".to_owned(),
+            Value::Array(vec![Value::Map(vec![("sessionId".to_owned(), text("s1"))])]),
+        ),
+    ]);
+    let envelope = Value::Map(vec![
+        ("type".to_owned(), text("request")),
+        ("id".to_owned(), text(id)),
+        ("target".to_owned(), target),
+        ("call".to_owned(), call),
+    ]);
+    kernel::wire::cbor::to_vec(&envelope).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// The v8 envelope's direct reader yields what the tree path does
+    /// (`decode_client_message` asserts it in debug builds, as these are),
+    /// on well-formed and on corrupted requests.
+    #[test]
+    fn the_v8_direct_reader_takes_only_what_the_tree_accepts(
+        request_id in id(),
+        session in prop::option::of((id(), id())),
+        corruptions in prop::collection::vec(corruption(), 0..4),
+    ) {
+        let session = session.as_ref().map(|(s, a)| (s.as_str(), a.as_str()));
+        let bytes = corrupt(v8_request_bytes(&request_id, session, "detach"), &corruptions);
+        let decoded = kernel::protocol::v8::decode_client_message(&bytes, &CborLimits::default());
+        if corruptions.is_empty() {
+            prop_assert!(decoded.is_ok(), "{decoded:?}");
+        }
+    }
+}

@@ -103,51 +103,89 @@ pub enum ClientMessage {
 }
 
 /// Decodes one client payload of a v8 connection, strictly: exact key sets.
+/// The message's parts are moved out of the decoded tree, not copied.
 pub fn decode_client_message(payload: &[u8], limits: &CborLimits) -> Result<ClientMessage, String> {
+    // Most messages are requests every client encodes alike: read straight
+    // from the bytes, the tree path judging anything else.
+    if let Some(fast) = fast_request(payload, limits) {
+        debug_assert_eq!(Ok(&fast), decode_tree(payload, limits).as_ref());
+        return Ok(fast);
+    }
+    decode_tree(payload, limits)
+}
+
+/// A request read by [`super::codec::read::v8_request`], checked as the tree
+/// path checks it; `None` for anything the tree path must judge.
+fn fast_request(payload: &[u8], limits: &CborLimits) -> Option<ClientMessage> {
+    let r = super::codec::read::v8_request(payload, limits)?;
+    if r.id.is_empty() || !is_server_id(r.server_id) || !r.call.is_json() {
+        return None;
+    }
+    let server_id = r.server_id.to_owned();
+    let target = match r.session {
+        None => Target::Server { server_id },
+        Some((session, attachment)) if !session.is_empty() && !attachment.is_empty() => {
+            Target::Session {
+                server_id,
+                session_id: session.to_owned(),
+                attachment_id: attachment.to_owned(),
+            }
+        }
+        Some(_) => return None,
+    };
+    Some(ClientMessage::Request {
+        id: r.id.to_owned(),
+        target,
+        call: r.call,
+    })
+}
+
+/// [`decode_client_message`] through the value tree.
+fn decode_tree(payload: &[u8], limits: &CborLimits) -> Result<ClientMessage, String> {
     let value = cbor::decode(payload, limits).map_err(|e| e.to_string())?;
-    let Value::Map(entries) = &value else {
+    let Value::Map(entries) = value else {
         return Err("a message must be an object".into());
     };
-    let keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
-    let id = || match value.get("id") {
-        Some(Value::Text(s)) if !s.is_empty() => Ok(s.clone()),
-        _ => Err("id must be a non-empty string".to_string()),
+    let kind = match entries.iter().find(|(k, _)| k == "type") {
+        Some((_, Value::Text(t))) => t.as_str(),
+        _ => return Err("unknown message type".into()),
     };
-    let target = || Target::parse(value.get("target").ok_or("target is missing")?);
-    let exactly = |expected: &[&str]| {
-        let mut sorted = keys.clone();
-        sorted.sort_unstable();
-        let mut want = expected.to_vec();
-        want.sort_unstable();
-        if sorted == want {
-            Ok(())
-        } else {
-            Err(format!("unexpected keys {keys:?}"))
-        }
+    let expected: &[&str] = match kind {
+        "hello" => return Ok(ClientMessage::Hello),
+        "request" => &["type", "id", "target", "call"],
+        "cancel" => &["type", "id", "target"],
+        _ => return Err("unknown message type".into()),
     };
-    match value.get("type") {
-        Some(Value::Text(t)) if t == "hello" => Ok(ClientMessage::Hello),
-        Some(Value::Text(t)) if t == "request" => {
-            exactly(&["type", "id", "target", "call"])?;
-            let call = value.get("call").expect("checked").clone();
-            if !call.is_json() {
-                return Err("call must be JSON".into());
-            }
-            Ok(ClientMessage::Request {
-                id: id()?,
-                target: target()?,
-                call,
-            })
-        }
-        Some(Value::Text(t)) if t == "cancel" => {
-            exactly(&["type", "id", "target"])?;
-            Ok(ClientMessage::Cancel {
-                id: id()?,
-                target: target()?,
-            })
-        }
-        _ => Err("unknown message type".into()),
+    // Keys are unique (the decoder refuses a repeated one).
+    if entries.len() != expected.len()
+        || !entries.iter().all(|(k, _)| expected.contains(&k.as_str()))
+    {
+        let keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+        return Err(format!("unexpected keys {keys:?}"));
     }
+    let request = kind == "request";
+    let (mut id, mut target, mut call) = (None, None, None);
+    for (key, value) in entries {
+        match key.as_str() {
+            "id" => id = Some(value),
+            "target" => target = Some(value),
+            "call" => call = Some(value),
+            _ => {}
+        }
+    }
+    let id = match id {
+        Some(Value::Text(s)) if !s.is_empty() => s,
+        _ => return Err("id must be a non-empty string".to_string()),
+    };
+    let target = Target::parse(&target.ok_or("target is missing")?)?;
+    if !request {
+        return Ok(ClientMessage::Cancel { id, target });
+    }
+    let call = call.expect("checked");
+    if !call.is_json() {
+        return Err("call must be JSON".into());
+    }
+    Ok(ClientMessage::Request { id, target, call })
 }
 
 fn error_value(error: &CallError) -> Value {
@@ -254,6 +292,45 @@ pub fn hello_error(error: &CallError) -> Value {
     ])
 }
 
+/// The payload of a `response`, written straight from its parts: the bytes
+/// of [`ServerMessage::Ok`] or [`ServerMessage::Err`] encoded, without
+/// building (and copying the result into) their tree.
+pub fn encode_response(
+    id: &str,
+    result: Result<Option<&Value>, &CallError>,
+    limits: &CborLimits,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(64);
+    let mut e = cbor::Encoder::new(&mut out, limits);
+    (|| {
+        e.map_header(if matches!(result, Ok(None)) { 3 } else { 4 })?;
+        e.text("type")?;
+        e.text("response")?;
+        e.text("id")?;
+        e.text(id)?;
+        e.text("ok")?;
+        e.boolean(result.is_ok());
+        match result {
+            Ok(Some(value)) => {
+                e.text("result")?;
+                e.nested_item(value, 1)?;
+            }
+            Ok(None) => {}
+            Err(error) => {
+                e.text("error")?;
+                e.map_header(2)?;
+                e.text("code")?;
+                e.text(&error.code)?;
+                e.text("message")?;
+                e.text(&error.message)?;
+            }
+        }
+        e.finish()
+    })()
+    .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 /// The payload of a server message, within `limits`.
 pub fn encode(message: &Value, limits: &CborLimits) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
@@ -315,6 +392,45 @@ mod tests {
             }),
             "00000057a4647479706568726573706f6e736562696469726571756573742d31626f6bf566726573756c7481a2697365727669636549647470692e73657373696f6e2d6469726563746f7279646d6f64656973696e676c65746f6e"
         );
+    }
+
+    #[test]
+    fn a_response_written_directly_is_the_trees_bytes() {
+        let limits = CborLimits::default();
+        let result = Value::object(vec![("accepted", Value::Bool(true)), ("n", Value::Int(3))]);
+        let error = CallError {
+            code: "session_not_found".into(),
+            message: "Session not found: x".into(),
+        };
+        let cases: [(Result<Option<&Value>, &CallError>, ServerMessage); 3] = [
+            (
+                Ok(Some(&result)),
+                ServerMessage::Ok {
+                    id: "r1".into(),
+                    result: Some(result.clone()),
+                },
+            ),
+            (
+                Ok(None),
+                ServerMessage::Ok {
+                    id: "r1".into(),
+                    result: None,
+                },
+            ),
+            (
+                Err(&error),
+                ServerMessage::Err {
+                    id: "r1".into(),
+                    error: error.clone(),
+                },
+            ),
+        ];
+        for (parts, message) in cases {
+            assert_eq!(
+                encode_response("r1", parts, &limits).unwrap(),
+                encode(&message.to_value(), &limits).unwrap()
+            );
+        }
     }
 
     #[test]

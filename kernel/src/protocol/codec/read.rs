@@ -94,6 +94,76 @@ fn read_command(r: &mut Reader<'_>, limits: &CborLimits) -> Option<Command> {
     Some(command)
 }
 
+/// The parts of a v8 `request` envelope, borrowed from its bytes.
+pub struct V8Request<'a> {
+    /// The request's id.
+    pub id: &'a str,
+    /// `target.serverId`.
+    pub server_id: &'a str,
+    /// `target.sessionId` and `target.attachmentId`, for a session target.
+    pub session: Option<(&'a str, &'a str)>,
+    /// The call, decoded on its own.
+    pub call: crate::wire::Value,
+}
+
+/// `payload` as a v8 `{type:"request", id, target, call}` whose `call` comes
+/// last (as every client encodes it), or `None` when the tree path must
+/// decide. The call is decoded alone, one level of depth below the limit,
+/// as it would be inside the envelope.
+pub fn v8_request<'a>(payload: &'a [u8], limits: &CborLimits) -> Option<V8Request<'a>> {
+    if payload.len() > limits.max_byte_len || limits.max_depth < 2 {
+        return None;
+    }
+    let mut r = Reader {
+        bytes: payload,
+        at: 0,
+    };
+    if r.map_of(4, limits)? != 4 {
+        return None;
+    }
+    let (mut kind, mut id, mut target) = (None, None, None);
+    for _ in 0..3 {
+        match r.text()? {
+            "type" if kind.is_none() => kind = Some(r.text()?),
+            "id" if id.is_none() => id = Some(r.text()?),
+            "target" if target.is_none() => {
+                let entries = r.map_of(3, limits)?;
+                let (mut server, mut session, mut attachment) = (None, None, None);
+                for _ in 0..entries {
+                    match r.text()? {
+                        "serverId" if server.is_none() => server = Some(r.text()?),
+                        "sessionId" if session.is_none() => session = Some(r.text()?),
+                        "attachmentId" if attachment.is_none() => attachment = Some(r.text()?),
+                        _ => return None,
+                    }
+                }
+                let session = match (entries, session, attachment) {
+                    (1, None, None) => None,
+                    (3, Some(s), Some(a)) => Some((s, a)),
+                    _ => return None,
+                };
+                target = Some((server?, session));
+            }
+            _ => return None,
+        }
+    }
+    if kind? != "request" || r.text()? != "call" {
+        return None;
+    }
+    let inner = CborLimits {
+        max_depth: limits.max_depth - 1,
+        ..*limits
+    };
+    let call = crate::wire::cbor::decode(&payload[r.at..], &inner).ok()?;
+    let (server_id, session) = target?;
+    Some(V8Request {
+        id: id?,
+        server_id,
+        session,
+        call,
+    })
+}
+
 /// A cursor over the payload.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -134,8 +204,13 @@ impl<'a> Reader<'a> {
 
     /// A map header of at most three entries (the most a request map has).
     fn map(&mut self, limits: &CborLimits) -> Option<usize> {
+        self.map_of(3, limits)
+    }
+
+    /// A map header of at most `most` entries.
+    fn map_of(&mut self, most: u64, limits: &CborLimits) -> Option<usize> {
         match self.head()? {
-            (MAP, entries @ 0..=3) if entries as usize <= limits.max_container_len => {
+            (MAP, entries) if entries <= most && entries as usize <= limits.max_container_len => {
                 Some(entries as usize)
             }
             _ => None,

@@ -533,17 +533,12 @@ impl Server {
         if !self.v8_end(conn, id) {
             return;
         }
-        let message = match result {
-            Ok(result) => ServerMessage::Ok {
-                id: id.to_string(),
-                result,
-            },
-            Err(error) => ServerMessage::Err {
-                id: id.to_string(),
-                error,
-            },
-        };
-        self.v8_send(conn, &message);
+        let limits = &self.config.limits;
+        let payload = proto::encode_response(id, result.as_ref().map(Option::as_ref), &limits.cbor);
+        let frame = payload.and_then(|payload| {
+            encode_frame(&payload, limits.max_frame_len).map_err(|e| e.to_string())
+        });
+        self.send_encoded(conn, frame.map(Frame::from));
     }
 
     /// A request of `conn` is answered: it is no longer active, and if it
