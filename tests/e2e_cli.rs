@@ -1255,3 +1255,58 @@ async fn mcp_list_shows_servers_their_state_and_tools() {
         .stdout;
     assert!(reply.contains("The sum of 2 and 40 is 42"), "{reply}");
 }
+
+/// `exec --json` and `prompt --json`: one JSON object a line on stdout (the
+/// new session, each event of the turn, its end), nothing else.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_and_prompt_print_json_lines_with_json() {
+    let server = TestServer::start("jsonl").await;
+    let out = server
+        .run_cli(&["exec", "--json", "--cwd", "/tmp", "!echo hi"])
+        .await
+        .success()
+        .stdout;
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"session"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"turn_end"), "{kinds:?}");
+    let session = lines[0]["id"].as_str().unwrap().to_owned();
+    let call = lines
+        .iter()
+        .find(|l| l["type"] == "tool_call")
+        .expect("a tool call");
+    assert_eq!(call["name"], "bash");
+    assert_eq!(call["input"]["command"], "echo hi");
+    let done = lines
+        .iter()
+        .find(|l| l["type"] == "tool" && l["status"] == "complete")
+        .expect("the tool's result");
+    assert!(done["output"].as_str().unwrap().contains("hi"), "{done}");
+    let text: String = lines
+        .iter()
+        .filter(|l| l["type"] == "text")
+        .map(|l| l["delta"].as_str().unwrap())
+        .collect();
+    assert!(text.contains("The bash tool finished: hi"), "{text}");
+    assert_eq!(lines.last().unwrap()["ok"], true);
+    assert_eq!(lines.last().unwrap()["session"], session.as_str());
+
+    let out = server
+        .run_cli(&["prompt", "--json", &session, "hello"])
+        .await
+        .success()
+        .stdout;
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "turn_end");
+    assert!(
+        out.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    assert!(
+        !out.contains("\"user\""),
+        "our own prompt is not echoed: {out}"
+    );
+}

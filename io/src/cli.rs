@@ -234,6 +234,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             text,
             last,
             quiet,
+            json,
         } => {
             // With --last every word is the prompt's.
             let (which, words) = match (last, id) {
@@ -250,16 +251,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ));
             }
             let text = prompt_text(&words)?;
-            return run_prompt(&target()?, &which, &text, quiet).await;
+            let shown = stream::Shown::of(quiet, json);
+            return run_prompt(&target()?, &which, &text, shown).await;
         }
         Commands::Exec {
             create,
             quiet,
+            json,
             text,
         } => {
             let text = prompt_text(&text)?;
             let params = commands::create_params(create)?;
-            return stream::run_exec(&target()?, params, &text, quiet).await;
+            let shown = stream::Shown::of(quiet, json);
+            return stream::run_exec(&target()?, params, &text, shown).await;
         }
         Commands::Attach {
             id,

@@ -157,6 +157,10 @@ pub(super) enum Commands {
         /// The reply alone: no tool calls or thinking on stderr.
         #[arg(short, long)]
         quiet: bool,
+        /// One JSON object a line on stdout for each event of the turn
+        /// (text, thinking, tool calls and results, notices), then its end.
+        #[arg(long)]
+        json: bool,
     },
 
     /// Create a session, send it one prompt, stream the reply, and exit (as
@@ -170,6 +174,10 @@ pub(super) enum Commands {
         /// The reply alone: no tool calls, thinking or session id on stderr.
         #[arg(short, long)]
         quiet: bool,
+        /// One JSON object a line on stdout: the new session, each event of
+        /// the turn (text, thinking, tool calls and results, notices), its end.
+        #[arg(long)]
+        json: bool,
         /// The prompt; several words are joined with spaces. `-` alone reads
         /// the prompt from standard input.
         #[arg(required = true, num_args = 1.., value_name = "TEXT")]

@@ -33,6 +33,67 @@ pub(super) struct Stream {
     activity: bool,
     /// With `activity`: thinking is being written to stderr.
     thinking: bool,
+    /// Every event a JSON line on stdout instead (`--json`).
+    json: bool,
+}
+
+/// What `prompt` and `exec` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// The reply on stdout; tool calls, thinking and notices on stderr.
+    Activity,
+    /// The reply alone (`--quiet`).
+    Reply,
+    /// Every event as a JSON line on stdout (`--json`).
+    Json,
+}
+
+impl Shown {
+    pub(super) fn of(quiet: bool, json: bool) -> Self {
+        match (json, quiet) {
+            (true, _) => Self::Json,
+            (false, true) => Self::Reply,
+            (false, false) => Self::Activity,
+        }
+    }
+
+    fn stream(self) -> Stream {
+        match self {
+            Self::Activity => Stream::new().with_activity(),
+            Self::Reply => Stream::new(),
+            Self::Json => Stream {
+                json: true,
+                ..Stream::new()
+            },
+        }
+    }
+}
+
+/// A tool item's status as the protocol writes it.
+fn tool_status(status: ToolStatus) -> &'static str {
+    match status {
+        ToolStatus::Running => "running",
+        ToolStatus::Complete => "complete",
+        ToolStatus::Error => "error",
+    }
+}
+
+/// An ended reply's status as the protocol writes it (its stop reason, when complete).
+fn reply_status(status: kernel::protocol::AssistantStatus) -> &'static str {
+    use kernel::protocol::{AssistantStatus, StopReason};
+    match status {
+        AssistantStatus::Streaming => "streaming",
+        AssistantStatus::Complete(StopReason::Stop) => "stop",
+        AssistantStatus::Complete(StopReason::Length) => "length",
+        AssistantStatus::Complete(StopReason::ToolUse) => "toolUse",
+        AssistantStatus::Error => "error",
+        AssistantStatus::Aborted => "aborted",
+    }
+}
+
+/// One JSON line on stdout.
+fn json_line(value: serde_json::Value) {
+    crate::cli::print(&format!("{value}\n"));
 }
 
 impl Stream {
@@ -47,6 +108,7 @@ impl Stream {
             interrupted: false,
             activity: false,
             thinking: false,
+            json: false,
         }
     }
 
@@ -130,9 +192,16 @@ impl Stream {
     }
 
     pub(super) fn show(&mut self, updates: Vec<Update>) {
+        if self.json {
+            return self.show_json(updates);
+        }
         for update in updates {
             let shown = self.showing || !self.own_only;
             match update {
+                // Told before the turn (a server that did not start): its own.
+                Update::Notice { text, .. } if self.activity => {
+                    self.note(&format!("⚠ {}", crate::tui::view::sanitize(&text)));
+                }
                 Update::User { own: true, .. } => self.showing = true,
                 Update::Text { item_id, delta } if shown => {
                     self.end_thinking();
@@ -163,6 +232,55 @@ impl Stream {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+impl Stream {
+    /// The updates as JSON lines: notices, and everything of our turn.
+    fn show_json(&mut self, updates: Vec<Update>) {
+        use crate::agent::json::to_json;
+        use serde_json::json;
+        for update in updates {
+            let shown = self.showing || !self.own_only;
+            let line = match update {
+                Update::User { own: true, .. } => {
+                    self.showing = true;
+                    continue;
+                }
+                Update::Notice { text, .. } => json!({"type": "notice", "text": text}),
+                _ if !shown => continue,
+                Update::User { text, .. } => json!({"type": "user", "text": text}),
+                Update::Text { item_id, delta } => {
+                    self.deltas += 1;
+                    json!({"type": "text", "item": item_id, "delta": delta})
+                }
+                Update::Thinking { item_id, delta } => {
+                    json!({"type": "thinking", "item": item_id, "delta": delta})
+                }
+                Update::ToolCall {
+                    tool_call_id,
+                    tool_name,
+                    input,
+                } => json!({"type": "tool_call", "id": tool_call_id, "name": tool_name,
+                    "input": to_json(&input)}),
+                Update::Tool {
+                    tool_call_id,
+                    tool_name,
+                    status,
+                    content,
+                    ..
+                } => json!({"type": "tool", "id": tool_call_id, "name": tool_name,
+                    "status": tool_status(status), "output": follow::text_of(&content)}),
+                Update::Reply {
+                    item_id,
+                    status,
+                    error_message,
+                    usage,
+                } => json!({"type": "reply_end", "item": item_id, "status": reply_status(status),
+                    "error": error_message, "tokens": usage.map(|u| u.total_tokens)}),
+            };
+            json_line(line);
         }
     }
 }
@@ -322,10 +440,10 @@ pub(super) async fn run_prompt(
     target: &Target,
     which: &Which,
     text: &str,
-    quiet: bool,
+    shown: Shown,
 ) -> Result<(), Failure> {
     let (client, id) = which_session(target, which).await?;
-    let result = prompt_attached(&client, &id, text, quiet).await;
+    let result = prompt_attached(&client, &id, text, shown).await;
     let _ = client.detach(&id).await;
     client.close().await;
     result
@@ -336,7 +454,7 @@ pub(super) async fn run_exec(
     target: &Target,
     params: kernel::protocol::CreateParams,
     text: &str,
-    quiet: bool,
+    shown: Shown,
 ) -> Result<(), Failure> {
     let client = super::activate::connect(target).await?;
     let created = client
@@ -345,8 +463,11 @@ pub(super) async fn run_exec(
         .map_err(|e| format!("cannot create the session: {e}"));
     let result = match created {
         Ok(session) => {
-            let result = prompt_attached(&client, &session.id, text, quiet).await;
-            if !quiet {
+            if shown == Shown::Json {
+                json_line(serde_json::json!({"type": "session", "id": session.id}));
+            }
+            let result = prompt_attached(&client, &session.id, text, shown).await;
+            if shown == Shown::Activity {
                 eprintln!(
                     "(session {}: `pi-server prompt {} ...` goes on with it)",
                     session.id,
@@ -368,7 +489,7 @@ pub(super) async fn prompt_attached(
     client: &Client,
     id: &str,
     text: &str,
-    quiet: bool,
+    shown: Shown,
 ) -> Result<(), Failure> {
     client
         .attach(id)
@@ -376,13 +497,18 @@ pub(super) async fn prompt_attached(
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
-    let mut stream = if quiet {
-        Stream::new()
-    } else {
-        Stream::new().with_activity()
-    };
+    let mut stream = shown.stream();
     let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
     let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
+    if shown == Shown::Json {
+        let end = match &outcome {
+            Ok(()) => serde_json::json!({"type": "turn_end", "session": id, "ok": true}),
+            Err(message) => {
+                serde_json::json!({"type": "turn_end", "session": id, "ok": false, "error": message})
+            }
+        };
+        json_line(end);
+    }
     match outcome {
         Err(message) if stream.interrupted => {
             eprintln!("pi-server: {message}");
