@@ -643,19 +643,11 @@ impl<D: Dial> Worker<D> {
                     if events.send(started_input).await.is_err() {
                         return;
                     }
-                    let agent::mcp::Started {
-                        service,
-                        group,
-                        stderr,
-                    } = started;
-                    let _ = service.waiting().await;
-                    drop(group);
+                    let reason = started.ended().await;
                     peers
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .remove(&task_key);
-                    let said = stderr.lock().map(|s| s.clone()).unwrap_or_default();
-                    let reason = agent::mcp::explain("it closed its connection", &said);
                     let _ = events.send(failed(reason)).await;
                 }
             }

@@ -29,20 +29,34 @@ pub const RESULT_MAX_BYTES: usize = 50 * 1024;
 /// Bytes of a stdio server's stderr kept to explain why it stopped.
 const STDERR_TAIL: usize = 2048;
 
-/// A started server: its session with the client, and what to kill with it.
+/// A started server: its session with the client, and what to kill with
+/// it. Dropping it ends the session and kills the server's process group.
 pub struct Started {
-    /// The running MCP session; dropping it ends the session.
-    pub service: RunningService<RoleClient, ()>,
-    /// The server's process group (stdio), killed when this is dropped.
-    pub group: Option<Box<dyn Send + Sync>>,
+    service: RunningService<RoleClient, ()>,
+    /// The server's process group (stdio).
+    group: Option<GroupKill>,
     /// The end of the server's stderr (stdio).
-    pub stderr: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Started {
     /// What the client uses to call the server's tools.
     pub fn peer(&self) -> Peer<RoleClient> {
         self.service.peer().clone()
+    }
+
+    /// Waits until the server ends its session (it exited, or closed its
+    /// end), kills what is left of its processes, and says why, for a notice.
+    pub async fn ended(self) -> String {
+        let Self {
+            service,
+            group,
+            stderr,
+        } = self;
+        let _ = service.waiting().await;
+        drop(group);
+        let said = stderr.lock().map(|s| s.clone()).unwrap_or_default();
+        explain("it closed its connection", &said)
     }
 }
 
@@ -70,7 +84,7 @@ pub async fn start(
             let pid = process
                 .id()
                 .and_then(|id| rustix::process::Pid::from_raw(id as i32));
-            let group: Box<dyn Send + Sync> = Box::new(GroupKill::new(pid, session));
+            let group = GroupKill::new(pid, session);
             if let Some(err) = err {
                 tokio::spawn(keep_stderr(err, Arc::clone(&stderr)));
             }
