@@ -64,6 +64,12 @@ pub struct Machine {
     /// on the current connection (judged from outside the machine: it
     /// never goes back within a connection).
     cached: BTreeMap<String, u64>,
+    /// `session_snapshot` frames read on the current connection (the
+    /// newest few), which a replay fault delivers again, stale.
+    snapshot_frames: VecDeque<Vec<u8>>,
+    /// Delivers an old snapshot frame again with this probability per pump
+    /// (a generator of its own, so other seeds keep their runs).
+    replay: Option<(Prng, Ratio)>,
     /// Counters.
     pub stats: MachineStats,
 }
@@ -83,6 +89,8 @@ pub struct MachineStats {
     pub reconnects: u64,
     /// Prompts that succeeded.
     pub prompts_done: u64,
+    /// Stale snapshot frames delivered again.
+    pub replays: u64,
     /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
     pub errors: BTreeMap<String, u64>,
 }
@@ -96,6 +104,7 @@ impl MachineStats {
         self.failed += other.failed;
         self.reconnects += other.reconnects;
         self.prompts_done += other.prompts_done;
+        self.replays += other.replays;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_insert(0) += n;
         }
@@ -120,6 +129,8 @@ impl Machine {
             outstanding: BTreeMap::new(),
             leases: BTreeMap::new(),
             cached: BTreeMap::new(),
+            snapshot_frames: VecDeque::new(),
+            replay: None,
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
@@ -140,7 +151,23 @@ impl Machine {
     pub fn pump(&mut self, world: &mut World) -> Result<(), Violation> {
         if let Some(conn) = self.conn {
             for frame in world.take_read(conn) {
-                self.feed(world, ClientInput::Received(frame.bytes().into_owned()))?;
+                let bytes = frame.bytes().into_owned();
+                if self.replay.is_some() && is_snapshot_event(&bytes) {
+                    if self.snapshot_frames.len() == 8 {
+                        self.snapshot_frames.pop_front();
+                    }
+                    self.snapshot_frames.push_back(bytes.clone());
+                }
+                self.feed(world, ClientInput::Received(bytes))?;
+            }
+            if let Some((prng, ratio)) = self.replay.as_mut()
+                && !self.snapshot_frames.is_empty()
+                && prng.chance(*ratio)
+            {
+                let i = prng.below(self.snapshot_frames.len() as u64) as usize;
+                let stale = self.snapshot_frames[i].clone();
+                self.stats.replays += 1;
+                self.feed(world, ClientInput::Received(stale))?;
             }
             if self.conn == Some(conn) && world.client(conn).closed {
                 self.conn = None;
@@ -177,6 +204,7 @@ impl Machine {
                     }
                     ClientOutput::Connect => {
                         self.cached.clear();
+                        self.snapshot_frames.clear();
                         self.conn = Some(world.connect_tapped());
                         self.stats.reconnects += 1;
                         inputs.push_back(ClientInput::TransportUp);
@@ -386,6 +414,18 @@ pub struct Report {
     pub totals: MachineStats,
 }
 
+/// Whether a frame read is a `session_snapshot` event.
+fn is_snapshot_event(frame: &[u8]) -> bool {
+    use kernel::protocol::{ServerEvent, ServerMessage};
+    let Some(payload) = frame.get(4..) else {
+        return false;
+    };
+    matches!(
+        kernel::protocol::decode_server_message(payload, &Default::default()),
+        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { .. }))
+    )
+}
+
 /// Runs seed `seed` of the lease swarm for `steps` driver steps, then
 /// settles it. `Err` names the broken rule, or how the run failed to settle.
 pub fn run(seed: u64, steps: u64) -> Result<Report, String> {
@@ -440,8 +480,17 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     let fault_rate =
         [Ratio::new(0, 1), Ratio::new(1, 500), Ratio::new(1, 100)][prng.below(3) as usize];
     let mut machines = Vec::new();
+    // A third of the seeds deliver stale snapshot frames again, from a
+    // generator of their own: a machine must not take an older revision.
+    let mut replaying = Prng::new(seed ^ 0x4e91);
+    let replay = replaying
+        .below(3)
+        .eq(&0)
+        .then(|| Ratio::new(replaying.range_inclusive(1, 20) as u32, 100));
     for i in 1..=report.machines {
-        machines.push(Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?);
+        let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
+        machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
+        machines.push(machine);
     }
     let fail = |v: Violation, step: u64| format!("step {step}: {v}");
     for step in 1..=steps {

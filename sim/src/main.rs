@@ -185,13 +185,15 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
         count as f64 / seconds.max(1e-9)
     );
     println!(
-        "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}",
+        "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}, \
+         stale snapshots replayed {}",
         totals.calls,
         totals.ok,
         totals.failed,
         totals.disconnected,
         totals.reconnects,
-        totals.prompts_done
+        totals.prompts_done,
+        totals.replays
     );
     for (kind, n) in &totals.errors {
         println!("  {kind}: {n}");

@@ -24,6 +24,7 @@ fn client_machines_keep_their_rules_under_faults() {
                 totals.totals.disconnected += report.totals.disconnected;
                 totals.totals.reconnects += report.totals.reconnects;
                 totals.totals.prompts_done += report.totals.prompts_done;
+                totals.totals.replays += report.totals.replays;
             }
             Err(e) => failures.push(format!("seed {seed}: {e}")),
         }
@@ -40,6 +41,10 @@ fn client_machines_keep_their_rules_under_faults() {
     assert!(totals.totals.reconnects > 20, "{totals:?}");
     assert!(totals.replacements > 5 && totals.crashes > 5, "{totals:?}");
     assert!(totals.strangers > 20, "{totals:?}");
+    assert!(
+        totals.totals.replays > 20,
+        "stale snapshots delivered again: {totals:?}"
+    );
 }
 
 /// One short run, whole: three machines, a hand-off, a crash, a dropped

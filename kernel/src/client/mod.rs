@@ -58,7 +58,7 @@ pub mod lease;
 pub mod lookup;
 pub mod slash;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -300,6 +300,9 @@ pub struct Client {
     leases: Leases,
     server: Option<ServerSnapshot>,
     sessions: BTreeMap<String, SessionSnapshot>,
+    /// Sessions removed while this connection lasts: a snapshot of one
+    /// after its removal is stale and not taken.
+    removed: BTreeSet<String>,
     /// Transcript length at send time of each prompt request in flight.
     prompt_bases: BTreeMap<String, usize>,
     /// Re-attachments in flight after a reconnection: request id → session.
@@ -324,6 +327,7 @@ impl Client {
             leases: Leases::new(),
             server: None,
             sessions: BTreeMap::new(),
+            removed: BTreeSet::new(),
             prompt_bases: BTreeMap::new(),
             reattaching: BTreeMap::new(),
             resuming: BTreeMap::new(),
@@ -404,6 +408,7 @@ impl Client {
             return;
         }
         self.decoder = FrameDecoder::new(self.config.limits.max_frame_len);
+        self.removed.clear();
         let hello = ClientMessage::Hello(ClientHello {
             version: PROTOCOL_VERSION,
             token: self.config.token.clone(),
@@ -644,6 +649,9 @@ impl Client {
     }
 
     fn observe_session(&mut self, snapshot: &SessionSnapshot) {
+        if self.removed.contains(&snapshot.id) {
+            return;
+        }
         let newer = self
             .sessions
             .get(&snapshot.id)
@@ -668,6 +676,7 @@ impl Client {
             ServerEvent::SessionProgress { .. } => {}
             ServerEvent::SessionRemoved { session_id } => {
                 self.sessions.remove(session_id);
+                self.removed.insert(session_id.clone());
             }
         }
     }
@@ -677,6 +686,7 @@ impl Client {
             self.observe_session(session);
         } else if let CommandResult::Remove { session_id } = result {
             self.sessions.remove(session_id);
+            self.removed.insert(session_id.clone());
         }
     }
 
