@@ -115,6 +115,13 @@ impl Busy {
     /// Applies one fact.
     pub fn observe(&mut self, fact: &Fact) -> Check {
         match fact {
+            Fact::UnaskedAnswer { worker, op } => {
+                return violation(format!(
+                    "{worker} answered {op}, which its server never gave it (or gave \
+                     before the worker lost it): the answer would complete another \
+                     server's operation"
+                ));
+            }
             Fact::RequestSent {
                 conn,
                 id,

@@ -259,6 +259,10 @@ pub enum Fact {
         session_id: String,
         op: OpId,
     },
+    /// A worker answered operation `op`, which the server on its channel
+    /// never gave it (or gave before the worker lost that server): the
+    /// answer would complete another server's operation of that number.
+    UnaskedAnswer { worker: WorkerId, op: OpId },
     /// The kernel consumed the completion of operation `op` of `worker`.
     OpDoneConsumed {
         worker: WorkerId,

@@ -240,6 +240,8 @@ impl World {
         // leaving (or dead), and the new one does not listen yet.
         let now = self.now;
         let mut outputs = Vec::new();
+        // What the old server asked is no longer anyone's to answer.
+        w.asked.clear();
         if let Some(host) = w.host.as_mut() {
             outputs = host.step(now, HostInput::ChannelLost);
             if outputs.iter().any(|o| matches!(o, HostOutput::Announce(_))) {

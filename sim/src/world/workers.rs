@@ -62,6 +62,9 @@ pub(super) struct FakeWorker {
     pub(super) stream: Option<(u64, FauxStream)>,
     /// Fake tool runs in flight: tool item id → (due, tool name).
     pub(super) tools: BTreeMap<String, (Instant, String)>,
+    /// Operations the server on its current channel gave it and it has not
+    /// answered (judged from outside: a worker answers only those).
+    pub(super) asked: std::collections::BTreeSet<OpId>,
     /// Fake MCP server starts answering: (name, generation) → (due, up).
     pub(super) mcp_starts: BTreeMap<(String, u64), (Instant, bool)>,
     /// Fake MCP calls in flight: tool item id → (due, server, the server dies).
@@ -125,6 +128,7 @@ impl World {
             tools: BTreeMap::new(),
             mcp_starts: BTreeMap::new(),
             mcp_calls: BTreeMap::new(),
+            asked: Default::default(),
             since,
             to_runtime: VecDeque::new(),
             to_server: VecDeque::new(),
@@ -324,9 +328,12 @@ impl World {
     }
 
     fn worker_operation(&mut self, worker: WorkerId, op: OpId, operation: Operation) {
-        let Some(w) = self.workers.get(&worker) else {
+        let Some(w) = self.workers.get_mut(&worker) else {
             return;
         };
+        if w.host.is_some() {
+            w.asked.insert(op);
+        }
         let Some(runtime) = w.runtime() else {
             return;
         };
@@ -547,6 +554,14 @@ impl World {
                 .and_then(|w| w.wrong_id.take())
         {
             snapshot.head_mut().id = id;
+        }
+        if let FromWorker::OpDone { op, .. } = &*message
+            && let Some(w) = self.workers.get_mut(&worker)
+            && !w.asked.remove(op)
+            && self.options.record_facts
+        {
+            let op = *op;
+            self.fact(Fact::UnaskedAnswer { worker, op });
         }
         if let (Some(watched), FromWorker::OpDone { op, outcome }) =
             (self.watched_op.as_mut(), &*message)
