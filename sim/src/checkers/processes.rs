@@ -26,6 +26,14 @@ pub fn check(world: &World) -> Check {
             ));
         }
     }
+    // An orphan's grace counts from the loss of its server: announcing
+    // itself again does not start it over.
+    if let Some((orphan, since)) = world.overdue_orphans().first() {
+        return violation(format!(
+            "orphan {orphan}, orphaned at {since}, is idle past its grace at {}",
+            world.now
+        ));
+    }
     if world.is_server_down() {
         // The dead server's state is no one's truth; the orphans wait for the next.
         return Ok(());

@@ -905,6 +905,24 @@ impl World {
 
     /// Every fake worker the server has not yet seen exit: id, session, stage,
     /// whether its runtime is open and in a turn.
+    /// Orphans idle past their grace (counted from the loss of their
+    /// server, with one announcement's retry to notice): each should have
+    /// retired, whatever it announced meanwhile.
+    pub fn overdue_orphans(&self) -> Vec<(WorkerId, Instant)> {
+        let limits = self.worker_limits();
+        self.orphaned_at
+            .iter()
+            .filter(|(key, since)| {
+                self.now >= **since + limits.orphan_grace + limits.announce_retry
+                    && self.workers.get(key).is_some_and(|w| {
+                        w.stage == WorkerStage::Running
+                            && w.runtime().is_some_and(|r| r.phase() == SessionPhase::Idle)
+                    })
+            })
+            .map(|(key, since)| (*key, *since))
+            .collect()
+    }
+
     pub fn workers(&self) -> Vec<(WorkerId, &str, WorkerStage, Option<SessionPhase>)> {
         let phase = |w: &FakeWorker| w.runtime().map(Runtime::phase);
         self.workers
