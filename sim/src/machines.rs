@@ -65,8 +65,11 @@ pub struct Machine {
     /// never goes back within a connection).
     cached: BTreeMap<String, u64>,
     /// `session_snapshot` frames read on the current connection (the
-    /// newest few), which a replay fault delivers again, stale.
-    snapshot_frames: VecDeque<Vec<u8>>,
+    /// newest few, with their session and revision), which a replay fault
+    /// delivers again once a newer revision of their session was read.
+    snapshot_frames: VecDeque<(String, u64, Vec<u8>)>,
+    /// The newest revision read of each session on the current connection.
+    newest: BTreeMap<String, u64>,
     /// Delivers an old snapshot frame again with this probability per pump
     /// (a generator of its own, so other seeds keep their runs).
     replay: Option<(Prng, Ratio)>,
@@ -130,6 +133,7 @@ impl Machine {
             leases: BTreeMap::new(),
             cached: BTreeMap::new(),
             snapshot_frames: VecDeque::new(),
+            newest: BTreeMap::new(),
             replay: None,
             stats: MachineStats::default(),
         };
@@ -152,22 +156,35 @@ impl Machine {
         if let Some(conn) = self.conn {
             for frame in world.take_read(conn) {
                 let bytes = frame.bytes().into_owned();
-                if self.replay.is_some() && is_snapshot_event(&bytes) {
+                if self.replay.is_some()
+                    && let Some((session, revision)) = snapshot_event(&bytes)
+                {
+                    let newest = self.newest.entry(session.clone()).or_insert(revision);
+                    *newest = (*newest).max(revision);
                     if self.snapshot_frames.len() == 8 {
                         self.snapshot_frames.pop_front();
                     }
-                    self.snapshot_frames.push_back(bytes.clone());
+                    self.snapshot_frames
+                        .push_back((session, revision, bytes.clone()));
                 }
                 self.feed(world, ClientInput::Received(bytes))?;
             }
+            // Only a frame older than what was read since: the same
+            // revision again is no stale news (and no server resends it).
+            let stale: Vec<usize> = (0..self.snapshot_frames.len())
+                .filter(|i| {
+                    let (session, revision, _) = &self.snapshot_frames[*i];
+                    self.newest.get(session).is_some_and(|n| revision < n)
+                })
+                .collect();
             if let Some((prng, ratio)) = self.replay.as_mut()
-                && !self.snapshot_frames.is_empty()
+                && !stale.is_empty()
                 && prng.chance(*ratio)
             {
-                let i = prng.below(self.snapshot_frames.len() as u64) as usize;
-                let stale = self.snapshot_frames[i].clone();
+                let i = stale[prng.below(stale.len() as u64) as usize];
+                let frame = self.snapshot_frames[i].2.clone();
                 self.stats.replays += 1;
-                self.feed(world, ClientInput::Received(stale))?;
+                self.feed(world, ClientInput::Received(frame))?;
             }
             if self.conn == Some(conn) && world.client(conn).closed {
                 self.conn = None;
@@ -205,6 +222,7 @@ impl Machine {
                     ClientOutput::Connect => {
                         self.cached.clear();
                         self.snapshot_frames.clear();
+                        self.newest.clear();
                         self.conn = Some(world.connect_tapped());
                         self.stats.reconnects += 1;
                         inputs.push_back(ClientInput::TransportUp);
@@ -414,16 +432,15 @@ pub struct Report {
     pub totals: MachineStats,
 }
 
-/// Whether a frame read is a `session_snapshot` event.
-fn is_snapshot_event(frame: &[u8]) -> bool {
+/// The session and revision of a `session_snapshot` event frame.
+fn snapshot_event(frame: &[u8]) -> Option<(String, u64)> {
     use kernel::protocol::{ServerEvent, ServerMessage};
-    let Some(payload) = frame.get(4..) else {
-        return false;
-    };
-    matches!(
-        kernel::protocol::decode_server_message(payload, &Default::default()),
-        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { .. }))
-    )
+    match kernel::protocol::decode_server_message(frame.get(4..)?, &Default::default()) {
+        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot })) => {
+            Some((snapshot.id, snapshot.revision))
+        }
+        _ => None,
+    }
 }
 
 /// Runs seed `seed` of the lease swarm for `steps` driver steps, then
