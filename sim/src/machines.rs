@@ -117,9 +117,19 @@ impl MachineStats {
 impl Machine {
     /// A machine connected to the world's server (reconnecting after a loss).
     pub fn connect(world: &mut World, name: &str) -> Result<Self, Violation> {
+        let token = world.options().token.clone();
+        Self::connect_with(world, name, token)
+    }
+
+    /// [`Machine::connect`] saying `token` in its hellos.
+    pub fn connect_with(
+        world: &mut World,
+        name: &str,
+        token: Option<String>,
+    ) -> Result<Self, Violation> {
         let conn = world.connect_tapped();
         let config = ClientConfig {
-            token: world.options().token.clone(),
+            token,
             reconnect: true,
             launch: false,
             limits: Default::default(),
@@ -509,8 +519,42 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
         machines.push(machine);
     }
+    // Some seeds add a machine whose first handshake fails (a generator of
+    // its own): its token is wrong, or its first connection drops before the
+    // server answers its hello. It must end there, never reconnecting, its
+    // calls failing once each.
+    let mut intruding = Prng::new(seed ^ 0x1b7d);
+    let mut intruder = match intruding.below(3) {
+        0 if world.options().token.is_some() => Some(
+            Machine::connect_with(world, "x1", Some("not-the-token".into()))
+                .map_err(|v| v.to_string())?,
+        ),
+        1 => {
+            let token = world.options().token.clone();
+            let mut x = Machine::connect_with(world, "x1", token).map_err(|v| v.to_string())?;
+            x.drop_connection(world);
+            Some(x)
+        }
+        _ => None,
+    };
     let fail = |v: Violation, step: u64| format!("step {step}: {v}");
     for step in 1..=steps {
+        if let Some(x) = intruder.as_mut() {
+            if intruding.chance(Ratio::new(1, 50)) {
+                x.call(world, Call::Request(Command::List))
+                    .map_err(|v| fail(v, step))?;
+            }
+            x.pump(world).map_err(|v| fail(v, step))?;
+            if x.stats.reconnects > 0 {
+                return Err(fail(
+                    violation(format!(
+                        "{}: reconnected though no handshake ever succeeded",
+                        x.name
+                    )),
+                    step,
+                ));
+            }
+        }
         report.steps = step;
         if prng.chance(fault_rate) {
             match prng.below(3) {
@@ -573,6 +617,19 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         checkers.observe(world).map_err(|v| fail(v, step))?;
     }
     settle(world, &mut machines, &mut checkers).map_err(|e| format!("settling: {e}"))?;
+    if let Some(x) = intruder.as_mut() {
+        x.pump(world).map_err(|v| v.to_string())?;
+        if x.client.closed().is_none() || x.stats.reconnects > 0 || !x.outstanding.is_empty() {
+            return Err(format!(
+                "{}: its first handshake failed, yet it is {:?} after {} reconnections with \
+                 {} calls outstanding",
+                x.name,
+                x.client.closed(),
+                x.stats.reconnects,
+                x.outstanding.len()
+            ));
+        }
+    }
     report.kernel_steps = world.kernel_steps();
     for m in &machines {
         report.totals.add(&m.stats);
