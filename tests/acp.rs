@@ -54,17 +54,7 @@ async fn run_script(scenarios: &str) {
         install.status.success(),
         "tests/acp/install.sh failed: {install:#?}"
     );
-    let mcp = dir.join("../mcp/install.sh");
-    let install = run_bounded(
-        Command::new(mcp),
-        Duration::from_secs(300),
-        "tests/mcp/install.sh",
-    )
-    .await;
-    assert!(
-        install.status.success(),
-        "tests/mcp/install.sh failed: {install:#?}"
-    );
+    mcp_servers().await;
 
     // Dropping the root kills every process mentioning it (servers,
     // workers, adapters, node) and removes it.

@@ -1204,11 +1204,7 @@ async fn a_model_without_credentials_warns_at_create_and_the_prompt_says_what_to
 /// one of the tools through the faux model.
 #[tokio::test(flavor = "multi_thread")]
 async fn mcp_list_shows_servers_their_state_and_tools() {
-    let mcp = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-    let install = std::process::Command::new(mcp.join("install.sh"))
-        .output()
-        .expect("tests/mcp/install.sh runs (it needs npm)");
-    assert!(install.status.success(), "{install:#?}");
+    let mcp = mcp_servers().await;
     let server = TestServer::start("mcp").await;
     let everything = mcp.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let settings = serde_json::json!({"mcpServers": {

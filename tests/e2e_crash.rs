@@ -123,11 +123,7 @@ fn processes(args: &[&str]) -> Vec<u32> {
 /// the session's servers again before the next turn, which calls one.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_workers_mcp_servers_die_and_the_next_worker_starts_them_again() {
-    let mcp = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-    let install = std::process::Command::new(mcp.join("install.sh"))
-        .output()
-        .expect("tests/mcp/install.sh runs (it needs npm)");
-    assert!(install.status.success(), "{install:#?}");
+    let mcp = mcp_servers().await;
     let server = TestServer::start("wmcp").await;
     let faulty = mcp.join("faulty.mjs").display().to_string();
     // An argument no other test uses: it names this test's server processes.

@@ -666,22 +666,30 @@ impl<D: Dial> Worker<D> {
         tool: String,
         input: kernel::wire::Value,
     ) {
-        let events = self.events.clone();
         let peer = self.peers().get(&server).cloned();
-        let cancel = CancellationToken::new();
         let outputs = self.outputs.clone();
+        self.spawn_tool(id, CancellationToken::new(), async move {
+            match peer {
+                Some(peer) => agent::mcp::call(&peer, &tool, &input, Some(&outputs)).await,
+                None => {
+                    agent::ToolOutcome::error(format!("{tool}: MCP server {:?} is gone", server.0))
+                }
+            }
+        });
+    }
+
+    /// Runs a tool call (built-in or MCP) as the one tool task: its outcome
+    /// goes to the host; a tool task still running is cancelled.
+    fn spawn_tool(
+        &mut self,
+        id: String,
+        cancel: CancellationToken,
+        run: impl Future<Output = agent::ToolOutcome> + Send + 'static,
+    ) {
+        let events = self.events.clone();
         let task_id = id.clone();
         let task = tokio::spawn(async move {
-            let done = match peer {
-                Some(peer) => agent::mcp::call(&peer, &tool, &input, Some(&outputs)).await,
-                None => agent::ToolOutcome {
-                    content: vec![kernel::protocol::Content::Text {
-                        text: format!("{tool}: MCP server {:?} is gone", server.0),
-                    }],
-                    details: None,
-                    is_error: true,
-                },
-            };
+            let done = run.await;
             let _ = events
                 .send(HostInput::ToolDone {
                     id,
@@ -767,8 +775,6 @@ impl<D: Dial> Worker<D> {
     }
 
     fn run_tool(&mut self, id: String, tool_name: String, input: kernel::wire::Value, cwd: String) {
-        let events = self.events.clone();
-        let task_id = id.clone();
         let cancel = CancellationToken::new();
         let token = cancel.clone();
         let outputs = self.outputs.clone();
@@ -783,29 +789,13 @@ impl<D: Dial> Worker<D> {
                 ))
             }
         });
-        let task = tokio::spawn(async move {
+        self.spawn_tool(id, cancel, async move {
             let cwd = std::path::Path::new(&cwd);
-            let done = match offered {
+            match offered {
                 Ok(()) => agent::run_tool_in(&tool_name, &input, cwd, Some(&outputs), token).await,
-                Err(message) => agent::ToolOutcome {
-                    content: vec![kernel::protocol::Content::Text { text: message }],
-                    details: None,
-                    is_error: true,
-                },
-            };
-            let _ = events
-                .send(HostInput::ToolDone {
-                    id,
-                    content: done.content,
-                    details: done.details,
-                    is_error: done.is_error,
-                })
-                .await;
+                Err(message) => agent::ToolOutcome::error(message),
+            }
         });
-        if let Some((_, old, old_cancel)) = self.tool_task.replace((task_id, task, cancel)) {
-            old_cancel.cancel();
-            old.abort();
-        }
     }
 
     fn stop_tasks(&mut self) {

@@ -100,8 +100,6 @@ pub struct Released {
     pub phase_before: SessionPhase,
     /// The runtime's answer in the same step, if it answered at once.
     pub immediate: Option<Result<(), ErrorCode>>,
-    /// A storage write failed in that step (so the answer may be its error).
-    pub store_failed: bool,
 }
 
 /// How a store operation failed, as the driver classifies it: a fact about
@@ -782,37 +780,35 @@ impl WorkerHost {
                 ..
             }
         );
-        match (&input, &self.runtime) {
+        let observed = match (&input, &self.runtime) {
             (RuntimeInput::Operation { op, operation }, Some(runtime))
                 if waited && self.config.observe =>
             {
-                let (op, operation, phase_before) = (*op, operation.clone(), runtime.phase());
-                let outputs = self
-                    .runtime
-                    .as_mut()
-                    .expect("matched")
-                    .step(self.now, input);
-                let answer = |o: &RuntimeOutput| match o {
+                Some((*op, operation.clone(), runtime.phase()))
+            }
+            _ => None,
+        };
+        if let Some(runtime) = self.runtime.as_mut() {
+            let outputs = runtime.step(self.now, input);
+            if let Some((op, operation, phase_before)) = observed
+                && let Some(&server_op) = self.ops.get(&op)
+            {
+                let immediate = outputs.iter().find_map(|o| match o {
                     RuntimeOutput::Send(FromWorker::OpDone { op: done, outcome })
                         if *done == op =>
                     {
                         Some(outcome.as_ref().map(|_| ()).map_err(|e| e.code))
                     }
                     _ => None,
-                };
-                let immediate = outputs.iter().find_map(answer);
-                if let Some(&server_op) = self.ops.get(&op) {
-                    self.released.push(Released {
-                        op: server_op,
-                        operation,
-                        phase_before,
-                        immediate,
-                        store_failed: false,
-                    });
-                }
-                self.release(outputs.into());
+                });
+                self.released.push(Released {
+                    op: server_op,
+                    operation,
+                    phase_before,
+                    immediate,
+                });
             }
-            _ => self.run(input),
+            self.release(outputs.into());
         }
         if servers && self.gate == Gate::Open {
             self.gate = Gate::Loading;

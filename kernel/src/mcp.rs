@@ -81,6 +81,20 @@ pub struct ServerConfig {
     pub transport: Transport,
 }
 
+impl ServerConfig {
+    /// How it is reached, as `mcp list` shows it: the command line or the url.
+    pub fn target(&self) -> String {
+        match &self.transport {
+            Transport::Stdio { command, args, .. } => std::iter::once(command)
+                .chain(args)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" "),
+            Transport::Http { url, .. } => url.clone(),
+        }
+    }
+}
+
 /// One layer of configuration: a file's `mcpServers` value, if it has one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layer {
@@ -579,14 +593,7 @@ impl McpServers {
         self.servers
             .iter()
             .map(|s| {
-                let target = match &s.config.transport {
-                    Transport::Stdio { command, args, .. } => std::iter::once(command)
-                        .chain(args)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    Transport::Http { url, .. } => url.clone(),
-                };
+                let target = s.config.target();
                 let (state, reason, tools) = match &s.state {
                     State::Starting { .. } => ("starting", None, Vec::new()),
                     State::Ready { tools } => (
@@ -735,15 +742,7 @@ impl McpServers {
         if !matches!(self.servers[i].state, State::Starting { .. }) {
             return;
         }
-        let mut taken: BTreeSet<String> = self
-            .servers
-            .iter()
-            .flat_map(|s| match &s.state {
-                State::Ready { tools } => tools.as_slice(),
-                _ => &[],
-            })
-            .map(|t| t.name.clone())
-            .collect();
+        let mut taken: BTreeSet<String> = self.tools().map(|t| t.name.clone()).collect();
         let mut tools = Vec::new();
         let mut problems = Vec::new();
         let mut cut = 0;

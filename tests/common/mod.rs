@@ -825,6 +825,23 @@ pub(crate) fn available(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// `tests/mcp`, with the reference MCP servers installed from npm (once,
+/// by its `install.sh`).
+pub(crate) async fn mcp_servers() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let install = run_bounded(
+        Command::new(dir.join("install.sh")),
+        Duration::from_secs(300),
+        "tests/mcp/install.sh (it needs npm)",
+    )
+    .await;
+    assert!(
+        install.status.success(),
+        "tests/mcp/install.sh failed: {install:#?}"
+    );
+    dir
+}
+
 /// Runs `command` to completion off the test's runtime, capturing its
 /// output; killed after `bound` (a script with its own budget).
 pub(crate) async fn run_bounded(command: Command, bound: Duration, what: &str) -> CliOutput {

@@ -55,8 +55,8 @@ impl Started {
         } = self;
         let _ = service.waiting().await;
         drop(group);
-        let said = stderr.lock().map(|s| s.clone()).unwrap_or_default();
-        explain("it closed its connection", &said)
+        let tail = said(&stderr);
+        explain("it closed its connection", &tail)
     }
 }
 
@@ -89,7 +89,7 @@ pub async fn start(
                 tokio::spawn(keep_stderr(err, Arc::clone(&stderr)));
             }
             let service = ().serve(process).await.map_err(|e| {
-                let tail = stderr.lock().map(|s| s.clone()).unwrap_or_default();
+                let tail = said(&stderr);
                 explain(&format!("no MCP handshake: {e}"), &tail)
             })?;
             (service, Some(group))
@@ -114,7 +114,7 @@ pub async fn start(
         }
     };
     let tools = service.peer().list_all_tools().await.map_err(|e| {
-        let tail = stderr.lock().map(|s| s.clone()).unwrap_or_default();
+        let tail = said(&stderr);
         explain(&format!("cannot list its tools: {e}"), &tail)
     })?;
     let listed = tools
@@ -133,6 +133,11 @@ pub async fn start(
         },
         listed,
     ))
+}
+
+/// What a server said on stderr, its end.
+fn said(stderr: &Mutex<String>) -> String {
+    stderr.lock().map(|s| s.clone()).unwrap_or_default()
 }
 
 /// `what`, with the end of the server's stderr when it said something.

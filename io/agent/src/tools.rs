@@ -75,7 +75,8 @@ impl ToolOutcome {
         }
     }
 
-    pub(crate) fn error(text: impl Into<String>) -> Self {
+    /// A failed run saying `text`.
+    pub fn error(text: impl Into<String>) -> Self {
         Self {
             content: vec![Content::Text { text: text.into() }],
             details: None,

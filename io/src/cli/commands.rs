@@ -505,13 +505,8 @@ pub(super) async fn run_mcp_list(
         let status: Vec<serde_json::Value> = servers
             .iter()
             .map(|s| {
-                let target = match &s.transport {
-                    kernel::mcp::Transport::Stdio { command, args, .. } => {
-                        std::iter::once(command).chain(args).cloned().collect::<Vec<_>>().join(" ")
-                    }
-                    kernel::mcp::Transport::Http { url, .. } => url.clone(),
-                };
-                serde_json::json!({"name": s.name, "target": target, "state": "configured", "reason": null, "tools": []})
+                serde_json::json!({"name": s.name, "target": s.target(), "state": "configured",
+                    "reason": null, "tools": []})
             })
             .collect();
         return print_mcp(

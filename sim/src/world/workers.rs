@@ -408,7 +408,9 @@ impl World {
                 operation: r.operation,
                 phase_before: r.phase_before,
                 immediate: r.immediate,
-                store_failed: r.store_failed,
+                // Its answer is taken from the runtime's own step, before
+                // any write of it could fail.
+                store_failed: false,
             });
         }
     }
