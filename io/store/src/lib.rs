@@ -280,7 +280,8 @@ pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
 }
 
 /// Lists the stored sessions, sorted by id, from their `meta.json` files only
-/// (no database is opened and no lock is taken).
+/// (no database is opened and no lock is taken). It also deletes what
+/// earlier removals left behind ([`remove_session`]'s tombstones).
 ///
 /// Never fails: a missing `session_dir` is an empty list, and an entry that is
 /// not a session directory, has no `meta.json` (a session being created or
@@ -317,7 +318,11 @@ pub fn scan_catalog_with_models(
         let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
         };
-        // Not a session: stray files, removal tombstones (`.removing-*`), ...
+        if id.starts_with(".removing-") {
+            sweep_tombstone(&entry.path());
+            continue;
+        }
+        // Not a session: stray files, ...
         if validate_session_id(&id).is_err() || !entry.path().is_dir() {
             continue;
         }
@@ -371,8 +376,9 @@ pub fn scan_catalog_with_models(
 /// a worker holds it), then removes the directory recursively.
 ///
 /// The directory is first renamed to a hidden tombstone
-/// (`<sessionDir>/.removing-<id>-…`), so it leaves the catalog and becomes
-/// unopenable atomically even if the recursive delete is interrupted.
+/// (`<sessionDir>/.removing-<id>-…`): that rename is the removal, atomic,
+/// and the only step that can fail it. The recursive delete after it is
+/// clean-up, finished by a later catalog scan if it is interrupted or fails.
 pub fn remove_session(session_dir: &Path, id: &str) -> Result<(), StoreError> {
     validate_session_id(id)?;
     let dir = session_dir.join(id);
@@ -396,14 +402,21 @@ pub fn remove_session(session_dir: &Path, id: &str) -> Result<(), StoreError> {
         )
     })?;
     sync_dir(session_dir, id)?;
-    let result = fs::remove_dir_all(&tombstone).map_err(|e| {
-        StoreError::io(
-            format!("Session {id}: cannot delete {}", tombstone.display()),
-            e,
-        )
-    });
+    // Removed: the rest is clean-up, which the next catalog scan finishes
+    // if it fails now (a client is told the session is gone either way).
     drop(lock);
-    result
+    sweep_tombstone(&tombstone);
+    Ok(())
+}
+
+/// Deletes what a removal left (see [`remove_session`]); what cannot be
+/// deleted now is left for the next scan.
+fn sweep_tombstone(tombstone: &Path) {
+    if let Err(error) = fs::remove_dir_all(tombstone)
+        && error.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %tombstone.display(), %error, "cannot delete a removed session's files yet");
+    }
 }
 
 /// The open storage of one session, owned by its worker. Holds the session

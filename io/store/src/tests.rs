@@ -565,6 +565,10 @@ fn scan_catalog_lists_good_sessions_and_skips_bad_ones() {
     let catalog = scan_catalog(&dir);
     let ids: Vec<_> = catalog.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["a", "b", "c", "open-one"]);
+    assert!(
+        !dir.join(".removing-x-1-0").exists(),
+        "a removal's leftover files are swept"
+    );
     assert_eq!(
         catalog[0],
         SessionMetadata {

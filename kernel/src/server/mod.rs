@@ -418,7 +418,8 @@ pub struct Server {
     /// `meta.json` records it (from the catalog's scans) or its last worker
     /// reported it: what `status` says of a session that is not live.
     stored_models: BTreeMap<String, (ModelRef, ThinkingLevel)>,
-    removals: BTreeMap<String, Vec<(ConnId, String)>>,
+    /// Removals of sessions whose worker has exited, waiting for the store.
+    removals: BTreeMap<String, sessions::Removal>,
     /// Every deadline but the catalog's and the idle exit's: handshakes,
     /// workers, holds, and the released workers expected to announce
     /// themselves ([`Timer::Expected`]).
@@ -1744,6 +1745,12 @@ impl Waiter {
             kind,
         }
     }
+
+    /// Whether a request waits here, counted in flight until it is
+    /// admitted or refused; a restored attachment has no request.
+    fn counted(&self) -> bool {
+        self.kind != Acquire::Restore
+    }
 }
 
 /// Request shapes accepted by [`Server`] that open a session.
@@ -1753,6 +1760,10 @@ pub(crate) enum Acquire {
     Attach,
     /// A v8 `create`: stored and answered with its summary, not attached.
     Create8,
+    /// A version 1 connection that a failed removal had detached without
+    /// telling it, attached again: it has no request to answer, and is sent
+    /// the session's snapshot as an event if it is news.
+    Restore,
 }
 
 #[cfg(test)]

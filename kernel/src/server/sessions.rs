@@ -50,6 +50,22 @@ pub(crate) struct PendingOp {
     claims: Option<String>,
 }
 
+/// A removal under way: the requests to answer when it ends, and the
+/// version 1 connections it detached without telling them, attached again
+/// if it fails ([`Server::restore`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Removal {
+    requests: Vec<(ConnId, String)>,
+    held: Vec<ConnId>,
+}
+
+impl Removal {
+    /// No removal was asked for.
+    fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Live {
     pub(crate) id: String,
@@ -64,8 +80,8 @@ pub(crate) struct Live {
     creating: bool,
     /// pi's session states, while a v8 client is attached.
     pub(crate) v8: Option<Box<super::v8::SessionView>>,
-    /// Remove requests waiting for the worker to exit.
-    removing: Vec<(ConnId, String)>,
+    /// A removal waiting for the worker to exit.
+    removing: Removal,
     /// Dispose as soon as the worker is ready (shutdown during opening).
     dispose_when_ready: bool,
     /// An adopted session is not disposed for lack of attachments before this.
@@ -139,7 +155,7 @@ impl Live {
             ops: BTreeMap::new(),
             waiters: Vec::new(),
             creating,
-            removing: Vec::new(),
+            removing: Removal::default(),
             dispose_when_ready: false,
             hold_until: None,
             foreign: false,
@@ -702,7 +718,9 @@ impl Server {
     /// Keeps a request of a ready connection waiting on a live session: it
     /// counts as in flight until it is admitted or fails.
     fn park(&mut self, session_id: &str, waiter: Waiter) {
-        self.conns.get_mut(&waiter.conn).expect("ready").in_flight += 1;
+        if waiter.counted() {
+            self.conns.get_mut(&waiter.conn).expect("ready").in_flight += 1;
+        }
         let live = self.sessions.get_mut(session_id).expect("live");
         live.waiters.push(waiter);
     }
@@ -733,26 +751,86 @@ impl Server {
         let c = self.conns.get_mut(&conn).expect("ready");
         if c.attached.len() >= max && !c.attached.contains(session_id) {
             let message = format!("A connection may attach to at most {max} sessions");
-            return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
+            let error = ProtocolError::new(ErrorCode::InvalidRequest, message);
+            return self.refuse(Waiter::new(conn, request_id, kind), error);
         }
         c.attached.insert(session_id.to_string());
         let live = self.sessions.get_mut(session_id).expect("ready");
         live.attached.insert(conn);
         let revision = live.snapshot.as_ref().expect("ready").revision;
-        self.conns
+        let news = self
+            .conns
             .get_mut(&conn)
             .expect("ready")
             .take_revision(session_id, revision);
         let name = match kind {
             Acquire::Create | Acquire::Create8 => "create",
             Acquire::Attach => "attach",
+            Acquire::Restore => {
+                if news {
+                    let frame = self.session_snapshot_frame(session_id);
+                    self.send_encoded(conn, frame);
+                }
+                return;
+            }
         };
         self.respond_with_session(conn, request_id, name, session_id, true);
+    }
+
+    /// A waiter that cannot be admitted. A request is answered with
+    /// `error`; a restored attachment has no request, and its client
+    /// believes itself attached, so its connection is closed as a failed
+    /// session's attached connections are (see [`Self::fail_session`]).
+    fn refuse(&mut self, waiter: Waiter, error: ProtocolError) {
+        if waiter.counted() {
+            self.respond(waiter.conn, waiter.request_id, Err(error));
+        } else if self.conns.get(&waiter.conn).is_some_and(|c| c.is_ready()) {
+            self.close(waiter.conn, CloseReason::RuntimeError);
+        }
+    }
+
+    /// A waiter stops waiting: its request no longer counts in flight.
+    fn unpark(&mut self, waiter: &Waiter) {
+        if waiter.counted() {
+            self.finish_pending(waiter.conn);
+        }
+    }
+
+    /// The client of `conn` detached from `session_id` while a removal held
+    /// its attachment: a failed removal does not attach it again.
+    fn unhold(&mut self, conn: ConnId, session_id: &str) {
+        if let Some(live) = self.sessions.get_mut(session_id) {
+            live.removing.held.retain(|c| *c != conn);
+            live.waiters
+                .retain(|w| w.conn != conn || w.kind != Acquire::Restore);
+        } else if let Some(removal) = self.removals.get_mut(session_id) {
+            removal.held.retain(|c| *c != conn);
+        }
+    }
+
+    /// Whether the client of `conn` believes itself attached to
+    /// `session_id` while a removal holds its attachment, or a failed
+    /// removal's restore has not given it back yet.
+    fn holds(&self, conn: ConnId, session_id: &str) -> bool {
+        match self.sessions.get(session_id) {
+            Some(live) => {
+                live.removing.held.contains(&conn)
+                    || live
+                        .waiters
+                        .iter()
+                        .any(|w| w.conn == conn && w.kind == Acquire::Restore)
+            }
+            None => self
+                .removals
+                .get(session_id)
+                .is_some_and(|r| r.held.contains(&conn)),
+        }
     }
 
     // ---- detach and remove -------------------------------------------------
 
     fn on_detach(&mut self, conn: ConnId, request_id: String, session_id: String) {
+        self.unhold(conn, &session_id);
         let changed = self.detach(conn, &session_id);
         self.respond(
             conn,
@@ -807,8 +885,11 @@ impl Server {
         }
         let Some(live) = self.sessions.get(&session_id) else {
             self.conns.get_mut(&conn).expect("ready").in_flight += 1;
-            self.removals
-                .insert(session_id.clone(), vec![(conn, request_id)]);
+            let removal = Removal {
+                requests: vec![(conn, request_id)],
+                held: Vec::new(),
+            };
+            self.removals.insert(session_id.clone(), removal);
             self.out.push(Output::RemoveSession { session_id });
             return;
         };
@@ -821,15 +902,21 @@ impl Server {
             Phase::Ready | Phase::Disposing => {
                 self.conns.get_mut(&conn).expect("ready").in_flight += 1;
                 let attached: Vec<ConnId> = live.attached.iter().copied().collect();
+                // A v8 client hears `attachment: null` before the answer, as
+                // in pi. A version 1 client is told nothing until the
+                // outcome: `session_removed`, or its attachment back.
+                let held: Vec<ConnId> = attached
+                    .iter()
+                    .copied()
+                    .filter(|c| !self.is_v8(*c))
+                    .collect();
                 for c in attached {
                     self.detach(c, &session_id);
                 }
                 self.dispose(&session_id);
-                self.sessions
-                    .get_mut(&session_id)
-                    .expect("live")
-                    .removing
-                    .push((conn, request_id));
+                let removing = &mut self.sessions.get_mut(&session_id).expect("live").removing;
+                removing.requests.push((conn, request_id));
+                removing.held.extend(held);
             }
             Phase::Opening | Phase::Terminal => {
                 let message = format!("Session {session_id} is opening or terminating; try again");
@@ -876,7 +963,7 @@ impl Server {
     }
 
     pub(super) fn on_session_removed(&mut self, session_id: String, result: Result<(), String>) {
-        let Some(waiters) = self.removals.remove(&session_id) else {
+        let Some(removal) = self.removals.remove(&session_id) else {
             return;
         };
         let outcome = match &result {
@@ -893,27 +980,58 @@ impl Server {
                 format!("Could not remove session: {e}"),
             )),
         };
-        for (conn, request_id) in waiters {
+        for (conn, request_id) in removal.requests {
             self.finish_pending(conn);
             self.respond(conn, request_id, outcome.clone());
         }
-        if result.is_ok() {
-            let ready: Vec<ConnId> = self
-                .conns
-                .values()
-                .filter(|c| c.is_ready() && c.v8.is_none())
-                .map(|c| c.id)
-                .collect();
-            for &c in &ready {
-                self.conns
-                    .get_mut(&c)
-                    .expect("ready")
-                    .revisions
-                    .remove(&session_id);
+        if result.is_err() {
+            return self.restore(session_id, removal.held);
+        }
+        let ready: Vec<ConnId> = self
+            .conns
+            .values()
+            .filter(|c| c.is_ready() && c.v8.is_none())
+            .map(|c| c.id)
+            .collect();
+        for &c in &ready {
+            self.conns
+                .get_mut(&c)
+                .expect("ready")
+                .revisions
+                .remove(&session_id);
+        }
+        let event = ServerMessage::Event(ServerEvent::SessionRemoved { session_id });
+        self.broadcast(&ready, &event);
+        self.publish_server_snapshot();
+    }
+
+    /// A removal failed, so nothing changed for the version 1 connections
+    /// it detached: the session opens again and they are attached again,
+    /// sent its snapshot only if it is news to them.
+    fn restore(&mut self, session_id: String, held: Vec<ConnId>) {
+        let waiters: Vec<Waiter> = held
+            .into_iter()
+            .filter(|c| self.conns.get(c).is_some_and(|c| c.is_ready()))
+            .map(|conn| Waiter::new(conn, String::new(), Acquire::Restore))
+            .collect();
+        if waiters.is_empty() {
+            return;
+        }
+        let refusal = if self.shutting_down || self.sessions.contains_key(&session_id) {
+            Some(ProtocolError::new(
+                ErrorCode::NotFound,
+                not_live(&session_id),
+            ))
+        } else {
+            self.live_capacity_error()
+        };
+        match refusal {
+            Some(error) => {
+                for waiter in waiters {
+                    self.refuse(waiter, error.clone());
+                }
             }
-            let event = ServerMessage::Event(ServerEvent::SessionRemoved { session_id });
-            self.broadcast(&ready, &event);
-            self.publish_server_snapshot();
+            None => self.open(session_id, None, waiters),
         }
     }
 
@@ -926,14 +1044,19 @@ impl Server {
         session_id: String,
         operation: Operation,
     ) {
-        if !self.conns[&conn].attached.contains(&session_id) {
+        let attached = self.conns[&conn].attached.contains(&session_id);
+        // A client whose attachment a removal holds believes itself
+        // attached: it hears that the session is not live, as it would
+        // while the session was disposing.
+        if !attached && !self.holds(conn, &session_id) {
             let message = format!("Connection is not attached to session {session_id}");
             return self.respond_error(conn, request_id, ErrorCode::InvalidRequest, message);
         }
-        let ready = self
-            .sessions
-            .get(&session_id)
-            .is_some_and(|s| s.phase == Phase::Ready);
+        let ready = attached
+            && self
+                .sessions
+                .get(&session_id)
+                .is_some_and(|s| s.phase == Phase::Ready);
         if !ready {
             return self.respond_error(
                 conn,
@@ -1130,7 +1253,7 @@ impl Server {
                     .push(waiter);
                 continue;
             }
-            self.finish_pending(waiter.conn);
+            self.unpark(&waiter);
             self.admit(session_id, waiter);
         }
     }
@@ -1535,10 +1658,15 @@ impl Server {
             self.close(conn, CloseReason::RuntimeError);
         }
         for waiter in waiters {
-            self.finish_pending(waiter.conn);
-            self.respond(waiter.conn, waiter.request_id, Err(error.clone()));
+            self.unpark(&waiter);
+            self.refuse(waiter, error.clone());
         }
-        for (conn, request_id) in removing {
+        for conn in removing.held {
+            if self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
+                self.close(conn, CloseReason::RuntimeError);
+            }
+        }
+        for (conn, request_id) in removing.requests {
             self.finish_pending(conn);
             self.respond(conn, request_id, Err(error.clone()));
         }
@@ -1634,9 +1762,9 @@ impl Server {
         if !live.removing.is_empty() {
             // Attaches that waited for this worker to exit cannot reopen a session being removed.
             for waiter in std::mem::take(&mut live.waiters) {
-                self.finish_pending(waiter.conn);
+                self.unpark(&waiter);
                 let message = format!("Session is being removed: {session_id}");
-                self.respond_error(waiter.conn, waiter.request_id, ErrorCode::NotFound, message);
+                self.refuse(waiter, ProtocolError::new(ErrorCode::NotFound, message));
             }
             self.removals
                 .insert(session_id.clone(), std::mem::take(&mut live.removing));
@@ -1645,9 +1773,9 @@ impl Server {
             self.open(session_id, None, live.waiters);
         } else {
             for waiter in live.waiters {
-                self.finish_pending(waiter.conn);
+                self.unpark(&waiter);
                 let message = "Server is shutting down".to_string();
-                self.respond_error(waiter.conn, waiter.request_id, ErrorCode::NotFound, message);
+                self.refuse(waiter, ProtocolError::new(ErrorCode::NotFound, message));
             }
             self.publish_server_snapshot();
         }
@@ -1838,8 +1966,8 @@ impl Server {
             }
             self.finish_pending(pending.conn);
         }
-        for waiter in live.waiters {
-            self.finish_pending(waiter.conn);
+        for waiter in &live.waiters {
+            self.unpark(waiter);
         }
         match live.phase {
             // Not ready yet: nobody could adopt it; stop it.

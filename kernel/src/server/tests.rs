@@ -764,6 +764,25 @@ impl Harness {
     fn frames(&self, conn: ConnId) -> usize {
         self.sent.get(&conn).map_or(0, Vec::len)
     }
+
+    /// What `conn` was sent after its first `from` frames, by type,
+    /// leaving out the server snapshots every ready connection gets.
+    fn told(&self, conn: ConnId, from: usize) -> Vec<String> {
+        let sent = self.sent.get(&conn).map_or(&[][..], Vec::as_slice);
+        sent[from..]
+            .iter()
+            .filter_map(
+                |f| match decode_server_message(&f.bytes()[4..], &Default::default()) {
+                    Ok(ServerMessage::Event(ServerEvent::ServerSnapshot { .. })) => None,
+                    Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { .. })) => {
+                        Some("session_snapshot".to_string())
+                    }
+                    Ok(ServerMessage::Response(_)) => Some("response".to_string()),
+                    other => Some(format!("{other:?}")),
+                },
+            )
+            .collect()
+    }
 }
 
 /// Responses carrying a session (create, attach, prompt, steer, set_model)
@@ -1502,3 +1521,82 @@ fn the_transcript_of_a_version_1_worker_is_kept() {
 }
 
 mod v8;
+
+/// A removal is one step for the version 1 clients attached to the session:
+/// they hear nothing until the store answers. When the deletion fails, the
+/// requester is told why, the session opens again and they are attached
+/// again, sent its snapshot as news; a client that detached meanwhile stays
+/// detached. When a deletion succeeds, they hear `session_removed`.
+#[test]
+fn a_failed_removal_leaves_every_client_attached() {
+    let (a, b, c) = (ConnId(1), ConnId(2), ConnId(3));
+    let mut h = Harness::keeping(usize::MAX, &[a, b, c]);
+    let (worker, session) = h.create(a);
+    let attach = Command::Attach {
+        session_id: session.clone(),
+    };
+    h.request(b, "attach", attach.clone());
+    let remove = Command::Remove {
+        session_id: session.clone(),
+    };
+    let (before_a, before_b) = (h.frames(a), h.frames(b));
+    h.request(c, "remove", remove.clone());
+    let detach = Command::Detach {
+        session_id: session.clone(),
+    };
+    h.request(b, "detach", detach);
+    let outputs = h.step(Input::WorkerExited { worker });
+    assert!(outputs.contains(&Output::RemoveSession {
+        session_id: session.clone()
+    }));
+    assert_eq!(
+        h.told(a, before_a),
+        Vec::<String>::new(),
+        "held: told nothing"
+    );
+    let outputs = h.step(Input::SessionRemoved {
+        session_id: session.clone(),
+        result: Err("disk full".into()),
+    });
+    assert_eq!(
+        refusal(&h, c),
+        (
+            ErrorCode::InternalError,
+            "Could not remove session: disk full".into()
+        )
+    );
+    let (again, reopened) = spawned(&outputs);
+    assert_eq!(reopened, session);
+    h.step(Input::WorkerSpawned {
+        worker: again,
+        token: String::new(),
+    });
+    let snap = snapshot(&session, 2, SessionPhase::Idle);
+    h.worker(
+        again,
+        FromWorker::Ready {
+            snapshot: snap.clone(),
+        },
+    );
+    assert_eq!(h.told(a, before_a), ["session_snapshot"]);
+    h.assert_sent(a, &session_event(&snap));
+    assert!(h.server.conns[&a].attached.contains(&session));
+    assert_eq!(h.server.conns[&a].in_flight, 0);
+    assert!(!h.server.conns[&b].attached.contains(&session));
+    assert_eq!(h.told(b, before_b), ["response"], "b: its detach's answer");
+
+    // The same removal again, and the store deletes it this time.
+    h.request(c, "remove", remove);
+    let before_a = h.frames(a);
+    h.step(Input::WorkerExited { worker: again });
+    assert_eq!(h.told(a, before_a), Vec::<String>::new());
+    h.step(Input::SessionRemoved {
+        session_id: session.clone(),
+        result: Ok(()),
+    });
+    let removed = ServerEvent::SessionRemoved {
+        session_id: session,
+    };
+    h.assert_sent(a, &ServerMessage::Event(removed));
+    assert!(h.server.conns[&a].attached.is_empty());
+}

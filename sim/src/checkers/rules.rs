@@ -5,7 +5,10 @@
 //!   `set_model`, `set_thinking`) from a connection that was not attached
 //!   to the session, with no attach, detach, create or remove of it in
 //!   flight from the moment it was sent to its answer, is answered
-//!   `invalid_request`.
+//!   `invalid_request`. One from a connection that was attached, judged
+//!   the same way, is never answered that it is not attached: an
+//!   attachment ends only by a detach, a `session_removed`, or the close
+//!   of the connection (a failed removal gives it back untold).
 //!
 //! - **Disposal.** Outside a shutdown, the kernel tells a worker to dispose
 //!   its session only when its runtime is open and idle and no operation is
@@ -67,6 +70,8 @@ struct Sent {
     /// For a session command: the attachment generation when it was sent,
     /// if the connection was then surely not attached.
     unattached_at: Option<u64>,
+    /// The same, if it was then surely attached.
+    attached_at: Option<u64>,
 }
 
 /// See the module documentation.
@@ -172,6 +177,20 @@ impl Rules {
         *self.generation.entry(key).or_default() += 1;
     }
 
+    /// `session_id` is removed: every attachment to it ends.
+    fn removed(&mut self, session_id: &str) {
+        let gone: Vec<(ConnId, String)> = self
+            .attached
+            .iter()
+            .filter(|(_, s)| s == session_id)
+            .cloned()
+            .collect();
+        for key in gone {
+            self.attached.remove(&key);
+            self.bump(key);
+        }
+    }
+
     /// Applies one fact.
     pub fn observe(&mut self, world: &crate::world::World, fact: &Fact) -> Check {
         match fact {
@@ -179,7 +198,7 @@ impl Rules {
                 if let Command::Remove { session_id } = command {
                     self.removes.insert(session_id.clone());
                 }
-                let mut unattached_at = None;
+                let (mut unattached_at, mut attached_at) = (None, None);
                 if let Some(session_id) = changes(command) {
                     let key = (*conn, session_id.to_owned());
                     *self.changing.entry(key.clone()).or_default() += 1;
@@ -189,13 +208,17 @@ impl Rules {
                 {
                     let key = (*conn, session_id.to_owned());
                     let quiet = self.changing.get(&key).is_none_or(|n| *n == 0);
-                    if quiet && !self.attached.contains(&key) {
-                        unattached_at = Some(self.generation.get(&key).copied().unwrap_or(0));
+                    let generation = Some(self.generation.get(&key).copied().unwrap_or(0));
+                    match (quiet, self.attached.contains(&key)) {
+                        (true, false) => unattached_at = generation,
+                        (true, true) => attached_at = generation,
+                        (false, _) => {}
                     }
                 }
                 let sent = Sent {
                     command: command.clone(),
                     unattached_at,
+                    attached_at,
                 };
                 self.pending.insert((*conn, id.clone()), sent);
                 Ok(())
@@ -381,16 +404,7 @@ impl Rules {
                     self.answered(world, answer, sent)
                 }
                 ServerMessage::Event(ServerEvent::SessionRemoved { session_id }) => {
-                    let gone: Vec<(ConnId, String)> = self
-                        .attached
-                        .iter()
-                        .filter(|(_, s)| s == session_id)
-                        .cloned()
-                        .collect();
-                    for key in gone {
-                        self.attached.remove(&key);
-                        self.bump(key);
-                    }
+                    self.removed(session_id);
                     Ok(())
                 }
                 _ => Ok(()),
@@ -442,9 +456,7 @@ impl Rules {
                 (Command::Detach { .. }, Ok(_)) => {
                     self.attached.remove(&key);
                 }
-                (Command::Remove { .. }, Ok(_)) => {
-                    self.attached.retain(|(_, s)| s != session_id);
-                }
+                (Command::Remove { .. }, Ok(_)) => self.removed(session_id),
                 _ => {}
             }
             return Ok(());
@@ -457,7 +469,7 @@ impl Rules {
             self.attached.insert(key);
             return Ok(());
         }
-        let Some(at) = sent.unattached_at else {
+        let Some(at) = sent.unattached_at.or(sent.attached_at) else {
             return Ok(());
         };
         let session_id = command.session_id().unwrap_or_default().to_owned();
@@ -470,12 +482,20 @@ impl Rules {
             return Ok(()); // the attachment changed meanwhile: not judged
         }
         self.judged += 1;
-        match outcome {
-            Err(e) if e.code == ErrorCode::InvalidRequest => Ok(()),
-            other => violation(format!(
+        let refused = matches!(outcome, Err(e) if e.code == ErrorCode::InvalidRequest);
+        match (sent.attached_at.is_some(), outcome) {
+            (false, _) if refused => Ok(()),
+            (false, other) => violation(format!(
                 "{conn}#{id}: {} on {session_id} from a connection not attached was answered {other:?}, not invalid_request",
                 command.name()
             )),
+            (true, Err(e)) if e.message.contains("not attached") => violation(format!(
+                "{conn}#{id}: {} on {session_id} from a connection attached (and never told \
+                 otherwise) was answered that it is not attached: {}",
+                command.name(),
+                e.message
+            )),
+            (true, _) => Ok(()),
         }
     }
 }
