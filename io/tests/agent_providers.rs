@@ -704,6 +704,9 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
             kind: DeltaKind::Thinking,
             text: " before editing it.".into(),
         },
+        ModelEvent::Signature {
+            signature: "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds".into(),
+        },
         ModelEvent::Delta {
             kind: DeltaKind::Text,
             text: "Reading it now.".into(),
@@ -744,6 +747,7 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
             Content::Thinking {
                 thinking: "I need to see the file before editing it.".into(),
                 redacted: None,
+                signature: Some("EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds".into()),
             },
             Content::Text {
                 text: "Reading it now.".into(),
@@ -783,8 +787,7 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
         TranscriptItem::Tool(tool),
     ];
     let mock2 = Mock::start(sse("anthropic-text.sse")).await;
-    let mut p2 = anthropic(&mock2);
-    p2.thinking_signatures = p.thinking_signatures.clone();
+    let p2 = anthropic(&mock2);
     call(&p2, &request(&p2, ThinkingLevel::Medium, context.clone())).await;
     let body = mock2.request().body;
     assert_eq!(body["thinking"]["type"], "enabled");
@@ -821,7 +824,14 @@ async fn anthropic_thinking_then_tool_use_and_the_signature_is_sent_back() {
     );
     assert_eq!(body.to_string().matches("cache_control").count(), 2);
 
-    // Without the signature (a fresh worker), the thinking block is left out and thinking is off.
+    // Without the signature (thinking another provider wrote), the thinking
+    // block is left out and thinking is off.
+    let mut context = context;
+    if let TranscriptItem::Assistant(reply) = &mut context[1]
+        && let Content::Thinking { signature, .. } = &mut reply.content[0]
+    {
+        *signature = None;
+    }
     let mock3 = Mock::start(sse("anthropic-text.sse")).await;
     let p3 = anthropic(&mock3);
     call(&p3, &request(&p3, ThinkingLevel::Medium, context)).await;
@@ -1043,6 +1053,7 @@ async fn responses_reasoning_then_a_tool_call_then_the_result_and_the_answer() {
             Content::Thinking {
                 thinking: "**Reading the file** before changing it.".into(),
                 redacted: None,
+                signature: None,
             },
             Content::ToolCall {
                 tool_call_id: "call_R3adF1le".into(),

@@ -160,6 +160,26 @@ impl Session {
         extra: serde_json::Value,
         limits: kernel::limits::WorkerLimits,
     ) -> Self {
+        let create = CreateSpec {
+            cwd: Some(dir.0.join("project").display().to_string()),
+            name: None,
+            model: Some(ModelRef {
+                provider: "mock".into(),
+                id: "coder".into(),
+            }),
+            thinking_level: Some(ThinkingLevel::Off),
+        };
+        Self::start(dir, mock, extra, limits, Some(create)).await
+    }
+
+    /// A worker for the session: a new one as `create` says, or the stored one.
+    async fn start(
+        dir: &TempDir,
+        mock: &Mock,
+        extra: serde_json::Value,
+        limits: kernel::limits::WorkerLimits,
+        create: Option<CreateSpec>,
+    ) -> Self {
         let mut provider = serde_json::json!({
             "baseUrl": format!("{}/v1", mock.base),
             "api": "openai-completions",
@@ -201,17 +221,8 @@ impl Session {
             } => assert_eq!((token.as_str(), session_id.as_str()), ("secret", SESSION)),
             other => panic!("expected the worker's hello, got {other:?}"),
         }
-        let create = CreateSpec {
-            cwd: Some(dir.0.join("project").display().to_string()),
-            name: None,
-            model: Some(ModelRef {
-                provider: "mock".into(),
-                id: "coder".into(),
-            }),
-            thinking_level: Some(ThinkingLevel::Off),
-        };
         s.send(WorkerFrame::Start {
-            create: Some(create),
+            create,
             revision_floor: 0,
         })
         .await;
@@ -1125,4 +1136,81 @@ async fn a_long_mcp_result_keeps_its_start_and_the_whole_is_kept_in_the_session(
     // The model was sent the cut result, not the whole.
     let sent = mock.requests()[1].body.to_string();
     assert!(sent.contains("line 00000") && !sent.contains("line 03999"));
+}
+
+/// An Anthropic tool loop whose worker goes away mid-loop (disposed while
+/// the call after the tool hangs): the reply's thinking signature was stored
+/// with it, so the next worker of the session sends the signed thinking
+/// block back, with thinking on. The replies are recorded streams.
+#[tokio::test]
+async fn the_next_worker_sends_back_the_thinking_signature_its_reply_stored() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.0.join("project/src")).unwrap();
+    let lines: String = (1..=20).map(|i| format!("// line {i}\n")).collect();
+    std::fs::write(dir.0.join("project/src/lib.rs"), lines).unwrap();
+    let mock = Mock::sequence(vec![
+        agent_common::sse("anthropic-thinking-tools.sse"),
+        Reply::Hang,
+        agent_common::sse("anthropic-text.sse"),
+    ])
+    .await;
+    let extra = serde_json::json!({
+        "baseUrl": mock.base,
+        "api": "anthropic-messages",
+        "apiKey": "sk-ant-test",
+        "models": [{"id": "coder", "reasoning": true, "contextWindow": 200000, "maxTokens": 16000}],
+    });
+    let create = CreateSpec {
+        cwd: Some(dir.0.join("project").display().to_string()),
+        name: None,
+        model: Some(ModelRef {
+            provider: "mock".into(),
+            id: "coder".into(),
+        }),
+        thinking_level: Some(ThinkingLevel::Medium),
+    };
+    let limits = kernel::limits::WorkerLimits::default();
+    let mut s = Session::start(&dir, &mock, extra.clone(), limits.clone(), Some(create)).await;
+    s.operation(Operation::Prompt {
+        text: "fix lib.rs".into(),
+    })
+    .await;
+    s.run_until("the tool and the next call", |s| {
+        matches!(s.transcript().last(), Some(TranscriptItem::Assistant(a)) if a.status == AssistantStatus::Streaming)
+            && s.transcript().len() == 4
+    })
+    .await;
+    // The call hangs once the mock has read it.
+    while mock.requests().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stored = s.dispose_and_read().await;
+    let signed = stored.transcript.iter().any(|item| {
+        matches!(item, TranscriptItem::Assistant(a) if a.content.iter().any(|c| matches!(
+            c,
+            Content::Thinking { signature: Some(s), .. } if s.starts_with("EqQB")
+        )))
+    });
+    assert!(signed, "the signature is stored: {:#?}", stored.transcript);
+
+    let mut s = Session::start(&dir, &mock, extra, limits, None).await;
+    let op = s
+        .operation(Operation::Prompt {
+            text: "go on".into(),
+        })
+        .await;
+    s.run_until("the reply", |s| s.done(op)).await;
+    let body = &mock.requests()[2].body;
+    assert_eq!(body["thinking"]["type"], "enabled", "{body:#}");
+    let assistant = &body["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(assistant["content"][0]["type"], "thinking");
+    assert_eq!(
+        assistant["content"][0]["signature"],
+        "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+    );
+    assert_eq!(
+        assistant["content"][0]["thinking"],
+        "I need to see the file before editing it."
+    );
 }

@@ -232,6 +232,12 @@ pub enum ModelEvent {
         /// The model that actually answered, if the provider says.
         response_model: Option<String>,
     },
+    /// The provider signed the latest thinking part (see
+    /// [`Content::Thinking`]'s `signature`).
+    Signature {
+        /// The signature, as the provider sent it.
+        signature: String,
+    },
     /// The call failed.
     Failed {
         /// Clear, non-empty description.
@@ -1127,7 +1133,8 @@ impl Runtime {
                 } => text.push_str(&t),
                 ModelEvent::Delta { .. }
                 | ModelEvent::ToolCall { .. }
-                | ModelEvent::ToolInput { .. } => {}
+                | ModelEvent::ToolInput { .. }
+                | ModelEvent::Signature { .. } => {}
                 ModelEvent::Done { usage, .. } => {
                     let before = self.state.summary.as_ref().and_then(|s| s.usage.clone());
                     let usage = match (before, usage) {
@@ -1168,6 +1175,12 @@ impl Runtime {
     fn on_reply_event(&mut self, index: usize, event: ModelEvent) {
         match event {
             ModelEvent::Delta { kind, text } => self.on_delta(index, kind, text),
+            ModelEvent::Signature { signature } => {
+                let item = self.assistant_mut(index);
+                if let Some(Content::Thinking { signature: s, .. }) = item.content.last_mut() {
+                    *s = Some(signature);
+                }
+            }
             ModelEvent::ToolCall {
                 tool_call_id,
                 tool_name,
@@ -1294,16 +1307,24 @@ impl Runtime {
                 }
             }
             DeltaKind::Text | DeltaKind::Thinking => {
+                // A signed thinking part is whole: more thinking starts another.
                 let extends_last = matches!(
                     (item.content.last(), kind),
                     (Some(Content::Text { .. }), DeltaKind::Text)
-                        | (Some(Content::Thinking { .. }), DeltaKind::Thinking)
+                        | (
+                            Some(Content::Thinking {
+                                signature: None,
+                                ..
+                            }),
+                            DeltaKind::Thinking
+                        )
                 );
                 if !extends_last {
                     item.content.push(match kind {
                         DeltaKind::Thinking => Content::Thinking {
                             thinking: String::new(),
                             redacted: None,
+                            signature: None,
                         },
                         _ => Content::Text {
                             text: String::new(),

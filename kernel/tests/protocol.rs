@@ -143,6 +143,7 @@ fn snapshot_with_transcript() -> SessionSnapshot {
             Content::Thinking {
                 thinking: "need ls".into(),
                 redacted: Some(false),
+                signature: None,
             },
             Content::Text {
                 text: "Running ls.".into(),
@@ -1404,8 +1405,13 @@ fn user_content() -> BoxedStrategy<Content> {
 fn assistant_content() -> BoxedStrategy<Content> {
     prop_oneof![
         any_text().prop_map(|text| Content::Text { text }),
-        (any_text(), prop::option::of(any::<bool>()))
-            .prop_map(|(thinking, redacted)| Content::Thinking { thinking, redacted }),
+        (any_text(), prop::option::of(any::<bool>())).prop_map(|(thinking, redacted)| {
+            Content::Thinking {
+                thinking,
+                redacted,
+                signature: None,
+            }
+        }),
         (id(), id(), json()).prop_map(|(tool_call_id, tool_name, input)| Content::ToolCall {
             tool_call_id,
             tool_name,
@@ -2398,6 +2404,7 @@ fn every_progress() -> Vec<TranscriptProgress> {
         content: vec![Content::Thinking {
             thinking: "…".into(),
             redacted: None,
+            signature: None,
         }],
         usage: None,
         ..complete

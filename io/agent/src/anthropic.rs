@@ -3,7 +3,7 @@
 use super::json::{from_json, to_json};
 use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
-use super::registry::{ProviderConfig, ThinkingSignatures, apply_cost};
+use super::registry::{ProviderConfig, apply_cost};
 use super::sse::SseEvent;
 use super::text::excerpt;
 use super::transport::{Failure, Sink, Stop, Translate, stream};
@@ -32,7 +32,7 @@ pub(crate) async fn run(
         &headers,
         &body,
         sink,
-        Translator::new(p.model.cost, p.thinking_signatures.clone()),
+        Translator::new(p.model.cost),
     )
     .await
 }
@@ -64,9 +64,9 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
         thinking = Some(budget(request.thinking_level).clamp(1024, max_tokens - 1024));
     }
     // In a tool loop the API needs the last assistant message's signed thinking
-    // block back; if we do not have its signature (the worker restarted),
-    // this request goes without thinking.
-    if thinking.is_some() && !tool_loop_is_signed(&conversation, &p.thinking_signatures) {
+    // block back; if it has no signature (another provider's reply), this
+    // request goes without thinking.
+    if thinking.is_some() && !tool_loop_is_signed(&conversation) {
         thinking = None;
     }
     let mut messages: Vec<Json> = Vec::new();
@@ -97,9 +97,9 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
                 for s in said {
                     match s {
                         Said::Text(text) => blocks.push(json!({"type": "text", "text": text})),
-                        Said::Thinking(text) => {
+                        Said::Thinking { text, signature } => {
                             // Unsigned thinking cannot be sent back; it is left out.
-                            if let Some(signature) = p.thinking_signatures.get(&text) {
+                            if let Some(signature) = signature {
                                 blocks.push(json!({"type": "thinking", "thinking": text, "signature": signature}));
                             }
                         }
@@ -172,7 +172,7 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
 
 /// False when the conversation ends in a tool loop whose assistant message
 /// has thinking we cannot send back signed.
-fn tool_loop_is_signed(conversation: &[Message], signatures: &ThinkingSignatures) -> bool {
+fn tool_loop_is_signed(conversation: &[Message]) -> bool {
     if !matches!(conversation.last(), Some(Message::ToolResult { .. })) {
         return true;
     }
@@ -182,8 +182,15 @@ fn tool_loop_is_signed(conversation: &[Message], signatures: &ThinkingSignatures
     }) else {
         return true;
     };
-    said.iter()
-        .any(|s| matches!(s, Said::Thinking(t) if signatures.get(t).is_some()))
+    said.iter().any(|s| {
+        matches!(
+            s,
+            Said::Thinking {
+                signature: Some(_),
+                ..
+            }
+        )
+    })
 }
 
 fn part_block(part: &Part, images: bool) -> Json {
@@ -201,7 +208,7 @@ fn part_block(part: &Part, images: bool) -> Json {
 #[derive(Debug)]
 enum Block {
     Text,
-    Thinking { text: String, signature: String },
+    Thinking { signature: String },
     ToolUse { json: String },
     Other,
 }
@@ -209,7 +216,6 @@ enum Block {
 /// Turns Messages stream events into model events.
 pub(crate) struct Translator {
     cost: ModelCost,
-    signatures: ThinkingSignatures,
     blocks: Vec<(u64, Block)>,
     used_tools: bool,
     stop_reason: Option<String>,
@@ -221,10 +227,9 @@ pub(crate) struct Translator {
 }
 
 impl Translator {
-    pub(crate) fn new(cost: ModelCost, signatures: ThinkingSignatures) -> Self {
+    pub(crate) fn new(cost: ModelCost) -> Self {
         Self {
             cost,
-            signatures,
             blocks: Vec::new(),
             used_tools: false,
             stop_reason: None,
@@ -309,7 +314,6 @@ impl Translate for Translator {
                             });
                         }
                         Block::Thinking {
-                            text,
                             signature: String::new(),
                         }
                     }
@@ -358,10 +362,9 @@ impl Translate for Translator {
                             });
                         }
                     }
-                    (Some("thinking_delta"), Block::Thinking { text: all, .. }) => {
+                    (Some("thinking_delta"), Block::Thinking { .. }) => {
                         let t = text("thinking");
                         if !t.is_empty() {
-                            all.push_str(&t);
                             out.push(ModelEvent::Delta {
                                 kind: DeltaKind::Thinking,
                                 text: t,
@@ -398,8 +401,10 @@ impl Translate for Translator {
                         Block::ToolUse { json } => out.push(ModelEvent::ToolInput {
                             input: parse_input(json),
                         }),
-                        Block::Thinking { text, signature } if !signature.is_empty() => {
-                            self.signatures.record(text, signature)
+                        Block::Thinking { signature } if !signature.is_empty() => {
+                            out.push(ModelEvent::Signature {
+                                signature: signature.clone(),
+                            })
                         }
                         _ => {}
                     }

@@ -505,6 +505,7 @@ mod tests {
                     Content::Thinking {
                         thinking: "hidden".into(),
                         redacted: None,
+                        signature: None,
                     },
                     call(
                         "c1",

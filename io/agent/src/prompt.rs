@@ -19,7 +19,11 @@ pub(crate) enum Part {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Said {
     Text(String),
-    Thinking(String),
+    Thinking {
+        text: String,
+        /// The provider's signature, which Anthropic needs back.
+        signature: Option<String>,
+    },
     ToolCall {
         id: String,
         name: String,
@@ -112,10 +116,15 @@ pub(crate) fn messages(request: &ModelRequest) -> Vec<Message> {
                         Content::Text { text } if !text.is_empty() => {
                             said.push(Said::Text(text.clone()))
                         }
-                        Content::Thinking { thinking, redacted }
-                            if !thinking.is_empty() && redacted != &Some(true) =>
-                        {
-                            said.push(Said::Thinking(thinking.clone()))
+                        Content::Thinking {
+                            thinking,
+                            redacted,
+                            signature,
+                        } if !thinking.is_empty() && redacted != &Some(true) => {
+                            said.push(Said::Thinking {
+                                text: thinking.clone(),
+                                signature: signature.clone(),
+                            })
                         }
                         Content::ToolCall {
                             tool_call_id,

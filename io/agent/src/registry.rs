@@ -65,10 +65,9 @@
 
 use kernel::protocol::{InputKind, ModelCost, ModelMetadata, ModelRef, ThinkingLevel, Usage};
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The wire API of a provider.
@@ -125,32 +124,6 @@ impl Default for Timeouts {
     }
 }
 
-/// Signatures of Anthropic thinking blocks seen by this process, by thinking
-/// text: a thinking block sent back during a tool loop must carry its
-/// signature, which the transcript does not store.
-#[derive(Debug, Clone, Default)]
-pub struct ThinkingSignatures(Arc<Mutex<HashMap<String, String>>>);
-
-impl ThinkingSignatures {
-    const MAX: usize = 512;
-
-    pub(crate) fn record(&self, thinking: &str, signature: &str) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= Self::MAX {
-            map.clear();
-        }
-        map.insert(thinking.to_string(), signature.to_string());
-    }
-
-    pub(crate) fn get(&self, thinking: &str) -> Option<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(thinking)
-            .cloned()
-    }
-}
-
 /// Everything one model call needs to reach its provider.
 #[derive(Debug, Clone)]
 pub struct ProviderConfig {
@@ -175,8 +148,6 @@ pub struct ProviderConfig {
     /// Appended to the system prompt: the date, the OS and the project's
     /// context files ([`super::context::section`]).
     pub context: String,
-    /// Anthropic thinking signatures (shared by the calls of a process).
-    pub thinking_signatures: ThinkingSignatures,
     /// The tools offered to the model (the session's `tools` setting).
     pub tools: Vec<super::ToolSpec>,
 }
@@ -195,7 +166,6 @@ impl ProviderConfig {
             max_tokens_field: None,
             cwd: "/".to_string(),
             context: String::new(),
-            thinking_signatures: ThinkingSignatures::default(),
             tools: super::tool_specs(),
         }
     }
@@ -231,7 +201,6 @@ pub struct ModelRegistry {
     providers: Vec<Provider>,
     models: Vec<ModelMetadata>,
     warnings: Vec<String>,
-    signatures: ThinkingSignatures,
     /// `<agentDir>/auth.json`, named when a key is missing.
     auth_path: std::path::PathBuf,
 }
@@ -280,7 +249,6 @@ impl ModelRegistry {
             providers,
             models,
             warnings,
-            signatures: ThinkingSignatures::default(),
             auth_path,
         }
     }
@@ -360,7 +328,6 @@ impl ModelRegistry {
             max_tokens_field: p.max_tokens_field.clone(),
             cwd: cwd.to_string(),
             context: String::new(),
-            thinking_signatures: self.signatures.clone(),
             tools: super::tool_specs(),
         })
     }

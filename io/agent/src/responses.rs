@@ -75,7 +75,7 @@ pub(crate) fn body(p: &ProviderConfig, request: &ModelRequest) -> Json {
                         })),
                         // Reasoning goes back only as encrypted content,
                         // which is not stored: it is left out.
-                        Said::Thinking(_) => {}
+                        Said::Thinking { .. } => {}
                     }
                 }
             }
@@ -444,6 +444,7 @@ mod tests {
                     Content::Thinking {
                         thinking: "not sent back".into(),
                         redacted: None,
+                        signature: None,
                     },
                     text("Looking."),
                     call("c1", Value::Map(vec![("path".into(), Value::text("."))])),

@@ -4,7 +4,7 @@
 use super::{DB_FILE, StoreError, Synchronous};
 use kernel::protocol::codec::{Path as SchemaPath, Schema};
 use kernel::protocol::{
-    AssistantStatus, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, Usage, UserItem,
+    AssistantStatus, Content, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, Usage, UserItem,
 };
 use kernel::runtime::{Persist, StoredSession, Summary};
 use kernel::wire::{CborLimits, Value, cbor};
@@ -64,6 +64,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         version: 3,
         description: "the usage and cost of the summary calls",
         sql: "ALTER TABLE state ADD COLUMN summary_usage BLOB;",
+    },
+    Migration {
+        version: 4,
+        description: "the providers' signatures of an item's thinking",
+        sql: "ALTER TABLE items ADD COLUMN signatures BLOB;",
     },
 ];
 
@@ -317,12 +322,14 @@ fn upsert_item(
     item: &TranscriptItem,
 ) -> Result<(), StoreError> {
     let body = encode_item(item, id)?;
+    let signatures = encode_signatures(item);
     let (role, status) = role_and_status(item);
     tx.prepare_cached(
-        "INSERT INTO items (item_id, role, status, body) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (item_id) DO UPDATE SET role = excluded.role, status = excluded.status, body = excluded.body",
+        "INSERT INTO items (item_id, role, status, body, signatures) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (item_id) DO UPDATE SET role = excluded.role, status = excluded.status,
+         body = excluded.body, signatures = excluded.signatures",
     )
-    .and_then(|mut stmt| stmt.execute(params![item.id(), role, status, body]))
+    .and_then(|mut stmt| stmt.execute(params![item.id(), role, status, body, signatures]))
     .map_err(|e| sqlite_error(dir, id, &format!("write item {}", item.id()))(e))?;
     Ok(())
 }
@@ -442,23 +449,35 @@ pub(super) fn load(
     };
 
     let mut stmt = conn
-        .prepare("SELECT item_id, body FROM items ORDER BY seq")
+        .prepare("SELECT item_id, body, signatures FROM items ORDER BY seq")
         .map_err(sqlite_error(dir, id, "read the transcript"))?;
     let rows = stmt
         .query_map([], |row| {
-            Ok((row.get::<_, String>(0)?, row.get::<_, Vec<u8>>(1)?))
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, Vec<u8>>(1)?,
+                row.get::<_, Option<Vec<u8>>>(2)?,
+            ))
         })
         .map_err(sqlite_error(dir, id, "read the transcript"))?;
     let mut transcript = Vec::new();
     for row in rows {
-        let (item_id, body) = row.map_err(sqlite_error(dir, id, "read the transcript"))?;
-        let item = decode_item(&body).map_err(|problem| {
-            corrupt(
-                dir,
-                id,
-                format!("item {item_id:?} does not decode: {problem}"),
-            )
-        })?;
+        let (item_id, body, signatures) =
+            row.map_err(sqlite_error(dir, id, "read the transcript"))?;
+        let item = decode_item(&body)
+            .and_then(|mut item| {
+                if let Some(blob) = signatures {
+                    decode_signatures(&mut item, &blob)?;
+                }
+                Ok(item)
+            })
+            .map_err(|problem| {
+                corrupt(
+                    dir,
+                    id,
+                    format!("item {item_id:?} does not decode: {problem}"),
+                )
+            })?;
         if item.id() != item_id {
             return Err(corrupt(
                 dir,
@@ -485,6 +504,67 @@ fn encode_item(item: &TranscriptItem, id: &str) -> Result<Vec<u8>, StoreError> {
             item.id()
         ))
     })
+}
+
+/// The signatures of an assistant item's thinking parts, which its wire
+/// form leaves out: a CBOR array of `[content index, signature]` pairs, or
+/// nothing when none is signed.
+fn encode_signatures(item: &TranscriptItem) -> Option<Vec<u8>> {
+    let TranscriptItem::Assistant(reply) = item else {
+        return None;
+    };
+    let pairs: Vec<Value> = reply
+        .content
+        .iter()
+        .enumerate()
+        .filter_map(|(index, part)| match part {
+            Content::Thinking {
+                signature: Some(signature),
+                ..
+            } => Some(Value::Array(vec![
+                Value::Int(index as i64),
+                Value::text(signature),
+            ])),
+            _ => None,
+        })
+        .collect();
+    if pairs.is_empty() {
+        return None;
+    }
+    Some(to_cbor(&Value::Array(pairs)).expect("a list of pairs encodes"))
+}
+
+/// Puts the signatures [`encode_signatures`] kept back into their parts.
+fn decode_signatures(item: &mut TranscriptItem, blob: &[u8]) -> Result<(), String> {
+    let value = cbor::decode(blob, &CborLimits::default())
+        .map_err(|e| format!("its signatures are invalid CBOR: {e}"))?;
+    let TranscriptItem::Assistant(reply) = item else {
+        return Err("signatures of an item that is not a reply".into());
+    };
+    let Value::Array(pairs) = value else {
+        return Err("its signatures are not a list".into());
+    };
+    for pair in pairs {
+        let (index, signature) = match pair {
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::Int(index), Value::Text(signature)] => (*index, signature.clone()),
+                _ => return Err("a signature is not an index and a text".into()),
+            },
+            _ => return Err("a signature is not a pair".into()),
+        };
+        match usize::try_from(index)
+            .ok()
+            .and_then(|i| reply.content.get_mut(i))
+        {
+            Some(Content::Thinking { signature: s, .. }) => *s = Some(signature.to_string()),
+            _ => {
+                return Err(format!(
+                    "a signature of part {index}, which is not thinking"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn decode_item(body: &[u8]) -> Result<TranscriptItem, String> {

@@ -62,6 +62,7 @@ fn assistant(id: &str, text: &str, status: AssistantStatus) -> AssistantItem {
             Content::Thinking {
                 thinking: "hmm".into(),
                 redacted: None,
+                signature: None,
             },
             Content::Text { text: text.into() },
             Content::ToolCall {

@@ -687,6 +687,10 @@ pub enum Content {
     Thinking {
         thinking: String,
         redacted: Option<bool>,
+        /// The provider's signature of the thinking (Anthropic's), which a
+        /// tool loop must send back. Kept by the worker and its store,
+        /// never on the wire: pi's bridge drops `thinkingSignature` too.
+        signature: Option<String>,
     },
     /// `{type:"image", data, mimeType}` (user, tool)
     Image { data: String, mime_type: String },

@@ -1039,3 +1039,62 @@ fn a_dispose_whose_last_write_fails_still_exits() {
     // Anything after that is ignored.
     assert!(t.step(RuntimeInput::Tick).is_empty());
 }
+
+/// A provider's signature of a thinking part is kept with the part in the
+/// stored item (clients never see it): more thinking after a signed part
+/// starts a part of its own, and the next call's context carries both.
+#[test]
+fn a_thinking_signature_is_kept_with_its_part() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::Prompt { text: "hi".into() });
+    let (call, _) = t.started_call().expect("a model call");
+    let thinking = |text: &str| ModelEvent::Delta {
+        kind: DeltaKind::Thinking,
+        text: text.into(),
+    };
+    t.model(call, thinking("first"));
+    t.model(call, thinking(" thought"));
+    t.model(
+        call,
+        ModelEvent::Signature {
+            signature: "sig-1".into(),
+        },
+    );
+    t.model(call, thinking("second"));
+    t.model(call, text("answer"));
+    let out = t.model(call, done(StopReason::Stop)).to_vec();
+    let part = |thinking: &str, signature: Option<&str>| Content::Thinking {
+        thinking: thinking.into(),
+        redacted: None,
+        signature: signature.map(Into::into),
+    };
+    let want = vec![
+        part("first thought", Some("sig-1")),
+        part("second", None),
+        Content::Text {
+            text: "answer".into(),
+        },
+    ];
+    let stored = out.iter().find_map(|o| match o {
+        RuntimeOutput::Persist(Persist::Item(TranscriptItem::Assistant(a))) => Some(a.clone()),
+        _ => None,
+    });
+    assert_eq!(stored.expect("the reply is stored").content, want);
+    let snap = t.done(1).expect("answered").expect("ok");
+    let wire = crate::protocol::codec::Schema::to_checked_value(&snap.transcript[1]);
+    assert!(
+        !format!("{:?}", wire.expect("encodes")).contains("sig-1"),
+        "clients get no signature"
+    );
+    t.op(
+        2,
+        Operation::Prompt {
+            text: "more".into(),
+        },
+    );
+    let (_, request) = t.started_call().expect("a model call");
+    let TranscriptItem::Assistant(context) = &request.context[1] else {
+        panic!("the reply")
+    };
+    assert_eq!(context.content, want, "the next call sends it back");
+}

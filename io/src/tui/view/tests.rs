@@ -161,6 +161,7 @@ fn history() -> SessionSnapshot {
             Content::Thinking {
                 thinking: "The user wants a listing.\nRun ls.".into(),
                 redacted: None,
+                signature: None,
             },
             text("Let me look."),
             call("c1", "ls -la"),

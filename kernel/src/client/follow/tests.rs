@@ -34,6 +34,7 @@ fn thinking(t: &str) -> Content {
     Content::Thinking {
         thinking: t.into(),
         redacted: None,
+        signature: None,
     }
 }
 

@@ -563,7 +563,9 @@ fn write_content(e: &mut Encoder<'_, '_>, part: &Content, depth: usize) -> Resul
             e.raw(CONTENT_TEXT.bytes());
             e.text(text)
         }
-        Content::Thinking { thinking, redacted } => {
+        Content::Thinking {
+            thinking, redacted, ..
+        } => {
             e.map_header(2 + usize::from(redacted.is_some()))?;
             e.raw(CONTENT_THINKING.bytes());
             e.text(thinking)?;

@@ -287,6 +287,7 @@ fn read_content(
             Ok(Content::Thinking {
                 thinking: f.required("thinking", read_string)?,
                 redacted: f.optional("redacted", read_bool)?,
+                signature: None,
             })
         }
         "image" => {
@@ -324,7 +325,9 @@ impl Schema for Content {
                 .put("type", text("text"))
                 .put("text", text(t))
                 .build(),
-            Self::Thinking { thinking, redacted } => MapBuilder::with_capacity(3)
+            Self::Thinking {
+                thinking, redacted, ..
+            } => MapBuilder::with_capacity(3)
                 .put("type", text("thinking"))
                 .put("thinking", text(thinking))
                 .put_opt("redacted", redacted.map(Value::Bool))

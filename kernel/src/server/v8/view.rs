@@ -33,7 +33,9 @@ fn content(parts: &[Content]) -> Value {
                     ("type", Value::text("text")),
                     ("text", Value::text(text)),
                 ]),
-                Content::Thinking { thinking, redacted } => {
+                Content::Thinking {
+                    thinking, redacted, ..
+                } => {
                     let mut pairs = vec![
                         ("type", Value::text("thinking")),
                         ("thinking", Value::text(thinking)),
@@ -356,6 +358,7 @@ pub(crate) fn advance(streaming: &mut Vec<TranscriptItem>, progress: &Transcript
                     DeltaKind::Thinking => Content::Thinking {
                         thinking: String::new(),
                         redacted: None,
+                        signature: None,
                     },
                     // A tool call's arguments arrive whole in its item update.
                     DeltaKind::ToolCall => return true,
