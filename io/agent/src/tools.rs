@@ -17,7 +17,7 @@ use serde_json::json;
 use std::io::{BufRead, Read as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 mod search;
@@ -641,6 +641,11 @@ fn diff(old: &str, new: &str, line: usize) -> String {
 /// leader's start time (`/proc/<pid>/stat`, field 22).
 pub const GROUPS: &str = "tool-groups";
 
+/// The script `bash -c` runs with the command as `$1`: the command starts
+/// once a line comes on stdin, with stdin then from `/dev/null`; if stdin
+/// closes first, it never starts.
+const GATE: &str = r#"read -r _ && exec bash -c "$1" </dev/null"#;
+
 /// Kills a process group (SIGKILL) when dropped while armed, and keeps its
 /// record in the session's directory while armed.
 pub(crate) struct GroupKill {
@@ -802,7 +807,6 @@ impl Spill {
     }
 
     async fn write(&mut self, bytes: &[u8]) {
-        use tokio::io::AsyncWriteExt;
         if let Some(file) = &mut self.file
             && file.write_all(bytes).await.is_err()
         {
@@ -812,7 +816,6 @@ impl Spill {
 
     /// The path of the whole output if it was cut and fully kept; else the file goes.
     async fn finish(mut self, cut: bool) -> Option<PathBuf> {
-        use tokio::io::AsyncWriteExt;
         let kept = match self.file.take() {
             Some(mut file) => file.flush().await.is_ok(),
             None => false,
@@ -863,11 +866,15 @@ async fn bash(
     let mut cmd = tokio::process::Command::new("bash");
     // Not a login shell: a profile can be slow or block (a profile that waits
     // on a lock held by another shell stalls every command), and the worker's
-    // environment is already the user's.
+    // environment is already the user's. The command waits at a gate (a line
+    // on its stdin) until its group is recorded: a worker killed before that
+    // closes the pipe, and the command never starts, unrecorded.
     cmd.arg("-c")
+        .arg(GATE)
+        .arg("bash")
         .arg(command)
         .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::piped())
         .stdout(writer)
         .stderr(writer2)
         .process_group(0)
@@ -882,6 +889,10 @@ async fn bash(
             .and_then(|id| rustix::process::Pid::from_raw(id as i32)),
         outputs,
     );
+    if let Some(mut gate) = child.stdin.take() {
+        // A shell that died at once has closed it: its exit status tells.
+        let _ = gate.write_all(b"\n").await;
+    }
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into())
         .map_err(|e| format!("bash: cannot read the command's output: {e}"))?;
     let mut tail = Tail {
@@ -1041,5 +1052,32 @@ mod tests {
         );
         assert!(!record.exists());
         let _ = std::fs::remove_dir_all(&session);
+    }
+
+    /// A `bash` command whose worker died before it recorded the group (its
+    /// gate's pipe closed with no line) never starts; a line starts it, with
+    /// nothing left on its stdin.
+    #[test]
+    fn a_gated_command_starts_only_when_let_through() {
+        let dir = std::env::temp_dir().join(format!("pi-gate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |line: &[u8]| {
+            let mut child = std::process::Command::new("bash")
+                .args(["-c", GATE, "bash", "cat > ran; echo $0 >> ran"])
+                .current_dir(&dir)
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut gate = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut gate, line).unwrap();
+            drop(gate);
+            child.wait().unwrap()
+        };
+        assert!(!run(b"").success());
+        assert!(!dir.join("ran").exists(), "a closed gate runs nothing");
+        assert!(run(b"\nleft over\n").success());
+        let ran = std::fs::read_to_string(dir.join("ran")).unwrap();
+        assert_eq!(ran, "bash\n", "stdin is empty and $0 is bash");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
