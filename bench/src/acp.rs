@@ -22,7 +22,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// `pi-server acp` as an editor runs it: lines in, lines out (timestamped).
-struct Adapter {
+pub(crate) struct Adapter {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::Receiver<(Instant, String)>,
@@ -30,7 +30,7 @@ struct Adapter {
 }
 
 impl Adapter {
-    fn spawn(env: &Env, server: &Server) -> Result<Self, String> {
+    pub(crate) fn spawn(env: &Env, server: &Server) -> Result<Self, String> {
         let log = env.fresh_dir("acp").join("adapter.log");
         let stderr = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut child = Command::new(&env.server_bin)
@@ -62,7 +62,7 @@ impl Adapter {
     }
 
     /// Sends a request; returns its id and when it was written.
-    fn send(&mut self, method: &str, params: Value) -> Result<(u64, Instant), String> {
+    pub(crate) fn send(&mut self, method: &str, params: Value) -> Result<(u64, Instant), String> {
         let id = self.next_id;
         self.next_id += 1;
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -73,7 +73,7 @@ impl Adapter {
     }
 
     /// Reads lines until `stop` says so; returns that line, when, and the bytes read.
-    fn until(
+    pub(crate) fn until(
         &self,
         mut stop: impl FnMut(&Value) -> bool,
     ) -> Result<(Value, Instant, usize), String> {
@@ -93,7 +93,11 @@ impl Adapter {
         }
     }
 
-    fn call(&mut self, method: &str, params: Value) -> Result<(Value, Duration, usize), String> {
+    pub(crate) fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+    ) -> Result<(Value, Duration, usize), String> {
         let (id, sent) = self.send(method, params)?;
         let (reply, at, bytes) = self
             .until(|v| v["id"] == json!(id))

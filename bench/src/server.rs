@@ -111,7 +111,7 @@ impl Server {
         Self::spawn_with(env, identity, session_dir, vars, log, &[])
     }
 
-    fn spawn_with(
+    pub(crate) fn spawn_with(
         env: &Env,
         (server_dir, server_id): &(PathBuf, String),
         session_dir: &Path,

@@ -239,14 +239,14 @@ async fn barrier(conn: &mut RawConn, server_id: &str) -> Res<usize> {
 /// What a client of `pi.transcript` holds: the state, and the wire decoder
 /// of its one stream.
 #[derive(Debug)]
-struct Replica {
+pub(crate) struct Replica {
     value: Value,
     decoder: Decoder,
 }
 
 impl Replica {
     /// From a subscription snapshot (one state member, `[["r", value]]`).
-    fn from_snapshot(snapshot: &Value) -> Res<Self> {
+    pub(crate) fn from_snapshot(snapshot: &Value) -> Res<Self> {
         let members = snapshot
             .get("instances")
             .and_then(|i| match i {
@@ -281,9 +281,14 @@ impl Replica {
     }
 
     fn entries(&self) -> usize {
+        self.entry_list().len()
+    }
+
+    /// The transcript's entries (pi's `ConversationView`).
+    pub(crate) fn entry_list(&self) -> &[Value] {
         match self.value.get("entries") {
-            Some(Value::Array(e)) => e.len(),
-            _ => 0,
+            Some(Value::Array(e)) => e,
+            _ => &[],
         }
     }
 
