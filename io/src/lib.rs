@@ -11,6 +11,10 @@ mod tui;
 pub mod web;
 pub mod worker;
 
+/// The ACP fuzz target's body (`io/fuzz`).
+#[doc(hidden)]
+pub use acp::fuzz_stdin as fuzz_acp_stdin;
+
 /// The agent back-ends and settings (their own crate, `io/agent`).
 pub use pi_agent as agent;
 pub use pi_agent::settings;

@@ -148,11 +148,88 @@ async fn read_line<R: AsyncRead + Unpin>(
     Ok(Some(text))
 }
 
+/// The ACP fuzz target's body (`io/fuzz`, and the short run in this
+/// module's tests): `data` as the editor's stdin, read as [`serve`] reads
+/// it, each line stepped through one adapter, and every pi call answered:
+/// `create` and `attach` with a fresh idle session, the rest with a lost
+/// connection. Every line the adapter writes must encode. Must not panic.
+#[doc(hidden)]
+pub fn fuzz_stdin(data: &[u8]) {
+    use kernel::protocol::{Command, CommandResult, SessionPhase, SessionSnapshot};
+    let session = |id: &str| SessionSnapshot {
+        id: id.to_owned(),
+        name: None,
+        cwd: "/work".into(),
+        created_at: 1,
+        updated_at: 1,
+        phase: SessionPhase::Idle,
+        model: kernel::faux::default_model(),
+        thinking_level: kernel::protocol::ThinkingLevel::Off,
+        attached: true,
+        locked: true,
+        revision: 1,
+        transcript: Vec::new(),
+        queued_steer: Vec::new(),
+        queued_steer_count: 0,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut reader = BufReader::new(data);
+        let mut line = Vec::new();
+        let mut adapter = Adapter::new(kernel::faux::models());
+        let mut inputs = std::collections::VecDeque::new();
+        while let Ok(Some(read)) = read_line(&mut reader, &mut line).await {
+            inputs.push_back(match read {
+                Ok(text) => Input::Line(text),
+                Err(_) => Input::Oversized,
+            });
+            while let Some(input) = inputs.pop_front() {
+                for output in adapter.step(input) {
+                    match output {
+                        Output::Send(message) => {
+                            serde_json::to_vec(&message).expect("every line encodes");
+                        }
+                        Output::Call { token, command } => {
+                            let result = match command {
+                                Command::Create(_) => Ok(CommandResult::Create {
+                                    session: session("s1"),
+                                }),
+                                Command::Attach { session_id } => Ok(CommandResult::Attach {
+                                    session: session(&session_id),
+                                }),
+                                _ => Err(crate::client::ClientError::Disconnected(
+                                    "the fuzz target's server is gone".into(),
+                                )),
+                            };
+                            inputs.push_back(Input::Done { token, result });
+                        }
+                        Output::Log(_) => {}
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+#[path = "../../../kernel/fuzz/src/short.rs"]
+mod fuzz_short;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
+
+    /// CI's short run of the ACP fuzz target (`io/fuzz`): its kept corpus
+    /// and seeded mutations of it, none of which may panic.
+    #[test]
+    fn the_fuzz_target_survives_its_corpus_and_mutations_of_it() {
+        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/acp");
+        fuzz_short::short_run(&corpus, 5_000, fuzz_stdin);
+    }
 
     /// A line that arrives in two pieces, with the read cancelled in
     /// between (another select branch won), comes out whole.
