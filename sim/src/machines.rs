@@ -33,7 +33,7 @@ use crate::prng::{Prng, Ratio};
 use crate::world::{Amount, Holds, Options, World};
 use kernel::client::{
     Call, CallId, Client, ClientConfig, ClientError, ClientInput, ClientOutput, Completion,
-    LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand,
+    LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand, Status,
 };
 use kernel::ids::ConnId;
 use kernel::protocol::{
@@ -60,6 +60,17 @@ pub struct Machine {
     pub outstanding: BTreeMap<CallId, Call>,
     /// Leases granted and not released: lease → session.
     pub leases: BTreeMap<LeaseId, String>,
+    /// Sessions a plain `attach` attached (no lease), not detached since.
+    pub plain: std::collections::BTreeSet<String>,
+    /// Sessions whose plain `attach`, `detach` or `remove` failed with the
+    /// connection: the server may or may not have taken it.
+    unsure: std::collections::BTreeSet<String>,
+    /// Sessions it sent an `attach` of on the current connection (a
+    /// re-attachment the server may refuse, as it may any attach).
+    attach_sent: std::collections::BTreeSet<String>,
+    /// The `attach` requests on the current connection not answered yet:
+    /// id → session.
+    attach_ids: BTreeMap<String, String>,
     /// The revision of each leased session's cached snapshot, as last seen
     /// on the current connection (judged from outside the machine: it
     /// never goes back within a connection).
@@ -73,6 +84,9 @@ pub struct Machine {
     /// Delivers an old snapshot frame again with this probability per pump
     /// (a generator of its own, so other seeds keep their runs).
     replay: Option<(Prng, Ratio)>,
+    /// When the current outage began (a `Reconnecting` status after a
+    /// handshake succeeded), until the next handshake succeeds.
+    outage: Option<kernel::time::Instant>,
     /// Counters.
     pub stats: MachineStats,
 }
@@ -141,14 +155,28 @@ impl Machine {
             next_call: 1,
             outstanding: BTreeMap::new(),
             leases: BTreeMap::new(),
+            plain: Default::default(),
+            unsure: Default::default(),
+            attach_sent: Default::default(),
+            attach_ids: BTreeMap::new(),
             cached: BTreeMap::new(),
             snapshot_frames: VecDeque::new(),
             newest: BTreeMap::new(),
             replay: None,
+            outage: None,
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
         Ok(machine)
+    }
+
+    /// Whether `session_id` is plainly attached, may be, or is being.
+    fn plainly_attached(&self, session_id: &str) -> bool {
+        self.plain.contains(session_id)
+            || self.unsure.contains(session_id)
+            || self.outstanding.values().any(|c| {
+                matches!(c, Call::Request(Command::Attach { session_id: s }) if s == session_id)
+            })
     }
 
     /// Makes `call`.
@@ -177,14 +205,26 @@ impl Machine {
                     self.snapshot_frames
                         .push_back((session, revision, bytes.clone()));
                 }
+                // A refused attach ends a plain attachment (a re-attachment
+                // the server refused is not asked again).
+                if let Some((id, refused)) = answer_of(&bytes)
+                    && let Some(session_id) = self.attach_ids.remove(&id)
+                    && refused
+                {
+                    self.plain.remove(&session_id);
+                }
                 self.feed(world, ClientInput::Received(bytes))?;
             }
             // Only a frame older than what was read since: the same
             // revision again is no stale news (and no server resends it).
+            // Nor while an attach of its session is on its way: the server
+            // sends a session nothing between a detach and the next attach's
+            // answer, and the client takes that answer whatever its revision.
+            let attaching = |session: &String| self.attach_ids.values().any(|s| s == session);
             let stale: Vec<usize> = (0..self.snapshot_frames.len())
                 .filter(|i| {
                     let (session, revision, _) = &self.snapshot_frames[*i];
-                    self.newest.get(session).is_some_and(|n| revision < n)
+                    self.newest.get(session).is_some_and(|n| revision < n) && !attaching(session)
                 })
                 .collect();
             if let Some((prng, ratio)) = self.replay.as_mut()
@@ -222,14 +262,22 @@ impl Machine {
     fn feed(&mut self, world: &mut World, input: ClientInput) -> Result<(), Violation> {
         let mut inputs = VecDeque::from([input]);
         while let Some(input) = inputs.pop_front() {
-            for output in self.client.step(world.now, input) {
+            let outputs = self.client.step(world.now, input);
+            self.check_reconnection(world, &outputs)?;
+            for output in outputs {
                 match output {
                     ClientOutput::Transmit(bytes) => {
+                        if let Some((id, session_id)) = attach_of(&bytes) {
+                            self.attach_sent.insert(session_id.clone());
+                            self.attach_ids.insert(id, session_id);
+                        }
                         if let Some(conn) = self.conn.filter(|c| !world.client(*c).closed) {
                             world.send_frame(conn, bytes);
                         }
                     }
                     ClientOutput::Connect => {
+                        self.attach_sent.clear();
+                        self.attach_ids.clear();
                         self.cached.clear();
                         self.snapshot_frames.clear();
                         self.newest.clear();
@@ -248,6 +296,51 @@ impl Machine {
                 }
             }
             self.check_cache()?;
+        }
+        Ok(())
+    }
+
+    /// Each outage is a fresh reconnection (DESIGN.md, `Client`): a
+    /// successful handshake resets the backoff, so the first attempt after a
+    /// loss waits at most the initial delay, and the window counts from that
+    /// loss, not from an earlier one.
+    fn check_reconnection(
+        &mut self,
+        world: &World,
+        outputs: &[ClientOutput],
+    ) -> Result<(), Violation> {
+        let limits = kernel::limits::ClientLimits::default();
+        let now = world.now;
+        for output in outputs {
+            match output {
+                ClientOutput::Status(Status::Ready { .. }) => self.outage = None,
+                ClientOutput::Status(Status::Reconnecting { reason }) => {
+                    self.outage = Some(now);
+                    let first = now + limits.reconnect_backoff_initial;
+                    if self.client.next_deadline().is_none_or(|at| at > first) {
+                        return Err(violation(format!(
+                            "{}: lost its connection at {now} ({reason}) and retries at {:?}, \
+                             later than the first backoff ({} ms) allows",
+                            self.name,
+                            self.client.next_deadline(),
+                            limits.reconnect_backoff_initial.as_millis()
+                        )));
+                    }
+                }
+                ClientOutput::Status(Status::Closed {
+                    error: ClientError::Disconnected(why),
+                }) if why.contains("did not come back") => {
+                    let since = self.outage.unwrap_or(now);
+                    if now.saturating_since(since) < limits.reconnect_window {
+                        return Err(violation(format!(
+                            "{}: gave up at {now} on an outage that began at {since}, \
+                             within the reconnection window: {why}",
+                            self.name
+                        )));
+                    }
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -320,6 +413,28 @@ impl Machine {
             (Call::Release { lease, .. }, Ok(_)) => {
                 self.leases.remove(&lease);
             }
+            (Call::Request(Command::Attach { session_id }), Ok(_)) => {
+                self.unsure.remove(&session_id);
+                self.plain.insert(session_id);
+            }
+            (
+                Call::Request(Command::Detach { session_id } | Command::Remove { session_id }),
+                Ok(_),
+            ) => {
+                self.unsure.remove(&session_id);
+                self.plain.remove(&session_id);
+            }
+            (
+                Call::Request(
+                    Command::Attach { session_id }
+                    | Command::Detach { session_id }
+                    | Command::Remove { session_id },
+                ),
+                Err(ClientError::Disconnected(_)),
+            ) => {
+                self.plain.remove(&session_id);
+                self.unsure.insert(session_id);
+            }
             // A failed release leaves the lease as the machine says.
             (Call::Release { lease, .. }, Err(_))
                 if self.client.leases().status(lease).is_none() =>
@@ -360,8 +475,10 @@ impl Machine {
         Ok(())
     }
 
-    /// The rules of a settled run: nothing outstanding, and every active
-    /// lease attached on the server with the latest snapshot cached.
+    /// The rules of a settled run: nothing outstanding, every active lease
+    /// attached on the server with the latest snapshot cached, and every
+    /// plain attachment of a session still stored attached too (a
+    /// reconnection re-attaches both kinds).
     pub fn check_settled(&self, world: &World) -> Result<(), Violation> {
         let name = &self.name;
         if let Some((call, asked)) = self.outstanding.iter().next() {
@@ -379,15 +496,32 @@ impl Machine {
         // reconnection that never went out, or a last release that sent no
         // detach, leaves the two apart.
         for session_id in &attached {
-            if !self
-                .leases
-                .iter()
-                .any(|(l, s)| s == session_id && granted(l))
+            if !self.plain.contains(session_id)
+                && !self.unsure.contains(session_id)
+                && !self
+                    .leases
+                    .iter()
+                    .any(|(l, s)| s == session_id && granted(l))
             {
                 return Err(violation(format!(
                     "{name}: {conn} is attached to {session_id}, which no granted lease holds \
-                     (leases: {:?})",
-                    self.leases
+                     and no plain attach attached (leases: {:?}, plain: {:?})",
+                    self.leases, self.plain
+                )));
+            }
+        }
+        // A plain attachment is re-attached on every new connection: the
+        // server may refuse it (its worker did not start), never may the
+        // client forget to ask.
+        for session_id in &self.plain {
+            let stored = world.store.sessions.contains_key(session_id);
+            if stored
+                && !attached.iter().any(|s| s == session_id)
+                && !self.attach_sent.contains(session_id)
+            {
+                return Err(violation(format!(
+                    "{name}: {conn} attached {session_id} with a plain attach, and is neither \
+                     attached to it nor asked to be again (attached: {attached:?})"
                 )));
             }
         }
@@ -417,6 +551,29 @@ impl Machine {
 // ---------------------------------------------------------------------------
 // The lease swarm
 
+/// The request id and session of a client frame that is an `attach`.
+fn attach_of(frame: &[u8]) -> Option<(String, String)> {
+    let payload = frame.get(kernel::wire::frame::FRAME_HEADER_LEN..)?;
+    match kernel::protocol::decode_client_message(payload, &Default::default()).ok()? {
+        kernel::protocol::ClientMessage::Request(kernel::protocol::Request {
+            id,
+            command: Command::Attach { session_id },
+        }) => Some((id, session_id)),
+        _ => None,
+    }
+}
+
+/// The request id a server frame answers, and whether it refuses it.
+fn answer_of(frame: &[u8]) -> Option<(String, bool)> {
+    let payload = frame.get(kernel::wire::frame::FRAME_HEADER_LEN..)?;
+    match kernel::protocol::decode_server_message(payload, &Default::default()).ok()? {
+        kernel::protocol::ServerMessage::Response(kernel::protocol::Response { id, outcome }) => {
+            Some((id, outcome.is_err()))
+        }
+        _ => None,
+    }
+}
+
 /// What one seed of the lease swarm did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -438,6 +595,8 @@ pub struct Report {
     pub sibling_sessions: u64,
     /// `remove` calls made.
     pub removes: u64,
+    /// Plain `attach` and `detach` calls made.
+    pub plain_attaches: u64,
     /// Every machine's counters, summed.
     pub totals: MachineStats,
 }
@@ -481,8 +640,9 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     // stay as they were. A quarter of the seeds give orphans a grace shorter
     // than a turn: an orphan whose turn outlasts it must wait for the turn.
     let mut side = Prng::new(seed ^ 0x0a9a);
-    // Removals have a generator of their own too.
+    // Removals have a generator of their own too, and plain attaches.
     let mut removing = Prng::new(seed ^ 0x5e40);
+    let mut attaching = Prng::new(seed ^ 0x9a77);
     let mut worker_limits = kernel::limits::WorkerLimits::default();
     if side.below(4) == 0 {
         worker_limits.orphan_grace = Duration::from_millis(20);
@@ -598,6 +758,41 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
                 report.removes += 1;
             }
         }
+        if attaching.chance(Ratio::new(1, 60)) {
+            // A plain attach or detach, outside the lease rules, of a session
+            // the machine holds no lease on (nor is acquiring).
+            let i = attaching.below(machines.len() as u64) as usize;
+            let m = &machines[i];
+            // A create under way leases a session not yet named.
+            let creating = m.outstanding.values().any(|c| matches!(c, Call::Create(_)));
+            let leased = |s: &String| {
+                creating
+                    || m.unsure.contains(s)
+                    || m.leases.values().any(|l| l == s)
+                    || m.outstanding
+                        .values()
+                        .any(|c| matches!(c, Call::Acquire { session_id, .. } if session_id == s))
+            };
+            let free: Vec<String> = world
+                .store
+                .sessions
+                .keys()
+                .filter(|s| !leased(s))
+                .cloned()
+                .collect();
+            if !free.is_empty() {
+                let session_id = free[attaching.below(free.len() as u64) as usize].clone();
+                let command = if m.plain.contains(&session_id) && attaching.coin() {
+                    Command::Detach { session_id }
+                } else {
+                    Command::Attach { session_id }
+                };
+                machines[i]
+                    .call(world, Call::Request(command))
+                    .map_err(|v| fail(v, step))?;
+                report.plain_attaches += 1;
+            }
+        }
         if prng.chance(Ratio::new(1, 200)) {
             // A stranger: no token, a wrong one, or (the server has none) any.
             let conn = world.connect();
@@ -681,6 +876,10 @@ fn pick_call(prng: &mut Prng, machine: &Machine, world: &World) -> Call {
         0 | 1 => Call::Request(Command::List),
         2 | 3 if !stored.is_empty() => {
             let session_id = stored[prng.below(stored.len() as u64) as usize].clone();
+            if machine.plainly_attached(&session_id) {
+                // Leases and plain attachments of one session are not mixed.
+                return Call::Request(Command::List);
+            }
             let mode = if prng.coin() {
                 LeaseMode::Exclusive
             } else {
