@@ -22,7 +22,7 @@ impl Rng {
 }
 
 fn corpus(dir: &Path) -> Vec<Vec<u8>> {
-    let mut inputs: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+    let mut inputs: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| {
             let path = entry.expect("a corpus entry").path();
