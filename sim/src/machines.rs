@@ -23,7 +23,13 @@
 //! - a granted lease is new, and a released one is gone;
 //! - once settled, every machine that is connected is attached, on the
 //!   server, to each session one of its active leases holds, and its cached
-//!   snapshot of it is the server's latest revision.
+//!   snapshot of it is the server's latest revision; each plain attachment
+//!   of a stored session is attached, or was asked for on this connection;
+//! - each outage reconnects afresh: the first retry within the initial
+//!   backoff, the window counted from that loss;
+//! - a follower per followed session (the machine's reader falls behind in
+//!   a third of the seeds, losing events and telling its followers of the
+//!   gap) tells reply text that the cached snapshot's extends, or cuts.
 //!
 //! A failing seed replays with its trace:
 //! `cargo run -p sim --example lease_seed -- SEED [STEPS]`.
@@ -31,13 +37,14 @@
 use crate::checkers::{self, Checkers, Violation};
 use crate::prng::{Prng, Ratio};
 use crate::world::{Amount, Holds, Options, World};
+use kernel::client::follow::{Follower, Update};
 use kernel::client::{
     Call, CallId, Client, ClientConfig, ClientError, ClientInput, ClientOutput, Completion,
     LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand, Status,
 };
 use kernel::ids::ConnId;
 use kernel::protocol::{
-    Command, Content, CreateParams, SessionPhase, ThinkingLevel, TranscriptItem,
+    Command, Content, CreateParams, ServerEvent, SessionPhase, ThinkingLevel, TranscriptItem,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -84,6 +91,15 @@ pub struct Machine {
     /// Delivers an old snapshot frame again with this probability per pump
     /// (a generator of its own, so other seeds keep their runs).
     replay: Option<(Prng, Ratio)>,
+    /// A transcript follower per session it heard of (what a front end
+    /// would show), with the reply text each told per assistant item.
+    followers: BTreeMap<String, (Follower, BTreeMap<String, String>)>,
+    /// Its front end's reader falls behind with this probability per
+    /// event (a generator of its own): the events it misses are lost, and
+    /// it tells its followers of the gap, as a host does on `Lagged`.
+    lagging: Option<(Prng, Ratio)>,
+    /// Events still to lose in the current lag.
+    lag_left: u64,
     /// When the current outage began (a `Reconnecting` status after a
     /// handshake succeeded), until the next handshake succeeds.
     outage: Option<kernel::time::Instant>,
@@ -108,6 +124,8 @@ pub struct MachineStats {
     pub prompts_done: u64,
     /// Stale snapshot frames delivered again.
     pub replays: u64,
+    /// Times its reader fell behind and lost events.
+    pub lags: u64,
     /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
     pub errors: BTreeMap<String, u64>,
 }
@@ -122,6 +140,7 @@ impl MachineStats {
         self.reconnects += other.reconnects;
         self.prompts_done += other.prompts_done;
         self.replays += other.replays;
+        self.lags += other.lags;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_insert(0) += n;
         }
@@ -164,6 +183,9 @@ impl Machine {
             newest: BTreeMap::new(),
             replay: None,
             outage: None,
+            followers: BTreeMap::new(),
+            lagging: None,
+            lag_left: 0,
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
@@ -291,11 +313,117 @@ impl Machine {
                         }
                     }
                     ClientOutput::Complete { call, result } => self.complete(call, result)?,
+                    ClientOutput::Event(event) => self.follow(&event),
+                    ClientOutput::Status(Status::Reconnecting { .. }) => {
+                        for (follower, _) in self.followers.values_mut() {
+                            follower.gap();
+                        }
+                    }
                     // These machines never launch their server (`launch: false`).
-                    ClientOutput::Event(_) | ClientOutput::Status(_) | ClientOutput::Launch => {}
+                    ClientOutput::Status(_) | ClientOutput::Launch => {}
                 }
             }
             self.check_cache()?;
+            self.check_followers()?;
+        }
+        Ok(())
+    }
+
+    /// A front end starts following `session_id` once attached: from the
+    /// cached snapshot, all of it told (a `session/load`, a terminal
+    /// attaching); it stops when it lets the session go.
+    fn start_following(&mut self, session_id: &str) {
+        if self.followers.contains_key(session_id) {
+            return;
+        }
+        let mut follower = Follower::new(session_id);
+        let mut told: BTreeMap<String, String> = BTreeMap::new();
+        if let Some(snapshot) = self.client.session_snapshot(session_id) {
+            for update in follower.replay(snapshot) {
+                if let Update::Text { item_id, delta } = update {
+                    told.entry(item_id).or_default().push_str(&delta);
+                }
+            }
+        }
+        self.followers
+            .insert(session_id.to_owned(), (follower, told));
+    }
+
+    /// Stops following `session_id` unless a lease or a plain attachment
+    /// still holds it.
+    fn stop_following(&mut self, session_id: &str) {
+        let held = self.plain.contains(session_id) || self.leases.values().any(|s| s == session_id);
+        if !held {
+            self.followers.remove(session_id);
+        }
+    }
+
+    /// Tells `event` to its session's follower, noting the reply text told.
+    fn follow(&mut self, event: &ServerEvent) {
+        if self.lag_left == 0
+            && let Some((prng, ratio)) = self.lagging.as_mut()
+            && prng.chance(*ratio)
+        {
+            self.lag_left = prng.range_inclusive(1, 6);
+            self.stats.lags += 1;
+        }
+        if self.lag_left > 0 {
+            self.lag_left -= 1;
+            if self.lag_left == 0 {
+                for (follower, _) in self.followers.values_mut() {
+                    follower.gap();
+                }
+            }
+            return;
+        }
+        let session_id = match event {
+            ServerEvent::SessionSnapshot { snapshot } => &snapshot.id,
+            ServerEvent::SessionProgress { session_id, .. } => session_id,
+            // A front end stops following a removed session (a sibling
+            // server may write another under its id).
+            ServerEvent::SessionRemoved { session_id } => {
+                self.followers.remove(session_id);
+                return;
+            }
+            ServerEvent::ServerSnapshot { .. } => return,
+        };
+        // Only sessions it follows: attached (a lease or a plain attach).
+        let Some((follower, told)) = self.followers.get_mut(session_id) else {
+            return;
+        };
+        for update in follower.on_event(event) {
+            if let Update::Text { item_id, delta } = update {
+                told.entry(item_id).or_default().push_str(&delta);
+            }
+        }
+    }
+
+    /// What a follower told of a reply and the reply's text in the cached
+    /// snapshot agree: one is a prefix of the other (DESIGN.md, `Follower`:
+    /// text is told in order, once, with no hole, never from deltas of a
+    /// reply joined mid-way or across a gap; a reply cut back by a worker's
+    /// crash may hold less than was told).
+    fn check_followers(&self) -> Result<(), Violation> {
+        for (session_id, (_, told)) in &self.followers {
+            let Some(snapshot) = self.client.session_snapshot(session_id) else {
+                continue;
+            };
+            for item in &snapshot.transcript {
+                let TranscriptItem::Assistant(reply) = item else {
+                    continue;
+                };
+                let Some(told) = told.get(&reply.id) else {
+                    continue;
+                };
+                let text = kernel::client::follow::text_of(&reply.content);
+                if !text.starts_with(told.as_str()) && !told.starts_with(&text) {
+                    return Err(violation(format!(
+                        "{}: its follower told {told:?} of reply {} in {session_id}, \
+                         which holds {text:?}",
+                        self.name, reply.id
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -406,15 +534,19 @@ impl Machine {
                         "{name}: {call} granted no lease: {completion:?}"
                     )));
                 };
-                if self.leases.insert(lease, session_id).is_some() {
+                if self.leases.insert(lease, session_id.clone()).is_some() {
                     return Err(violation(format!("{name}: lease {lease} granted twice")));
                 }
+                self.start_following(&session_id);
             }
             (Call::Release { lease, .. }, Ok(_)) => {
-                self.leases.remove(&lease);
+                if let Some(session_id) = self.leases.remove(&lease) {
+                    self.stop_following(&session_id);
+                }
             }
             (Call::Request(Command::Attach { session_id }), Ok(_)) => {
                 self.unsure.remove(&session_id);
+                self.start_following(&session_id);
                 self.plain.insert(session_id);
             }
             (
@@ -423,6 +555,7 @@ impl Machine {
             ) => {
                 self.unsure.remove(&session_id);
                 self.plain.remove(&session_id);
+                self.stop_following(&session_id);
             }
             (
                 Call::Request(
@@ -674,9 +807,16 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         .below(3)
         .eq(&0)
         .then(|| Ratio::new(replaying.range_inclusive(1, 20) as u32, 100));
+    // A third of the seeds have readers that fall behind (their own generator).
+    let mut lagging = Prng::new(seed ^ 0x1a66);
+    let lag = lagging
+        .below(3)
+        .eq(&0)
+        .then(|| Ratio::new(lagging.range_inclusive(1, 10) as u32, 100));
     for i in 1..=report.machines {
         let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
         machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
+        machine.lagging = lag.map(|ratio| (Prng::new(lagging.next_u64()), ratio));
         machines.push(machine);
     }
     // Some seeds add a machine whose first handshake fails (a generator of

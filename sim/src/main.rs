@@ -186,14 +186,15 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
     );
     println!(
         "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}, \
-         stale snapshots replayed {}",
+         stale snapshots replayed {}, readers fallen behind {}",
         totals.calls,
         totals.ok,
         totals.failed,
         totals.disconnected,
         totals.reconnects,
         totals.prompts_done,
-        totals.replays
+        totals.replays,
+        totals.lags
     );
     for (kind, n) in &totals.errors {
         println!("  {kind}: {n}");

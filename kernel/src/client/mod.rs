@@ -588,6 +588,17 @@ impl Client {
                 }
             }
             ServerMessage::Event(event) => {
+                // An older revision than the cached one is no news: the
+                // server never sends one (revisions rise per connection),
+                // and a front end would follow it back in time.
+                if let ServerEvent::SessionSnapshot { snapshot } = &event
+                    && self
+                        .sessions
+                        .get(&snapshot.id)
+                        .is_some_and(|known| known.revision > snapshot.revision)
+                {
+                    return;
+                }
                 self.observe_event(&event);
                 let resumed = match &event {
                     ServerEvent::SessionSnapshot { snapshot } => Some(snapshot.id.clone()),
