@@ -159,6 +159,23 @@ def main():
     write_results(rows, minutes)
 
 
+MACHINES = [
+    ("server/", "Server"),
+    ("runtime.rs", "Runtime"),
+    ("worker.rs", "Worker"),
+    ("link.rs", "Link"),
+    ("host.rs", "WorkerHost"),
+    ("client/lease.rs", "Leases"),
+    ("client/follow.rs", "Follower"),
+    ("client/mod.rs", "Client"),
+]
+
+
+def machine_of(file):
+    """The kernel machine a mutated file (relative to kernel/src/) holds."""
+    return next((name for prefix, name in MACHINES if file.startswith(prefix)), file)
+
+
 def write_results(rows, minutes):
     """Writes the table; a run of some mutants updates their rows only."""
     path = os.path.join(HERE, "RESULTS.md")
@@ -180,13 +197,25 @@ def write_results(rows, minutes):
     viable = [l for l in lines if "| killed by " in l or "| SURVIVED |" in l]
     killed = [l for l in viable if "| killed by " in l]
     score = 100.0 * len(killed) / max(len(viable), 1)
+    by_machine = {}
+    for line in viable:
+        machine = machine_of(line.split(" | ")[1])
+        kills, total = by_machine.get(machine, (0, 0))
+        by_machine[machine] = (kills + ("| killed by " in line), total + 1)
+    scores = [f"| {m} | {k} of {t} | {100.0 * k / t:.0f} % |"
+              for m, (k, t) in sorted(by_machine.items())]
     out = [
         "# Mutation results",
         "",
         "Written by `sim/mutation/run.py`; each row gives the commit of the",
         "simulator that judged it. The last run took " + f"{minutes:.0f} min.",
+        "Survivors are discussed in README.md.",
         "",
         f"{len(killed)} of {len(viable)} viable mutants killed ({score:.0f} %).",
+        "",
+        "| machine | killed | score |",
+        "|---|---|---|",
+    ] + scores + [
         "",
         "| mutant | file | bug | verdict | judged at | first failure |",
         "|---|---|---|---|---|---|",

@@ -100,6 +100,9 @@ pub struct Machine {
     lagging: Option<(Prng, Ratio)>,
     /// Events still to lose in the current lag.
     lag_left: u64,
+    /// A reconnection's transport is lost again with this probability,
+    /// before its hello is answered or right after (a generator of its own).
+    flaky: Option<(Prng, Ratio)>,
     /// When the current outage began (a `Reconnecting` status after a
     /// handshake succeeded), until the next handshake succeeds.
     outage: Option<kernel::time::Instant>,
@@ -126,6 +129,8 @@ pub struct MachineStats {
     pub replays: u64,
     /// Times its reader fell behind and lost events.
     pub lags: u64,
+    /// Reconnections lost again before or right after their hello.
+    pub flakes: u64,
     /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
     pub errors: BTreeMap<String, u64>,
 }
@@ -141,6 +146,7 @@ impl MachineStats {
         self.prompts_done += other.prompts_done;
         self.replays += other.replays;
         self.lags += other.lags;
+        self.flakes += other.flakes;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_insert(0) += n;
         }
@@ -186,10 +192,21 @@ impl Machine {
             followers: BTreeMap::new(),
             lagging: None,
             lag_left: 0,
+            flaky: None,
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
         Ok(machine)
+    }
+
+    /// Whether this reconnection's transport is lost again now.
+    fn flake(&mut self) -> bool {
+        let flaked = self
+            .flaky
+            .as_mut()
+            .is_some_and(|(prng, ratio)| prng.chance(*ratio));
+        self.stats.flakes += u64::from(flaked);
+        flaked
     }
 
     /// Whether `session_id` is plainly attached, may be, or is being.
@@ -303,9 +320,22 @@ impl Machine {
                         self.cached.clear();
                         self.snapshot_frames.clear();
                         self.newest.clear();
-                        self.conn = Some(world.connect_tapped());
+                        let conn = world.connect_tapped();
+                        self.conn = Some(conn);
                         self.stats.reconnects += 1;
                         inputs.push_back(ClientInput::TransportUp);
+                        if self.flake() {
+                            // Lost again before the server answers its hello.
+                            world.disconnect(conn);
+                        }
+                    }
+                    ClientOutput::Status(Status::Ready {
+                        reconnected: true, ..
+                    }) if self.flake() => {
+                        // Lost right after the reconnection succeeded.
+                        if let Some(conn) = self.conn {
+                            world.disconnect(conn);
+                        }
                     }
                     ClientOutput::CloseTransport => {
                         if let Some(conn) = self.conn.take() {
@@ -813,8 +843,16 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
         .below(3)
         .eq(&0)
         .then(|| Ratio::new(lagging.range_inclusive(1, 10) as u32, 100));
+    // A third of the seeds lose reconnections again, before their hello is
+    // answered or right after (their own generator).
+    let mut flaking = Prng::new(seed ^ 0xf1a4);
+    let flake = flaking
+        .below(3)
+        .eq(&0)
+        .then(|| Ratio::new(flaking.range_inclusive(10, 50) as u32, 100));
     for i in 1..=report.machines {
         let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
+        machine.flaky = flake.map(|ratio| (Prng::new(flaking.next_u64()), ratio));
         machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
         machine.lagging = lag.map(|ratio| (Prng::new(lagging.next_u64()), ratio));
         machines.push(machine);

@@ -186,7 +186,7 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
     );
     println!(
         "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}, \
-         stale snapshots replayed {}, readers fallen behind {}",
+         stale snapshots replayed {}, readers fallen behind {}, reconnections lost again {}",
         totals.calls,
         totals.ok,
         totals.failed,
@@ -194,7 +194,8 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
         totals.reconnects,
         totals.prompts_done,
         totals.replays,
-        totals.lags
+        totals.lags,
+        totals.flakes
     );
     for (kind, n) in &totals.errors {
         println!("  {kind}: {n}");

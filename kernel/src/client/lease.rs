@@ -741,11 +741,7 @@ impl Leases {
             .filter_map(|p| p.session_id.clone())
             .collect();
         for (session_id, session) in &mut self.sessions {
-            // Still owed a re-attachment from an earlier loss: a connection
-            // lost again before its hello was answered re-attached nothing.
-            let attaching = session.attached
-                || session.reattach
-                || session.attaching.is_some_and(|a| a.reattach);
+            let attaching = session.attached || session.attaching.is_some_and(|a| a.reattach);
             session.reattach =
                 attaching && session.holders.is_empty() && !leaving.contains(session_id);
             session.attached = false;
