@@ -12,7 +12,9 @@
 //! delays every hop, servers are replaced (hand-off) or crash and restart
 //! (some keeping their workers as orphans for a while), a sibling server
 //! writes sessions into the shared directory, machines remove sessions
-//! (leased ones too), and connections drop. Then faults stop and everything must settle.
+//! (leased ones too), plain attaches come and go, connections drop, and
+//! reconnections are lost again before or right after their hello. Then
+//! faults stop and everything must settle.
 //! Besides every world checker (their facts include the machines'
 //! requests), it judges the client side:
 //!
