@@ -20,7 +20,7 @@
 
 use crate::acp::Adapter;
 use crate::raw::{RawConn, decode, v1_request};
-use crate::server::{Server, signal, stored_session};
+use crate::server::{Server, signal, stored_session, web_listener};
 use crate::util::{Env, Report, fmt_us, percentile, sorted, us};
 use crate::v8::{Replica, V8Client};
 use kernel::protocol::{
@@ -114,26 +114,13 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     stored.cwd = cwd.display().to_string();
     std::fs::create_dir_all(&sessions).map_err(|e| e.to_string())?;
     pi_io::store::SessionStore::create(&sessions, &stored).map_err(|e| e.to_string())?;
-    let addr = free_addr()?;
-    let token = pi_io::config::new_uuid();
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
-    std::fs::set_permissions(
-        &token_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .map_err(|e| e.to_string())?;
+    let (args, addr, token) = web_listener(&dir)?;
     let setup = Setup {
         identity: (dir.join("servers"), pi_io::config::new_uuid()),
         sessions,
         log: dir.join("server.log"),
         vars: vec![("PI_FAUX_DELAY_MS", "2".into())],
-        args: vec![
-            "--listen".into(),
-            format!("http://{addr}"),
-            "--token-file".into(),
-            token_file.display().to_string(),
-        ],
+        args,
         web: (addr, token),
         session,
         cwd,
@@ -299,14 +286,6 @@ fn tally_report(report: &mut Report, fault: Fault, tally: &Tally, rounds: usize,
             );
         }
     }
-}
-
-fn free_addr() -> Result<String, String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    Ok(format!("127.0.0.1:{port}"))
 }
 
 impl Setup {

@@ -60,25 +60,7 @@ impl Server {
         vars: &[(&str, String)],
     ) -> Result<(Self, String, String), String> {
         let dir = env.fresh_dir("srv");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let token = pi_io::config::new_uuid();
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
-        std::fs::set_permissions(
-            &token_file,
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .map_err(|e| e.to_string())?;
-        let args = [
-            "--listen".to_string(),
-            format!("http://{addr}"),
-            "--token-file".to_string(),
-            token_file.display().to_string(),
-        ];
+        let (args, addr, token) = web_listener(&dir)?;
         let identity = (dir.join("s"), pi_io::config::new_uuid());
         let mut server = Self::spawn_with(
             env,
@@ -283,6 +265,31 @@ fn start_perf(env: &Env, pid: u32) -> Result<Child, String> {
         .map_err(|e| format!("cannot run perf: {e}"))?;
     std::thread::sleep(Duration::from_millis(300));
     Ok(child)
+}
+
+/// A web listener on a free loopback port with a token written (private)
+/// under `dir`: `serve`'s arguments for it, its `host:port` and the token.
+pub(crate) fn web_listener(dir: &Path) -> Result<(Vec<String>, String, String), String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let token = pi_io::config::new_uuid();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .map_err(|e| e.to_string())?;
+    let args = vec![
+        "--listen".to_string(),
+        format!("http://{addr}"),
+        "--token-file".to_string(),
+        token_file.display().to_string(),
+    ];
+    Ok((args, addr, token))
 }
 
 /// Sends `sig` to `pid`.

@@ -128,6 +128,19 @@ impl Dial for Pipe {
 
 const SESSION: &str = "s1";
 
+/// A new session in the test's project, on the mock provider's model.
+fn create_spec(dir: &TempDir, thinking_level: ThinkingLevel) -> CreateSpec {
+    CreateSpec {
+        cwd: Some(dir.0.join("project").display().to_string()),
+        name: None,
+        model: Some(ModelRef {
+            provider: "mock".into(),
+            id: "coder".into(),
+        }),
+        thinking_level: Some(thinking_level),
+    }
+}
+
 /// A worker process's session, hosted by the real worker loop; the test
 /// speaks the server's side of the worker channel.
 struct Session {
@@ -160,15 +173,7 @@ impl Session {
         extra: serde_json::Value,
         limits: kernel::limits::WorkerLimits,
     ) -> Self {
-        let create = CreateSpec {
-            cwd: Some(dir.0.join("project").display().to_string()),
-            name: None,
-            model: Some(ModelRef {
-                provider: "mock".into(),
-                id: "coder".into(),
-            }),
-            thinking_level: Some(ThinkingLevel::Off),
-        };
+        let create = create_spec(dir, ThinkingLevel::Off);
         Self::start(dir, mock, extra, limits, Some(create)).await
     }
 
@@ -1160,15 +1165,7 @@ async fn the_next_worker_sends_back_the_thinking_signature_its_reply_stored() {
         "apiKey": "sk-ant-test",
         "models": [{"id": "coder", "reasoning": true, "contextWindow": 200000, "maxTokens": 16000}],
     });
-    let create = CreateSpec {
-        cwd: Some(dir.0.join("project").display().to_string()),
-        name: None,
-        model: Some(ModelRef {
-            provider: "mock".into(),
-            id: "coder".into(),
-        }),
-        thinking_level: Some(ThinkingLevel::Medium),
-    };
+    let create = create_spec(&dir, ThinkingLevel::Medium);
     let limits = kernel::limits::WorkerLimits::default();
     let mut s = Session::start(&dir, &mock, extra.clone(), limits.clone(), Some(create)).await;
     s.operation(Operation::Prompt {

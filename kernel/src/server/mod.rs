@@ -1265,6 +1265,15 @@ impl Server {
         frame
     }
 
+    /// The ready connections that speak version 1.
+    fn ready_v1(&self) -> Vec<ConnId> {
+        self.conns
+            .values()
+            .filter(|c| c.is_ready() && c.v8.is_none())
+            .map(|c| c.id)
+            .collect()
+    }
+
     /// Broadcasts a server snapshot to every ready connection; the revision
     /// increments only when at least one receives it.
     fn publish_server_snapshot(&mut self) {
@@ -1272,12 +1281,7 @@ impl Server {
             return;
         }
         self.v8_publish_directory();
-        let ready: Vec<ConnId> = self
-            .conns
-            .values()
-            .filter(|c| c.is_ready() && c.v8.is_none())
-            .map(|c| c.id)
-            .collect();
+        let ready = self.ready_v1();
         if ready.is_empty() {
             return;
         }

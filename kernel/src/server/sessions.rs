@@ -987,12 +987,7 @@ impl Server {
         if result.is_err() {
             return self.restore(session_id, removal.held);
         }
-        let ready: Vec<ConnId> = self
-            .conns
-            .values()
-            .filter(|c| c.is_ready() && c.v8.is_none())
-            .map(|c| c.id)
-            .collect();
+        let ready = self.ready_v1();
         for &c in &ready {
             self.conns
                 .get_mut(&c)
