@@ -545,18 +545,17 @@ fn decode_signatures(item: &mut TranscriptItem, blob: &[u8]) -> Result<(), Strin
         return Err("its signatures are not a list".into());
     };
     for pair in pairs {
-        let (index, signature) = match pair {
-            Value::Array(pair) => match pair.as_slice() {
-                [Value::Int(index), Value::Text(signature)] => (*index, signature.clone()),
-                _ => return Err("a signature is not an index and a text".into()),
-            },
-            _ => return Err("a signature is not a pair".into()),
+        let Value::Array(pair) = pair else {
+            return Err("a signature is not a pair".into());
+        };
+        let Ok([Value::Int(index), Value::Text(signature)]) = <[Value; 2]>::try_from(pair) else {
+            return Err("a signature is not an index and a text".into());
         };
         match usize::try_from(index)
             .ok()
             .and_then(|i| reply.content.get_mut(i))
         {
-            Some(Content::Thinking { signature: s, .. }) => *s = Some(signature.to_string()),
+            Some(Content::Thinking { signature: s, .. }) => *s = Some(signature),
             _ => {
                 return Err(format!(
                     "a signature of part {index}, which is not thinking"

@@ -778,14 +778,21 @@ impl Server {
     }
 
     /// A waiter that cannot be admitted. A request is answered with
-    /// `error`; a restored attachment has no request, and its client
-    /// believes itself attached, so its connection is closed as a failed
-    /// session's attached connections are (see [`Self::fail_session`]).
+    /// `error`; a restored attachment has no request ([`Self::end_held`]).
     fn refuse(&mut self, waiter: Waiter, error: ProtocolError) {
         if waiter.counted() {
             self.respond(waiter.conn, waiter.request_id, Err(error));
-        } else if self.conns.get(&waiter.conn).is_some_and(|c| c.is_ready()) {
-            self.close(waiter.conn, CloseReason::RuntimeError);
+        } else {
+            self.end_held(waiter.conn);
+        }
+    }
+
+    /// An attachment a removal held cannot come back: its client believes
+    /// itself attached and cannot be told otherwise, so its connection is
+    /// closed, as a failed session's attached connections are.
+    fn end_held(&mut self, conn: ConnId) {
+        if self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
+            self.close(conn, CloseReason::RuntimeError);
         }
     }
 
@@ -1657,9 +1664,7 @@ impl Server {
             self.refuse(waiter, error.clone());
         }
         for conn in removing.held {
-            if self.conns.get(&conn).is_some_and(|c| c.is_ready()) {
-                self.close(conn, CloseReason::RuntimeError);
-            }
+            self.end_held(conn);
         }
         for (conn, request_id) in removing.requests {
             self.finish_pending(conn);
