@@ -46,7 +46,8 @@ use kernel::client::{
 };
 use kernel::ids::ConnId;
 use kernel::protocol::{
-    Command, Content, CreateParams, ServerEvent, SessionPhase, ThinkingLevel, TranscriptItem,
+    Command, Content, CreateParams, ServerEvent, ServerMessage, SessionPhase, ThinkingLevel,
+    TranscriptItem,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -93,8 +94,9 @@ pub struct Machine {
     /// Delivers an old snapshot frame again with this probability per pump
     /// (a generator of its own, so other seeds keep their runs).
     replay: Option<(Prng, Ratio)>,
-    /// A transcript follower per session it heard of (what a front end
-    /// would show), with the reply text each told per assistant item.
+    /// A transcript follower per session it follows, leased or plainly
+    /// attached (what a front end would show), with the reply text each
+    /// told per assistant item.
     followers: BTreeMap<String, (Follower, BTreeMap<String, String>)>,
     /// Its front end's reader falls behind with this probability per
     /// event (a generator of its own): the events it misses are lost, and
@@ -211,6 +213,18 @@ impl Machine {
         flaked
     }
 
+    /// Whether `session_id` is leased, may be, or is about to be (a create
+    /// under way leases a session not yet named): no plain attach then.
+    fn leased(&self, session_id: &str) -> bool {
+        self.unsure.contains(session_id)
+            || self.leases.values().any(|l| l == session_id)
+            || self.outstanding.values().any(|c| match c {
+                Call::Create(_) => true,
+                Call::Acquire { session_id: s, .. } => s == session_id,
+                _ => false,
+            })
+    }
+
     /// Whether `session_id` is plainly attached, may be, or is being.
     fn plainly_attached(&self, session_id: &str) -> bool {
         self.plain.contains(session_id)
@@ -235,9 +249,12 @@ impl Machine {
         if let Some(conn) = self.conn {
             for frame in world.take_read(conn) {
                 let bytes = frame.bytes().into_owned();
+                let message = server_message(&bytes);
                 if self.replay.is_some()
-                    && let Some((session, revision)) = snapshot_event(&bytes)
+                    && let Some(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot })) =
+                        &message
                 {
+                    let (session, revision) = (snapshot.id.clone(), snapshot.revision);
                     let newest = self.newest.entry(session.clone()).or_insert(revision);
                     *newest = (*newest).max(revision);
                     if self.snapshot_frames.len() == 8 {
@@ -248,9 +265,9 @@ impl Machine {
                 }
                 // A refused attach ends a plain attachment (a re-attachment
                 // the server refused is not asked again).
-                if let Some((id, refused)) = answer_of(&bytes)
-                    && let Some(session_id) = self.attach_ids.remove(&id)
-                    && refused
+                if let Some(ServerMessage::Response(response)) = &message
+                    && let Some(session_id) = self.attach_ids.remove(&response.id)
+                    && response.outcome.is_err()
                 {
                     self.plain.remove(&session_id);
                 }
@@ -346,11 +363,7 @@ impl Machine {
                     }
                     ClientOutput::Complete { call, result } => self.complete(call, result)?,
                     ClientOutput::Event(event) => self.follow(&event),
-                    ClientOutput::Status(Status::Reconnecting { .. }) => {
-                        for (follower, _) in self.followers.values_mut() {
-                            follower.gap();
-                        }
-                    }
+                    ClientOutput::Status(Status::Reconnecting { .. }) => self.gap(),
                     // These machines never launch their server (`launch: false`).
                     ClientOutput::Status(_) | ClientOutput::Launch => {}
                 }
@@ -371,11 +384,7 @@ impl Machine {
         let mut follower = Follower::new(session_id);
         let mut told: BTreeMap<String, String> = BTreeMap::new();
         if let Some(snapshot) = self.client.session_snapshot(session_id) {
-            for update in follower.replay(snapshot) {
-                if let Update::Text { item_id, delta } = update {
-                    told.entry(item_id).or_default().push_str(&delta);
-                }
-            }
+            note_told(&mut told, follower.replay(snapshot));
         }
         self.followers
             .insert(session_id.to_owned(), (follower, told));
@@ -402,9 +411,7 @@ impl Machine {
         if self.lag_left > 0 {
             self.lag_left -= 1;
             if self.lag_left == 0 {
-                for (follower, _) in self.followers.values_mut() {
-                    follower.gap();
-                }
+                self.gap();
             }
             return;
         }
@@ -423,10 +430,13 @@ impl Machine {
         let Some((follower, told)) = self.followers.get_mut(session_id) else {
             return;
         };
-        for update in follower.on_event(event) {
-            if let Update::Text { item_id, delta } = update {
-                told.entry(item_id).or_default().push_str(&delta);
-            }
+        note_told(told, follower.on_event(event));
+    }
+
+    /// Progress may have been lost: every follower is told of the gap.
+    fn gap(&mut self) {
+        for (follower, _) in self.followers.values_mut() {
+            follower.gap();
         }
     }
 
@@ -716,6 +726,15 @@ impl Machine {
 // ---------------------------------------------------------------------------
 // The lease swarm
 
+/// Adds the reply text among `updates` to what was `told` per item.
+fn note_told(told: &mut BTreeMap<String, String>, updates: Vec<Update>) {
+    for update in updates {
+        if let Update::Text { item_id, delta } = update {
+            told.entry(item_id).or_default().push_str(&delta);
+        }
+    }
+}
+
 /// The request id and session of a client frame that is an `attach`.
 fn attach_of(frame: &[u8]) -> Option<(String, String)> {
     let payload = frame.get(kernel::wire::frame::FRAME_HEADER_LEN..)?;
@@ -728,15 +747,24 @@ fn attach_of(frame: &[u8]) -> Option<(String, String)> {
     }
 }
 
-/// The request id a server frame answers, and whether it refuses it.
-fn answer_of(frame: &[u8]) -> Option<(String, bool)> {
+/// A fault of a third of the seeds, from a generator of its own seeded with
+/// `seed`: its probability in percent, drawn from `percent`, or none; and
+/// the generator, which goes on to seed each machine's own.
+fn a_third(seed: u64, percent: std::ops::RangeInclusive<u64>) -> (Prng, Option<Ratio>) {
+    let mut prng = Prng::new(seed);
+    let ratio = prng.below(3).eq(&0).then(|| {
+        Ratio::new(
+            prng.range_inclusive(*percent.start(), *percent.end()) as u32,
+            100,
+        )
+    });
+    (prng, ratio)
+}
+
+/// A server frame, decoded.
+fn server_message(frame: &[u8]) -> Option<ServerMessage> {
     let payload = frame.get(kernel::wire::frame::FRAME_HEADER_LEN..)?;
-    match kernel::protocol::decode_server_message(payload, &Default::default()).ok()? {
-        kernel::protocol::ServerMessage::Response(kernel::protocol::Response { id, outcome }) => {
-            Some((id, outcome.is_err()))
-        }
-        _ => None,
-    }
+    kernel::protocol::decode_server_message(payload, &Default::default()).ok()
 }
 
 /// What one seed of the lease swarm did.
@@ -764,17 +792,6 @@ pub struct Report {
     pub plain_attaches: u64,
     /// Every machine's counters, summed.
     pub totals: MachineStats,
-}
-
-/// The session and revision of a `session_snapshot` event frame.
-fn snapshot_event(frame: &[u8]) -> Option<(String, u64)> {
-    use kernel::protocol::{ServerEvent, ServerMessage};
-    match kernel::protocol::decode_server_message(frame.get(4..)?, &Default::default()) {
-        Ok(ServerMessage::Event(ServerEvent::SessionSnapshot { snapshot })) => {
-            Some((snapshot.id, snapshot.revision))
-        }
-        _ => None,
-    }
 }
 
 /// Runs seed `seed` of the lease swarm for `steps` driver steps, then
@@ -834,24 +851,12 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     let mut machines = Vec::new();
     // A third of the seeds deliver stale snapshot frames again, from a
     // generator of their own: a machine must not take an older revision.
-    let mut replaying = Prng::new(seed ^ 0x4e91);
-    let replay = replaying
-        .below(3)
-        .eq(&0)
-        .then(|| Ratio::new(replaying.range_inclusive(1, 20) as u32, 100));
+    let (mut replaying, replay) = a_third(seed ^ 0x4e91, 1..=20);
     // A third of the seeds have readers that fall behind (their own generator).
-    let mut lagging = Prng::new(seed ^ 0x1a66);
-    let lag = lagging
-        .below(3)
-        .eq(&0)
-        .then(|| Ratio::new(lagging.range_inclusive(1, 10) as u32, 100));
+    let (mut lagging, lag) = a_third(seed ^ 0x1a66, 1..=10);
     // A third of the seeds lose reconnections again, before their hello is
     // answered or right after (their own generator).
-    let mut flaking = Prng::new(seed ^ 0xf1a4);
-    let flake = flaking
-        .below(3)
-        .eq(&0)
-        .then(|| Ratio::new(flaking.range_inclusive(10, 50) as u32, 100));
+    let (mut flaking, flake) = a_third(seed ^ 0xf1a4, 10..=50);
     for i in 1..=report.machines {
         let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
         machine.flaky = flake.map(|ratio| (Prng::new(flaking.next_u64()), ratio));
@@ -943,21 +948,11 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
             // the machine holds no lease on (nor is acquiring).
             let i = attaching.below(machines.len() as u64) as usize;
             let m = &machines[i];
-            // A create under way leases a session not yet named.
-            let creating = m.outstanding.values().any(|c| matches!(c, Call::Create(_)));
-            let leased = |s: &String| {
-                creating
-                    || m.unsure.contains(s)
-                    || m.leases.values().any(|l| l == s)
-                    || m.outstanding
-                        .values()
-                        .any(|c| matches!(c, Call::Acquire { session_id, .. } if session_id == s))
-            };
             let free: Vec<String> = world
                 .store
                 .sessions
                 .keys()
-                .filter(|s| !leased(s))
+                .filter(|s| !m.leased(s))
                 .cloned()
                 .collect();
             if !free.is_empty() {
