@@ -412,85 +412,81 @@ async fn connect(socket: &Path) -> Result<Client, String> {
     }
 }
 
+/// Tries `attempt` until it succeeds, within [`PATIENCE`]; counts the
+/// failures on the way in `refused`. `what` names it in the error.
+async fn until_attached<T, F, Fut>(
+    what: &str,
+    refused: &mut usize,
+    mut attempt: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match attempt().await {
+            Ok(attached) => return Ok(attached),
+            Err(e) if Instant::now() > deadline => return Err(format!("{what}: {e}")),
+            Err(_) => {
+                *refused += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
 /// Attaches until answered; counts refusals.
 async fn attach(
     client: &Client,
     session: &str,
     refused: &mut usize,
 ) -> Result<SessionSnapshot, String> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match client.attach(session).await {
-            Ok(snapshot) => return Ok(snapshot),
-            Err(e) if Instant::now() > deadline => return Err(format!("attach: {e}")),
-            Err(_) => {
-                *refused += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
+    until_attached("attach", refused, || async {
+        client.attach(session).await.map_err(|e| e.to_string())
+    })
+    .await
 }
 
 /// A v1 client over the WebSocket, attached: its connection and the
 /// session's committed items. Connections refused or attaches refused
 /// until it is are counted.
 async fn web_attach(setup: &Setup, refused: &mut usize) -> Result<(RawConn, Vec<String>), String> {
-    let deadline = Instant::now() + PATIENCE;
     let (addr, token) = &setup.web;
-    loop {
-        let attempt = async {
-            let mut conn = RawConn::connect_web(addr, token)
-                .await
-                .map_err(|e| e.to_string())?;
-            conn.hello_v1().await.map_err(|e| e.to_string())?;
-            let attach = Command::Attach {
-                session_id: setup.session.clone(),
-            };
-            conn.send(&v1_request("a", attach))
-                .await
-                .map_err(|e| e.to_string())?;
-            let payload = conn.until_response().await.map_err(|e| e.to_string())?;
-            match decode(&payload)? {
-                ServerMessage::Response(Response {
-                    outcome: Ok(CommandResult::Attach { session }),
-                    ..
-                }) => Ok((conn, committed(&session))),
-                other => Err(format!("attach answered {other:?}")),
-            }
+    until_attached("web attach", refused, || async {
+        let mut conn = RawConn::connect_web(addr, token)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.hello_v1().await.map_err(|e| e.to_string())?;
+        let attach = Command::Attach {
+            session_id: setup.session.clone(),
         };
-        match attempt.await {
-            Ok(attached) => return Ok(attached),
-            Err(e) if Instant::now() > deadline => return Err(format!("web attach: {e}")),
-            Err(_) => {
-                *refused += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+        conn.send(&v1_request("a", attach))
+            .await
+            .map_err(|e| e.to_string())?;
+        let payload = conn.until_response().await.map_err(|e| e.to_string())?;
+        match decode(&payload)? {
+            ServerMessage::Response(Response {
+                outcome: Ok(CommandResult::Attach { session }),
+                ..
+            }) => Ok((conn, committed(&session))),
+            other => Err(format!("attach answered {other:?}")),
         }
-    }
+    })
+    .await
 }
 
 /// A v8 client attached and following `pi.transcript`: its connection and
 /// pi's entries. Refusals until it is are counted.
 async fn v8_attach(setup: &Setup, refused: &mut usize) -> Result<(V8Client, Vec<Value>), String> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let attempt = async {
-            let mut c = V8Client::connect(&setup.socket()).await?;
-            c.attach(&setup.session).await?;
-            let snapshot = c.subscribe("t", "pi.transcript").await?;
-            let replica = Replica::from_snapshot(&snapshot)?;
-            let entries = replica.entry_list().to_vec();
-            Ok::<_, String>((c, entries))
-        };
-        match attempt.await {
-            Ok(attached) => return Ok(attached),
-            Err(e) if Instant::now() > deadline => return Err(format!("v8 attach: {e}")),
-            Err(_) => {
-                *refused += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
+    until_attached("v8 attach", refused, || async {
+        let mut c = V8Client::connect(&setup.socket()).await?;
+        c.attach(&setup.session).await?;
+        let snapshot = c.subscribe("t", "pi.transcript").await?;
+        let replica = Replica::from_snapshot(&snapshot)?;
+        Ok((c, replica.entry_list().to_vec()))
+    })
+    .await
 }
 
 /// Whether process `pid` runs (a zombie does not).
