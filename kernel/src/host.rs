@@ -334,6 +334,10 @@ pub struct WorkerHost {
     link: Link,
     /// An announcement is out; no second one starts.
     announcing: bool,
+    /// Something was left out since the last announcement's snapshot (a
+    /// delta streamed, a tail published): that snapshot lags, and an
+    /// adoption sends the current one at once.
+    lagging: bool,
     /// The snapshot tails left out (no server heard them), merged: the
     /// next snapshot sent starts where they did.
     carry: Option<TailSnapshot>,
@@ -395,6 +399,7 @@ impl WorkerHost {
             runtime: None,
             link,
             announcing: false,
+            lagging: false,
             carry: None,
             writing: Writing::Idle,
             held: VecDeque::new(),
@@ -722,13 +727,8 @@ impl WorkerHost {
             }
             WorkerFrame::ToWorker(ToWorker::Dispose) => RuntimeInput::Dispose,
             WorkerFrame::ToWorker(ToWorker::Snapshot) => {
-                if let Some(runtime) = &self.runtime
-                    && !self.link.is_orphaned()
-                {
-                    // Whole: it covers every tail left out before it.
-                    self.carry = None;
-                    let snapshot = runtime.snapshot().into();
-                    self.out.push(packed(FromWorker::Snapshot { snapshot }));
+                if !self.link.is_orphaned() {
+                    self.send_whole_snapshot();
                 }
                 return;
             }
@@ -892,6 +892,7 @@ impl WorkerHost {
         // Whole: the next server has nothing; what is left out after this
         // is carried to it once adopted.
         self.carry = None;
+        self.lagging = false;
         let Ok(snapshot) = PackedSnapshot::pack(runtime.snapshot()) else {
             return; // it cannot be shown; unadopted, it retires once idle
         };
@@ -907,6 +908,11 @@ impl WorkerHost {
         if matches!(answer, Some(WorkerFrame::Adopted)) && self.link.is_orphaned() {
             self.link.step(self.now, LinkInput::Adopted);
             self.out.push(HostOutput::SwitchChannel);
+            // The server holds the announcement's snapshot: what streamed
+            // since would otherwise reach it only as deltas after a hole.
+            if std::mem::take(&mut self.lagging) {
+                self.send_whole_snapshot();
+            }
         } else {
             self.out.push(HostOutput::DropAnnouncement);
         }
@@ -1100,8 +1106,19 @@ impl WorkerHost {
 }
 
 impl WorkerHost {
+    /// The session as it stands, whole: it covers every tail left out
+    /// before it, and is current as of the deltas that follow.
+    fn send_whole_snapshot(&mut self) {
+        if let Some(runtime) = &self.runtime {
+            self.carry = None;
+            let snapshot = runtime.snapshot().into();
+            self.out.push(packed(FromWorker::Snapshot { snapshot }));
+        }
+    }
+
     /// A message not sent: the tail of its snapshot goes with the next one.
     fn leave_out(&mut self, message: RuntimeMessage) {
+        self.lagging = true;
         if let Some(tail) = message.into_snapshot() {
             self.carry = Some(match self.carry.take() {
                 Some(carry) => carry.merged(tail),

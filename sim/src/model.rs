@@ -142,6 +142,7 @@ impl fmt::Display for Action {
                 Delivery::Catalog => write!(f, "catalog"),
                 Delivery::Removal(session) => write!(f, "removal.{session}"),
                 Delivery::Scan => write!(f, "scan"),
+                Delivery::Announcement(w) => write!(f, "announcement.{}", w.0),
             },
             Self::Time => write!(f, "time"),
             Self::Crash(w) => write!(f, "crash.{}", w.0),
@@ -185,6 +186,7 @@ impl std::str::FromStr for Action {
             "to_worker" => Self::Deliver(Delivery::ToWorker(WorkerId(num()?))),
             "from_worker" => Self::Deliver(Delivery::FromWorker(WorkerId(num()?))),
             "exit" => Self::Deliver(Delivery::Exit(WorkerId(num()?))),
+            "announcement" => Self::Deliver(Delivery::Announcement(WorkerId(num()?))),
             "crash" => Self::Crash(WorkerId(num()?)),
             client => {
                 let client = client
@@ -290,6 +292,12 @@ pub struct Config {
     pub let_go_of_transcripts: bool,
     /// An exit notice may overtake the worker's messages.
     pub exit_overtakes: bool,
+    /// Orphans' announcements travel while the orphans work on.
+    pub late_announcements: bool,
+    /// An orphan's grace and the pause between its announcements (`None`:
+    /// the defaults, 30 s and 200 ms, in which a refused orphan announces
+    /// itself 150 times).
+    pub orphan_timing: Option<(Duration, Duration)>,
     /// The milestones this configuration exists to reach: its test fails
     /// when some path does not reach each of them.
     pub reaches: Vec<Milestone>,
@@ -373,6 +381,7 @@ impl Model {
             from_worker: true,
             exit: true,
             exit_overtakes: config.exit_overtakes,
+            announce: config.late_announcements,
             ..Holds::none()
         };
         let options = Options {
@@ -382,6 +391,14 @@ impl Model {
             skip_unchecked: !trace,
             holds,
             models: kernel::faux::models().into_iter().take(2).collect(),
+            worker_limits: {
+                let mut limits = kernel::limits::WorkerLimits::default();
+                if let Some((grace, retry)) = config.orphan_timing {
+                    limits.orphan_grace = grace;
+                    limits.announce_retry = retry;
+                }
+                limits
+            },
             // A small output bound comes with the largest frame it can hold.
             limits: {
                 let mut limits = match config.max_output_bytes {
@@ -1086,6 +1103,8 @@ pub fn two_clients_one_session() -> Config {
         max_output_bytes: None,
         let_go_of_transcripts: true,
         exit_overtakes: false,
+        late_announcements: false,
+        orphan_timing: None,
         reaches: vec![
             Milestone::Busy,
             Milestone::InvalidRequest,
@@ -1113,6 +1132,8 @@ pub fn crash_and_restart() -> Config {
         max_output_bytes: None,
         let_go_of_transcripts: false,
         exit_overtakes: true,
+        late_announcements: false,
+        orphan_timing: None,
         reaches: vec![Milestone::InvalidRequest],
         depth_max: 200,
     }
@@ -1165,7 +1186,7 @@ pub fn every_command() -> Config {
 /// bound is small, so the server may close it) and reads again, and
 /// reconnects and attaches again if it was closed; one graceful
 /// replacement and one stretch of failing store writes, each at any point
-/// (246,877 states).
+/// (96,884 states).
 pub fn slow_consumer_storage_handoff() -> Config {
     use ClientAction::*;
     Config {
@@ -1186,6 +1207,8 @@ pub fn slow_consumer_storage_handoff() -> Config {
         max_output_bytes: Some(2048),
         let_go_of_transcripts: false,
         exit_overtakes: false,
+        late_announcements: false,
+        orphan_timing: None,
         reaches: vec![
             Milestone::SlowConsumerClosed,
             Milestone::StoreFailed,
@@ -1202,7 +1225,7 @@ pub fn slow_consumer_storage_handoff() -> Config {
 /// grace (it is adopted, or it has retired); the client reconnects and
 /// attaches again, before or after the orphan announces itself. The store
 /// may fail once, at any point, so an orphan may retire on a failing disk
-/// (214,282 states).
+/// (72,009 states).
 pub fn crash_keeping_workers() -> Config {
     use ClientAction::*;
     Config {
@@ -1216,12 +1239,43 @@ pub fn crash_keeping_workers() -> Config {
         max_output_bytes: None,
         let_go_of_transcripts: false,
         exit_overtakes: false,
+        late_announcements: false,
+        orphan_timing: None,
         reaches: vec![
             Milestone::StoreFailed,
             Milestone::OrphanAdopted,
             Milestone::OrphanRetired,
         ],
         depth_max: 200,
+    }
+}
+
+/// Configuration (g): a client reconnecting across a hand-over while the
+/// orphan's announcement travels. The client attaches and prompts; the
+/// server is replaced at any point; the orphan streams on while its
+/// announcement is on the way, so the snapshot it is adopted with lags;
+/// the client reconnects and attaches again before or after the adoption.
+/// Every reply it rebuilds has no hole (the `streams` checker), and the
+/// server holds the session as the orphan does once it settles (22,204
+/// states; the orphan's grace and announcement pause are short, so that
+/// a refused orphan announces itself a few times, not 150).
+pub fn handoff_in_flight() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(g) 1 client x 1 session: reconnecting across a hand-over, the announcement in flight",
+        clients: vec![in_order(vec![Attach, Prompt, Reconnect, Attach])],
+        crashes: 0,
+        restarts: 0,
+        handoffs: 1,
+        orphan_crashes: 0,
+        storage_faults: 0,
+        max_output_bytes: None,
+        let_go_of_transcripts: false,
+        exit_overtakes: false,
+        late_announcements: true,
+        orphan_timing: Some((Duration::from_secs(20), Duration::from_secs(5))),
+        reaches: vec![Milestone::HandOff, Milestone::OrphanAdopted],
+        depth_max: 60,
     }
 }
 
@@ -1249,6 +1303,8 @@ pub fn v8_client() -> Config {
         max_output_bytes: None,
         let_go_of_transcripts: false,
         exit_overtakes: false,
+        late_announcements: false,
+        orphan_timing: None,
         reaches: vec![Milestone::V8Replicated, Milestone::V8Fenced],
         depth_max: 200,
     }
@@ -1278,6 +1334,7 @@ pub fn configs(large: bool) -> Vec<Config> {
         slow_consumer_storage_handoff(),
         crash_keeping_workers(),
         v8_client(),
+        handoff_in_flight(),
     ];
     if large {
         all.push(two_clients_one_session_large());

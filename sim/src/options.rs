@@ -241,6 +241,9 @@ pub struct SwarmOptions {
     pub v8_slots: BTreeSet<u32>,
     /// Seeds the v8 clients' choices (their own generator).
     pub v8_seed: u64,
+    /// Orphans' announcements travel while the orphans work on
+    /// ([`Holds::announce`]; their own generator).
+    pub late_announcements: bool,
 }
 
 impl SwarmOptions {
@@ -297,6 +300,9 @@ impl SwarmOptions {
             faults.insert(FaultKind::Mcp, FaultKind::Mcp.draw(&mut mcp));
         }
         let mcp_seed = mcp.fork();
+        // And announcements that travel, from a generator of their own:
+        // half the seeds (only those with orphans run differently).
+        let late_announcements = Prng::new(seed ^ ANNOUNCE_DRAW).coin();
         let mut options = Self {
             seed,
             steps: 1000,
@@ -316,6 +322,7 @@ impl SwarmOptions {
             mcp_seed,
             v8_slots,
             v8_seed,
+            late_announcements,
         };
         options.apply(overrides, &mut prng);
         options
@@ -361,6 +368,7 @@ impl SwarmOptions {
             // Rescans are the lease swarm's (a sibling server writes there);
             // here they come back at once, as the pinned seeds ran them.
             scan: false,
+            announce: self.late_announcements,
             ..Holds::all()
         };
         world::Options {
@@ -457,6 +465,9 @@ impl SwarmOptions {
                 self.v8_seed
             );
         }
+        if self.late_announcements {
+            let _ = writeln!(out, "orphans' announcements travel");
+        }
         out
     }
 }
@@ -469,6 +480,9 @@ const KEPT_TRANSCRIPT_DRAW: u64 = 0x6b65_7074;
 /// their traces.
 const V8_DRAW: u64 = 0x7638_0008;
 const MCP_DRAW: u64 = 0x6d63_7000;
+/// Mixed into the seed for the draw of announcements that travel. Chosen so
+/// that the pinned seeds (1, 7, 42, 32, 41) draw none, and keep their traces.
+const ANNOUNCE_DRAW: u64 = 0x616e_6e7b;
 
 /// Which client slots speak v8 (none for two seeds in three; otherwise
 /// each slot by a coin, at least one), and the seed of their choices.

@@ -9,7 +9,8 @@
 
 use kernel::ids::ConnId;
 use kernel::protocol::{AssistantStatus, Command, CommandResult, CreateParams, TranscriptItem};
-use sim::world::{Options, World};
+use sim::checkers::Checkers;
+use sim::world::{Amount, Delivery, Options, World};
 use std::time::Duration;
 
 fn snapshot(name: &str, world: &World) {
@@ -395,4 +396,102 @@ fn d12_the_catalog_follows_a_sibling_server() {
     let r = attach(&mut w, a, &theirs);
     ok(&w, a, &r);
     snapshot("d12_the_catalog_follows_a_sibling_server", &w);
+}
+
+/// A hand-over mid-reply whose orphan streams on while its announcement
+/// travels: the hello's snapshot lags what streamed since. A client that
+/// waited for the adoption is answered with the reply as it stands, so the
+/// text it rebuilds from that answer and the deltas after it has no hole
+/// (the ACP editor's "server replacement mid-prompt" lost a word this way).
+#[test]
+fn d13_a_reply_streamed_while_the_announcement_travels_has_no_hole() {
+    let mut options = Options {
+        record_facts: true,
+        ..Options::default()
+    };
+    options.holds.announce = true;
+    let mut w = World::new(options);
+    let mut checkers = Checkers::new();
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, "long job"));
+    w.advance(Duration::from_millis(15));
+    let mut early = None;
+    w.replace_server_then(|w| {
+        let b = w.connect_ready();
+        let r = attach(w, b, &s);
+        assert!(w.response(b, &r).is_none(), "the attach waits");
+        early = Some((b, r));
+    });
+    let (b, r) = early.unwrap();
+    // The orphan streams on while its announcement is on the way.
+    w.advance(Duration::from_millis(40));
+    let announcement = w
+        .deliveries()
+        .into_iter()
+        .find(|(_, d)| matches!(d, Delivery::Announcement(_)))
+        .expect("the announcement travels")
+        .1;
+    w.deliver(&announcement, Amount::All);
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached),
+        "answered once the orphan was adopted"
+    );
+    checkers.observe(&mut w).expect("no hole so far");
+    w.settle(Duration::from_secs(10));
+    checkers
+        .observe(&mut w)
+        .expect("no hole in the whole reply");
+    assert_eq!(completed_turns(&w, &s), 1, "the orphan's turn completed");
+    snapshot(
+        "d13_a_reply_streamed_while_the_announcement_travels_has_no_hole",
+        &w,
+    );
+}
+
+/// As d13, but the orphan's turn ends while its announcement travels: the
+/// server adopts it with a snapshot of a turn that is over. The orphan
+/// sends the session as it stands at once, so the server does not hold the
+/// session busy forever, and a client attaching later sees the reply whole.
+#[test]
+fn d14_a_turn_that_ends_while_the_announcement_travels_is_seen_to_end() {
+    let mut options = Options {
+        record_facts: true,
+        ..Options::default()
+    };
+    options.holds.announce = true;
+    let mut w = World::new(options);
+    let mut checkers = Checkers::new();
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, "short"));
+    w.advance(Duration::from_millis(15));
+    w.replace_server_then(|_| {});
+    w.advance(Duration::from_secs(1));
+    let announcement = w
+        .deliveries()
+        .into_iter()
+        .find(|(_, d)| matches!(d, Delivery::Announcement(_)))
+        .expect("the announcement travels")
+        .1;
+    w.deliver(&announcement, Amount::All);
+    let adopted = w.worker_of(&s).expect("adopted");
+    assert_eq!(
+        w.server.session_revision(&s),
+        w.runtime_revision(adopted),
+        "the server holds the session as the orphan does"
+    );
+    let b = w.connect_ready();
+    let r = attach(&mut w, b, &s);
+    assert!(
+        matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.phase == kernel::protocol::SessionPhase::Idle),
+        "the attach sees the turn ended"
+    );
+    w.settle(Duration::from_secs(10));
+    checkers.observe(&mut w).expect("no hole, nothing stale");
+    assert_eq!(completed_turns(&w, &s), 1, "the orphan's turn completed");
+    snapshot(
+        "d14_a_turn_that_ends_while_the_announcement_travels_is_seen_to_end",
+        &w,
+    );
 }

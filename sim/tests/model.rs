@@ -1,4 +1,4 @@
-//! Model checking: every interleaving of six small configurations, judged
+//! Model checking: every interleaving of seven small configurations, judged
 //! by the swarm's checkers after every action and for liveness at every
 //! quiescent state (see `sim::model` for the explorer and why it is ours).
 //!
@@ -63,13 +63,13 @@ fn every_command() {
 /// (d) A slow consumer, a failing store and a graceful hand-off.
 #[test]
 fn slow_consumer_storage_handoff() {
-    check(model::slow_consumer_storage_handoff(), 240_000);
+    check(model::slow_consumer_storage_handoff(), 90_000);
 }
 
 /// (e) A server crash that keeps its workers: adoption or retirement.
 #[test]
 fn crash_keeping_workers() {
-    check(model::crash_keeping_workers(), 200_000);
+    check(model::crash_keeping_workers(), 65_000);
 }
 
 /// A replayed path reproduces what the explorer saw, and the path's text
@@ -95,4 +95,11 @@ fn a_path_replays_and_reads_back() {
 #[test]
 fn v8_client() {
     check(model::v8_client(), 40_000);
+}
+
+/// (g) One client reconnecting across a hand-over while the orphan's
+/// announcement travels and the orphan streams on.
+#[test]
+fn handoff_in_flight() {
+    check(model::handoff_in_flight(), 20_000);
 }

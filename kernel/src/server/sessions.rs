@@ -1843,6 +1843,9 @@ impl Server {
         );
         live.phase = Phase::Ready;
         live.resends = version >= SNAPSHOT_REQUEST_VERSION;
+        // A busy orphan streamed on while its hello travelled: a v1 attach
+        // waits for a snapshot current as of the deltas that follow.
+        live.progressed = snapshot.head().phase != SessionPhase::Idle;
         let stored = self.catalog.contains(&session_id);
         live.foreign = !stored;
         if live.foreign {

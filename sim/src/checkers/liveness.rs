@@ -1,7 +1,8 @@
 //! Once faults stop, everything settles: every hop is delivered, no deadline
 //! is pending, every request on a live connection is answered, every live
-//! session is idle and attached (or gone), every worker process is one the
-//! kernel serves, and no connection hangs half-closed.
+//! session is idle and attached (or gone) and the server holds its latest
+//! revision, every worker process is one the kernel serves, and no
+//! connection hangs half-closed.
 //!
 //! [`pending`] returns the first reason the run has not settled (as
 //! TigerBeetle's `pending()`), or `None` once it has.
@@ -44,6 +45,13 @@ pub fn pending(world: &World, checkers: &Checkers) -> Option<String> {
         if !attached.contains(&session_id) {
             return Some(format!(
                 "{session_id}: live with no attachment (not disposed)"
+            ));
+        }
+        let held = world.server.session_revision(&session_id);
+        let current = world.runtime_revision(worker);
+        if current.is_some() && held != current {
+            return Some(format!(
+                "{session_id}: the server holds revision {held:?}, its worker {worker} {current:?}"
             ));
         }
     }

@@ -12,6 +12,7 @@
 //! | [`store`] | a committed (terminal) transcript item is never lost or changed |
 //! | [`listed`] | every session list a client is sent names every stored session the kernel can know of |
 //! | [`rules`] | a session command from a connection not attached is `invalid_request`; disposal only of an idle runtime with nothing on its way; a dead worker's attached connections closed; every handshake answered by its deadline; no hello without the right token accepted, none with it refused; an orphan retires only idle after its grace; no `not_found` for a stored session the kernel can know of |
+//! | [`streams`] | a reply a client rebuilds from its snapshot and the deltas after it has no hole: it is a prefix of the next text it is sent |
 //! | [`shown`] | streamed text a client was shown is stored, within the checkpoint bound (250 ms, 4 KiB) |
 //! | [`turns`] | a turn retries a failed model call no more and no less than `max_attempts` allows; acknowledged steer text reaches the model unless the reply failed |
 //! | [`busy`] | the busy rules: one prompt per session at a time, `busy` only when one runs |
@@ -30,6 +31,7 @@ pub mod rules;
 pub mod shown;
 pub mod snapshots;
 pub mod store;
+pub mod streams;
 pub mod turns;
 pub mod v8;
 
@@ -74,6 +76,8 @@ pub struct Checkers {
     pub store: store::StoreChecker,
     /// Streamed text shown is stored within the checkpoint bound.
     pub shown: shown::Shown,
+    /// Replies rebuilt by each connection have no hole.
+    pub streams: streams::Streams,
     /// Response codes against the attachment rule.
     pub rules: rules::Rules,
     /// Busy rules.
@@ -113,6 +117,7 @@ impl Checkers {
         self.snapshots.observe(world, fact)?;
         self.store.observe(fact);
         self.shown.observe(world, fact);
+        self.streams.observe(fact)?;
         self.rules.observe(world, fact)?;
         listed::observe(fact)?;
         self.v8.observe(fact)?;

@@ -35,6 +35,8 @@ pub enum Delivery {
     Removal(String),
     /// The kernel hears what its catalog rescan read.
     Scan,
+    /// An orphan's announcement reaches the server.
+    Announcement(WorkerId),
 }
 
 /// How much of a channel one [`World::deliver`] moves.
@@ -78,6 +80,9 @@ impl World {
         }
         for (session, (seq, _)) in &self.removals {
             out.push((*seq, Delivery::Removal(session.clone())));
+        }
+        for (orphan, (seq, _)) in &self.announcing {
+            out.push((*seq, Delivery::Announcement(*orphan)));
         }
         out
     }
@@ -139,6 +144,7 @@ impl World {
                     self.finish_scan(scan, sessions);
                 }
             }
+            Delivery::Announcement(orphan) => self.deliver_announcement(*orphan),
         }
         self.run();
     }

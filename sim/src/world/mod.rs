@@ -104,6 +104,9 @@ pub struct Holds {
     /// An exit notice may overtake the worker's messages still in flight (as
     /// in the daemon, where `wait()` and the channel reader are separate tasks).
     pub exit_overtakes: bool,
+    /// An orphan's announcement travels while the orphan works on: what it
+    /// streams meanwhile is not in the snapshot the server adopts it with.
+    pub announce: bool,
 }
 
 impl Holds {
@@ -125,6 +128,7 @@ impl Holds {
             removal: true,
             scan: true,
             exit_overtakes: true,
+            announce: true,
         }
     }
 }
@@ -150,8 +154,8 @@ pub struct Options {
     pub keep_received: bool,
     /// Record [`Fact`]s for the checkers.
     pub record_facts: bool,
-    /// Do not decode frames that no checker reads (server snapshots and
-    /// assistant deltas, recognised by their first bytes). Needs `trace` and
+    /// Do not decode frames that no checker reads (server snapshots,
+    /// recognised by their first bytes). Needs `trace` and
     /// `keep_received` off. Halves the simulator's own work.
     pub skip_unchecked: bool,
     /// Which hops wait for a delivery.
@@ -529,6 +533,9 @@ pub struct World {
     orphans: BTreeMap<WorkerId, u64>,
     /// Announcing orphans, by the channel they announced on.
     channels: BTreeMap<ChannelId, WorkerId>,
+    /// Announcements on their way to the server ([`Holds::announce`]):
+    /// orphan → (sequence number, its hello).
+    announcing: BTreeMap<WorkerId, (u64, WorkerFrame)>,
     next_channel: u64,
     /// The server process is gone ([`World::crash_server_keep_workers`]).
     server_down: bool,
@@ -586,6 +593,7 @@ impl World {
             shut_down: false,
             orphans: BTreeMap::new(),
             channels: BTreeMap::new(),
+            announcing: BTreeMap::new(),
             next_channel: 1,
             server_down: false,
             watched_op: None,
@@ -1239,14 +1247,10 @@ impl World {
         let mut out = HashWrite(hasher);
         let _ = write!(out, "{:?}", self.now);
         for (id, w) in &self.workers {
+            // The whole host: its link, its announcement and what it left
+            // out decide what it sends next, as much as its runtime.
             let host = w.host.hash_with(|host, out| {
-                let host = host.as_ref();
-                let _ = write!(
-                    out,
-                    "{:?} {:?}",
-                    host.and_then(WorkerHost::runtime),
-                    host.map(WorkerHost::is_orphaned)
-                );
+                let _ = write!(out, "{host:?}");
             });
             let _ = write!(
                 out,
@@ -1283,7 +1287,12 @@ impl World {
                 v8.fingerprint(&mut out);
             }
         }
-        let _ = write!(out, "|{:?} {:?}", self.orphaned_at, self.removed);
+        let announcing: Vec<&WorkerId> = self.announcing.keys().collect();
+        let _ = write!(
+            out,
+            "|{:?} {:?} {announcing:?}",
+            self.orphaned_at, self.removed
+        );
         let removals: Vec<(&String, u64)> =
             self.removals.iter().map(|(id, (_, g))| (id, *g)).collect();
         let _ = write!(
@@ -1370,15 +1379,15 @@ fn worker_deadline(w: &FakeWorker) -> Option<Instant> {
     [stream, tools, tick].into_iter().flatten().min()
 }
 
-/// True for frames no checker reads: a server snapshot event or an assistant
-/// delta. Their CBOR starts with the event's `type` key, so the name appears
-/// within the first bytes (a session id comes before a delta's type).
+/// True for frames no checker reads: a server snapshot event. Its CBOR
+/// starts with the event's `type` key, so the name appears within the first
+/// bytes.
 fn is_unchecked(frame: &Frame) -> bool {
     // The first piece holds the envelope of a frame spliced around cached parts.
     let first = &frame.pieces()[0];
     let head = &first[..first.len().min(120)];
     let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
-    has(b"server_snapshot") || has(b"assistant_delta")
+    has(b"server_snapshot")
 }
 
 fn is_delta(message: &ServerMessage) -> bool {

@@ -240,8 +240,11 @@ impl World {
         // leaving (or dead), and the new one does not listen yet.
         let now = self.now;
         let mut outputs = Vec::new();
-        // What the old server asked is no longer anyone's to answer.
+        // What the old server asked is no longer anyone's to answer, and
+        // what it did not read is lost with its end of the channel: the
+        // announcement's snapshot covers it.
         w.asked.clear();
+        w.to_server.clear();
         if let Some(host) = w.host.as_mut() {
             outputs = host.step(now, HostInput::ChannelLost);
             if outputs.iter().any(|o| matches!(o, HostOutput::Announce(_))) {
@@ -264,13 +267,47 @@ impl World {
         }
     }
 
-    /// An orphan's host announces it: the server hears it if one runs;
+    /// An orphan's host announces it: the server hears it if one runs
+    /// (later, with [`Holds::announce`](super::Holds::announce));
     /// otherwise the attempt fails at once.
     pub(super) fn announce(&mut self, key: WorkerId, hello: WorkerFrame) -> Option<HostInput> {
-        let failed = Some(HostInput::Announced(None));
         if self.server_down || self.shut_down {
-            return failed;
+            return Some(HostInput::Announced(None));
         }
+        if self.options.holds.announce {
+            let seq = self.next_seq();
+            self.announcing.insert(key, (seq, hello));
+            return None;
+        }
+        self.hear_announcement(key, hello)
+    }
+
+    /// A held announcement arrives: a server that started meanwhile hears
+    /// it; a dead one never answers it.
+    pub(super) fn deliver_announcement(&mut self, key: WorkerId) {
+        let Some((_, hello)) = self.announcing.remove(&key) else {
+            return;
+        };
+        if !self.workers.contains_key(&key) {
+            // The orphan died on the way: the server reads its hello and
+            // then the end of its channel, which is no adoption.
+            trace!(self, "an announcement of a dead orphan is lost");
+            return;
+        }
+        trace!(self, "an announcement reaches the server");
+        let answer = if self.server_down || self.shut_down {
+            Some(HostInput::Announced(None))
+        } else {
+            self.hear_announcement(key, hello)
+        };
+        if let Some(answer) = answer {
+            self.host_step(key, answer);
+        }
+    }
+
+    /// The server reads an orphan's hello.
+    fn hear_announcement(&mut self, key: WorkerId, hello: WorkerFrame) -> Option<HostInput> {
+        let failed = Some(HostInput::Announced(None));
         let (
             Some(&pid),
             WorkerFrame::Hello {
@@ -306,7 +343,8 @@ impl World {
     /// they fail, and their orphans announce again later.
     fn fail_announcements(&mut self) {
         let pending = std::mem::take(&mut self.channels);
-        for key in pending.into_values() {
+        let travelling = std::mem::take(&mut self.announcing);
+        for key in pending.into_values().chain(travelling.into_keys()) {
             self.host_step(key, HostInput::Announced(None));
         }
     }

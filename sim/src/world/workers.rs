@@ -861,6 +861,12 @@ impl World {
         host.runtime().map(|r| r.phase())
     }
 
+    /// The revision of the session `worker`'s runtime holds, once open.
+    pub fn runtime_revision(&self, worker: WorkerId) -> Option<u64> {
+        let host = self.workers.get(&worker)?.host.as_ref()?;
+        host.runtime().map(|r| r.state().revision)
+    }
+
     pub fn is_streaming(&self, worker: WorkerId) -> bool {
         self.workers
             .get(&worker)
