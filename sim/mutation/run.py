@@ -168,6 +168,7 @@ MACHINES = [
     ("client/lease.rs", "Leases"),
     ("client/follow.rs", "Follower"),
     ("client/mod.rs", "Client"),
+    ("client/front.rs", "Front"),
 ]
 
 

@@ -89,4 +89,5 @@ pub mod options;
 pub mod prng;
 pub mod summary;
 pub mod swarm;
+pub mod typist;
 pub mod world;

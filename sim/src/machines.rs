@@ -31,15 +31,19 @@
 //!   backoff, the window counted from that loss;
 //! - a follower per followed session (the machine's reader falls behind in
 //!   a third of the seeds, losing events and telling its followers of the
-//!   gap) tells reply text that the cached snapshot's extends, or cuts.
+//!   gap) tells reply text that the cached snapshot's extends, or cuts;
+//! - in a third of the seeds, a front end per leased session types lines
+//!   into the real `Front` ([`crate::typist`]): none is lost or taken twice.
 //!
 //! A failing seed replays with its trace:
 //! `cargo run -p sim --example lease_seed -- SEED [STEPS]`.
 
 use crate::checkers::{self, Checkers, Violation};
 use crate::prng::{Prng, Ratio};
+use crate::typist::{self, Lines, Typist};
 use crate::world::{Amount, Holds, Options, World};
 use kernel::client::follow::{Follower, Update};
+use kernel::client::front::{self, Input as FrontInput, Output as FrontOutput, Request};
 use kernel::client::{
     Call, CallId, Client, ClientConfig, ClientError, ClientInput, ClientOutput, Completion,
     LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand, Status,
@@ -110,6 +114,19 @@ pub struct Machine {
     /// When the current outage began (a `Reconnecting` status after a
     /// handshake succeeded), until the next handshake succeeds.
     outage: Option<kernel::time::Instant>,
+    /// Its front ends type a line with this probability per step (a
+    /// generator of its own); `None`: no front ends.
+    typing: Option<(Prng, Ratio)>,
+    /// A front end per leased session, while typing.
+    typists: BTreeMap<String, Typist>,
+    /// What became of every line typed.
+    pub lines: Lines,
+    /// Calls made for a front: call → (session, the front's call, request).
+    front_calls: BTreeMap<CallId, (String, u64, Request)>,
+    /// Inputs for the front ends not given yet, by session.
+    front_inbox: VecDeque<(String, FrontInput)>,
+    /// The front ends are being given their inputs (no nested round).
+    draining: bool,
     /// Counters.
     pub stats: MachineStats,
 }
@@ -135,6 +152,8 @@ pub struct MachineStats {
     pub lags: u64,
     /// Reconnections lost again before or right after their hello.
     pub flakes: u64,
+    /// Lines typed into its front ends.
+    pub typed: u64,
     /// Failed calls by kind (`busy`, `detached`, `disconnected`, …).
     pub errors: BTreeMap<String, u64>,
 }
@@ -151,6 +170,7 @@ impl MachineStats {
         self.replays += other.replays;
         self.lags += other.lags;
         self.flakes += other.flakes;
+        self.typed += other.typed;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_insert(0) += n;
         }
@@ -197,6 +217,12 @@ impl Machine {
             lagging: None,
             lag_left: 0,
             flaky: None,
+            typing: None,
+            typists: BTreeMap::new(),
+            lines: Lines::default(),
+            front_calls: BTreeMap::new(),
+            front_inbox: VecDeque::new(),
+            draining: false,
             stats: MachineStats::default(),
         };
         machine.feed(world, ClientInput::TransportUp)?;
@@ -322,6 +348,7 @@ impl Machine {
         while let Some(input) = inputs.pop_front() {
             let outputs = self.client.step(world.now, input);
             self.check_reconnection(world, &outputs)?;
+            self.tell_fronts_of_link(&outputs);
             for output in outputs {
                 match output {
                     ClientOutput::Transmit(bytes) => {
@@ -371,7 +398,100 @@ impl Machine {
             self.check_cache()?;
             self.check_followers()?;
         }
+        if !self.draining {
+            self.drain_fronts(world)?;
+        }
         Ok(())
+    }
+
+    /// The connection's changes, for every front end.
+    fn tell_fronts_of_link(&mut self, outputs: &[ClientOutput]) {
+        for output in outputs {
+            let link = match output {
+                ClientOutput::Status(Status::Ready { .. }) => front::Link::Up,
+                ClientOutput::Status(Status::Reconnecting { .. }) => front::Link::Reconnecting,
+                ClientOutput::Status(Status::Closed { .. }) => front::Link::Closed,
+                _ => continue,
+            };
+            for session_id in self.typists.keys() {
+                self.front_inbox
+                    .push_back((session_id.clone(), FrontInput::Link(link)));
+            }
+        }
+    }
+
+    /// Gives the front ends their inputs (the session's news first) and
+    /// carries out what they decide, until none is left.
+    fn drain_fronts(&mut self, world: &mut World) -> Result<(), Violation> {
+        self.draining = true;
+        loop {
+            for (session_id, typist) in &mut self.typists {
+                if let Some(news) = typist.session_news(self.client.session_snapshot(session_id)) {
+                    self.front_inbox.push_back((session_id.clone(), news));
+                }
+            }
+            let Some((session_id, input)) = self.front_inbox.pop_front() else {
+                break;
+            };
+            let Some(typist) = self.typists.get_mut(&session_id) else {
+                continue;
+            };
+            let outputs = typist.front.step(input);
+            let lease = typist.lease;
+            for output in outputs {
+                self.lines.output(&output);
+                let FrontOutput::Send {
+                    call: front_call,
+                    request,
+                    ..
+                } = output
+                else {
+                    continue;
+                };
+                let command = match &request {
+                    Request::Prompt(text) => SessionCommand::Prompt { text: text.clone() },
+                    Request::Steer(text) => SessionCommand::Steer { text: text.clone() },
+                    Request::Abort => SessionCommand::Abort,
+                    other => {
+                        self.draining = false;
+                        return Err(violation(format!(
+                            "{}: its front sent {other:?}, though no command was typed",
+                            self.name
+                        )));
+                    }
+                };
+                let call = CallId(self.next_call);
+                self.front_calls
+                    .insert(call, (session_id.clone(), front_call, request));
+                self.call(world, Call::Command { lease, command })?;
+            }
+        }
+        self.draining = false;
+        Ok(())
+    }
+
+    /// A front end types a line into one of its sessions, or asks for an
+    /// abort (one time in six), with the typing probability.
+    pub fn type_something(&mut self, world: &mut World) -> Result<(), Violation> {
+        let Some((prng, ratio)) = self.typing.as_mut() else {
+            return Ok(());
+        };
+        if self.typists.is_empty() || !prng.chance(*ratio) {
+            return Ok(());
+        }
+        let i = prng.below(self.typists.len() as u64) as usize;
+        let abort = prng.below(6) == 0;
+        let session_id = self.typists.keys().nth(i).expect("in range").clone();
+        let input = if abort {
+            FrontInput::Abort
+        } else {
+            let text = format!("{}-t{}", self.name, self.lines.len() + 1);
+            self.lines.typed(&session_id, &text);
+            self.stats.typed += 1;
+            FrontInput::Typed(text)
+        };
+        self.front_inbox.push_back((session_id, input));
+        self.drain_fronts(world)
     }
 
     /// A front end starts following `session_id` once attached: from the
@@ -550,6 +670,20 @@ impl Machine {
                 "{name}: call {call} completed twice, or was never made: {result:?}"
             )));
         };
+        if let Some((session_id, front_call, request)) = self.front_calls.remove(&call) {
+            let snapshot = match &result {
+                Ok(Completion::Session(snapshot)) => Ok(Some(&**snapshot)),
+                Ok(_) => Ok(None),
+                Err(e) => Err(e.clone()),
+            };
+            let outcome = typist::answer(&request, snapshot);
+            self.lines.answered(&request, outcome.is_ok());
+            let answered = FrontInput::Answered {
+                call: front_call,
+                outcome,
+            };
+            self.front_inbox.push_back((session_id, answered));
+        }
         match &result {
             Err(ClientError::Disconnected(_)) => self.stats.disconnected += 1,
             Err(_) => self.stats.failed += 1,
@@ -580,10 +714,27 @@ impl Machine {
                     return Err(violation(format!("{name}: lease {lease} granted twice")));
                 }
                 self.start_following(&session_id);
+                if self.typing.is_some() && !self.typists.contains_key(&session_id) {
+                    let snapshot = self.client.session_snapshot(&session_id);
+                    self.typists
+                        .insert(session_id.clone(), Typist::new(lease, snapshot));
+                }
             }
             (Call::Release { lease, .. }, Ok(_)) => {
                 if let Some(session_id) = self.leases.remove(&lease) {
                     self.stop_following(&session_id);
+                    if self
+                        .typists
+                        .get(&session_id)
+                        .is_some_and(|t| t.lease == lease)
+                    {
+                        // Its calls' answers reach no front: a new front
+                        // on the session numbers its calls afresh.
+                        self.typists.remove(&session_id);
+                        self.front_calls.retain(|_, (s, ..)| *s != session_id);
+                        self.front_inbox.retain(|(s, _)| *s != session_id);
+                        self.lines.abandon(&session_id);
+                    }
                 }
             }
             (Call::Request(Command::Attach { session_id }), Ok(_)) => {
@@ -661,6 +812,15 @@ impl Machine {
                 "{name}: call {call} ({asked:?}) never completed"
             )));
         }
+        let open = |session_id: &str| {
+            self.client.is_ready()
+                && self.typists.get(session_id).is_some_and(|t| {
+                    self.client.leases().status(t.lease) == Some(LeaseStatus::Active)
+                })
+        };
+        self.lines
+            .check(world, open)
+            .map_err(|e| violation(format!("{name}: {e}")))?;
         let Some(conn) = self.conn.filter(|_| self.client.is_ready()) else {
             return Ok(());
         };
@@ -862,11 +1022,15 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     // A third of the seeds lose reconnections again, before their hello is
     // answered or right after (their own generator).
     let (mut flaking, flake) = a_third(seed ^ 0xf1a4, 10..=50);
+    // A third of the seeds type lines into front ends (their own generator;
+    // not the pinned seed 1, which keeps its trace).
+    let (mut typing, typer) = a_third(seed ^ 0x7e9e, 1..=5);
     for i in 1..=report.machines {
         let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
         machine.flaky = flake.map(|ratio| (Prng::new(flaking.next_u64()), ratio));
         machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
         machine.lagging = lag.map(|ratio| (Prng::new(lagging.next_u64()), ratio));
+        machine.typing = typer.map(|ratio| (Prng::new(typing.next_u64()), ratio));
         machines.push(machine);
     }
     // Some seeds add a machine whose first handshake fails (a generator of
@@ -984,6 +1148,9 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
             let i = prng.below(machines.len() as u64) as usize;
             let call = pick_call(&mut prng, &machines[i], world);
             machines[i].call(world, call).map_err(|v| fail(v, step))?;
+        }
+        for m in &mut machines {
+            m.type_something(world).map_err(|v| fail(v, step))?;
         }
         network(&mut prng, world, &machines);
         for m in &mut machines {

@@ -186,7 +186,8 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
     );
     println!(
         "calls {}: ok {}, failed {}, disconnected {}; reconnects {}, prompts done {}, \
-         stale snapshots replayed {}, readers fallen behind {}, reconnections lost again {}",
+         stale snapshots replayed {}, readers fallen behind {}, reconnections lost again {}, \
+         lines typed {}",
         totals.calls,
         totals.ok,
         totals.failed,
@@ -195,7 +196,8 @@ fn run_lease(from: u64, count: u64, trace: bool) -> ExitCode {
         totals.prompts_done,
         totals.replays,
         totals.lags,
-        totals.flakes
+        totals.flakes,
+        totals.typed
     );
     for (kind, n) in &totals.errors {
         println!("  {kind}: {n}");

@@ -353,6 +353,7 @@ impl Client {
             ClientInput::Forget { lease } => self.lease_step(LeaseInput::Forget { lease }),
             ClientInput::Dispose => self.on_dispose(),
         }
+        self.settle_detached();
         self.invariants();
         std::mem::take(&mut self.outputs)
     }
@@ -726,6 +727,27 @@ impl Client {
                 self.fail_resuming(|r| r.session_id == session_id, &reason);
             }
         }
+    }
+
+    /// A resumed prompt waits for an idle snapshot of its session, which a
+    /// session detached since (its lease released, the session removed)
+    /// never sends: connected and not re-attaching it, the prompt ends as
+    /// lost (it may have run).
+    fn settle_detached(&mut self) {
+        if self.phase != Phase::Ready || self.resuming.is_empty() {
+            return;
+        }
+        let detached: Vec<String> = self
+            .resuming
+            .values()
+            .map(|r| &r.session_id)
+            .filter(|s| !self.leases.is_attached(s) && !self.reattaching.values().any(|r| r == *s))
+            .cloned()
+            .collect();
+        self.fail_resuming(
+            |r| detached.contains(&r.session_id),
+            "the session was detached before the resumed prompt's turn ended",
+        );
     }
 
     /// Fails the resumed prompts that `which` selects.

@@ -401,6 +401,55 @@ fn a_prompt_whose_turn_went_on_resolves_after_reconnecting() {
     assert_eq!(h.request().id, "request-5");
 }
 
+/// A resumed prompt that ran waits for its session's idle snapshot; once
+/// its lease is released (the session detached) none comes, so it ends as
+/// lost rather than never (the lease swarm's front ends found it).
+#[test]
+fn a_resumed_prompt_ends_when_its_session_is_detached() {
+    let mut h = Harness::ready(true);
+    let lease = h.lease(session(1, SessionPhase::Idle, &[]));
+    let (prompt, _) = h.prompt(lease, "hi");
+    h.take_sent();
+    h.step(ClientInput::TransportClosed {
+        reason: "reset".into(),
+    });
+    h.take_outputs();
+    h.reconnect("conn-2");
+    let attach = h.request();
+    h.respond(
+        &attach.id,
+        Ok(CommandResult::Attach {
+            session: session(5, SessionPhase::Turn, &["hi"]),
+        }),
+    );
+    assert_eq!(h.completion(prompt), None, "still running");
+    let release = h.call(Call::Release {
+        lease,
+        kind: ReleaseKind::Dispose,
+    });
+    let detach = h.request();
+    assert_eq!(
+        detach.command,
+        Command::Detach {
+            session_id: "s1".into()
+        }
+    );
+    h.respond(
+        &detach.id,
+        Ok(CommandResult::Detach {
+            session_id: "s1".into(),
+        }),
+    );
+    assert!(matches!(
+        h.completion(release),
+        Some(Ok(Completion::Released))
+    ));
+    assert!(matches!(
+        h.completion(prompt),
+        Some(Err(ClientError::Disconnected(reason))) if reason.contains("detached")
+    ));
+}
+
 #[test]
 fn a_prompt_the_server_never_took_fails_clearly_after_reconnecting() {
     let mut h = Harness::ready(true);

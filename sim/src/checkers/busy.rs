@@ -42,6 +42,9 @@ pub struct Busy {
     /// operations afresh and never hears how the old one's ended: such an
     /// inherited prompt runs until a snapshot of its session shows it idle.
     running: BTreeMap<(String, u64, OpId), (String, PromptId)>,
+    /// Running prompts whose turn ended at the runtime (a later prompt of
+    /// the session started there) and whose answer the kernel has not read.
+    superseded: BTreeSet<(String, u64, OpId)>,
     /// Server generations seen (hand-offs, restarts).
     generation: u64,
     prompts: BTreeMap<PromptId, String>,
@@ -156,7 +159,16 @@ impl Busy {
                         self.by_text.insert(text.clone(), prompt.clone());
                         prompt
                     });
+                    // The runtime was idle: every earlier prompt of the
+                    // session ended there. It runs on for the kernel until
+                    // the kernel reads its answer, or that answer dies with
+                    // its server's channel.
                     let key = (session_id.clone(), self.generation, *op);
+                    let ended = self
+                        .running
+                        .keys()
+                        .filter(|k| k.0 == *session_id && **k != key);
+                    self.superseded.extend(ended.cloned());
                     self.running.insert(key, (session_id.clone(), prompt));
                 }
             }
@@ -165,8 +177,9 @@ impl Busy {
                 session_id: Some(session_id),
                 ..
             } => {
-                self.running
-                    .remove(&(session_id.clone(), self.generation, *op));
+                let key = (session_id.clone(), self.generation, *op);
+                self.running.remove(&key);
+                self.superseded.remove(&key);
                 self.in_flight
                     .remove(&(session_id.clone(), self.generation, *op));
             }
@@ -181,12 +194,16 @@ impl Busy {
             }
             Fact::ServerRestarted => {
                 self.running.clear();
+                self.superseded.clear();
                 self.in_flight.clear();
                 self.generation += 1;
             }
             Fact::NewServer => {
                 self.generation += 1;
                 self.in_flight.clear();
+                for key in std::mem::take(&mut self.superseded) {
+                    self.running.remove(&key);
+                }
             }
             // An orphan's turn that ended while no server ran answered no one.
             Fact::Adopted {
@@ -196,7 +213,15 @@ impl Busy {
             } => self.running.retain(|(s, _, _), _| s != session_id),
             Fact::Emitted { conn, message, .. } => {
                 self.inherited_ended(message);
-                return self.check_emitted(*conn, message);
+                self.check_emitted(*conn, message)?;
+                // A prompt refused busy never started: its text, typed
+                // again as a steer (a front end's retry), names no prompt.
+                if let ServerMessage::Response(r) = message.as_ref()
+                    && matches!(&r.outcome, Err(e) if e.code == ErrorCode::Busy)
+                {
+                    let prompt = (*conn, r.id.clone());
+                    self.by_text.retain(|_, p| *p != prompt);
+                }
             }
             Fact::OpSent { session_id, op, .. } => {
                 self.in_flight
@@ -357,6 +382,7 @@ impl Busy {
     /// Folds the running prompts into a fingerprint.
     pub fn fingerprint(&self, hasher: &mut impl Hasher) {
         self.running.hash(hasher);
+        self.superseded.hash(hasher);
     }
 }
 
