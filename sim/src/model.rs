@@ -1279,6 +1279,22 @@ pub fn handoff_in_flight() -> Config {
     }
 }
 
+/// Configuration (h): (g) for a v8 client, whose transcript replica must
+/// equal the server's state across the hand-over (8,870 states).
+pub fn v8_handoff_in_flight() -> Config {
+    use ClientAction::*;
+    Config {
+        name: "(h) a v8 client x 1 session: reconnecting across a hand-over, the announcement in flight",
+        clients: vec![v8(in_order(vec![Attach, Prompt, Reconnect, Attach]))],
+        reaches: vec![
+            Milestone::HandOff,
+            Milestone::OrphanAdopted,
+            Milestone::V8Replicated,
+        ],
+        ..handoff_in_flight()
+    }
+}
+
 /// Configuration (f): a v8 client attaches, prompts and detaches, in any
 /// order, interleaved with the worker's boot, messages, exit and time and
 /// one worker crash at any point; a v1 client attaches and detaches beside
@@ -1335,6 +1351,7 @@ pub fn configs(large: bool) -> Vec<Config> {
         crash_keeping_workers(),
         v8_client(),
         handoff_in_flight(),
+        v8_handoff_in_flight(),
     ];
     if large {
         all.push(two_clients_one_session_large());

@@ -1,4 +1,4 @@
-//! Model checking: every interleaving of seven small configurations, judged
+//! Model checking: every interleaving of eight small configurations, judged
 //! by the swarm's checkers after every action and for liveness at every
 //! quiescent state (see `sim::model` for the explorer and why it is ours).
 //!
@@ -102,4 +102,10 @@ fn v8_client() {
 #[test]
 fn handoff_in_flight() {
     check(model::handoff_in_flight(), 20_000);
+}
+
+/// (h) As (g), for a v8 client.
+#[test]
+fn v8_handoff_in_flight() {
+    check(model::v8_handoff_in_flight(), 8_000);
 }
