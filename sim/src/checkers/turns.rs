@@ -17,7 +17,6 @@
 
 use super::{Check, Violation};
 use crate::world::Fact;
-use kernel::ids::WorkerId;
 use kernel::protocol::SessionPhase;
 use kernel::worker::Operation;
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,8 +28,10 @@ fn violation(message: String) -> Check {
 /// See the module documentation.
 #[derive(Debug, Default, Clone)]
 pub struct Turns {
-    /// Failed model calls in a row, per worker, in its current turn.
-    failures: BTreeMap<WorkerId, u32>,
+    /// Failed model calls in a row, per session, in its current turn (by
+    /// session: a worker handed over is an orphan, then adopted, under
+    /// other ids, and its turn goes on).
+    failures: BTreeMap<String, u32>,
     /// Sessions with a storage failure since their last turn began.
     store_failed: BTreeSet<String>,
 }
@@ -44,26 +45,25 @@ impl Turns {
                 Ok(())
             }
             Fact::RuntimeOp {
-                worker,
                 session_id,
                 operation: Operation::Prompt { .. },
                 phase_before: SessionPhase::Idle,
                 store_failed,
                 ..
             } => {
-                self.failures.remove(worker);
+                self.failures.remove(session_id);
                 if !store_failed {
                     self.store_failed.remove(session_id);
                 }
                 Ok(())
             }
             Fact::ModelDone {
-                worker,
                 session_id,
                 phase_after,
                 unanswered,
+                ..
             } => {
-                self.failures.remove(worker);
+                self.failures.remove(session_id);
                 let ended = *phase_after == Some(SessionPhase::Idle);
                 if ended && *unanswered > 0 && !self.store_failed.contains(session_id) {
                     return violation(format!(
@@ -80,7 +80,7 @@ impl Turns {
                 live: true,
                 phase_after,
             } => {
-                let failures = self.failures.entry(*worker).or_default();
+                let failures = self.failures.entry(session_id.clone()).or_default();
                 *failures += 1;
                 let retrying = *phase_after == Some(SessionPhase::Retry);
                 if retrying && *failures >= max_attempts {
@@ -97,7 +97,7 @@ impl Turns {
                     ));
                 }
                 if *phase_after != Some(SessionPhase::Turn) && !retrying {
-                    self.failures.remove(worker); // the turn ended
+                    self.failures.remove(session_id); // the turn ended
                 }
                 Ok(())
             }
