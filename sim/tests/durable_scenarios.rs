@@ -398,6 +398,34 @@ fn d12_the_catalog_follows_a_sibling_server() {
     snapshot("d12_the_catalog_follows_a_sibling_server", &w);
 }
 
+/// A world whose orphans' announcements travel until delivered, with a
+/// session mid-turn on `text`: the world, its session, and checkers fed
+/// from its facts.
+fn mid_turn_with_travelling_announcements(text: &str) -> (World, String, Checkers) {
+    let mut options = Options {
+        record_facts: true,
+        ..Options::default()
+    };
+    options.holds.announce = true;
+    let mut w = World::new(options);
+    let a = w.connect_ready();
+    let s = create(&mut w, a);
+    w.request(a, prompt(&s, text));
+    w.advance(Duration::from_millis(15));
+    (w, s, Checkers::new())
+}
+
+/// Delivers the one announcement on its way.
+fn deliver_the_announcement(w: &mut World) {
+    let announcement = w
+        .deliveries()
+        .into_iter()
+        .find(|(_, d)| matches!(d, Delivery::Announcement(_)))
+        .expect("the announcement travels")
+        .1;
+    w.deliver(&announcement, Amount::All);
+}
+
 /// A hand-over mid-reply whose orphan streams on while its announcement
 /// travels: the hello's snapshot lags what streamed since. A client that
 /// waited for the adoption is answered with the reply as it stands, so the
@@ -405,17 +433,7 @@ fn d12_the_catalog_follows_a_sibling_server() {
 /// (the ACP editor's "server replacement mid-prompt" lost a word this way).
 #[test]
 fn d13_a_reply_streamed_while_the_announcement_travels_has_no_hole() {
-    let mut options = Options {
-        record_facts: true,
-        ..Options::default()
-    };
-    options.holds.announce = true;
-    let mut w = World::new(options);
-    let mut checkers = Checkers::new();
-    let a = w.connect_ready();
-    let s = create(&mut w, a);
-    w.request(a, prompt(&s, "long job"));
-    w.advance(Duration::from_millis(15));
+    let (mut w, s, mut checkers) = mid_turn_with_travelling_announcements("long job");
     let mut early = None;
     w.replace_server_then(|w| {
         let b = w.connect_ready();
@@ -426,13 +444,7 @@ fn d13_a_reply_streamed_while_the_announcement_travels_has_no_hole() {
     let (b, r) = early.unwrap();
     // The orphan streams on while its announcement is on the way.
     w.advance(Duration::from_millis(40));
-    let announcement = w
-        .deliveries()
-        .into_iter()
-        .find(|(_, d)| matches!(d, Delivery::Announcement(_)))
-        .expect("the announcement travels")
-        .1;
-    w.deliver(&announcement, Amount::All);
+    deliver_the_announcement(&mut w);
     assert!(
         matches!(ok(&w, b, &r), CommandResult::Attach { session } if session.attached),
         "answered once the orphan was adopted"
@@ -455,26 +467,10 @@ fn d13_a_reply_streamed_while_the_announcement_travels_has_no_hole() {
 /// session busy forever, and a client attaching later sees the reply whole.
 #[test]
 fn d14_a_turn_that_ends_while_the_announcement_travels_is_seen_to_end() {
-    let mut options = Options {
-        record_facts: true,
-        ..Options::default()
-    };
-    options.holds.announce = true;
-    let mut w = World::new(options);
-    let mut checkers = Checkers::new();
-    let a = w.connect_ready();
-    let s = create(&mut w, a);
-    w.request(a, prompt(&s, "short"));
-    w.advance(Duration::from_millis(15));
+    let (mut w, s, mut checkers) = mid_turn_with_travelling_announcements("short");
     w.replace_server_then(|_| {});
     w.advance(Duration::from_secs(1));
-    let announcement = w
-        .deliveries()
-        .into_iter()
-        .find(|(_, d)| matches!(d, Delivery::Announcement(_)))
-        .expect("the announcement travels")
-        .1;
-    w.deliver(&announcement, Amount::All);
+    deliver_the_announcement(&mut w);
     let adopted = w.worker_of(&s).expect("adopted");
     assert_eq!(
         w.server.session_revision(&s),
