@@ -19,5 +19,5 @@ for data in "$target"/bench-perf/*.data; do
     grep -E '^ +[0-9]' | sed -E 's/ +- +- *$//' | head -25 | cut -c1-150
   echo "== $data: pi-server functions (inclusive time)"
   perf report -i "$data" --children --sort symbol -g none --stdio 2>/dev/null |
-    grep -E '^ +[0-9]' | grep -E 'kernel::|pi_io::' | sed -E 's/ +- +- *$//' | head -25 | cut -c1-150
+    grep -E '^ +[0-9]' | grep -E 'kernel::|pi_daemon::|pi_agent::|pi_store::' | sed -E 's/ +- +- *$//' | head -25 | cut -c1-150
 done

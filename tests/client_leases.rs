@@ -1,12 +1,12 @@
-//! The lease layer of the client library (`pi_io::client::leases`) against
+//! The lease layer of the client library (`pi_client::leases`) against
 //! the real `pi-server serve` with faux models.
 
 mod common;
 
 use common::*;
 use kernel::protocol::{ErrorCode, ModelRef, ThinkingLevel};
-use pi_io::client::ClientError;
-use pi_io::client::leases::{LeaseMode, Sessions};
+use pi_client::ClientError;
+use pi_client::leases::{LeaseMode, Sessions};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_against_a_real_server() {

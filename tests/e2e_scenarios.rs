@@ -9,7 +9,7 @@ use kernel::protocol::{
     AssistantStatus, ClientMessage, Command, ErrorCode, ModelRef, Request, ServerEvent,
     ServerMessage, SessionPhase, ThinkingLevel,
 };
-use pi_io::client::{Client, ClientError};
+use pi_client::{Client, ClientError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -673,7 +673,7 @@ async fn the_server_and_its_workers_run_with_a_fixed_mmap_threshold() {
     let created = a.create(params("mmap")).await.unwrap();
     let fixed = |pid: u32| {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
-        let wanted = format!("{}=131072", pi_io::cli::MMAP_THRESHOLD_VAR);
+        let wanted = format!("{}=131072", pi_front::cli::MMAP_THRESHOLD_VAR);
         environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes())
     };
     assert!(fixed(server.pid()), "the server");

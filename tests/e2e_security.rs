@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kernel::protocol::{ErrorCode, ServerMessage};
-use pi_io::client::{Address, Client, ClientOptions};
+use pi_client::{Address, Client, ClientOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -107,7 +107,7 @@ async fn server_dir_of_another_user_is_refused() {
     std::fs::set_permissions(&server.server_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     if std::os::unix::fs::chown(&server.server_dir, Some(65534), Some(65534)).is_err() {
         eprintln!(
-            "skipping: cannot chown the server dir (not root); ownership is checked by io/src/config.rs"
+            "skipping: cannot chown the server dir (not root); ownership is checked by io/config/src/lib.rs"
         );
         return;
     }

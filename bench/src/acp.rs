@@ -14,7 +14,7 @@ use crate::util::{Env, Report, fmt_us, median, us, wait_no_children};
 use kernel::protocol::{
     Content, CreateParams, DeltaKind, ServerEvent, TranscriptItem, TranscriptProgress, UserItem,
 };
-use pi_io::store::SessionStore;
+use pi_store::SessionStore;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -118,7 +118,7 @@ impl Drop for Adapter {
 
 /// A stored session of `n` items (user and assistant in turn).
 fn big_session(dir: &std::path::Path, n: usize) -> Result<String, String> {
-    let id = pi_io::config::new_uuid();
+    let id = pi_config::new_uuid();
     let mut stored = stored_session(&id, 1_700_000_000_000);
     for i in 0..n {
         let item_id = format!("item-{}", i + 1);

@@ -13,7 +13,7 @@
 use crate::server::{Server, stored_session};
 use crate::util::{Env, Report, read_http_request};
 use kernel::protocol::{ModelRef, TranscriptItem, Usage};
-use pi_io::store::SessionStore;
+use pi_store::SessionStore;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeSet;
 use std::io::{BufReader, Write};
@@ -33,7 +33,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     }}});
     std::fs::write(agent.join("models.json"), models.to_string()).map_err(|e| e.to_string())?;
     let dir = env.fresh_dir("caching");
-    let id = pi_io::config::new_uuid();
+    let id = pi_config::new_uuid();
     let mut stored = stored_session(&id, 1_700_000_000_000);
     stored.model = ModelRef {
         provider: "anthropic".into(),

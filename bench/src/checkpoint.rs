@@ -19,7 +19,7 @@ use kernel::protocol::{
     AssistantStatus, Content, DeltaKind, ServerEvent, TranscriptItem, TranscriptProgress,
 };
 use kernel::runtime::Persist;
-use pi_io::store::SessionStore;
+use pi_store::SessionStore;
 use std::time::Instant;
 
 /// One server of the pair, and what its turns measured.
@@ -29,7 +29,7 @@ struct Side {
     id: String,
     _server: Server,
     runtime: tokio::runtime::Runtime,
-    client: pi_io::client::Client,
+    client: pi_client::Client,
     cpu_per_delta_us: Vec<f64>,
     cpu_per_turn_us: Vec<f64>,
     turn_secs: Vec<f64>,
@@ -77,7 +77,7 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
                 client,
                 ..
             } = side;
-            let pid = pi_io::store::live_holder(dir, id)
+            let pid = pi_store::live_holder(dir, id)
                 .ok_or_else(|| format!("{name}: no worker"))?
                 .pid;
             let mut events = client.events();

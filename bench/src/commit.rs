@@ -13,7 +13,7 @@ use kernel::protocol::{
 };
 use kernel::runtime::Persist;
 use kernel::wire::cbor;
-use pi_io::store::SessionStore;
+use pi_store::SessionStore;
 use rusqlite::{Connection, TransactionBehavior, params};
 use std::time::Instant;
 

@@ -28,7 +28,7 @@ use kernel::protocol::{
     SessionPhase, SessionSnapshot, TranscriptItem, TranscriptProgress,
 };
 use kernel::wire::Value;
-use pi_io::client::Client;
+use pi_client::Client;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -109,14 +109,14 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     let sessions = dir.join("sessions");
     let cwd = dir.join("project");
     std::fs::create_dir_all(&cwd).map_err(|e| e.to_string())?;
-    let session = pi_io::config::new_uuid();
+    let session = pi_config::new_uuid();
     let mut stored = stored_session(&session, 1_700_000_000_000);
     stored.cwd = cwd.display().to_string();
     std::fs::create_dir_all(&sessions).map_err(|e| e.to_string())?;
-    pi_io::store::SessionStore::create(&sessions, &stored).map_err(|e| e.to_string())?;
+    pi_store::SessionStore::create(&sessions, &stored).map_err(|e| e.to_string())?;
     let (args, addr, token) = web_listener(&dir)?;
     let setup = Setup {
-        identity: (dir.join("servers"), pi_io::config::new_uuid()),
+        identity: (dir.join("servers"), pi_config::new_uuid()),
         sessions,
         log: dir.join("server.log"),
         vars: vec![("PI_FAUX_DELAY_MS", "2".into())],
@@ -303,7 +303,7 @@ impl Setup {
     }
 
     fn socket(&self) -> PathBuf {
-        pi_io::config::socket_path(&self.identity.0, &self.identity.1)
+        pi_config::socket_path(&self.identity.0, &self.identity.1)
     }
 }
 
@@ -623,7 +623,7 @@ async fn one_round(
         fresh.close().await;
         last
     } else {
-        let holder = pi_io::store::live_holder(&setup.sessions, &setup.session)
+        let holder = pi_store::live_holder(&setup.sessions, &setup.session)
             .ok_or("no live worker holds the session")?;
         signal(holder.pid, rustix::process::Signal::KILL);
         let _ = prompt.await;

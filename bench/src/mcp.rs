@@ -22,7 +22,7 @@ struct Side {
     name: &'static str,
     server: Server,
     runtime: tokio::runtime::Runtime,
-    client: pi_io::client::Client,
+    client: pi_client::Client,
     session: String,
     samples: Vec<f64>,
 }

@@ -6,10 +6,10 @@
 //!   `response.output_item.added`, `response.content_part.added`, one
 //!   `response.output_text.delta` per word, the `done` events and
 //!   `response.completed` with usage), as in
-//!   `io/tests/fixtures/sse/openai-responses-text.sse`;
+//!   `io/agent/tests/fixtures/sse/openai-responses-text.sse`;
 //! - `POST …/chat/completions`: a Chat Completions stream (a role chunk, one
 //!   content chunk per word, a `finish_reason` chunk, a usage chunk and
-//!   `[DONE]`), as in `io/tests/fixtures/sse/openai-text.sse`;
+//!   `[DONE]`), as in `io/agent/tests/fixtures/sse/openai-text.sse`;
 //! - `GET …/models`: one model, `mock`;
 //! - anything else: 404.
 //!

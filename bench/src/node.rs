@@ -88,7 +88,7 @@ impl NodeHost {
         socket: &Path,
         args: &[String],
     ) -> Result<Self, String> {
-        let server_id = pi_io::config::new_uuid();
+        let server_id = pi_config::new_uuid();
         let mut child = Process::new("node")
             .arg(dir.join(script))
             .arg(socket)

@@ -4,7 +4,7 @@ use crate::util::Env;
 use kernel::faux;
 use kernel::protocol::ThinkingLevel;
 use kernel::runtime::StoredSession;
-use pi_io::store::SessionStore;
+use pi_store::SessionStore;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ impl Server {
         vars: &[(&str, String)],
     ) -> Result<Self, String> {
         let dir = env.fresh_dir("srv");
-        let identity = (dir.join("s"), pi_io::config::new_uuid());
+        let identity = (dir.join("s"), pi_config::new_uuid());
         Self::spawn_as(env, &identity, session_dir, vars, &dir.join("server.log"))
     }
 
@@ -61,7 +61,7 @@ impl Server {
     ) -> Result<(Self, String, String), String> {
         let dir = env.fresh_dir("srv");
         let (args, addr, token) = web_listener(&dir)?;
-        let identity = (dir.join("s"), pi_io::config::new_uuid());
+        let identity = (dir.join("s"), pi_config::new_uuid());
         let mut server = Self::spawn_with(
             env,
             &identity,
@@ -130,7 +130,7 @@ impl Server {
             pid: child.id(),
             child: Some(child),
             perf: None,
-            socket: pi_io::config::socket_path(server_dir, server_id),
+            socket: pi_config::socket_path(server_dir, server_id),
             log,
             spawned,
         })
@@ -141,14 +141,14 @@ impl Server {
     pub(crate) fn client(
         &self,
         who: &str,
-    ) -> Result<(tokio::runtime::Runtime, pi_io::client::Client), String> {
+    ) -> Result<(tokio::runtime::Runtime, pi_client::Client), String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
         let client = runtime
-            .block_on(pi_io::client::Client::connect(&self.socket, None))
+            .block_on(pi_client::Client::connect(&self.socket, None))
             .map_err(|e| format!("{who}: {e}"))?;
         Ok((runtime, client))
     }
@@ -275,7 +275,7 @@ pub(crate) fn web_listener(dir: &Path) -> Result<(Vec<String>, String, String), 
         .map_err(|e| e.to_string())?
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let token = pi_io::config::new_uuid();
+    let token = pi_config::new_uuid();
     let token_file = dir.join("token");
     std::fs::write(&token_file, &token).map_err(|e| e.to_string())?;
     std::fs::set_permissions(
@@ -324,7 +324,7 @@ pub(crate) fn create_sessions(dir: &Path, n: usize, threads: usize) -> Result<Ve
     let cwd = dir.parent().unwrap_or(dir).join("cwd");
     std::fs::create_dir_all(&cwd).map_err(|e| format!("{}: {e}", cwd.display()))?;
     let cwd = cwd.to_str().ok_or("a scratch path that is not UTF-8")?;
-    let ids: Vec<String> = (0..n).map(|_| pi_io::config::new_uuid()).collect();
+    let ids: Vec<String> = (0..n).map(|_| pi_config::new_uuid()).collect();
     let chunk = n.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|scope| {
         let handles: Vec<_> = ids

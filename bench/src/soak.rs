@@ -746,8 +746,7 @@ struct Text {
 }
 
 fn transcript_bytes(sessions: &Path, id: &str) -> Result<Text, String> {
-    let (store, stored) =
-        pi_io::store::SessionStore::open(sessions, id).map_err(|e| e.to_string())?;
+    let (store, stored) = pi_store::SessionStore::open(sessions, id).map_err(|e| e.to_string())?;
     let content = |parts: &[Content]| -> u64 {
         parts
             .iter()

@@ -368,8 +368,8 @@ pub(crate) fn machine() -> String {
 
 /// Today's date (UTC), `YYYY-MM-DD`.
 pub(crate) fn today() -> String {
-    let now = pi_io::worker::wall_now().as_millis();
-    let stamp = pi_io::cli::format_utc(now);
+    let now = pi_daemon::worker::wall_now().as_millis();
+    let stamp = kernel::time::format_utc(now);
     stamp.split(' ').next().unwrap_or_default().to_owned()
 }
 

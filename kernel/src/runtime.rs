@@ -95,7 +95,7 @@ impl StoredSession {
     /// with its id in place or is appended; state overwrites the settings,
     /// steer queue, summary and revision. The default model is not session
     /// state. (The in-memory stores of the simulator and test servers use this;
-    /// `io/src/store` does the same to SQLite.)
+    /// `io/store` does the same to SQLite.)
     pub fn apply(&mut self, write: &Persist) {
         match write {
             Persist::Item(item) => match self.transcript.iter_mut().find(|i| i.id() == item.id()) {

@@ -15,7 +15,7 @@
 //! - `X-Forwarded-*` is believed only from a configured proxy: then the
 //!   scheme, host and client address are the proxy's report of them.
 //!
-//! A pure function of the request's facts; the driver (`io/src/web/`) only
+//! A pure function of the request's facts; the driver (`io/daemon/src/web/`) only
 //! reads the headers and carries out the verdict.
 
 use crate::ids::PeerAddr;

@@ -2,7 +2,7 @@
 //! own codec.
 //!
 //! The same file is the web client's reference (`tests/web/codec.test.mjs`
-//! checks `io/src/web/assets/codec.js` against it), so this test is what ties
+//! checks `io/daemon/src/web/assets/codec.js` against it), so this test is what ties
 //! the browser's bytes to the kernel's: every vector must hold here first.
 //! The vectors were extracted from `tests/wire.rs`; see the file's `format`
 //! for what each section means.

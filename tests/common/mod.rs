@@ -22,7 +22,7 @@ use kernel::protocol::{
 };
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{CborLimits, FrameDecoder};
-use pi_io::client::{Client, ClientError, ClientOptions, Status};
+use pi_client::{Client, ClientError, ClientOptions, Status};
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::future::Future;
@@ -101,7 +101,7 @@ impl TestRoot {
             .env_remove("PI_SERVER_TOKEN_FILE")
             .env_remove("PI_FAUX_DELAY_MS")
             // The servers' own allocator tuning, not the caller's.
-            .env_remove(pi_io::cli::MMAP_THRESHOLD_VAR)
+            .env_remove(pi_front::cli::MMAP_THRESHOLD_VAR)
             .env_remove("GLIBC_TUNABLES");
     }
 

@@ -49,7 +49,7 @@
 // /proc/<pid>/cmdline has `worker` as its first argument (`pi-server worker`)
 // and whose command line or environment (/proc/<pid>/environ) contains the
 // test root; its session is $PI_WORKER_SESSION_ID from its environment (how
-// our server spawns workers: io/src/daemon/platform.rs). "The server's worker
+// our server spawns workers: io/daemon/src/server/platform.rs). "The server's worker
 // of S is gone" is read as "no such live process for S".
 //
 // The seed's 26 tests, and what became of each here (test names: `seed-NN …`):

@@ -1,4 +1,4 @@
-// The web client's codec (io/src/web/assets/codec.js) against the kernel's
+// The web client's codec (io/daemon/src/web/assets/codec.js) against the kernel's
 // wire vectors (kernel/tests/vectors/cbor.json, which kernel/tests/vectors.rs
 // checks against the kernel's own codec), plus round-trip properties.
 //
@@ -17,7 +17,7 @@ import {
   decodeFrame,
   encode,
   encodeFrame,
-} from "../../io/src/web/assets/codec.js";
+} from "../../io/daemon/src/web/assets/codec.js";
 
 const VECTORS_URL = new URL("../../kernel/tests/vectors/cbor.json", import.meta.url);
 const doc = JSON.parse(fs.readFileSync(VECTORS_URL, "utf8"));

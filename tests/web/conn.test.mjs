@@ -1,4 +1,4 @@
-// PiConnection (io/src/web/assets/conn.js) against an in-memory fake
+// PiConnection (io/daemon/src/web/assets/conn.js) against an in-memory fake
 // WebSocket and a fake clock: handshake, queued requests, responses, events,
 // refusals, reconnection with backoff, in-flight rejection, malformed frames.
 //
@@ -8,8 +8,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 
-import { decodeFrame, encode, encodeFrame } from "../../io/src/web/assets/codec.js";
-import { PiConnection, PiError } from "../../io/src/web/assets/conn.js";
+import { decodeFrame, encode, encodeFrame } from "../../io/daemon/src/web/assets/codec.js";
+import { PiConnection, PiError } from "../../io/daemon/src/web/assets/conn.js";
 
 const vectors = JSON.parse(fs.readFileSync(new URL("../../kernel/tests/vectors/cbor.json", import.meta.url), "utf8"));
 

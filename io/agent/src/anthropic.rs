@@ -1,6 +1,5 @@
 //! Anthropic Messages with streaming, including thinking blocks.
 
-use super::json::{from_json, to_json};
 use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
@@ -9,6 +8,7 @@ use super::text::excerpt;
 use super::transport::{Failure, Sink, Stop, Translate, stream};
 use kernel::protocol::{DeltaKind, InputKind, ModelCost, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
+use pi_config::json::{from_json, to_json};
 use serde_json::{Value as Json, json};
 
 /// The `anthropic-version` header we speak.

@@ -18,7 +18,6 @@
 
 mod anthropic;
 pub mod context;
-pub mod json;
 pub mod mcp;
 mod model;
 mod openai;

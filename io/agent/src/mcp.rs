@@ -122,7 +122,9 @@ pub async fn start(
         .map(|t| ListedTool {
             name: t.name.into_owned(),
             description: t.description.map(|d| d.into_owned()),
-            schema: crate::json::from_json(&serde_json::Value::Object((*t.input_schema).clone())),
+            schema: pi_config::json::from_json(&serde_json::Value::Object(
+                (*t.input_schema).clone(),
+            )),
         })
         .collect();
     Ok((
@@ -181,7 +183,7 @@ pub async fn call(
     input: &Value,
     outputs: Option<&Path>,
 ) -> ToolOutcome {
-    let arguments = match crate::json::to_json(input) {
+    let arguments = match pi_config::json::to_json(input) {
         serde_json::Value::Object(map) => map,
         serde_json::Value::Null => Default::default(),
         other => {

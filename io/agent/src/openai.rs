@@ -1,7 +1,6 @@
 //! OpenAI-compatible Chat Completions with streaming (OpenAI, and local
 //! servers such as llama.cpp, vLLM and Ollama, selected by base URL).
 
-use super::json::{from_json, to_json};
 use super::model::{ModelEvent, ModelRequest, Purpose};
 use super::prompt::{self, Message, Part, Said};
 use super::registry::{ProviderConfig, apply_cost};
@@ -10,6 +9,7 @@ use super::text::excerpt;
 use super::transport::{Failure, Sink, Stop, Translate, stream};
 use kernel::protocol::{DeltaKind, InputKind, StopReason, ThinkingLevel, Usage};
 use kernel::wire::Value;
+use pi_config::json::{from_json, to_json};
 use serde_json::{Value as Json, json};
 
 pub(crate) async fn run(

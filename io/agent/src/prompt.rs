@@ -220,7 +220,7 @@ fn summarize_prompt(request: &ModelRequest) -> String {
                         Content::ToolCall {
                             tool_name, input, ..
                         } => {
-                            let input = super::json::to_json(input);
+                            let input = pi_config::json::to_json(input);
                             let _ = writeln!(text, "[assistant tool call]: {tool_name} {input}");
                         }
                         _ => {}

@@ -61,7 +61,7 @@ impl ToolSpec {
         Self {
             name: tool.name.clone(),
             description: tool.description.clone(),
-            parameters: super::json::to_json(&tool.schema),
+            parameters: pi_config::json::to_json(&tool.schema),
         }
     }
 }
@@ -70,7 +70,7 @@ impl ToolOutcome {
     fn ok(text: String, details: serde_json::Value) -> Self {
         Self {
             content: vec![Content::Text { text }],
-            details: Some(super::json::from_json(&details)),
+            details: Some(pi_config::json::from_json(&details)),
             is_error: false,
         }
     }
@@ -452,7 +452,7 @@ fn read_blocking(
                     mime_type: mime_type.to_string(),
                 },
             ],
-            details: Some(super::json::from_json(
+            details: Some(pi_config::json::from_json(
                 &json!({"path": shown, "mimeType": mime_type, "bytes": bytes.len()}),
             )),
             is_error: false,
@@ -1012,7 +1012,7 @@ async fn bash(
     });
     Ok(ToolOutcome {
         content: vec![Content::Text { text }],
-        details: Some(super::json::from_json(&details)),
+        details: Some(pi_config::json::from_json(&details)),
         is_error,
     })
 }

@@ -27,7 +27,7 @@ const LS_LIMIT: usize = 500;
 fn outcome(text: String, details: serde_json::Value) -> ToolOutcome {
     ToolOutcome {
         content: vec![Content::Text { text }],
-        details: Some(crate::json::from_json(&details)),
+        details: Some(pi_config::json::from_json(&details)),
         is_error: false,
     }
 }

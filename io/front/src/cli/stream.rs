@@ -1,0 +1,519 @@
+//! `prompt`: a turn's reply streamed to stdout as it arrives, Ctrl-C as
+//! abort, and the exit code that says how the turn ended.
+
+use super::Failure;
+use super::activate::Target;
+use super::discover::session_server;
+use kernel::client::follow::{self, Follower, TurnOutcome, Update};
+use kernel::client::front::{self, Front};
+use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, ToolStatus, TranscriptItem};
+use pi_client::{Client, Status};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::broadcast;
+
+/// Reply text written to stdout as it arrives, remembering whether a line
+/// is open. What is new is decided by the kernel's transcript follower.
+#[derive(Debug)]
+pub(super) struct Stream {
+    line_open: bool,
+    /// The session followed, from the first snapshot written from.
+    follower: Option<Follower>,
+    /// `prompt` shows its own turn alone: replies streamed before its user
+    /// message belong to another client's turn.
+    own_only: bool,
+    /// With `own_only`: our user message was seen.
+    showing: bool,
+    /// The assistant item whose text is being written.
+    item: Option<String>,
+    /// How many text updates were written (the demo reports it).
+    deltas: usize,
+    /// Ctrl-C was pressed while the prompt ran.
+    interrupted: bool,
+    /// Tool calls and thinking go to stderr (`prompt` without `--quiet`).
+    activity: bool,
+    /// With `activity`: thinking is being written to stderr.
+    thinking: bool,
+    /// Every event a JSON line on stdout instead (`--json`).
+    json: bool,
+}
+
+/// What `prompt` and `exec` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// The reply on stdout; tool calls, thinking and notices on stderr.
+    Activity,
+    /// The reply alone (`--quiet`).
+    Reply,
+    /// Every event as a JSON line on stdout (`--json`).
+    Json,
+}
+
+impl Shown {
+    pub(super) fn of(quiet: bool, json: bool) -> Self {
+        match (json, quiet) {
+            (true, _) => Self::Json,
+            (false, true) => Self::Reply,
+            (false, false) => Self::Activity,
+        }
+    }
+
+    fn stream(self) -> Stream {
+        match self {
+            Self::Activity => Stream::new().with_activity(),
+            Self::Reply => Stream::new(),
+            Self::Json => Stream {
+                json: true,
+                ..Stream::new()
+            },
+        }
+    }
+}
+
+/// A tool item's status as the protocol writes it.
+fn tool_status(status: ToolStatus) -> &'static str {
+    match status {
+        ToolStatus::Running => "running",
+        ToolStatus::Complete => "complete",
+        ToolStatus::Error => "error",
+    }
+}
+
+/// An ended reply's status as the protocol writes it (its stop reason, when complete).
+fn reply_status(status: kernel::protocol::AssistantStatus) -> &'static str {
+    use kernel::protocol::{AssistantStatus, StopReason};
+    match status {
+        AssistantStatus::Streaming => "streaming",
+        AssistantStatus::Complete(StopReason::Stop) => "stop",
+        AssistantStatus::Complete(StopReason::Length) => "length",
+        AssistantStatus::Complete(StopReason::ToolUse) => "toolUse",
+        AssistantStatus::Error => "error",
+        AssistantStatus::Aborted => "aborted",
+    }
+}
+
+/// One JSON line on stdout.
+fn json_line(value: serde_json::Value) {
+    crate::cli::print(&format!("{value}\n"));
+}
+
+impl Stream {
+    pub(super) fn new() -> Self {
+        Self {
+            line_open: false,
+            follower: None,
+            own_only: false,
+            showing: false,
+            item: None,
+            deltas: 0,
+            interrupted: false,
+            activity: false,
+            thinking: false,
+            json: false,
+        }
+    }
+
+    /// Also shows the turn's tool calls and thinking, on stderr (stdout
+    /// stays the reply alone).
+    pub(super) fn with_activity(mut self) -> Self {
+        self.activity = true;
+        self
+    }
+
+    /// A line of activity on stderr, on a line of its own where both go to
+    /// one terminal. Stdout's open line stays open: its own newline comes
+    /// with its next item.
+    fn note(&mut self, text: &str) {
+        self.end_thinking();
+        let gap = if self.line_open { "\n" } else { "" };
+        eprintln!("{gap}{text}");
+    }
+
+    fn end_thinking(&mut self) {
+        if std::mem::take(&mut self.thinking) {
+            eprintln!();
+        }
+    }
+
+    pub(super) fn write(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        crate::cli::print(text);
+        self.line_open = !text.ends_with('\n');
+    }
+
+    /// Ends the current line, if one is open.
+    pub(super) fn end_line(&mut self) {
+        if self.line_open {
+            self.write("\n");
+        }
+    }
+
+    /// Follows `snapshot`'s session from here on: what it holds is shown.
+    pub(super) fn follow(&mut self, snapshot: &SessionSnapshot) {
+        let mut follower = Follower::new(snapshot.id.clone());
+        follower.resume(snapshot);
+        self.follower = Some(follower);
+    }
+
+    /// Shows only the turn of `text`, which this client is about to send.
+    pub(super) fn expect_own(&mut self, text: &str) {
+        if let Some(follower) = &mut self.follower {
+            follower.expect_own(text);
+        }
+        self.own_only = true;
+        self.showing = false;
+    }
+
+    /// Progress may have been lost: only snapshots are trusted until one.
+    pub(super) fn gap(&mut self) {
+        if let Some(follower) = &mut self.follower {
+            follower.gap();
+        }
+    }
+
+    /// Writes the reply text `event` adds.
+    pub(super) fn on_event(&mut self, event: &ServerEvent) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_event(event),
+            None => return,
+        };
+        self.show(updates);
+    }
+
+    /// The turn ended with `snapshot`: writes what the stream missed of it.
+    pub(super) fn finish(&mut self, snapshot: &SessionSnapshot) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.on_snapshot(snapshot),
+            None => return,
+        };
+        self.show(updates);
+        self.own_only = false;
+    }
+
+    pub(super) fn show(&mut self, updates: Vec<Update>) {
+        if self.json {
+            return self.show_json(updates);
+        }
+        for update in updates {
+            let shown = self.showing || !self.own_only;
+            match update {
+                // Told before the turn (a server that did not start): its own.
+                Update::Notice { text, .. } if self.activity => {
+                    self.note(&format!("⚠ {}", crate::tui::view::sanitize(&text)));
+                }
+                Update::User { own: true, .. } => self.showing = true,
+                Update::Text { item_id, delta } if shown => {
+                    self.end_thinking();
+                    if self.item.as_ref().is_some_and(|item| *item != item_id) {
+                        self.end_line();
+                    }
+                    self.item = Some(item_id);
+                    self.deltas += 1;
+                    self.write(&delta);
+                }
+                Update::Thinking { delta, .. } if shown && self.activity => {
+                    if !self.thinking {
+                        self.note("(thinking)");
+                        self.thinking = true;
+                    }
+                    eprint!("{}", crate::tui::view::sanitize(&delta));
+                }
+                Update::ToolCall {
+                    tool_name, input, ..
+                } if shown && self.activity => {
+                    let title = follow::tool_title(&tool_name, &input);
+                    self.note(&format!("▸ {}", crate::tui::view::sanitize(&title)));
+                }
+                Update::Tool { status, .. }
+                    if shown && self.activity && status == ToolStatus::Error =>
+                {
+                    self.note("  ✗ the tool failed");
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// The updates as JSON lines: notices, and everything of our turn.
+    fn show_json(&mut self, updates: Vec<Update>) {
+        use pi_config::json::to_json;
+        use serde_json::json;
+        for update in updates {
+            let shown = self.showing || !self.own_only;
+            let line = match update {
+                Update::User { own: true, .. } => {
+                    self.showing = true;
+                    continue;
+                }
+                Update::Notice { text, .. } => json!({"type": "notice", "text": text}),
+                _ if !shown => continue,
+                Update::User { text, .. } => json!({"type": "user", "text": text}),
+                Update::Text { item_id, delta } => {
+                    self.deltas += 1;
+                    json!({"type": "text", "item": item_id, "delta": delta})
+                }
+                Update::Thinking { item_id, delta } => {
+                    json!({"type": "thinking", "item": item_id, "delta": delta})
+                }
+                Update::ToolCall {
+                    tool_call_id,
+                    tool_name,
+                    input,
+                } => json!({"type": "tool_call", "id": tool_call_id, "name": tool_name,
+                    "input": to_json(&input)}),
+                Update::Tool {
+                    tool_call_id,
+                    tool_name,
+                    status,
+                    content,
+                    ..
+                } => json!({"type": "tool", "id": tool_call_id, "name": tool_name,
+                    "status": tool_status(status), "output": follow::text_of(&content)}),
+                Update::Reply {
+                    item_id,
+                    status,
+                    error_message,
+                    usage,
+                } => json!({"type": "reply_end", "item": item_id, "status": reply_status(status),
+                    "error": error_message, "tokens": usage.map(|u| u.total_tokens)}),
+            };
+            json_line(line);
+        }
+    }
+}
+
+/// Sends a prompt and writes its reply's text deltas to `stream` until the
+/// prompt's response arrives. With `sigint`, a first Ctrl-C aborts the turn
+/// and a second gives up waiting.
+pub(super) async fn stream_prompt(
+    client: &Client,
+    session_id: &str,
+    text: &str,
+    stream: &mut Stream,
+    mut sigint: Option<&mut Signal>,
+) -> Result<SessionSnapshot, String> {
+    let mut events = client.events();
+    let mut events_open = true;
+    let mut status = client.status();
+    let mut status_open = true;
+    let mut aborting = false;
+    let known = client.session_snapshot(session_id);
+    if stream.follower.is_none()
+        && let Some(snapshot) = &known
+    {
+        stream.follow(snapshot);
+    }
+    // A prompt or nothing, as the kernel's front decides: a session busy
+    // with a turn refuses it (`prompt` never steers someone else's turn).
+    let (phase, len) = known.map_or((SessionPhase::Idle, 0), |s| (s.phase, s.transcript.len()));
+    let mut front = Front::new(phase, len);
+    let request = match front
+        .step(front::Input::Prompt {
+            text: text.to_owned(),
+            tag: 1,
+        })
+        .into_iter()
+        .next()
+    {
+        Some(front::Output::Send { request, .. }) => request,
+        Some(front::Output::HandBack { .. }) => {
+            return Err(format!(
+                "the prompt failed: busy: a turn is already running in session {session_id}"
+            ));
+        }
+        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
+    };
+    stream.expect_own(text);
+    let prompt = client.front_request(session_id, &request);
+    tokio::pin!(prompt);
+    let outcome = loop {
+        let interrupted = async {
+            match sigint.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            // First, so that no delta after a reconnection is written.
+            biased;
+            changed = status.changed(), if status_open => match changed {
+                Ok(()) => match &*status.borrow_and_update() {
+                    Status::Reconnecting { reason } => {
+                        stream.gap();
+                        // Stdout stays the reply alone: the notice goes to
+                        // stderr, on a line of its own on a shared terminal.
+                        let gap = if stream.line_open { "\n" } else { "" };
+                        eprintln!("{gap}(lost the server: {reason}; reconnecting)");
+                    }
+                    Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
+                    _ => {}
+                },
+                Err(_) => status_open = false,
+            },
+            (outcome, snapshot) = &mut prompt => break outcome.map(|_| snapshot.expect("an answered prompt has its snapshot")),
+            event = events.recv(), if events_open => match event {
+                Ok(event) => stream.on_event(&event),
+                // A hole in the deltas: write only from snapshots until one.
+                Err(broadcast::error::RecvError::Lagged(_)) => stream.gap(),
+                Err(broadcast::error::RecvError::Closed) => events_open = false,
+            },
+            _ = interrupted => {
+                stream.end_line();
+                stream.interrupted = true;
+                if aborting {
+                    return Err("interrupted".into());
+                }
+                aborting = true;
+                eprintln!("aborting the turn (Ctrl-C again to stop waiting)");
+                for output in front.step(front::Input::Abort) {
+                    if let front::Output::Send { request, .. } = output
+                        && let (Err(e), _) = client.front_request(session_id, &request).await
+                    {
+                        eprintln!("cannot abort: {e}");
+                    }
+                }
+            }
+        }
+    };
+    // Events that arrived before the response may still be queued.
+    while let Ok(event) = events.try_recv() {
+        stream.on_event(&event);
+    }
+    let snapshot =
+        outcome.map_err(|e| format!("the prompt failed: {}", pi_client::ClientError::from(e)))?;
+    stream.finish(&snapshot);
+    stream.end_line();
+    Ok(snapshot)
+}
+
+/// How a turn ended, from its final snapshot: `Ok(summary)` or `Err(problem)`.
+pub(super) fn turn_outcome(snapshot: &SessionSnapshot) -> Result<String, String> {
+    let summary = format!(
+        "revision {}, {} transcript items",
+        snapshot.revision,
+        snapshot.transcript.len()
+    );
+    // The turn starts at its (last) user message.
+    let base = snapshot
+        .transcript
+        .iter()
+        .rposition(|item| matches!(item, TranscriptItem::User(_)))
+        .unwrap_or(0);
+    match follow::turn_outcome(snapshot, base) {
+        TurnOutcome::Completed => Ok(summary),
+        TurnOutcome::MaxTokens => Ok(format!("{summary}; the reply was cut at the output limit")),
+        TurnOutcome::Aborted { tool: None } => Err("the turn was aborted".into()),
+        TurnOutcome::Aborted { tool: Some(tool) } => {
+            Err(format!("the turn was aborted during the {tool} tool call"))
+        }
+        TurnOutcome::Failed { message } => Err(format!("the model reported an error: {message}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// prompt
+
+/// Which session `prompt` and `attach` mean.
+#[derive(Debug, Clone)]
+pub(super) enum Which {
+    /// A session id, a unique prefix of one, or a name.
+    Query(String),
+    /// The most recently active session of this working directory.
+    Last,
+}
+
+/// The server and session id `which` means.
+pub(super) async fn which_session(
+    target: &Target,
+    which: &Which,
+) -> Result<(Client, String), String> {
+    match which {
+        Which::Query(query) => session_server(target, query).await,
+        Which::Last => super::discover::latest_here(target).await,
+    }
+}
+
+pub(super) async fn run_prompt(
+    target: &Target,
+    which: &Which,
+    text: &str,
+    shown: Shown,
+) -> Result<(), Failure> {
+    let (client, id) = which_session(target, which).await?;
+    let result = prompt_attached(&client, &id, text, shown).await;
+    let _ = client.detach(&id).await;
+    client.close().await;
+    result
+}
+
+/// `exec`: a new session, one prompt streamed, and its id on stderr.
+pub(super) async fn run_exec(
+    target: &Target,
+    params: kernel::protocol::CreateParams,
+    text: &str,
+    shown: Shown,
+) -> Result<(), Failure> {
+    let client = super::activate::connect(target).await?;
+    let created = client
+        .create(params)
+        .await
+        .map_err(|e| format!("cannot create the session: {e}"));
+    let result = match created {
+        Ok(session) => {
+            if shown == Shown::Json {
+                json_line(serde_json::json!({"type": "session", "id": session.id}));
+            }
+            let result = prompt_attached(&client, &session.id, text, shown).await;
+            if shown == Shown::Activity {
+                eprintln!(
+                    "(session {}: `pi-server prompt {} ...` goes on with it)",
+                    session.id,
+                    &session.id[..8.min(session.id.len())]
+                );
+            }
+            let _ = client.detach(&session.id).await;
+            result
+        }
+        Err(e) => Err(Failure::from(e)),
+    };
+    client.close().await;
+    result
+}
+
+/// Exits 130 when Ctrl-C stopped the turn, with the one message that says
+/// how it ended (aborted, in a tool call or not).
+pub(super) async fn prompt_attached(
+    client: &Client,
+    id: &str,
+    text: &str,
+    shown: Shown,
+) -> Result<(), Failure> {
+    client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
+    let mut stream = shown.stream();
+    let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
+    let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
+    if shown == Shown::Json {
+        let end = match &outcome {
+            Ok(()) => serde_json::json!({"type": "turn_end", "session": id, "ok": true}),
+            Err(message) => {
+                serde_json::json!({"type": "turn_end", "session": id, "ok": false, "error": message})
+            }
+        };
+        json_line(end);
+    }
+    match outcome {
+        Err(message) if stream.interrupted => {
+            eprintln!("pi-server: {message}");
+            Err(Failure::interrupted())
+        }
+        other => other.map_err(Failure::from),
+    }
+}
