@@ -30,7 +30,6 @@ mod discover;
 mod stream;
 
 pub use self::args::Cli;
-pub(crate) use self::attach::transcript_text;
 pub use kernel::time::format_utc;
 
 use self::activate::{MODEL_ONLY_AT_ACTIVATION, client_target};

@@ -7,6 +7,7 @@
 
 mod acp;
 pub mod cli;
+mod text;
 mod tui;
 
 /// The ACP fuzz target's body (`io/front/fuzz`).

@@ -7,146 +7,17 @@
 //! [`Front`]'s; [`Plain`] only formats.
 
 use super::Failure;
-use crate::tui::view::{reason, sanitize};
-use kernel::client::follow::{self, Follower, Update};
+use crate::text::{Out, Plain, transcript_text};
+use crate::tui::view::reason;
+use kernel::client::follow::Follower;
 use kernel::client::front::{Front, Link, Notice, Output, Request};
 use kernel::client::{front, slash};
 use kernel::protocol::codec::Schema;
-use kernel::protocol::{AssistantStatus, ServerEvent, SessionSnapshot, ToolStatus};
+use kernel::protocol::{ServerEvent, SessionSnapshot};
 use pi_client::{Client, Status};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc};
-
-/// Output lines of a tool printed under its header.
-const TOOL_LINES: usize = 5;
-
-/// Formats [`Update`]s as plain text: user messages as `› text`, reply
-/// text as it streams, tool calls as `▸ bash: ls` with their first output
-/// lines, and how a reply ended when it did not complete.
-#[derive(Debug, Default)]
-pub(super) struct Plain {
-    line_open: bool,
-    /// The reply whose text is being written.
-    current: Option<String>,
-    /// Tool calls whose header was written.
-    headers: BTreeSet<String>,
-    /// Label user messages other clients sent (live, not in history).
-    pub(super) label_others: bool,
-}
-
-impl Plain {
-    fn end_line(&mut self, out: &mut String) {
-        if self.line_open {
-            out.push('\n');
-            self.line_open = false;
-        }
-        self.current = None;
-    }
-
-    fn write(&mut self, text: &str, out: &mut String) {
-        if !text.is_empty() {
-            out.push_str(text);
-            self.line_open = !text.ends_with('\n');
-        }
-    }
-
-    fn header(&mut self, call_id: &str, title: &str, out: &mut String) {
-        if self.headers.insert(call_id.to_owned()) {
-            self.end_line(out);
-            self.write(&format!("▸ {}\n", sanitize(title)), out);
-        }
-    }
-
-    /// Appends the text of `update` to `out`.
-    pub(super) fn show(&mut self, update: Update, out: &mut String) {
-        match update {
-            Update::Notice { text, .. } => {
-                self.end_line(out);
-                self.write(&format!("⚠ {}\n", sanitize(&text)), out);
-            }
-            Update::User { text, own, .. } => {
-                self.end_line(out);
-                let label = if self.label_others && !own {
-                    "› [another client] "
-                } else {
-                    "› "
-                };
-                for (i, line) in sanitize(&text).split('\n').enumerate() {
-                    let prefix = if i == 0 { label } else { "  " };
-                    self.write(&format!("{prefix}{line}\n"), out);
-                }
-            }
-            Update::Text { item_id, delta } => {
-                if self.current.as_ref() != Some(&item_id) {
-                    self.end_line(out);
-                    self.current = Some(item_id);
-                }
-                self.write(&sanitize(&delta), out);
-            }
-            Update::Thinking { .. } => {}
-            Update::ToolCall {
-                tool_call_id,
-                tool_name,
-                input,
-            } => self.header(&tool_call_id, &follow::tool_title(&tool_name, &input), out),
-            Update::Tool {
-                tool_call_id,
-                tool_name,
-                input,
-                status,
-                content,
-                ..
-            } => {
-                if status == ToolStatus::Running {
-                    return;
-                }
-                self.header(&tool_call_id, &follow::tool_title(&tool_name, &input), out);
-                let text = sanitize(&follow::text_of(&content));
-                let lines: Vec<&str> = text.trim_end().lines().collect();
-                for line in lines.iter().take(TOOL_LINES) {
-                    self.write(&format!("  │ {line}\n"), out);
-                }
-                if lines.len() > TOOL_LINES {
-                    self.write(
-                        &format!("  │ … {} more lines\n", lines.len() - TOOL_LINES),
-                        out,
-                    );
-                }
-                let mark = if status == ToolStatus::Error {
-                    "  ✗ failed\n"
-                } else {
-                    "  ✓\n"
-                };
-                self.write(mark, out);
-            }
-            Update::Reply {
-                status,
-                error_message,
-                ..
-            } => {
-                self.end_line(out);
-                match status {
-                    AssistantStatus::Error => self.write(
-                        &format!(
-                            "✗ the model reported an error: {}\n",
-                            sanitize(error_message.as_deref().unwrap_or("no message"))
-                        ),
-                        out,
-                    ),
-                    AssistantStatus::Aborted => self.write("■ turn aborted\n", out),
-                    _ => {}
-                }
-            }
-        }
-    }
-
-    /// Ends an open line.
-    pub(super) fn finish(&mut self, out: &mut String) {
-        self.end_line(out);
-    }
-}
 
 use crate::cli::print;
 
@@ -168,17 +39,6 @@ pub(super) fn print_log(snapshot: &SessionSnapshot, json: bool) {
         return;
     }
     print(&transcript_text(snapshot));
-}
-
-/// The transcript as `log` prints it (and the terminal's `/export` writes it).
-pub(crate) fn transcript_text(snapshot: &SessionSnapshot) -> String {
-    let mut plain = Plain::default();
-    let mut out = String::new();
-    for update in Follower::new(snapshot.id.clone()).replay(snapshot) {
-        plain.show(update, &mut out);
-    }
-    plain.finish(&mut out);
-    out
 }
 
 /// Lines of stdin, read on a plain thread (a blocking read must not hold up
@@ -243,10 +103,8 @@ pub(super) async fn run_lines(
         .map_err(|e| Failure::from(format!("cannot handle Ctrl-C: {e}")))?;
     let mut follower = Follower::new(id.to_owned());
     follower.resume(snapshot);
-    let mut plain = Plain {
-        label_others: true,
-        ..Plain::default()
-    };
+    let mut plain = Plain::default();
+    plain.label_others = true;
     let mut front = Front::new(snapshot.phase, snapshot.transcript.len());
     let mut lines = stdin_lines();
     let mut lines_open = true;
@@ -259,14 +117,14 @@ pub(super) async fn run_lines(
         snapshot.transcript.len()
     );
     loop {
-        let mut out = String::new();
+        let mut out = Out::default();
         let input = tokio::select! {
             biased;
             changed = status.changed() => match changed {
                 Ok(()) => match &*status.borrow_and_update() {
                     Status::Reconnecting { reason } => {
                         follower.gap();
-                        plain.finish(&mut out);
+                        plain.end_line(&mut out);
                         eprintln!("(lost the server: {reason})");
                         front::Input::Link(Link::Reconnecting)
                     }
@@ -285,9 +143,9 @@ pub(super) async fn run_lines(
                             plain.show(update, &mut out);
                         }
                     }
-                    plain.finish(&mut out);
-                    print(&out);
-                    out.clear();
+                    plain.end_line(&mut out);
+                    print(&out.main);
+                    out.main.clear();
                     match super::stream::turn_outcome(&snapshot) {
                         Ok(summary) => eprintln!("[turn complete: {summary}]"),
                         Err(problem) => eprintln!("[turn ended: {problem}]"),
@@ -298,7 +156,7 @@ pub(super) async fn run_lines(
             event = events.recv() => match event {
                 Ok(event) => {
                     if json {
-                        out.push_str(&json_line(&event));
+                        out.main.push_str(&json_line(&event));
                     } else {
                         for update in follower.on_event(&event) {
                             plain.show(update, &mut out);
@@ -312,11 +170,11 @@ pub(super) async fn run_lines(
                             }
                         }
                         ServerEvent::SessionRemoved { session_id } if session_id == id => {
-                            print(&out);
+                            print(&out.main);
                             break Err(format!("session {id} was removed").into());
                         }
                         _ => {
-                            print(&out);
+                            print(&out.main);
                             continue;
                         }
                     }
@@ -335,9 +193,9 @@ pub(super) async fn run_lines(
                 }
             },
             _ = sigint.recv() => {
-                plain.finish(&mut out);
-                print(&out);
-                out.clear();
+                plain.end_line(&mut out);
+                print(&out.main);
+                out.main.clear();
                 if !front.busy() || front.aborting() {
                     break Err(Failure::interrupted());
                 }
@@ -385,73 +243,10 @@ pub(super) async fn run_lines(
             }
         }
         if finished {
-            plain.finish(&mut out);
-            print(&out);
+            plain.end_line(&mut out);
+            print(&out.main);
             break Ok(());
         }
-        print(&out);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plain_text_of_a_turn() {
-        use kernel::protocol::{Content, StopReason};
-        use kernel::wire::Value;
-        let input = Value::Map(vec![("command".into(), Value::text("ls"))]);
-        let mut plain = Plain {
-            label_others: true,
-            ..Plain::default()
-        };
-        let mut out = String::new();
-        let updates = vec![
-            Update::User {
-                item_id: "u".into(),
-                text: "hi\nthere".into(),
-                own: false,
-            },
-            Update::Text {
-                item_id: "a".into(),
-                delta: "Look\u{1b}[2J".into(),
-            },
-            Update::ToolCall {
-                tool_call_id: "c".into(),
-                tool_name: "bash".into(),
-                input: input.clone(),
-            },
-            Update::Tool {
-                tool_call_id: "c".into(),
-                tool_name: "bash".into(),
-                input,
-                status: ToolStatus::Complete,
-                content: vec![Content::Text {
-                    text: "a\nb\n".into(),
-                }],
-                details: None,
-            },
-            Update::Reply {
-                item_id: "a".into(),
-                status: AssistantStatus::Complete(StopReason::ToolUse),
-                error_message: None,
-                usage: None,
-            },
-            Update::Reply {
-                item_id: "b".into(),
-                status: AssistantStatus::Error,
-                error_message: Some("rate limited".into()),
-                usage: None,
-            },
-        ];
-        for update in updates {
-            plain.show(update, &mut out);
-        }
-        plain.finish(&mut out);
-        assert_eq!(
-            out,
-            "› [another client] hi\n  there\nLook␛[2J\n▸ bash: ls\n  │ a\n  │ b\n  ✓\n✗ the model reported an error: rate limited\n"
-        );
+        print(&out.main);
     }
 }

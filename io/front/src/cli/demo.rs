@@ -223,7 +223,7 @@ async fn demo_prompt(
     label: &str,
 ) -> Result<SessionSnapshot, String> {
     outln!("{label} > {text}");
-    let mut stream = Stream::new();
+    let mut stream = Stream::new(false);
     stream.write(&format!("{label} < "));
     let snapshot = stream_prompt(client, id, text, &mut stream, None).await?;
     turn_outcome(&snapshot)?;

@@ -4,6 +4,7 @@
 use super::Failure;
 use super::activate::Target;
 use super::discover::session_server;
+use crate::text::{Layout, Out, Plain};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Front};
 use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, ToolStatus, TranscriptItem};
@@ -11,11 +12,12 @@ use pi_client::{Client, Status};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
 
-/// Reply text written to stdout as it arrives, remembering whether a line
-/// is open. What is new is decided by the kernel's transcript follower.
+/// A turn's reply written as it arrives: its text on stdout, its activity
+/// on stderr ([`Plain`]'s reply layout), or every event as a JSON line.
+/// What is new is decided by the kernel's transcript follower.
 #[derive(Debug)]
 pub(super) struct Stream {
-    line_open: bool,
+    plain: Plain,
     /// The session followed, from the first snapshot written from.
     follower: Option<Follower>,
     /// `prompt` shows its own turn alone: replies streamed before its user
@@ -23,16 +25,10 @@ pub(super) struct Stream {
     own_only: bool,
     /// With `own_only`: our user message was seen.
     showing: bool,
-    /// The assistant item whose text is being written.
-    item: Option<String>,
     /// How many text updates were written (the demo reports it).
     deltas: usize,
     /// Ctrl-C was pressed while the prompt ran.
     interrupted: bool,
-    /// Tool calls and thinking go to stderr (`prompt` without `--quiet`).
-    activity: bool,
-    /// With `activity`: thinking is being written to stderr.
-    thinking: bool,
     /// Every event a JSON line on stdout instead (`--json`).
     json: bool,
 }
@@ -59,11 +55,11 @@ impl Shown {
 
     fn stream(self) -> Stream {
         match self {
-            Self::Activity => Stream::new().with_activity(),
-            Self::Reply => Stream::new(),
+            Self::Activity => Stream::new(true),
+            Self::Reply => Stream::new(false),
             Self::Json => Stream {
                 json: true,
-                ..Stream::new()
+                ..Stream::new(false)
             },
         }
     }
@@ -97,56 +93,47 @@ fn json_line(value: serde_json::Value) {
 }
 
 impl Stream {
-    pub(super) fn new() -> Self {
+    /// Shows the reply, and with `activity` also its tool calls, thinking
+    /// and notices, on stderr (stdout stays the reply alone).
+    pub(super) fn new(activity: bool) -> Self {
         Self {
-            line_open: false,
+            plain: Plain::new(Layout::Reply { activity }),
             follower: None,
             own_only: false,
             showing: false,
-            item: None,
             deltas: 0,
             interrupted: false,
-            activity: false,
-            thinking: false,
             json: false,
         }
     }
 
-    /// Also shows the turn's tool calls and thinking, on stderr (stdout
-    /// stays the reply alone).
-    pub(super) fn with_activity(mut self) -> Self {
-        self.activity = true;
-        self
-    }
-
-    /// A line of activity on stderr, on a line of its own where both go to
-    /// one terminal. Stdout's open line stays open: its own newline comes
-    /// with its next item.
-    fn note(&mut self, text: &str) {
-        self.end_thinking();
-        let gap = if self.line_open { "\n" } else { "" };
-        eprintln!("{gap}{text}");
-    }
-
-    fn end_thinking(&mut self) {
-        if std::mem::take(&mut self.thinking) {
-            eprintln!();
+    /// Writes what `plain` made of the updates.
+    fn flush(&mut self, out: Out) {
+        if !out.side.is_empty() {
+            eprint!("{}", out.side);
         }
+        crate::cli::print(&out.main);
     }
 
+    /// Writes `text` on stdout as it is.
     pub(super) fn write(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        crate::cli::print(text);
-        self.line_open = !text.ends_with('\n');
+        let mut out = Out::default();
+        self.plain.write(text, &mut out);
+        self.flush(out);
+    }
+
+    /// A line on stderr, on a line of its own on a shared terminal.
+    pub(super) fn note(&mut self, text: &str) {
+        let mut out = Out::default();
+        self.plain.note(text, &mut out);
+        self.flush(out);
     }
 
     /// Ends the current line, if one is open.
     pub(super) fn end_line(&mut self) {
-        if self.line_open {
-            self.write("\n");
-        }
+        let mut out = Out::default();
+        self.plain.end_line(&mut out);
+        self.flush(out);
     }
 
     /// Follows `snapshot`'s session from here on: what it holds is shown.
@@ -195,44 +182,19 @@ impl Stream {
         if self.json {
             return self.show_json(updates);
         }
+        let mut out = Out::default();
         for update in updates {
-            let shown = self.showing || !self.own_only;
-            match update {
-                // Told before the turn (a server that did not start): its own.
-                Update::Notice { text, .. } if self.activity => {
-                    self.note(&format!("⚠ {}", crate::tui::view::sanitize(&text)));
-                }
+            match &update {
                 Update::User { own: true, .. } => self.showing = true,
-                Update::Text { item_id, delta } if shown => {
-                    self.end_thinking();
-                    if self.item.as_ref().is_some_and(|item| *item != item_id) {
-                        self.end_line();
-                    }
-                    self.item = Some(item_id);
-                    self.deltas += 1;
-                    self.write(&delta);
-                }
-                Update::Thinking { delta, .. } if shown && self.activity => {
-                    if !self.thinking {
-                        self.note("(thinking)");
-                        self.thinking = true;
-                    }
-                    eprint!("{}", crate::tui::view::sanitize(&delta));
-                }
-                Update::ToolCall {
-                    tool_name, input, ..
-                } if shown && self.activity => {
-                    let title = follow::tool_title(&tool_name, &input);
-                    self.note(&format!("▸ {}", crate::tui::view::sanitize(&title)));
-                }
-                Update::Tool { status, .. }
-                    if shown && self.activity && status == ToolStatus::Error =>
-                {
-                    self.note("  ✗ the tool failed");
-                }
+                // Told before the turn (a server that did not start): its own.
+                Update::Notice { .. } => {}
+                _ if self.own_only && !self.showing => continue,
+                Update::Text { .. } => self.deltas += 1,
                 _ => {}
             }
+            self.plain.show(update, &mut out);
         }
+        self.flush(out);
     }
 }
 
@@ -345,8 +307,7 @@ pub(super) async fn stream_prompt(
                         stream.gap();
                         // Stdout stays the reply alone: the notice goes to
                         // stderr, on a line of its own on a shared terminal.
-                        let gap = if stream.line_open { "\n" } else { "" };
-                        eprintln!("{gap}(lost the server: {reason}; reconnecting)");
+                        stream.note(&format!("(lost the server: {reason}; reconnecting)"));
                     }
                     Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
                     _ => {}

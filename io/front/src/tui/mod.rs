@@ -395,7 +395,7 @@ fn export(client: &Client, id: &str, file: Option<String>) -> Result<String, Str
             .collect();
         format!("{stem}.md")
     });
-    let text = crate::cli::transcript_text(&snapshot);
+    let text = crate::text::transcript_text(&snapshot);
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -16,6 +16,7 @@
 //!   and a steer while a turn runs ([`View::busy`]), and the input's title
 //!   says which first.
 
+use crate::text::sanitize;
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use kernel::client::ClientError;
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
@@ -829,28 +830,6 @@ fn turn_base(snapshot: &SessionSnapshot) -> usize {
         .iter()
         .rposition(|item| matches!(item, TranscriptItem::User(_)))
         .unwrap_or(snapshot.transcript.len())
-}
-
-/// Text safe to put on a terminal: control characters become their visible
-/// Unicode pictures (`␛` for ESC), tabs four spaces; newlines stay.
-pub(crate) fn sanitize(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' => out.push('\n'),
-            '\t' => out.push_str("    "),
-            '\r' => {}
-            c if (c as u32) < 0x20 => {
-                out.push(char::from_u32(0x2400 + c as u32).unwrap_or('\u{FFFD}'));
-            }
-            '\u{7f}' => out.push('\u{2421}'),
-            c if c.is_control() => out.push('\u{FFFD}'),
-            // Bidirectional overrides would reorder what follows them.
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
