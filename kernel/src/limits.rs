@@ -3,6 +3,15 @@
 //! Hitting a limit is never silent growth: it produces an explicit output
 //! (an error response, a `hello_error`, or closing the offending connection
 //! with a reason).
+//!
+//! The hosts' own waits and queue bounds are each in their crate's
+//! `limits.rs`: `io/client` (the event queue, the close's flush), `io/store`
+//! (SQLite's busy wait), `io/agent` (model-call and `bash` timeouts),
+//! `io/daemon` (accept retries, read sizes, keep-alives, the worker's and
+//! the web listener's queues) and `io/front` (start, probe and poll waits,
+//! the front ends' queues). A test (`tests/io_tidy.rs`) keeps every wait
+//! written out there, and every io queue bounded. The runtime's retry and
+//! compaction policy is `runtime::Policy`.
 
 use crate::wire::{CborLimits, frame::DEFAULT_MAX_FRAME_LEN};
 use std::time::Duration;
@@ -185,6 +194,24 @@ pub struct ClientLimits {
     /// A reconnection that has not completed a handshake this long after the
     /// transport was lost gives up: the client closes.
     pub reconnect_window: Duration,
+    /// Calls outstanding at once; one more is refused at once
+    /// ([`crate::client::ClientError::TooMany`]), nothing sent.
+    pub max_calls_in_flight: usize,
+    /// Sessions held (attached, being attached or released) at once; one
+    /// more attaching call is refused at once. The server's own default
+    /// bound per connection.
+    pub max_sessions: usize,
+}
+
+impl ClientLimits {
+    /// The most requests a client has in flight: each outstanding call has
+    /// at most one, a plain `attach` or `create` may add a session beyond
+    /// [`Self::max_sessions`] until answered, and a reconnection re-attaches
+    /// each session held. A host's queue of frames to write needs no more
+    /// room than this, the hello and its few transport commands.
+    pub fn max_requests_in_flight(&self) -> usize {
+        2 * self.max_calls_in_flight + self.max_sessions
+    }
 }
 
 impl Default for ClientLimits {
@@ -200,6 +227,8 @@ impl Default for ClientLimits {
             reconnect_backoff_initial: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(1),
             reconnect_window: Duration::from_secs(30),
+            max_calls_in_flight: 1024,
+            max_sessions: 256,
         }
     }
 }

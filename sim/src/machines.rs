@@ -190,12 +190,22 @@ impl Machine {
         name: &str,
         token: Option<String>,
     ) -> Result<Self, Violation> {
+        Self::connect_limited(world, name, token, Default::default())
+    }
+
+    /// [`Machine::connect_with`] under `limits`.
+    pub fn connect_limited(
+        world: &mut World,
+        name: &str,
+        token: Option<String>,
+        limits: kernel::limits::ClientLimits,
+    ) -> Result<Self, Violation> {
         let conn = world.connect_tapped();
         let config = ClientConfig {
             token,
             reconnect: true,
             launch: false,
-            limits: Default::default(),
+            limits,
         };
         let mut machine = Self {
             name: name.to_owned(),
@@ -692,6 +702,8 @@ impl Machine {
         if let Err(e) = &result {
             let kind = match e {
                 ClientError::Server(e) => e.code.as_str().to_owned(),
+                ClientError::Transport { .. } => "transport".to_owned(),
+                ClientError::TooMany(_) => "too many".to_owned(),
                 ClientError::Protocol(_) => "protocol".to_owned(),
                 ClientError::Disconnected(_) => "disconnected".to_owned(),
                 ClientError::Ownership { .. } => "ownership".to_owned(),
@@ -1025,8 +1037,20 @@ fn drive(seed: u64, steps: u64, trace: bool, slot: &mut Option<World>) -> Result
     // A third of the seeds type lines into front ends (their own generator;
     // not the pinned seed 1, which keeps its trace).
     let (mut typing, typer) = a_third(seed ^ 0x7e9e, 1..=5);
+    // A third of the seeds give their machines tight bounds of their own
+    // (calls in flight, sessions held), from a generator of their own: a
+    // call past them is refused at once, and nothing else changes.
+    let mut bounding = Prng::new(seed ^ 0xb0d5);
+    let bounded = bounding.below(3) == 0;
     for i in 1..=report.machines {
-        let mut machine = Machine::connect(world, &format!("m{i}")).map_err(|v| v.to_string())?;
+        let mut limits = kernel::limits::ClientLimits::default();
+        if bounded {
+            limits.max_calls_in_flight = bounding.range_inclusive(1, 4) as usize;
+            limits.max_sessions = bounding.range_inclusive(1, 3) as usize;
+        }
+        let token = world.options().token.clone();
+        let mut machine = Machine::connect_limited(world, &format!("m{i}"), token, limits)
+            .map_err(|v| v.to_string())?;
         machine.flaky = flake.map(|ratio| (Prng::new(flaking.next_u64()), ratio));
         machine.replay = replay.map(|ratio| (Prng::new(replaying.next_u64()), ratio));
         machine.lagging = lag.map(|ratio| (Prng::new(lagging.next_u64()), ratio));

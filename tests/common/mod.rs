@@ -624,11 +624,7 @@ impl TestServer {
                     client.close().await;
                     return;
                 }
-                Err(ClientError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                    ) => {}
+                Err(ClientError::Transport { failure, .. }) if failure.nothing_listening() => {}
                 Err(e) => panic!("the server refused a client: {e}\n{}", self.log()),
             }
             if let Some(status) = self

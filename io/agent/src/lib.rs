@@ -18,6 +18,7 @@
 
 mod anthropic;
 pub mod context;
+pub mod limits;
 pub mod mcp;
 mod model;
 mod openai;

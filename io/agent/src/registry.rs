@@ -117,9 +117,9 @@ pub struct Timeouts {
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
-            connect: Duration::from_secs(10),
-            first_byte: Duration::from_secs(60),
-            idle: Duration::from_secs(60),
+            connect: crate::limits::MODEL_CONNECT,
+            first_byte: crate::limits::MODEL_FIRST_BYTE,
+            idle: crate::limits::MODEL_IDLE,
         }
     }
 }

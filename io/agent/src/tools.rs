@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 mod search;
 
+use crate::limits;
+
 /// Lines `read` returns when no limit is given.
 pub const READ_MAX_LINES: usize = 2000;
 /// Bytes of text `read` returns at most.
@@ -30,8 +32,6 @@ pub const READ_MAX_BYTES: usize = 50 * 1024;
 pub const IMAGE_MAX_BYTES: u64 = 5 * 1024 * 1024;
 /// Bytes of output `bash` keeps (the end of it).
 pub const BASH_MAX_BYTES: usize = 50 * 1024;
-/// `bash` timeout when none is given.
-pub const BASH_DEFAULT_TIMEOUT_SECS: u64 = 120;
 
 /// A tool as described to the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -844,8 +844,10 @@ async fn bash(
 ) -> Result<ToolOutcome, String> {
     let command = args.required(&["command", "cmd"])?;
     let timeout = match args.number("timeout")? {
-        None => Duration::from_secs(BASH_DEFAULT_TIMEOUT_SECS),
-        Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s.min(86_400.0)),
+        None => limits::BASH_DEFAULT_TIMEOUT,
+        Some(s) if s.is_finite() && s > 0.0 => {
+            Duration::from_secs_f64(s.min(limits::BASH_MAX_TIMEOUT.as_secs_f64()))
+        }
         Some(s) => {
             return Err(format!(
                 "bash: timeout must be a number of seconds > 0, not {s}"
@@ -926,7 +928,7 @@ async fn bash(
                 Ok(s) => {
                     status = Some(s);
                     // The shell is gone; background processes it left may hold the pipe open.
-                    let grace = tokio::time::Instant::now() + Duration::from_millis(200);
+                    let grace = tokio::time::Instant::now() + limits::BASH_PIPE_GRACE;
                     while open {
                         match tokio::time::timeout_at(grace, pipe.read(&mut chunk)).await {
                             Ok(Ok(n)) if n > 0 => keep(&mut tail, &mut spill, &chunk[..n]).await,
@@ -942,7 +944,7 @@ async fn bash(
         Ending::Exited(_) => group.forget(), // leave what it started in the background alone
         Ending::TimedOut | Ending::Cancelled => {
             group.kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            let _ = tokio::time::timeout(limits::BASH_REAP, child.wait()).await;
         }
     }
     let (output, cut) = tail.text();

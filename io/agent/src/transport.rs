@@ -420,7 +420,7 @@ fn client_for(url: &str, connect: Duration) -> Result<reqwest::Client, String> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(connect)
         .user_agent(concat!("pi-server/", env!("CARGO_PKG_VERSION")))
-        .pool_idle_timeout(Duration::from_secs(60));
+        .pool_idle_timeout(crate::limits::POOL_IDLE);
     if loopback {
         builder = builder.no_proxy();
     }

@@ -25,8 +25,8 @@
 use kernel::client::{self as machine, Call, CallId, ClientConfig, ClientInput, ClientOutput};
 use kernel::limits::ClientLimits;
 use kernel::protocol::{
-    Command, CommandResult, CreateParams, LiveStatus, ModelRef, ProtocolError, ServerEvent,
-    ServerSnapshot, SessionMetadata, SessionSnapshot, ThinkingLevel,
+    Command, CommandResult, CreateParams, LiveStatus, ModelRef, ServerEvent, ServerSnapshot,
+    SessionMetadata, SessionSnapshot, ThinkingLevel,
 };
 use kernel::wire::frame::DEFAULT_MAX_FRAME_LEN;
 use std::collections::HashMap;
@@ -39,116 +39,35 @@ use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub mod leases;
+pub mod limits;
+
+pub use limits::EVENT_CAPACITY;
 
 pub use kernel::client::Status;
-
-/// Events buffered per subscriber before a slow one starts to lag.
-pub const EVENT_CAPACITY: usize = 4096;
-
-/// Bytes read from the socket at a time.
-const READ_CHUNK_LEN: usize = 64 * 1024;
-
-/// How long [`Client::close`] waits for queued frames to be written.
-const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The two directions of the connection, whatever the transport.
 type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
 type WriteHalf = Box<dyn AsyncWrite + Unpin + Send>;
 
-/// Why a client call failed.
-#[derive(Debug)]
-pub enum ClientError {
-    /// The socket could not be reached, read or written.
-    Io(std::io::Error),
-    /// The server refused: a `hello_error`, or a response with `ok:false`.
-    Server(ProtocolError),
-    /// The server sent something the protocol forbids (or a request could
-    /// not be encoded); the connection is closed.
-    Protocol(String),
-    /// The connection is closed or reconnecting; the text says how it ended
-    /// and what became of the request.
-    Disconnected(String),
-    /// A lease ([`leases::Sessions`]) was refused because it conflicts with
-    /// one this client already holds or is acquiring; nothing was sent.
-    Ownership {
-        /// The contested session.
-        session_id: String,
-    },
-    /// A command went through a lease that is not active (released,
-    /// releasing or invalidated), or its session is not attached.
-    Detached {
-        /// The lease's session.
-        session_id: String,
-    },
-}
+use crate::limits::{CLOSE_FLUSH_TIMEOUT, READ_CHUNK_LEN};
+/// Why a client call failed: the kernel client's own errors, one type for
+/// the machine and its host.
+pub use kernel::client::{ClientError, TransportFailure};
 
-impl Clone for ClientError {
-    fn clone(&self) -> Self {
-        match self {
-            Self::Io(e) => Self::Io(std::io::Error::new(e.kind(), e.to_string())),
-            Self::Server(e) => Self::Server(e.clone()),
-            Self::Protocol(m) => Self::Protocol(m.clone()),
-            Self::Disconnected(m) => Self::Disconnected(m.clone()),
-            Self::Ownership { session_id } => Self::Ownership {
-                session_id: session_id.clone(),
-            },
-            Self::Detached { session_id } => Self::Detached {
-                session_id: session_id.clone(),
-            },
+/// A socket error as the client machine knows it.
+pub fn transport_error(error: &std::io::Error) -> ClientError {
+    use std::io::ErrorKind;
+    let failure = match error.kind() {
+        ErrorKind::NotFound => TransportFailure::Absent,
+        ErrorKind::ConnectionRefused => TransportFailure::Refused,
+        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof => {
+            TransportFailure::CutOff
         }
-    }
-}
-
-impl From<machine::ClientError> for ClientError {
-    fn from(error: machine::ClientError) -> Self {
-        match error {
-            machine::ClientError::Server(e) => Self::Server(e),
-            machine::ClientError::Protocol(m) => Self::Protocol(m),
-            machine::ClientError::Disconnected(m) => Self::Disconnected(m),
-            machine::ClientError::Ownership { session_id } => Self::Ownership { session_id },
-            machine::ClientError::Detached { session_id } => Self::Detached { session_id },
-        }
-    }
-}
-
-/// The kernel machines' view of a failed call: a socket error is a lost
-/// connection.
-impl From<ClientError> for machine::ClientError {
-    fn from(error: ClientError) -> Self {
-        match error {
-            ClientError::Io(e) => Self::Disconnected(e.to_string()),
-            ClientError::Server(e) => Self::Server(e),
-            ClientError::Protocol(m) => Self::Protocol(m),
-            ClientError::Disconnected(m) => Self::Disconnected(m),
-            ClientError::Ownership { session_id } => Self::Ownership { session_id },
-            ClientError::Detached { session_id } => Self::Detached { session_id },
-        }
-    }
-}
-
-impl fmt::Display for ClientError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Io(e) => write!(f, "{e}"),
-            Self::Server(e) => write!(f, "{} ({})", e.message, e.code.as_str()),
-            Self::Protocol(m) => write!(f, "protocol error: {m}"),
-            Self::Disconnected(m) => write!(f, "disconnected: {m}"),
-            Self::Ownership { session_id } => {
-                write!(f, "session {session_id} is already leased in this client")
-            }
-            Self::Detached { session_id } => {
-                write!(f, "session {session_id} is not attached through this lease")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ClientError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Io(e) => Some(e),
-            _ => None,
-        }
+        _ => TransportFailure::Other,
+    };
+    ClientError::Transport {
+        failure,
+        message: error.to_string(),
     }
 }
 
@@ -198,6 +117,15 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// Room in the driver's queue: a frame for each request the machine may
+/// have in flight ([`ClientLimits::max_requests_in_flight`]), the hello,
+/// and the transport commands of one connection (connect, launch, close).
+/// The frames of a lost connection are all taken before the next
+/// connection's are asked for: its hello waits for the `Connect` behind them.
+fn control_capacity(limits: &kernel::limits::ClientLimits) -> usize {
+    limits.max_requests_in_flight() + 4
+}
+
 /// What the driver task does for the machine, in the order it asked.
 #[derive(Debug)]
 enum Control {
@@ -212,7 +140,7 @@ type Waiter = oneshot::Sender<Result<machine::Completion, ClientError>>;
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
-    control: mpsc::UnboundedSender<Control>,
+    control: mpsc::Sender<Control>,
     epoch: tokio::time::Instant,
     status: watch::Sender<Status>,
 }
@@ -243,6 +171,19 @@ impl Inner {
         self.epoch + Duration::from_millis(at.as_millis())
     }
 
+    /// Hands the driver task what the machine asked, in order. The queue
+    /// has room for every frame of one connection the machine can have
+    /// asked for and the driver not yet written ([`control_capacity`]); a
+    /// closed one means the driver is gone, and the client with it.
+    fn order(&self, control: Control) {
+        match self.control.try_send(control) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                unreachable!("the client machine keeps its requests within the control queue")
+            }
+        }
+    }
+
     /// Steps the machine and carries out its outputs, all under the lock, so
     /// that they happen in the machine's order.
     fn step(&self, input: ClientInput) {
@@ -255,20 +196,20 @@ impl Inner {
         for output in state.machine.step(now, input) {
             match output {
                 ClientOutput::Connect => {
-                    let _ = self.control.send(Control::Connect);
+                    self.order(Control::Connect);
                 }
                 ClientOutput::Launch => {
-                    let _ = self.control.send(Control::Launch);
+                    self.order(Control::Launch);
                 }
                 ClientOutput::Transmit(bytes) => {
-                    let _ = self.control.send(Control::Transmit(bytes));
+                    self.order(Control::Transmit(bytes));
                 }
                 ClientOutput::CloseTransport => {
-                    let _ = self.control.send(Control::Close);
+                    self.order(Control::Close);
                 }
                 ClientOutput::Complete { call, result } => {
                     if let Some(waiter) = state.waiters.remove(&call) {
-                        let _ = waiter.send(result.map_err(ClientError::from));
+                        let _ = waiter.send(result);
                     }
                 }
                 ClientOutput::Event(event) => {
@@ -437,7 +378,7 @@ impl Client {
         launcher: Option<Launcher>,
     ) -> Result<Self, ClientError> {
         let connector = Connector::At(address.into(), launcher);
-        let transport = connector.connect().await.map_err(ClientError::Io)?;
+        let transport = connector.connect().await.map_err(|e| transport_error(&e))?;
         Self::start(transport, connector, token, options).await
     }
 
@@ -478,7 +419,7 @@ impl Client {
         let mut config = options.config(token, reconnect);
         config.launch = config.reconnect && matches!(connector, Connector::At(_, Some(_)));
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
-        let (control, control_rx) = mpsc::unbounded_channel();
+        let (control, control_rx) = mpsc::channel(control_capacity(&config.limits));
         let (status, mut status_rx) = watch::channel(Status::Reconnecting {
             reason: "connecting".into(),
         });
@@ -506,7 +447,7 @@ impl Client {
             .map(|s| s.clone());
         match outcome {
             Ok(Status::Ready { .. }) => Ok(Self { inner }),
-            Ok(Status::Closed { error }) => Err(error.into()),
+            Ok(Status::Closed { error }) => Err(error),
             _ => Err(ClientError::Disconnected(
                 "the client stopped during the handshake".into(),
             )),
@@ -558,7 +499,7 @@ impl Client {
     /// Why the client closed, or `None` while it is up or reconnecting.
     pub fn closed_reason(&self) -> Option<ClientError> {
         let state = self.inner.lock();
-        state.machine.closed().cloned().map(ClientError::from)
+        state.machine.closed().cloned()
     }
 
     /// Sends `command` and waits for its response.
@@ -721,7 +662,7 @@ impl Client {
             Request::Rename(name) => self.rename(session_id, name).await,
         };
         match result {
-            Err(e) => (Err(e.into()), None),
+            Err(e) => (Err(e), None),
             Ok(snapshot) => {
                 let answer = match request {
                     Request::Prompt(_) => Answer::Prompt {
@@ -763,7 +704,7 @@ async fn drive(
     inner: std::sync::Weak<Inner>,
     mut transport: Option<(ReadHalf, WriteHalf)>,
     connector: Connector,
-    mut control: mpsc::UnboundedReceiver<Control>,
+    mut control: mpsc::Receiver<Control>,
 ) {
     enum Woke {
         Control(Option<Control>),
@@ -829,13 +770,16 @@ async fn drive(
                         transport = Some(opened);
                         client.step(ClientInput::TransportUp);
                     }
-                    Err(e) => client.step(ClientInput::ConnectFailed {
-                        reason: e.to_string(),
-                        absent: matches!(
-                            e.kind(),
-                            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                        ),
-                    }),
+                    Err(e) => {
+                        let absent = matches!(
+                            transport_error(&e),
+                            ClientError::Transport { failure, .. } if failure.nothing_listening()
+                        );
+                        client.step(ClientInput::ConnectFailed {
+                            reason: e.to_string(),
+                            absent,
+                        })
+                    }
                 }
             }
             Woke::Control(Some(Control::Launch)) => {
@@ -881,8 +825,8 @@ mod tests {
     use super::*;
     use kernel::faux;
     use kernel::protocol::{
-        AssistantItem, AssistantStatus, Content, DeltaKind, ErrorCode, Response, ServerHello,
-        SessionPhase, StopReason, TranscriptItem, TranscriptProgress, UserItem,
+        AssistantItem, AssistantStatus, Content, DeltaKind, ErrorCode, ProtocolError, Response,
+        ServerHello, SessionPhase, StopReason, TranscriptItem, TranscriptProgress, UserItem,
         decode_client_message, encode_server_message,
     };
     use kernel::protocol::{ClientHello, ClientMessage, Request, ServerMessage};
@@ -1172,7 +1116,9 @@ mod tests {
     async fn missing_socket_is_an_io_not_found() {
         let path = std::env::temp_dir().join(format!("pi-no-such-{}.sock", std::process::id()));
         match Client::connect(&path, None).await {
-            Err(ClientError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+            Err(ClientError::Transport { failure, .. }) => {
+                assert_eq!(failure, TransportFailure::Absent)
+            }
             other => panic!("expected NotFound, got {other:?}"),
         }
     }

@@ -5,6 +5,7 @@
 //! back inputs; it makes no protocol decisions.
 
 pub mod duplex;
+mod limits;
 pub mod server;
 pub mod socket;
 pub mod web;

@@ -9,6 +9,7 @@
 //! durable before any frame that mentions it leaves the process.
 
 use crate::duplex::{Duplex, UnixChannel};
+use crate::limits::{HOST_EVENTS, MODEL_EVENTS};
 use kernel::faux::{self, FauxStream};
 use kernel::host::{HostConfig, HostInput, HostOutput, StoreFailure, WorkerHost};
 use kernel::limits::WorkerLimits;
@@ -254,7 +255,7 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
         observe: false,
     };
     let (mut host, outputs) = WorkerHost::new(config, clock());
-    let (events_tx, mut events) = mpsc::channel::<HostInput>(1024);
+    let (events_tx, mut events) = mpsc::channel::<HostInput>(HOST_EVENTS);
     let mut w = Worker {
         registry,
         dial,
@@ -755,7 +756,7 @@ impl<D: Dial> Worker<D> {
                     let _ = events.send(HostInput::Model { call, event }).await;
                 }
                 Some(Ok(provider)) => {
-                    let (tx, mut rx) = mpsc::channel(256);
+                    let (tx, mut rx) = mpsc::channel(MODEL_EVENTS);
                     let call_task =
                         tokio::spawn(
                             async move { agent::stream(&provider, &request, tx, token).await },

@@ -68,7 +68,7 @@ fn server_options(seed: u64, log: &Log) -> (support::Options, tracing::subscribe
 async fn connect() -> Result<Client, ClientError> {
     let stream = TcpStream::connect(("server", PORT))
         .await
-        .map_err(ClientError::Io)?;
+        .map_err(|e| pi_client::transport_error(&e))?;
     Client::connect_stream(stream, None, ClientOptions::default()).await
 }
 
@@ -383,7 +383,7 @@ fn a_server_crash_mid_prompt_ends_the_connection_and_a_bounce_finds_what_was_com
         assert!(
             matches!(
                 outcome,
-                Err(ClientError::Disconnected(_) | ClientError::Io(_))
+                Err(ClientError::Disconnected(_) | ClientError::Transport { .. })
             ),
             "{outcome:?}"
         );

@@ -39,10 +39,10 @@ use self::commands::{
     run_rm, run_serve,
 };
 use self::stream::{Which, run_prompt};
+use crate::limits::SHUTDOWN_WAIT;
 use pi_config as config;
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// Why a command failed, and the exit code that says so: 1 for a failure,
 /// 130 after Ctrl-C (as a shell reports a SIGINT death). Usage errors exit
@@ -110,7 +110,7 @@ pub fn main(daemon: Daemon) -> ExitCode {
     };
     let result = runtime.block_on(run(daemon, cli));
     // Do not wait for a blocking read of stdin (attach) to finish.
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, message }) => {

@@ -7,6 +7,7 @@
 
 mod acp;
 pub mod cli;
+mod limits;
 mod text;
 mod tui;
 

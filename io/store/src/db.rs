@@ -2,6 +2,7 @@
 //! encoding of transcript items and state rows.
 
 use super::{DB_FILE, StoreError, Synchronous};
+use crate::limits::BUSY_TIMEOUT;
 use kernel::protocol::codec::{Path as SchemaPath, Schema};
 use kernel::protocol::{
     AssistantStatus, Content, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, Usage, UserItem,
@@ -12,10 +13,6 @@ use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 use std::path::Path;
-use std::time::Duration;
-
-/// How long a statement waits for a lock held by another connection.
-pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One schema migration: `sql` brings a database at `version - 1` to `version`.
 pub(super) struct Migration {

@@ -80,6 +80,7 @@
 //!   level and the queued steer messages (CBOR array of user items).
 
 mod db;
+mod limits;
 mod meta;
 #[cfg(test)]
 mod tests;

@@ -674,6 +674,17 @@ impl Leases {
         self.pending.len()
     }
 
+    /// Calls taken and not yet completed.
+    pub fn outstanding_calls(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Sessions held: attached, being attached or released, or to be
+    /// re-attached or reconciled.
+    pub fn sessions_held(&self) -> usize {
+        self.sessions.len()
+    }
+
     // ---- connection life ----
 
     fn on_connected(&mut self) {

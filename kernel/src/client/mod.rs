@@ -214,6 +214,14 @@ pub enum ClientOutput {
 /// Why a call failed or the client closed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientError {
+    /// The transport could not be opened, read or written (its driver
+    /// classifies the system's error).
+    Transport {
+        /// What kind of failure.
+        failure: TransportFailure,
+        /// The system's words for it.
+        message: String,
+    },
     /// The server refused: a `hello_error`, or a response with `ok:false`.
     Server(ProtocolError),
     /// The server broke the protocol; the client is closed.
@@ -231,11 +239,15 @@ pub enum ClientError {
         /// The lease's session.
         session_id: String,
     },
+    /// A bound of this client's own ([`ClientLimits`]) was reached; nothing
+    /// was sent.
+    TooMany(String),
 }
 
 impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Transport { message, .. } => f.write_str(message),
             Self::Server(e) => write!(f, "{} ({})", e.message, e.code.as_str()),
             Self::Protocol(m) => write!(f, "protocol error: {m}"),
             Self::Disconnected(m) => write!(f, "disconnected: {m}"),
@@ -245,11 +257,32 @@ impl fmt::Display for ClientError {
             Self::Detached { session_id } => {
                 write!(f, "session {session_id} is not attached through this lease")
             }
+            Self::TooMany(m) => write!(f, "too many: {m}"),
         }
     }
 }
 
 impl std::error::Error for ClientError {}
+
+/// Why a transport failed, as its driver classifies the system's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// Nothing at the address: no socket file.
+    Absent,
+    /// Nothing listening there: the connection was refused.
+    Refused,
+    /// Cut off part way: reset, a broken pipe, an early end of stream.
+    CutOff,
+    /// Anything else.
+    Other,
+}
+
+impl TransportFailure {
+    /// Nothing answers at the address, so a server may be started there.
+    pub fn nothing_listening(self) -> bool {
+        matches!(self, Self::Absent | Self::Refused)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 enum Phase {
@@ -767,6 +800,9 @@ impl Client {
     // ---- calls ----
 
     fn on_call(&mut self, call: CallId, kind: Call) {
+        if let Some(refusal) = self.over_bounds(&kind) {
+            return self.complete(call, Err(ClientError::TooMany(refusal)));
+        }
         let input = match kind {
             Call::Request(command) => LeaseInput::Request { call, command },
             Call::Acquire { session_id, mode } => LeaseInput::Acquire {
@@ -783,6 +819,26 @@ impl Client {
             },
         };
         self.lease_step(input);
+    }
+
+    /// Why `kind` would take this client past one of its bounds, if it would.
+    fn over_bounds(&self, kind: &Call) -> Option<String> {
+        let limits = &self.config.limits;
+        let outstanding = self.leases.outstanding_calls() + self.resuming.len();
+        if outstanding >= limits.max_calls_in_flight {
+            return Some(format!(
+                "{outstanding} calls are outstanding, the most this client takes at once"
+            ));
+        }
+        let attaching = match kind {
+            Call::Acquire { session_id, .. } => self.leases.holder_count(session_id) == 0,
+            Call::Create(_) => true,
+            Call::Request(Command::Attach { .. } | Command::Create(_)) => true,
+            Call::Request(_) | Call::Release { .. } | Call::Command { .. } => false,
+        };
+        let held = self.leases.sessions_held();
+        (attaching && held >= limits.max_sessions)
+            .then(|| format!("{held} sessions are held, the most this client attaches at once"))
     }
 
     /// Steps the lease machine and carries its outputs into ours.
@@ -945,6 +1001,15 @@ impl Client {
             );
         }
         assert!(self.prompt_bases.len() + self.reattaching.len() <= self.leases.pending_requests());
+        let limits = &self.config.limits;
+        assert!(
+            self.leases.outstanding_calls() + self.resuming.len() <= limits.max_calls_in_flight,
+            "calls beyond max_calls_in_flight"
+        );
+        assert!(
+            self.leases.pending_requests() <= limits.max_requests_in_flight(),
+            "requests in flight beyond the bound hosts size their queues by"
+        );
     }
 }
 

@@ -80,7 +80,13 @@ impl Harness {
 
     /// A harness whose first handshake completed.
     fn ready(reconnect: bool) -> Self {
+        Self::ready_within(reconnect, ClientLimits::default())
+    }
+
+    /// [`Harness::ready`] under `limits`.
+    fn ready_within(reconnect: bool, limits: ClientLimits) -> Self {
         let mut h = Self::new(reconnect);
+        h.client.config.limits = limits;
         h.step(ClientInput::TransportUp);
         let hello = h.take_sent();
         assert_eq!(
@@ -754,4 +760,41 @@ fn a_reconnection_retries_a_passing_hello_error_but_not_a_refusal() {
         "bad token",
     )));
     assert!(matches!(h.client.closed(), Some(ClientError::Server(e)) if e.code == ErrorCode::Auth));
+}
+
+/// A call past one of the client's own bounds is refused at once and sends
+/// nothing; once calls complete (or sessions are let go), calls go again.
+#[test]
+fn calls_past_the_clients_bounds_are_refused_at_once() {
+    let limits = ClientLimits {
+        max_calls_in_flight: 2,
+        max_sessions: 1,
+        ..ClientLimits::default()
+    };
+    let mut h = Harness::ready_within(true, limits);
+    let lease = h.lease(session(1, SessionPhase::Idle, &[]));
+    // One session is held: attaching another is refused, nothing sent.
+    let other = h.call(Call::Request(Command::Attach {
+        session_id: "s2".into(),
+    }));
+    assert!(
+        matches!(h.completion(other), Some(Err(ClientError::TooMany(m))) if m.contains("1 sessions are held"))
+    );
+    assert!(h.take_sent().is_empty());
+    // Two calls outstanding: a third is refused, nothing sent.
+    let first = h.call(Call::Request(Command::List));
+    let list = h.request();
+    h.prompt(lease, "hi");
+    let third = h.call(Call::Request(Command::List));
+    assert!(matches!(
+        h.completion(third),
+        Some(Err(ClientError::TooMany(m))) if m.contains("2 calls are outstanding")
+    ));
+    assert!(h.take_sent().is_empty());
+    // The list is answered: the next call goes out.
+    h.respond(&list.id, Ok(CommandResult::List { sessions: vec![] }));
+    assert!(matches!(h.completion(first), Some(Ok(_))));
+    let fourth = h.call(Call::Request(Command::List));
+    assert_eq!(h.completion(fourth), None);
+    assert!(matches!(h.request().command, Command::List));
 }

@@ -57,24 +57,17 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::limits::{ACCEPT_RETRY, EVENT_BATCH, READS_PER_TURN};
 pub use pi_config::{ServeOptions, WebAccess};
 
 /// The tracing target of the kernel's steps (`input → [outputs]`, at trace
 /// level): `RUST_LOG=pi_server::steps=trace` shows every decision.
 pub const STEPS: &str = "pi_server::steps";
 
-/// The most events handled before the output they cause is written.
-const EVENT_BATCH: usize = 64;
-
 /// Where consecutive flushes start in the list of connections to write: a
 /// stride prime to the usual audience sizes, so the start moves around the
 /// list.
 const FLUSH_STRIDE: usize = 61;
-
-/// The most reads of one client connection in one turn of the loop; a
-/// connection with more to read goes to the back of the queue, behind the
-/// others that are ready.
-const READS_PER_TURN: usize = 4;
 
 /// The client connections whose sockets became readable, in the order they
 /// did, and the loop's waker. Shared with each connection's [`ReadWaker`]
@@ -767,7 +760,7 @@ async fn accept_clients<P: Platform>(mut listener: P::Clients, tx: mpsc::Sender<
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(ACCEPT_RETRY).await;
             }
         }
     }

@@ -10,6 +10,10 @@
 //! is [`super::run`]'s own.
 
 use crate::duplex::{Duplex, UnixChannel, poll_read_ready_into, registered, write_watch};
+use crate::limits::{
+    KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, MAX_SLICES, READ_CHUNK,
+    TCP_USER_TIMEOUT_MS,
+};
 use kernel::server::Frame;
 use std::future::Future;
 use std::io;
@@ -135,12 +139,6 @@ pub enum ClientSocket {
     /// A WebSocket of the web listener, one frame per message (token required).
     Web(crate::web::WebConn),
 }
-
-/// The most a connection's reader takes from its socket at once.
-const READ_CHUNK: usize = 64 * 1024;
-
-/// The most frames given to one vectored write (below every `IOV_MAX`).
-const MAX_SLICES: usize = 512;
 
 thread_local! {
     /// The buffer every client connection reads into (all on the loop's thread).
@@ -318,18 +316,6 @@ impl Listener<UnixChannel> for UnixListener {
         UnixChannel::new(UnixListener::accept(self).await?.0)
     }
 }
-
-/// How long a remote connection may be silent before the OS probes it, how
-/// often it probes, and how many unanswered probes end it: a peer that
-/// vanished (a laptop closed, a network partition) is noticed within about a
-/// minute even when the connection is idle, and its attachments end like
-/// any disconnect. Protocol v1 has no keep-alive message of its own.
-const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
-/// Written data a remote peer has not acknowledged for this long ends the
-/// connection (covers a peer that vanished while we were sending).
-const TCP_USER_TIMEOUT_MS: u32 = 60_000;
 
 /// Dead-peer detection for a remote client connection.
 fn keep_alive(stream: &tokio::net::TcpStream) -> rustix::io::Result<()> {

@@ -8,6 +8,7 @@
 //! frames; when it is full a write takes nothing (`WouldBlock`), and the
 //! kernel's output bound then decides, as for a socket whose buffer is full.
 
+use crate::limits::{IN_MESSAGES, OUT_FRAMES};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use futures_util::SinkExt;
 use kernel::ids::PeerAddr;
@@ -15,12 +16,6 @@ use kernel::server::Frame;
 use std::io;
 use std::sync::Mutex;
 use tokio::sync::mpsc;
-
-/// Frames queued for one WebSocket before a write takes nothing.
-const OUT_FRAMES: usize = 256;
-
-/// Messages received and not yet read by the loop.
-const IN_MESSAGES: usize = 64;
 
 enum Out {
     Frame(Frame),

@@ -16,6 +16,7 @@ mod conn;
 
 pub use conn::WebConn;
 
+use crate::limits::ACCEPT_BACKLOG;
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -33,9 +34,6 @@ use tokio::sync::mpsc;
 
 /// Every file of `assets/`, by its path there (see `build.rs`).
 static ASSETS: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
-
-/// Upgraded sockets not yet taken by the loop.
-const ACCEPT_BACKLOG: usize = 64;
 
 /// What every security-relevant response carries: the page loads only its
 /// own scripts and styles and talks only to its own origin, is never framed,

@@ -544,7 +544,7 @@ impl Adapter {
                             self.respond(rpc, to_value(response));
                         }
                         Why::Refused(e) => {
-                            let error = ClientError::from(e);
+                            let error = e;
                             self.error(rpc, pi_error(&error, Some(session)));
                         }
                         Why::Busy => self.error(
@@ -825,7 +825,7 @@ impl Adapter {
         };
         let base = open.front.turn_start().unwrap_or(0);
         let outcome = match (&snapshot, abort) {
-            (Err(e), _) => Err(e.clone().into()),
+            (Err(e), _) => Err(e.clone()),
             (Ok(s), true) => Ok(Answer::Abort {
                 withdrawn: s
                     .queued_steer

@@ -16,15 +16,9 @@ use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::limits::{DONE_QUEUE, MAX_LINE};
 use adapter::{Adapter, Input, Output};
 use pi_client::{Client, Status};
-
-/// The longest line read from the editor: a prompt with embedded files fits
-/// well inside, a runaway writer does not take the memory.
-const MAX_LINE: usize = 32 << 20;
-
-/// Answers of pi calls waiting for the adapter.
-const DONE_QUEUE: usize = 64;
 
 /// Serves ACP on stdin/stdout over `client` until the editor closes stdin
 /// or the server is gone for good.

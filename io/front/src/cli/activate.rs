@@ -31,28 +31,16 @@
 //! busy (default 1000 ms, `$PI_SERVER_IDLE_EXIT_MS` overrides).
 
 use super::args::{GlobalArgs, absolute};
+use crate::limits::{DEFAULT_IDLE_EXIT_MS, REPLACE_TIMEOUT, START_POLL_INTERVAL, START_TIMEOUT};
 use kernel::protocol::{ErrorCode, ModelRef};
-use pi_client::{Address, Client, ClientError};
+use pi_client::{Address, Client, ClientError, TransportFailure};
 use pi_config as config;
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-/// Grace period of an auto-started server when `$PI_SERVER_IDLE_EXIT_MS` is unset.
-const DEFAULT_IDLE_EXIT_MS: u64 = 1000;
-
-/// How often a starting server's socket is tried.
-pub(super) const START_POLL_INTERVAL: Duration = Duration::from_millis(10);
-
-/// How long a starting server may take to answer.
-pub(super) const START_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a replacing server may take: the old server has up to 15 s to
-/// hand over (`daemon::request_handoff`), then the new one starts.
-const REPLACE_TIMEOUT: Duration = Duration::from_secs(30);
+use std::time::Instant;
 
 /// The error for a global `--model` when no new server is started.
 pub(super) const MODEL_ONLY_AT_ACTIVATION: &str =
@@ -169,20 +157,14 @@ fn idle_exit_ms() -> Result<u64, String> {
 
 /// True when nothing listens at the socket (so one may be started).
 pub(super) fn no_server(error: &ClientError) -> bool {
-    matches!(error, ClientError::Io(e)
-        if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused))
+    matches!(error, ClientError::Transport { failure, .. } if failure.nothing_listening())
 }
 
 /// True when the connection broke before the hello completed (a server
 /// closing its listener drops the connections it had not accepted).
 fn cut_off(error: &ClientError) -> bool {
     match error {
-        ClientError::Io(e) => matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::UnexpectedEof
-        ),
+        ClientError::Transport { failure, .. } => *failure == TransportFailure::CutOff,
         ClientError::Disconnected(_) => true,
         _ => false,
     }
@@ -199,10 +181,16 @@ pub(super) fn version_refusal(error: &ClientError) -> Option<&str> {
 pub(super) fn connect_error(at: impl Into<Address>, error: ClientError) -> String {
     let at = at.into();
     match error {
-        ClientError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        ClientError::Transport {
+            failure: TransportFailure::Absent,
+            ..
+        } => {
             format!("no server at {at} (no such socket); start one with `pi-server serve`")
         }
-        ClientError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+        ClientError::Transport {
+            failure: TransportFailure::Refused,
+            ..
+        } => {
             format!("no server is listening at {at} (connection refused)")
         }
         ClientError::Server(e) if e.code == ErrorCode::Auth => format!(

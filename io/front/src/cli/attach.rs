@@ -20,6 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::cli::print;
+use crate::limits::{FRONT_ANSWERS, STDIN_LINES};
 
 /// An event as one JSON line, in the protocol's own field names.
 fn json_line(event: &ServerEvent) -> String {
@@ -44,7 +45,7 @@ pub(super) fn print_log(snapshot: &SessionSnapshot, json: bool) {
 /// Lines of stdin, read on a plain thread (a blocking read must not hold up
 /// the runtime's shutdown). The channel closes at end of input.
 fn stdin_lines() -> mpsc::Receiver<String> {
-    let (lines, receiver) = mpsc::channel(16);
+    let (lines, receiver) = mpsc::channel(STDIN_LINES);
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
             let Ok(line) = line else { break };
@@ -110,7 +111,7 @@ pub(super) async fn run_lines(
     let mut lines_open = true;
     // Calls on their way are bounded by the front: one prompt, one abort,
     // and the steers of the lines typed.
-    let (done_tx, mut done_rx) = mpsc::channel::<Answered>(16);
+    let (done_tx, mut done_rx) = mpsc::channel::<Answered>(FRONT_ANSWERS);
     eprintln!(
         "attached to session {id} ({}, {} transcript items); each line of input is a prompt, or a steer while a turn runs",
         snapshot.phase.as_str(),

@@ -6,6 +6,7 @@ use super::activate::{Target, connect};
 use super::args::{CreateArgs, GlobalArgs, Listen, ServeArgs, absolute};
 use super::attach;
 use super::discover::{Found, close_all, servers, session_server};
+use crate::limits::{MCP_START_WAIT, MCP_STATUS_POLL};
 use kernel::client::lookup;
 use kernel::protocol::{
     CreateParams, LiveStatus, ModelMetadata, ModelRef, SessionMetadata, SessionSnapshot,
@@ -530,8 +531,8 @@ pub(super) async fn run_mcp_list(
         serde_json::from_str(&text).ok()
     };
     // The worker records its servers' state at each change; wait for the
-    // ones still starting (a start takes at most 30 s).
-    let limit = std::time::Instant::now() + Duration::from_secs(35);
+    // ones still starting.
+    let limit = std::time::Instant::now() + MCP_START_WAIT;
     let mut told = false;
     let status = loop {
         let status = read();
@@ -545,7 +546,7 @@ pub(super) async fn run_mcp_list(
             told = true;
             eprintln!("waiting for {starting} MCP server(s) to start…");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(MCP_STATUS_POLL).await;
     };
     if attached.is_ok() {
         let _ = client.detach(&id).await;

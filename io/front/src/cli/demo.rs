@@ -3,8 +3,10 @@
 //! same snapshot and the same live deltas. Output lines say who speaks
 //! (`[demo]`, `[client 1]`, `[client 2]`).
 
-use super::activate::{START_POLL_INTERVAL, START_TIMEOUT, connect_error, log_tail, no_server};
+use super::activate::{connect_error, log_tail, no_server};
 use super::stream::{Stream, stream_prompt, turn_outcome};
+use crate::limits::{DEMO_POLL, DEMO_REPLY_WAIT, DEMO_REVISION_WAIT, DEMO_STOP_WAIT};
+use crate::limits::{START_POLL_INTERVAL, START_TIMEOUT};
 use kernel::protocol::{CreateParams, DeltaKind, ServerEvent, SessionSnapshot, TranscriptProgress};
 use pi_client::Client;
 use pi_config as config;
@@ -12,7 +14,7 @@ use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::broadcast;
 
@@ -99,7 +101,7 @@ async fn stop_demo_server(child: &mut Child) {
     if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_err() {
         let _ = child.kill();
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + DEMO_STOP_WAIT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             outln!("[demo] server stopped ({status})");
@@ -111,7 +113,7 @@ async fn stop_demo_server(child: &mut Child) {
             let _ = child.wait();
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(DEMO_POLL).await;
     }
 }
 
@@ -233,14 +235,14 @@ async fn demo_prompt(
 /// The client's latest snapshot of `id` once it has reached `revision`
 /// (or whatever it has after two seconds).
 async fn wait_for_revision(client: &Client, id: &str, revision: u64) -> SessionSnapshot {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + DEMO_REVISION_WAIT;
     loop {
         if let Some(snapshot) = client.session_snapshot(id)
             && (snapshot.revision >= revision || Instant::now() >= deadline)
         {
             return snapshot;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(DEMO_POLL).await;
     }
 }
 
@@ -251,7 +253,7 @@ async fn collect_reply(
     revision: u64,
 ) -> Vec<String> {
     let mut deltas = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + DEMO_REPLY_WAIT;
     while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, events.recv()).await {
         match event {
             ServerEvent::SessionProgress {

@@ -13,21 +13,15 @@
 use super::activate::{
     MODEL_ONLY_AT_ACTIVATION, Target, activate, connect, connect_error, no_server, version_refusal,
 };
+use crate::limits::{PROBE_PARALLELISM, PROBE_TIMEOUT};
 use kernel::client::lookup::{Unresolved, latest_in, resolve};
 use kernel::protocol::SessionMetadata;
 use pi_client::{Client, ClientOptions};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-
-/// How long one server may take to connect and answer the hello.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How many servers are tried at once.
-const PROBE_PARALLELISM: usize = 4;
 
 /// A server that answered.
 pub(super) struct Found {

@@ -343,8 +343,7 @@ pub(super) async fn stream_prompt(
     while let Ok(event) = events.try_recv() {
         stream.on_event(&event);
     }
-    let snapshot =
-        outcome.map_err(|e| format!("the prompt failed: {}", pi_client::ClientError::from(e)))?;
+    let snapshot = outcome.map_err(|e| format!("the prompt failed: {}", e))?;
     stream.finish(&snapshot);
     stream.end_line();
     Ok(snapshot)

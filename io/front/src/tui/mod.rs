@@ -13,7 +13,6 @@ pub(crate) mod view;
 
 use std::io::{self, Stdout};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossterm::event::{
     DisableBracketedPaste, DisableFocusChange, EnableBracketedPaste, EnableFocusChange,
@@ -27,6 +26,7 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use tokio::sync::{broadcast, mpsc};
 
+use crate::limits::{FRONT_ANSWERS, TERMINAL_EVENTS, TICK};
 use kernel::client::{lookup, slash};
 use kernel::protocol::CreateParams;
 use pi_client::{Client, Status};
@@ -83,9 +83,6 @@ pub(crate) fn settings_text(client: &Client, id: &str, models: bool) -> String {
     )
 }
 
-/// How often the spinner turns while something runs.
-const TICK: Duration = Duration::from_millis(120);
-
 /// Restores the terminal when dropped, also on an early return or a panic.
 struct Screen {
     terminal: Terminal<CrosstermBackend<Stdout>>,
@@ -133,7 +130,7 @@ impl Drop for Screen {
 
 /// Terminal input, read on a plain thread (crossterm's reads block).
 fn terminal_events() -> mpsc::Receiver<TermEvent> {
-    let (tx, rx) = mpsc::channel(256);
+    let (tx, rx) = mpsc::channel(TERMINAL_EVENTS);
     std::thread::spawn(move || {
         while let Ok(event) = crossterm::event::read() {
             if tx.blocking_send(event).is_err() {
@@ -196,7 +193,7 @@ async fn run_session(
         .collect();
     // Calls on their way are the front's: one prompt, one abort, the steers
     // typed; a full channel only makes their tasks wait.
-    let (done_tx, mut done_rx) = mpsc::channel::<Done>(16);
+    let (done_tx, mut done_rx) = mpsc::channel::<Done>(FRONT_ANSWERS);
     // https://no-color.org: styles stay (bold, dim, reverse), colours go.
     let colour = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut tick = tokio::time::interval(TICK);
