@@ -47,7 +47,7 @@
 use crate::faux;
 use crate::ids::OpId;
 use crate::limits::WorkerLimits;
-use crate::link::{Link, LinkAction, LinkInput};
+use crate::link::{Link, LinkAction, LinkInput, LinkState};
 use crate::mcp::{McpInput, McpOutput, McpServers, OfferedTool, Route};
 use crate::protocol::worker::{WORKER_PROTOCOL_VERSION, WorkerFrame};
 use crate::protocol::{
@@ -506,10 +506,32 @@ impl WorkerHost {
         std::mem::take(&mut self.out)
     }
 
-    /// The host's MCP invariants: while the gate is open no server is
-    /// starting (so no turn starts before its servers are up), and nothing
-    /// waits for it once the store is idle; the servers' own hold.
+    /// The host's invariants: runtime outputs and inputs wait only for the
+    /// store's answer; an orphan holds no operation
+    /// of the server it lost, and announces only while orphaned; the link's
+    /// own hold. Its MCP gate's: while open no server is starting (so no
+    /// turn starts before its servers are up), and nothing waits for it once
+    /// the store is idle; the servers' own hold.
     pub fn invariants(&self) -> Result<(), String> {
+        self.link.invariants()?;
+        if !self.held.is_empty() && !self.waiting_for_store() {
+            return Err("runtime outputs held with no store answer to wait for".into());
+        }
+        if !self.deferred.is_empty() && !self.waiting_for_store() && self.stage != HostStage::Done {
+            return Err(format!(
+                "{} inputs deferred with nothing to wait for",
+                self.deferred.len()
+            ));
+        }
+        if self.link.is_orphaned() && !self.ops.is_empty() {
+            return Err(format!(
+                "an orphan keeps {} operations of a server it lost",
+                self.ops.len()
+            ));
+        }
+        if self.announcing && matches!(self.link.state(), LinkState::Linked) {
+            return Err("an announcement out while linked".into());
+        }
         self.mcp.invariants()?;
         if self.gate == Gate::Open && !self.mcp.settled() {
             return Err("the MCP gate is open while a server is starting".into());

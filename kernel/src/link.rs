@@ -85,7 +85,7 @@ impl Link {
 
     /// Feeds one input at `now`; returns what the worker must do, if anything.
     pub fn step(&mut self, now: Instant, input: LinkInput) -> Option<LinkAction> {
-        match input {
+        let action = match input {
             LinkInput::Lost => self.on_lost(now),
             LinkInput::Adopted => {
                 if self.is_orphaned() {
@@ -94,7 +94,22 @@ impl Link {
                 None
             }
             LinkInput::Tick { idle } => self.on_tick(now, idle),
+        };
+        debug_assert_eq!(self.invariants(), Ok(()));
+        action
+    }
+
+    /// An orphan's next announcement is at least a retry interval after
+    /// its loss: announcements never come faster than `retry`.
+    pub fn invariants(&self) -> Result<(), String> {
+        if let LinkState::Orphaned { since, next_try } = self.state
+            && next_try < since + self.retry
+        {
+            return Err(format!(
+                "next announcement at {next_try}, within a retry of the loss at {since}"
+            ));
         }
+        Ok(())
     }
 
     fn on_lost(&mut self, now: Instant) -> Option<LinkAction> {

@@ -325,6 +325,27 @@ impl Worker {
 
     /// Feeds one input at `now`.
     pub fn step(&mut self, now: Instant, input: WorkerInput) -> Option<WorkerOutput> {
+        let output = self.on_input(now, input);
+        debug_assert_eq!(self.invariants(), Ok(()));
+        output
+    }
+
+    /// A deadline only while one can pass: the start's, or the dispose's.
+    pub fn invariants(&self) -> Result<(), String> {
+        let timed = matches!(
+            self.state,
+            WorkerState::Spawning | WorkerState::Starting | WorkerState::Retiring
+        );
+        if self.deadline.is_some() && !timed {
+            return Err(format!(
+                "worker {:?}: a deadline while {:?}",
+                self.id, self.state
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_input(&mut self, now: Instant, input: WorkerInput) -> Option<WorkerOutput> {
         match input {
             WorkerInput::Spawned => {
                 if self.state == WorkerState::Spawning {

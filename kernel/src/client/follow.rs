@@ -222,6 +222,9 @@ enum Told {
     },
 }
 
+/// Own prompts a follower waits to see at most.
+const OWN_EXPECTED: usize = 64;
+
 /// Follows one session for one front end. See the module docs.
 #[derive(Debug, Clone)]
 pub struct Follower {
@@ -260,7 +263,31 @@ impl Follower {
     /// The next user message with exactly `text` is this client's own
     /// prompt.
     pub fn expect_own(&mut self, text: impl Into<String>) {
+        // A prompt refused or lost is never seen: the oldest expectation
+        // goes, so a follower's memory stays bounded.
+        if self.own.len() == OWN_EXPECTED {
+            self.own.remove(0);
+        }
         self.own.push(text.into());
+    }
+
+    /// Expectations are bounded, and a finished reply is anchored: its
+    /// whole content was seen, so no gap unsettles it.
+    pub fn invariants(&self) -> Result<(), String> {
+        if self.own.len() > OWN_EXPECTED {
+            return Err(format!("{} own prompts expected", self.own.len()));
+        }
+        for (id, told) in &self.told {
+            if let Told::Assistant {
+                finished: true,
+                anchored: false,
+                ..
+            } = told
+            {
+                return Err(format!("reply {id} finished unanchored"));
+            }
+        }
+        Ok(())
     }
 
     /// Progress may have been lost (the connection was re-established, or a
@@ -268,7 +295,12 @@ impl Follower {
     /// next snapshot or live item event, not from deltas after the hole.
     pub fn gap(&mut self) {
         for told in self.told.values_mut() {
-            if let Told::Assistant { anchored, .. } = told {
+            if let Told::Assistant {
+                anchored,
+                finished: false,
+                ..
+            } = told
+            {
                 *anchored = false;
             }
         }
@@ -291,6 +323,12 @@ impl Follower {
 
     /// Tells what `event` adds, if it is about this session.
     pub fn on_event(&mut self, event: &ServerEvent) -> Vec<Update> {
+        let updates = self.on_event_inner(event);
+        debug_assert_eq!(self.invariants(), Ok(()));
+        updates
+    }
+
+    fn on_event_inner(&mut self, event: &ServerEvent) -> Vec<Update> {
         match event {
             ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.session_id => {
                 self.on_snapshot(snapshot)
@@ -309,6 +347,7 @@ impl Follower {
         for item in &snapshot.transcript {
             self.item(item, &mut out);
         }
+        debug_assert_eq!(self.invariants(), Ok(()));
         out
     }
 
