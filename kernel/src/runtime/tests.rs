@@ -1,5 +1,6 @@
 //! Unit tests of the runtime's agent loop, driven by a scripted model.
 
+use super::context::{context_tokens, estimate_item, estimate_text, keep_from};
 use super::*;
 use crate::faux;
 

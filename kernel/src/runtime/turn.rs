@@ -1,0 +1,524 @@
+//! The agent loop of a [`Runtime`]: a turn's model calls, its replies as
+//! they stream, its tools, retries and steers, and how it ends.
+
+use super::*;
+
+impl Runtime {
+    /// Starts the next model call of the running turn: a compaction first when
+    /// the context nears the model's window, otherwise a reply.
+    pub(super) fn next_call(&mut self) {
+        if !self.start_compaction(false) {
+            self.start_reply();
+        }
+    }
+
+    pub(super) fn start_reply(&mut self) {
+        let context = self.context();
+        let item = AssistantItem {
+            id: self.fresh_item_id(),
+            content: Vec::new(),
+            model: self.state.model.clone(),
+            response_model: None,
+            usage: None,
+            timestamp: self.now.as_millis(),
+            status: AssistantStatus::Streaming,
+            error_message: None,
+        };
+        let item = TranscriptItem::Assistant(item);
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.state.transcript.push(item.clone());
+        let call = self.fresh_call();
+        self.set_stage(Stage::Streaming {
+            call,
+            item: self.state.transcript.len() - 1,
+        });
+        self.bump();
+        self.progress(TranscriptProgress::ItemStarted { item });
+        self.send_snapshot();
+        let request = ModelRequest {
+            model: self.state.model.clone(),
+            thinking_level: self.state.thinking_level,
+            purpose: Purpose::Reply,
+            summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+            context,
+        };
+        self.out.push(RuntimeOutput::StartModel { call, request });
+    }
+
+    pub(super) fn on_model(&mut self, call: u64, event: ModelEvent) {
+        let Some(turn) = &mut self.turn else { return };
+        match &mut turn.stage {
+            Stage::Streaming { call: c, item } if *c == call => {
+                let item = *item;
+                self.on_reply_event(item, event);
+            }
+            Stage::Compacting {
+                call: c,
+                text,
+                through,
+            } if *c == call => match event {
+                ModelEvent::Delta {
+                    kind: DeltaKind::Text,
+                    text: t,
+                } => text.push_str(&t),
+                ModelEvent::Delta { .. }
+                | ModelEvent::ToolCall { .. }
+                | ModelEvent::ToolInput { .. }
+                | ModelEvent::Signature { .. } => {}
+                ModelEvent::Done { usage, .. } => {
+                    let before = self.state.summary.as_ref().and_then(|s| s.usage.clone());
+                    let usage = match (before, usage) {
+                        (Some(mut total), Some(call)) => {
+                            add_usage(&mut total, &call);
+                            Some(total)
+                        }
+                        (total, call) => call.or(total),
+                    };
+                    let text = std::mem::take(text);
+                    if !text.trim().is_empty() {
+                        self.state.summary = Some(Summary {
+                            text,
+                            through: std::mem::take(through),
+                            usage,
+                        });
+                    } else if let Some(summary) = &mut self.state.summary {
+                        summary.usage = usage; // an empty summary was still paid for
+                    }
+                    turn.failures = 0;
+                    self.start_reply();
+                }
+                ModelEvent::Failed {
+                    retryable,
+                    retry_after_ms,
+                    ..
+                } => {
+                    // A failed compaction does not end the turn: retry it, or go on uncompacted.
+                    if !self.schedule_retry(retryable, retry_after_ms) {
+                        self.start_reply();
+                    }
+                }
+            },
+            _ => {}
+        }
+    }
+
+    pub(super) fn on_reply_event(&mut self, index: usize, event: ModelEvent) {
+        match event {
+            ModelEvent::Delta { kind, text } => self.on_delta(index, kind, text),
+            ModelEvent::Signature { signature } => {
+                let item = self.assistant_mut(index);
+                if let Some(Content::Thinking { signature: s, .. }) = item.content.last_mut() {
+                    *s = Some(signature);
+                }
+            }
+            ModelEvent::ToolCall {
+                tool_call_id,
+                tool_name,
+            } => {
+                let item = self.assistant_mut(index);
+                item.content.push(Content::ToolCall {
+                    tool_call_id,
+                    tool_name,
+                    input: Value::Map(Vec::new()),
+                });
+                let item = TranscriptItem::Assistant(item.clone());
+                self.progress(TranscriptProgress::ItemUpdated { item });
+            }
+            ModelEvent::ToolInput { input } => {
+                let item = self.assistant_mut(index);
+                if let Some(Content::ToolCall { input: slot, .. }) = item
+                    .content
+                    .iter_mut()
+                    .rev()
+                    .find(|c| matches!(c, Content::ToolCall { .. }))
+                {
+                    *slot = if input.is_json() {
+                        input
+                    } else {
+                        Value::Map(Vec::new())
+                    };
+                }
+            }
+            ModelEvent::Done {
+                stop,
+                usage,
+                response_model,
+            } => {
+                let item = self.assistant_mut(index);
+                item.response_model = response_model.filter(|m| !m.is_empty());
+                let calls: Vec<(String, String, JsonValue)> = item
+                    .content
+                    .iter()
+                    .filter_map(|c| match c {
+                        Content::ToolCall {
+                            tool_call_id,
+                            tool_name,
+                            input,
+                        } => Some((tool_call_id.clone(), tool_name.clone(), input.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                let stop = if stop == StopReason::ToolUse && calls.is_empty() {
+                    StopReason::Stop
+                } else {
+                    stop
+                };
+                self.finish_reply(index, AssistantStatus::Complete(stop), usage, None);
+                if let Some(turn) = &mut self.turn {
+                    turn.failures = 0;
+                }
+                if stop == StopReason::ToolUse {
+                    self.start_tools(calls);
+                } else {
+                    self.after_step();
+                }
+            }
+            ModelEvent::Failed {
+                message,
+                retryable,
+                retry_after_ms,
+            } => {
+                let message = if message.trim().is_empty() {
+                    "Model call failed".to_string()
+                } else {
+                    message
+                };
+                let overflow = is_context_overflow(&message);
+                self.finish_reply(index, AssistantStatus::Error, None, Some(message));
+                let turn = self.turn.as_mut().expect("a reply streams in a turn");
+                if overflow && !turn.overflow_retried {
+                    // Compact whatever can be, then ask again: once per turn.
+                    turn.overflow_retried = true;
+                    if self.start_compaction(true) {
+                        return;
+                    }
+                }
+                if !self.schedule_retry(retryable && !overflow, retry_after_ms) {
+                    self.complete_turn();
+                }
+            }
+        }
+    }
+
+    /// Enters phase `retry` when the error is transient and attempts remain.
+    pub(super) fn schedule_retry(&mut self, retryable: bool, retry_after_ms: Option<u64>) -> bool {
+        let turn = self.turn.as_mut().expect("a turn runs");
+        turn.failures += 1;
+        if !retryable || turn.failures >= self.policy.max_attempts {
+            return false;
+        }
+        let exponent = (turn.failures - 1).min(16);
+        let backoff = self
+            .policy
+            .backoff_base
+            .saturating_mul(1 << exponent)
+            .min(self.policy.backoff_max);
+        let delay = retry_after_ms.map_or(backoff, |ms| {
+            Duration::from_millis(ms).min(self.policy.backoff_max)
+        });
+        let at = self.now + delay;
+        self.set_stage(Stage::Retrying { at });
+        self.bump();
+        self.send_snapshot();
+        true
+    }
+
+    pub(super) fn on_delta(&mut self, index: usize, kind: DeltaKind, text: String) {
+        let item = self.assistant_mut(index);
+        let content_index = match kind {
+            DeltaKind::ToolCall => {
+                match item
+                    .content
+                    .iter()
+                    .rposition(|c| matches!(c, Content::ToolCall { .. }))
+                {
+                    Some(i) => i,
+                    None => return, // arguments before any tool call: nothing to attach them to
+                }
+            }
+            DeltaKind::Text | DeltaKind::Thinking => {
+                // A signed thinking part is whole: more thinking starts another.
+                let extends_last = matches!(
+                    (item.content.last(), kind),
+                    (Some(Content::Text { .. }), DeltaKind::Text)
+                        | (
+                            Some(Content::Thinking {
+                                signature: None,
+                                ..
+                            }),
+                            DeltaKind::Thinking
+                        )
+                );
+                if !extends_last {
+                    item.content.push(match kind {
+                        DeltaKind::Thinking => Content::Thinking {
+                            thinking: String::new(),
+                            redacted: None,
+                            signature: None,
+                        },
+                        _ => Content::Text {
+                            text: String::new(),
+                        },
+                    });
+                }
+                match item.content.last_mut().expect("pushed") {
+                    Content::Text { text: t } => t.push_str(&text),
+                    Content::Thinking { thinking, .. } => thinking.push_str(&text),
+                    _ => unreachable!("text and thinking parts only"),
+                }
+                item.content.len() - 1
+            }
+        };
+        let message_id = item.id.clone();
+        let bytes = text.len();
+        self.progress(TranscriptProgress::AssistantDelta {
+            message_id,
+            content_index: content_index as u64,
+            kind,
+            delta: text,
+        });
+        let (since, unsaved) = self.unsaved.unwrap_or((self.now, 0));
+        self.unsaved = Some((since, unsaved + bytes));
+        if unsaved + bytes >= self.policy.checkpoint.bytes {
+            self.checkpoint();
+        }
+    }
+
+    /// Ends the streaming reply with `status`, commits it, then announces it.
+    pub(super) fn finish_reply(
+        &mut self,
+        index: usize,
+        status: AssistantStatus,
+        usage: Option<Usage>,
+        error: Option<String>,
+    ) {
+        let item = self.assistant_mut(index);
+        item.status = status;
+        item.usage = usage.or(item.usage.take());
+        item.error_message = error;
+        let item = TranscriptItem::Assistant(item.clone());
+        self.unsaved = None;
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.progress(TranscriptProgress::ItemFinished { item });
+    }
+
+    /// Creates a running tool item per call and runs the first.
+    pub(super) fn start_tools(&mut self, calls: Vec<(String, String, JsonValue)>) {
+        let mut ids = VecDeque::new();
+        for (tool_call_id, tool_name, input) in calls {
+            let item = ToolItem {
+                id: self.fresh_item_id(),
+                tool_call_id,
+                tool_name,
+                input,
+                content: Vec::new(),
+                details: None,
+                usage: None,
+                timestamp: self.now.as_millis(),
+                status: ToolStatus::Running,
+            };
+            ids.push_back(item.id.clone());
+            let item = TranscriptItem::Tool(item);
+            self.commit(item.clone());
+            self.progress(TranscriptProgress::ItemStarted { item });
+        }
+        let running = ids.pop_front().expect("at least one tool call");
+        self.set_stage(Stage::Tools {
+            running: running.clone(),
+            waiting: ids,
+        });
+        self.bump();
+        self.send_snapshot();
+        self.run_tool(&running);
+    }
+
+    pub(super) fn run_tool(&mut self, id: &str) {
+        // A running tool item is among the newest: look from the end.
+        let Some(TranscriptItem::Tool(item)) =
+            self.state.transcript.iter().rev().find(|i| i.id() == id)
+        else {
+            unreachable!("a running tool item exists")
+        };
+        self.out.push(RuntimeOutput::RunTool {
+            id: item.id.clone(),
+            tool_name: item.tool_name.clone(),
+            input: item.input.clone(),
+            cwd: self.state.cwd.clone(),
+        });
+    }
+
+    pub(super) fn on_tool_done(
+        &mut self,
+        id: String,
+        content: Vec<Content>,
+        details: Option<JsonValue>,
+        is_error: bool,
+    ) {
+        let Some(Turn {
+            stage: Stage::Tools { running, .. },
+            ..
+        }) = &self.turn
+        else {
+            return;
+        };
+        if *running != id {
+            return;
+        }
+        let details = details.filter(Value::is_json);
+        self.finish_tool(
+            &id,
+            content,
+            details,
+            if is_error {
+                ToolStatus::Error
+            } else {
+                ToolStatus::Complete
+            },
+        );
+        let Some(Turn {
+            stage: Stage::Tools { waiting, .. },
+            ..
+        }) = &mut self.turn
+        else {
+            unreachable!()
+        };
+        if !self.state.queued_steer.is_empty() {
+            // The user steered: skip the calls not started yet and let the model hear them first.
+            let skipped: Vec<String> = waiting.drain(..).collect();
+            for id in skipped {
+                let text =
+                    "Skipped: the user steered the turn before this tool call ran".to_string();
+                self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
+            }
+        }
+        let Some(Turn {
+            stage: Stage::Tools { waiting, .. },
+            ..
+        }) = &mut self.turn
+        else {
+            unreachable!()
+        };
+        match waiting.pop_front() {
+            Some(next) => {
+                let waiting = std::mem::take(waiting);
+                self.set_stage(Stage::Tools {
+                    running: next.clone(),
+                    waiting,
+                });
+                self.bump();
+                self.send_snapshot();
+                self.run_tool(&next);
+            }
+            None => self.after_step(),
+        }
+    }
+
+    pub(super) fn finish_tool(
+        &mut self,
+        id: &str,
+        content: Vec<Content>,
+        details: Option<JsonValue>,
+        status: ToolStatus,
+    ) {
+        let Some(TranscriptItem::Tool(item)) = self
+            .state
+            .transcript
+            .iter_mut()
+            .rev()
+            .find(|i| i.id() == id)
+        else {
+            unreachable!("the tool item exists")
+        };
+        item.content = content
+            .into_iter()
+            .filter(|c| matches!(c, Content::Text { .. } | Content::Image { .. }))
+            .collect();
+        item.details = details;
+        item.status = status;
+        let item = TranscriptItem::Tool(item.clone());
+        self.out
+            .push(RuntimeOutput::Persist(Persist::Item(item.clone())));
+        self.progress(TranscriptProgress::ItemFinished { item });
+    }
+
+    /// After a reply without tool calls, or after the last tool call: steer
+    /// text goes to the model next; otherwise the turn ends.
+    pub(super) fn after_step(&mut self) {
+        let tools_ran = matches!(
+            self.turn,
+            Some(Turn {
+                stage: Stage::Tools { .. },
+                ..
+            })
+        );
+        if !self.state.queued_steer.is_empty() || tools_ran {
+            self.take_steer();
+            self.next_call();
+        } else {
+            self.complete_turn();
+        }
+    }
+
+    /// Stops whatever runs (model call, tool), records it with `message`, ends
+    /// the turn; returns the prompt operation, which the caller completes.
+    pub(super) fn stop_turn(&mut self, message: &str, queued: Queued) -> OpId {
+        let turn = self.turn.clone().expect("a turn runs");
+        match turn.stage {
+            Stage::Streaming { call, item } => {
+                self.out.push(RuntimeOutput::CancelModel { call });
+                self.finish_reply(
+                    item,
+                    AssistantStatus::Aborted,
+                    None,
+                    Some(message.to_string()),
+                );
+            }
+            Stage::Compacting { call, .. } => self.out.push(RuntimeOutput::CancelModel { call }),
+            Stage::Tools { running, waiting } => {
+                self.out.push(RuntimeOutput::CancelTool {
+                    id: running.clone(),
+                });
+                let text = format!("{message}: the tool call was stopped");
+                self.finish_tool(
+                    &running,
+                    vec![Content::Text { text }],
+                    None,
+                    ToolStatus::Error,
+                );
+                for id in waiting {
+                    let text = format!("{message}: the tool call never ran");
+                    self.finish_tool(&id, vec![Content::Text { text }], None, ToolStatus::Error);
+                }
+            }
+            Stage::Retrying { .. } => {}
+        }
+        self.end_turn(queued)
+    }
+
+    /// Moves queued steer messages into the transcript, in order.
+    pub(super) fn take_steer(&mut self) {
+        for item in std::mem::take(&mut self.state.queued_steer) {
+            self.commit(TranscriptItem::User(item));
+        }
+    }
+
+    /// Ends the turn; returns the prompt operation, which the caller completes.
+    pub(super) fn end_turn(&mut self, queued: Queued) -> OpId {
+        if queued == Queued::Commit {
+            // Steer text that no model call will see still belongs to the conversation.
+            self.take_steer();
+        }
+        let turn = self.turn.take().expect("a turn runs");
+        self.bump();
+        self.send_snapshot();
+        turn.prompt_op
+    }
+
+    /// Ends the turn normally: the prompt's response carries the final snapshot.
+    pub(super) fn complete_turn(&mut self) {
+        let op = self.end_turn(Queued::Commit);
+        self.done(op, Ok(()));
+    }
+}
