@@ -109,96 +109,110 @@ pub(super) struct Listing {
     pub(super) quiet: bool,
 }
 
-pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), String> {
-    let Listing {
-        json, quiet, wide, ..
-    } = *listing;
-    let found = servers(target).await?;
-    let mut pairs: Vec<(String, SessionMetadata)> = Vec::new();
-    let mut live: BTreeMap<(String, String), LiveStatus> = BTreeMap::new();
-    let mut known: BTreeSet<String> = BTreeSet::new();
-    let mut failed = None;
-    for Found { server_id, client } in &found {
-        match client.list().await {
-            Ok(sessions) => pairs.extend(sessions.into_iter().map(|s| (server_id.clone(), s))),
-            Err(e) => {
-                failed = Some(format!(
-                    "cannot list the sessions of server {server_id}: {e}"
-                ));
-                break;
+/// The sessions of the servers found, with what their `status` says.
+struct Listed {
+    /// `(server id, session)`, filtered, newest activity first.
+    pairs: Vec<(String, SessionMetadata)>,
+    live: BTreeMap<(String, String), LiveStatus>,
+    /// Servers that answered `status`.
+    known: BTreeSet<String>,
+}
+
+impl Listed {
+    /// Asks every server found for its sessions and their status.
+    async fn gather(target: &Target) -> Result<Self, String> {
+        let found = servers(target).await?;
+        let mut listed = Listed {
+            pairs: Vec::new(),
+            live: BTreeMap::new(),
+            known: BTreeSet::new(),
+        };
+        let mut failed = None;
+        for Found { server_id, client } in &found {
+            match client.list().await {
+                Ok(sessions) => {
+                    let pairs = sessions.into_iter().map(|s| (server_id.clone(), s));
+                    listed.pairs.extend(pairs)
+                }
+                Err(e) => {
+                    failed = Some(format!(
+                        "cannot list the sessions of server {server_id}: {e}"
+                    ));
+                    break;
+                }
+            }
+            // A server from before `status` closes the connection on it: its
+            // sessions' state is then unknown (`-`), which is no failure.
+            match client.session_status().await {
+                Ok(statuses) => {
+                    listed.known.insert(server_id.clone());
+                    let keyed = statuses
+                        .into_iter()
+                        .map(|s| ((server_id.clone(), s.session_id.clone()), s));
+                    listed.live.extend(keyed);
+                }
+                Err(e) => tracing::debug!(%server_id, error = %e, "no session status"),
             }
         }
-        // A server from before `status` closes the connection on it: its
-        // sessions' state is then unknown (`-`), which is no failure.
-        match client.session_status().await {
-            Ok(statuses) => {
-                known.insert(server_id.clone());
-                let keyed = statuses
-                    .into_iter()
-                    .map(|s| ((server_id.clone(), s.session_id.clone()), s));
-                live.extend(keyed);
-            }
-            Err(e) => tracing::debug!(%server_id, error = %e, "no session status"),
+        close_all(found).await;
+        match failed {
+            Some(problem) => Err(problem),
+            None => Ok(listed),
         }
     }
-    close_all(found).await;
-    // A listed session that is not live has no worker: nothing runs in it.
-    let state = |server_id: &str, id: &str| match live.get(&(server_id.to_owned(), id.to_owned())) {
-        Some(s) => (s.state.as_str(), Some(s.clients)),
-        None if known.contains(server_id) => ("stored", Some(0)),
-        None => ("-", None),
-    };
-    // Its model, as the server reports it (a server from before `status`
-    // reported models says nothing of it).
-    let model = |server_id: &str, id: &str| {
-        let s = live.get(&(server_id.to_owned(), id.to_owned()))?;
+
+    /// Keeps what `listing` asks for, newest activity first.
+    fn select(&mut self, listing: &Listing) {
+        self.pairs.retain(|(_, s)| {
+            let cwd = listing.cwd.as_ref();
+            cwd.is_none_or(|cwd| s.cwd.as_ref() == Some(cwd))
+                && (listing.filter.as_deref()).is_none_or(|text| lookup::matches(s, text))
+        });
+        self.pairs.sort_by(|a, b| {
+            last(&b.1)
+                .cmp(&last(&a.1))
+                .then_with(|| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)))
+        });
+    }
+
+    /// A session's state and attached clients. A listed session that is not
+    /// live has no worker: nothing runs in it.
+    fn state(&self, server_id: &str, id: &str) -> (&str, Option<u64>) {
+        match self.live.get(&(server_id.to_owned(), id.to_owned())) {
+            Some(s) => (s.state.as_str(), Some(s.clients)),
+            None if self.known.contains(server_id) => ("stored", Some(0)),
+            None => ("-", None),
+        }
+    }
+
+    /// Its model, as the server reports it (a server from before `status`
+    /// reported models says nothing of it).
+    fn model(&self, server_id: &str, id: &str) -> Option<(ModelRef, ThinkingLevel)> {
+        let s = self.live.get(&(server_id.to_owned(), id.to_owned()))?;
         Some((s.model.clone()?, s.thinking_level?))
-    };
-    // As the tables show it: `provider/id (level)`, or `-`.
-    let model_text = |server_id: &str, id: &str| {
-        model(server_id, id).map_or_else(
+    }
+
+    /// As the tables show it: `provider/id (level)`, or `-`.
+    fn model_text(&self, server_id: &str, id: &str) -> String {
+        self.model(server_id, id).map_or_else(
             || "-".to_owned(),
             |(m, level)| format!("{}/{} ({})", m.provider, m.id, level.as_str()),
         )
-    };
-    if let Some(problem) = failed {
-        return Err(problem);
     }
-    pairs.retain(|(_, s)| {
-        listing
-            .cwd
-            .as_ref()
-            .is_none_or(|cwd| s.cwd.as_ref() == Some(cwd))
-            && listing
-                .filter
-                .as_deref()
-                .is_none_or(|text| lookup::matches(s, text))
-    });
-    // Newest activity first.
-    let last = |s: &SessionMetadata| s.updated_at.unwrap_or(s.created_at);
-    pairs.sort_by(|a, b| {
-        last(&b.1)
-            .cmp(&last(&a.1))
-            .then_with(|| (&a.0, &a.1.id).cmp(&(&b.0, &b.1.id)))
-    });
-    if quiet {
-        for (_, s) in &pairs {
-            outln!("{}", s.id);
-        }
-        return Ok(());
-    }
-    if json {
-        let list: Vec<serde_json::Value> = pairs
+
+    fn print_json(&self) {
+        let list: Vec<serde_json::Value> = self
+            .pairs
             .iter()
             .map(|(server_id, s)| {
                 let mut value = session_json(s);
                 value["serverId"] = server_id.clone().into();
-                let (status, clients) = state(server_id, &s.id);
+                let (status, clients) = self.state(server_id, &s.id);
                 value["status"] = status.into();
                 if let Some(n) = clients {
                     value["clients"] = n.into();
                 }
-                if let Some((model, level)) = model(server_id, &s.id) {
+                if let Some((model, level)) = self.model(server_id, &s.id) {
                     value["model"] = format!("{}/{}", model.provider, model.id).into();
                     value["thinkingLevel"] = level.as_str().into();
                 }
@@ -206,22 +220,16 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
             })
             .collect();
         outln!("{}", serde_json::Value::Array(list));
-        return Ok(());
     }
-    if pairs.is_empty() {
-        if listing.filter.is_some() || listing.cwd.is_some() {
-            eprintln!("no session matches");
-        } else {
-            eprintln!("no sessions yet; create one with `pi-server create`");
-        }
-        return Ok(());
-    }
-    if !wide {
+
+    /// The table that fits the terminal: short ids, "ago" times, the
+    /// clients beside the state, `~` for home, the directory clipped.
+    fn print_short(&self) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let servers: BTreeSet<&String> = pairs.iter().map(|(server, _)| server).collect();
-        let short = lookup::unique_prefix_len(pairs.iter().map(|(_, s)| s.id.as_str()), 8);
+        let servers: BTreeSet<&String> = self.pairs.iter().map(|(server, _)| server).collect();
+        let short = lookup::unique_prefix_len(self.pairs.iter().map(|(_, s)| s.id.as_str()), 8);
         let home = std::env::var("HOME").unwrap_or_default();
         let mut header: Vec<String> = ["ID", "NAME", "STATUS", "MODEL", "ACTIVE", "CWD"]
             .map(str::to_owned)
@@ -230,10 +238,10 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
             header.insert(0, "SERVER".into());
         }
         let mut rows = vec![header];
-        for (server_id, s) in &pairs {
-            let model = model_text(server_id, &s.id);
+        for (server_id, s) in &self.pairs {
+            let model = self.model_text(server_id, &s.id);
             // Attached clients, after the state: `idle·2`.
-            let status = match state(server_id, &s.id) {
+            let status = match self.state(server_id, &s.id) {
                 (status, Some(clients)) if clients > 0 => format!("{status}·{clients}"),
                 (status, _) => status.to_owned(),
             };
@@ -269,35 +277,64 @@ pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), S
             *cwd = clip_left(cwd, room);
         }
         print_table(&rows);
-        return Ok(());
     }
-    let mut rows = vec![vec![
-        "SERVER".into(),
-        "SESSION".into(),
-        "CREATED (UTC)".into(),
-        "LAST ACTIVITY (UTC)".into(),
-        "STATUS".into(),
-        "CLIENTS".into(),
-        "MODEL".into(),
-        "CWD".into(),
-        "NAME".into(),
-    ]];
-    for (server_id, s) in &pairs {
-        let model = model_text(server_id, &s.id);
-        let (status, clients) = state(server_id, &s.id);
-        rows.push(vec![
-            server_id.clone(),
-            s.id.clone(),
-            format_utc(s.created_at),
-            format_utc(last(s)),
-            status.to_owned(),
-            clients.map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            model,
-            s.cwd.clone().unwrap_or_default(),
-            s.session_name.clone().unwrap_or_default(),
-        ]);
+
+    /// `-w`: every column in full.
+    fn print_wide(&self) {
+        let mut rows = vec![vec![
+            "SERVER".into(),
+            "SESSION".into(),
+            "CREATED (UTC)".into(),
+            "LAST ACTIVITY (UTC)".into(),
+            "STATUS".into(),
+            "CLIENTS".into(),
+            "MODEL".into(),
+            "CWD".into(),
+            "NAME".into(),
+        ]];
+        for (server_id, s) in &self.pairs {
+            let (status, clients) = self.state(server_id, &s.id);
+            rows.push(vec![
+                server_id.clone(),
+                s.id.clone(),
+                format_utc(s.created_at),
+                format_utc(last(s)),
+                status.to_owned(),
+                clients.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                self.model_text(server_id, &s.id),
+                s.cwd.clone().unwrap_or_default(),
+                s.session_name.clone().unwrap_or_default(),
+            ]);
+        }
+        print_table(&rows);
     }
-    print_table(&rows);
+}
+
+/// A session's last activity.
+fn last(s: &SessionMetadata) -> u64 {
+    s.updated_at.unwrap_or(s.created_at)
+}
+
+pub(super) async fn run_list(target: &Target, listing: &Listing) -> Result<(), String> {
+    let mut listed = Listed::gather(target).await?;
+    listed.select(listing);
+    if listing.quiet {
+        for (_, s) in &listed.pairs {
+            outln!("{}", s.id);
+        }
+    } else if listing.json {
+        listed.print_json();
+    } else if listed.pairs.is_empty() {
+        if listing.filter.is_some() || listing.cwd.is_some() {
+            eprintln!("no session matches");
+        } else {
+            eprintln!("no sessions yet; create one with `pi-server create`");
+        }
+    } else if listing.wide {
+        listed.print_wide();
+    } else {
+        listed.print_short();
+    }
     Ok(())
 }
 
