@@ -29,43 +29,7 @@ impl Server {
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
             (Svc::Agent, "prompt" | "followUp" | "steer") => {
-                let Some(text) = prompt_text(args) else {
-                    let error = invalid_args(&call, "{message, images}");
-                    return self.v8_reply(conn, &id, Err(error));
-                };
-                let key = if call.member == "prompt" {
-                    "operationId"
-                } else {
-                    "entryId"
-                };
-                if !busy {
-                    let op = self.start_op(
-                        conn,
-                        "",
-                        &session_id,
-                        "v8.prompt",
-                        Operation::Prompt { text },
-                    );
-                    let view = self.session_view(&session_id);
-                    view.prompts.insert(op.0, None);
-                    return self.v8_reply(conn, &id, Ok(Some(accepted(key, Some(op.0), None))));
-                }
-                if call.member == "steer" {
-                    self.start_op(
-                        conn,
-                        &id,
-                        &session_id,
-                        "v8.steer",
-                        Operation::Steer { text },
-                    );
-                    return;
-                }
-                let message = match call.member.as_str() {
-                    "prompt" => "The session is running a turn; steer it, or wait",
-                    _ => "Follow-ups are not queued by this server; send it when the turn ends",
-                };
-                let result = accepted(key, None, Some(("busy", message)));
-                self.v8_reply(conn, &id, Ok(Some(result)))
+                self.on_v8_prompt(conn, id, &session_id, &call, busy)
             }
             (Svc::Agent, "abort") => match busy {
                 true => {
@@ -88,22 +52,7 @@ impl Server {
                 );
                 self.v8_reply(conn, &id, Ok(Some(result)))
             }
-            (Svc::Agent, "waitForPrompt") => {
-                let op = match args {
-                    [Value::Text(op)] => op.parse::<u64>().ok(),
-                    _ => None,
-                };
-                let view = self.session_view(&session_id);
-                match op.and_then(|op| view.prompts.get(&op).map(|end| (op, end.clone()))) {
-                    Some((_, Some(end))) => self.v8_reply(conn, &id, Ok(Some(prompt_result(&end)))),
-                    Some((op, None)) => view.waits.push(PromptWait {
-                        conn,
-                        request_id: id,
-                        op,
-                    }),
-                    None => self.v8_reply(conn, &id, Err(CallError::internal())),
-                }
-            }
+            (Svc::Agent, "waitForPrompt") => self.on_wait_for_prompt(conn, id, &session_id, args),
             (Svc::SessionPlugins, "reload") | (Svc::Models, "refresh") => {
                 self.v8_reply(conn, &id, Ok(None))
             }
@@ -138,34 +87,108 @@ impl Server {
                 }
             }
             (Svc::Models, "selectThinking" | "cycleThinking") => {
-                let levels = self.thinking_levels(snapshot.as_ref().map(|s| &s.model));
-                let level = if call.member == "selectThinking" {
-                    match args {
-                        [Value::Text(l)] => ThinkingLevel::parse(l).filter(|l| levels.contains(l)),
-                        _ => None,
-                    }
-                } else {
-                    let current = snapshot
-                        .as_ref()
-                        .map_or(ThinkingLevel::Off, |s| s.thinking_level);
-                    let at = levels.iter().position(|l| *l == current);
-                    let next = at.map_or(0, |i| (i + 1) % levels.len());
-                    levels.get(next).copied()
-                };
-                match level {
-                    Some(level) => {
-                        self.start_op(
-                            conn,
-                            &id,
-                            &session_id,
-                            "v8.void",
-                            Operation::SetThinking { level },
-                        );
-                    }
-                    None => self.v8_reply(conn, &id, Err(CallError::internal())),
-                }
+                self.on_select_thinking(conn, id, &session_id, &call, snapshot.as_ref())
             }
             _ => unreachable!("resolve_call admits only these members"),
+        }
+    }
+
+    /// `prompt`, `followUp` and `steer`: a prompt starts a turn when the
+    /// agent is idle and is refused in band when busy; a steer goes to the
+    /// running turn; a follow-up is not queued.
+    fn on_v8_prompt(
+        &mut self,
+        conn: ConnId,
+        id: String,
+        session_id: &str,
+        call: &ServiceCall,
+        busy: bool,
+    ) {
+        let Some(text) = prompt_text(&call.args) else {
+            let error = invalid_args(call, "{message, images}");
+            return self.v8_reply(conn, &id, Err(error));
+        };
+        let key = if call.member == "prompt" {
+            "operationId"
+        } else {
+            "entryId"
+        };
+        if !busy {
+            let op = self.start_op(
+                conn,
+                "",
+                session_id,
+                "v8.prompt",
+                Operation::Prompt { text },
+            );
+            let view = self.session_view(session_id);
+            view.prompts.insert(op.0, None);
+            return self.v8_reply(conn, &id, Ok(Some(accepted(key, Some(op.0), None))));
+        }
+        if call.member == "steer" {
+            self.start_op(conn, &id, session_id, "v8.steer", Operation::Steer { text });
+            return;
+        }
+        let message = match call.member.as_str() {
+            "prompt" => "The session is running a turn; steer it, or wait",
+            _ => "Follow-ups are not queued by this server; send it when the turn ends",
+        };
+        let result = accepted(key, None, Some(("busy", message)));
+        self.v8_reply(conn, &id, Ok(Some(result)))
+    }
+
+    /// `waitForPrompt`: at once for a prompt that ended, else when it does.
+    fn on_wait_for_prompt(&mut self, conn: ConnId, id: String, session_id: &str, args: &[Value]) {
+        let op = match args {
+            [Value::Text(op)] => op.parse::<u64>().ok(),
+            _ => None,
+        };
+        let view = self.session_view(session_id);
+        match op.and_then(|op| view.prompts.get(&op).map(|end| (op, end.clone()))) {
+            Some((_, Some(end))) => self.v8_reply(conn, &id, Ok(Some(prompt_result(&end)))),
+            Some((op, None)) => view.waits.push(PromptWait {
+                conn,
+                request_id: id,
+                op,
+            }),
+            None => self.v8_reply(conn, &id, Err(CallError::internal())),
+        }
+    }
+
+    /// `selectThinking` (a level the model offers) and `cycleThinking`
+    /// (the next one), between turns.
+    fn on_select_thinking(
+        &mut self,
+        conn: ConnId,
+        id: String,
+        session_id: &str,
+        call: &ServiceCall,
+        snapshot: Option<&SessionSnapshot>,
+    ) {
+        let args = call.args.as_slice();
+        let levels = self.thinking_levels(snapshot.map(|s| &s.model));
+        let level = if call.member == "selectThinking" {
+            match args {
+                [Value::Text(l)] => ThinkingLevel::parse(l).filter(|l| levels.contains(l)),
+                _ => None,
+            }
+        } else {
+            let current = snapshot.map_or(ThinkingLevel::Off, |s| s.thinking_level);
+            let at = levels.iter().position(|l| *l == current);
+            let next = at.map_or(0, |i| (i + 1) % levels.len());
+            levels.get(next).copied()
+        };
+        match level {
+            Some(level) => {
+                self.start_op(
+                    conn,
+                    &id,
+                    session_id,
+                    "v8.void",
+                    Operation::SetThinking { level },
+                );
+            }
+            None => self.v8_reply(conn, &id, Err(CallError::internal())),
         }
     }
 
