@@ -412,63 +412,12 @@ impl<D: Dial> Worker<D> {
                     }
                     None
                 }
-                HostOutput::OpenStore => {
-                    match SessionStore::open(&self.session_dir, &self.session_id) {
-                        Err(StoreError::Unopened {
-                            created_at, cwd, ..
-                        }) => Some(HostInput::StoreUnopened { created_at, cwd }),
-                        opened => Some(HostInput::StoreOpened(
-                            opened
-                                .map(|(store, stored)| {
-                                    self.opened(store, &stored.cwd);
-                                    stored
-                                })
-                                .map_err(|e| self.store_failed("cannot open the session", &e)),
-                        )),
-                    }
-                }
-                HostOutput::AdoptStore(stored) => {
-                    let adopted = SessionStore::adopt(&self.session_dir, &stored);
-                    Some(HostInput::StoreOpened(
-                        adopted
-                            .map(|store| {
-                                self.opened(store, &stored.cwd);
-                                stored
-                            })
-                            .map_err(|e| self.store_failed("cannot open pi's session", &e)),
-                    ))
-                }
-                HostOutput::CreateStore(stored) => {
-                    let created = SessionStore::create(&self.session_dir, &stored);
-                    Some(HostInput::StoreOpened(
-                        created
-                            .map(|store| {
-                                self.opened(store, &stored.cwd);
-                                stored
-                            })
-                            .map_err(|e| self.store_failed("cannot create the session", &e)),
-                    ))
-                }
-                HostOutput::RecordServer => {
-                    if let (Some(store), Some(path)) = (&mut self.store, self.dial.server_path()) {
-                        store.record_server(path);
-                    }
-                    None
-                }
-                HostOutput::Commit(batch) => {
-                    let store = self.store.as_mut().expect("a commit follows the open");
-                    let result = store.apply(&batch);
-                    Some(HostInput::Committed(
-                        result.map_err(|e| self.store_failed("storage write failed", &e)),
-                    ))
-                }
-                HostOutput::ReloadStore => {
-                    let store = self.store.as_ref().expect("a reload follows the open");
-                    let result = store.reload();
-                    Some(HostInput::Reloaded(result.map_err(|e| {
-                        self.store_failed("cannot read the session back", &e)
-                    })))
-                }
+                HostOutput::OpenStore
+                | HostOutput::AdoptStore(_)
+                | HostOutput::CreateStore(_)
+                | HostOutput::RecordServer
+                | HostOutput::Commit(_)
+                | HostOutput::ReloadStore => self.store(output),
                 HostOutput::SaveDefaultModel(model) => {
                     if let Err(e) = pi_config::settings::set_default_model(&self.agent_dir, &model)
                     {
@@ -521,14 +470,7 @@ impl<D: Dial> Worker<D> {
                     None
                 }
                 HostOutput::CancelModel { call } => {
-                    if let Some((c, task, cancel)) = self.model_task.take() {
-                        if c == call {
-                            cancel.cancel(); // drops the HTTP stream
-                            task.abort();
-                        } else {
-                            self.model_task = Some((c, task, cancel));
-                        }
-                    }
+                    self.cancel_model(call);
                     None
                 }
                 HostOutput::RunTool {
@@ -541,14 +483,7 @@ impl<D: Dial> Worker<D> {
                     None
                 }
                 HostOutput::CancelTool { id } => {
-                    if let Some((i, task, cancel)) = self.tool_task.take() {
-                        if i == id {
-                            cancel.cancel(); // a cancelled bash has its process group killed
-                            task.abort();
-                        } else {
-                            self.tool_task = Some((i, task, cancel));
-                        }
-                    }
+                    self.cancel_tool(&id);
                     None
                 }
                 HostOutput::Announce(hello) => {
@@ -576,6 +511,96 @@ impl<D: Dial> Worker<D> {
             };
             if let Some(input) = answer {
                 queue.extend(host.step((self.clock)(), input));
+            }
+        }
+    }
+
+    /// Carries out a store output; the store's answer goes back to the host.
+    fn store(&mut self, output: HostOutput) -> Option<HostInput> {
+        match output {
+            HostOutput::OpenStore => {
+                match SessionStore::open(&self.session_dir, &self.session_id) {
+                    Err(StoreError::Unopened {
+                        created_at, cwd, ..
+                    }) => Some(HostInput::StoreUnopened { created_at, cwd }),
+                    opened => Some(HostInput::StoreOpened(
+                        opened
+                            .map(|(store, stored)| {
+                                self.opened(store, &stored.cwd);
+                                stored
+                            })
+                            .map_err(|e| self.store_failed("cannot open the session", &e)),
+                    )),
+                }
+            }
+            HostOutput::AdoptStore(stored) => {
+                let adopted = SessionStore::adopt(&self.session_dir, &stored);
+                Some(HostInput::StoreOpened(
+                    adopted
+                        .map(|store| {
+                            self.opened(store, &stored.cwd);
+                            stored
+                        })
+                        .map_err(|e| self.store_failed("cannot open pi's session", &e)),
+                ))
+            }
+            HostOutput::CreateStore(stored) => {
+                let created = SessionStore::create(&self.session_dir, &stored);
+                Some(HostInput::StoreOpened(
+                    created
+                        .map(|store| {
+                            self.opened(store, &stored.cwd);
+                            stored
+                        })
+                        .map_err(|e| self.store_failed("cannot create the session", &e)),
+                ))
+            }
+            HostOutput::RecordServer => {
+                if let (Some(store), Some(path)) = (&mut self.store, self.dial.server_path()) {
+                    store.record_server(path);
+                }
+                None
+            }
+            HostOutput::Commit(batch) => {
+                let store = self.store.as_mut().expect("a commit follows the open");
+                let result = store.apply(&batch);
+                Some(HostInput::Committed(
+                    result.map_err(|e| self.store_failed("storage write failed", &e)),
+                ))
+            }
+            HostOutput::ReloadStore => {
+                let store = self.store.as_ref().expect("a reload follows the open");
+                let result = store.reload();
+                Some(HostInput::Reloaded(result.map_err(|e| {
+                    self.store_failed("cannot read the session back", &e)
+                })))
+            }
+            _ => unreachable!("not a store output"),
+        }
+    }
+
+    /// Stops model call `call`, if it is the one running: the HTTP stream
+    /// is dropped.
+    fn cancel_model(&mut self, call: u64) {
+        if let Some((c, task, cancel)) = self.model_task.take() {
+            if c == call {
+                cancel.cancel();
+                task.abort();
+            } else {
+                self.model_task = Some((c, task, cancel));
+            }
+        }
+    }
+
+    /// Stops tool `id`, if it is the one running: a cancelled `bash` has its
+    /// process group killed.
+    fn cancel_tool(&mut self, id: &str) {
+        if let Some((i, task, cancel)) = self.tool_task.take() {
+            if i == id {
+                cancel.cancel();
+                task.abort();
+            } else {
+                self.tool_task = Some((i, task, cancel));
             }
         }
     }
