@@ -952,6 +952,21 @@ async fn bash(
         Some(spill) => spill.finish(cut > 0).await,
         None => None,
     };
+    Ok(bash_outcome(
+        &ending, output, cut, tail.total, full, timeout,
+    ))
+}
+
+/// What the model is told of a command: its output's tail (and where the
+/// whole is when it was cut), and how it ended.
+fn bash_outcome(
+    ending: &Ending,
+    output: String,
+    cut: u64,
+    total: u64,
+    full: Option<std::path::PathBuf>,
+    timeout: Duration,
+) -> ToolOutcome {
     let mut text = String::new();
     if cut > 0 {
         let whole = match &full {
@@ -960,16 +975,16 @@ async fn bash(
         };
         text.push_str(&format!(
             "[Output truncated: the first {cut} of {} bytes were cut; showing the last {} bytes.{whole}]\n",
-            tail.total,
-            tail.total - cut
+            total,
+            total - cut
         ));
     }
     text.push_str(&output);
-    if tail.total == 0 {
+    if total == 0 {
         text.push_str("(no output)");
     }
     let secs = timeout.as_secs_f64();
-    let (exit_code, is_error, note) = match &ending {
+    let (exit_code, is_error, note) = match ending {
         Ending::Exited(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(s)) {
             (Some(0), _) => (Some(0), false, None),
             (Some(code), _) => (
@@ -1009,14 +1024,14 @@ async fn bash(
         "timedOut": matches!(ending, Ending::TimedOut),
         "cancelled": matches!(ending, Ending::Cancelled),
         "truncated": cut > 0,
-        "totalBytes": tail.total,
+        "totalBytes": total,
         "fullOutputPath": full.as_ref().map(|p| p.display().to_string()),
     });
-    Ok(ToolOutcome {
+    ToolOutcome {
         content: vec![Content::Text { text }],
         details: Some(pi_config::json::from_json(&details)),
         is_error,
-    })
+    }
 }
 
 #[cfg(test)]
