@@ -87,6 +87,59 @@ fn local(client: &Client, id: &str, command: slash::Command) -> Option<String> {
     })
 }
 
+/// Carries out what the front decided: its calls go out as tasks whose
+/// answers come back on `done`; what it hands back or tells goes to
+/// stderr. True once the front is finished.
+fn carry_out(
+    client: &Arc<Client>,
+    id: &str,
+    follower: &mut Follower,
+    done: &mpsc::Sender<Answered>,
+    outputs: Vec<Output>,
+) -> bool {
+    let mut finished = false;
+    for output in outputs {
+        match output {
+            Output::Send { call, request, .. } => {
+                if let Request::Prompt(text) | Request::Steer(text) = &request {
+                    follower.expect_own(text.clone());
+                }
+                let (client, id, done) = (Arc::clone(client), id.to_owned(), done.clone());
+                tokio::spawn(async move {
+                    let (outcome, snapshot) = client.front_request(&id, &request).await;
+                    let _ = done.send((call, outcome, snapshot)).await;
+                });
+            }
+            Output::HandBack { text, why, .. } => {
+                eprintln!("(line not taken: {}) {text}", reason(&why))
+            }
+            Output::Notice(notice) => match notice {
+                Notice::Held { lines } => {
+                    eprintln!("(holding {lines} line(s) until the server is back)")
+                }
+                Notice::Reconnecting => eprintln!("(reconnecting)"),
+                Notice::Reconnected => eprintln!("(reconnected)"),
+                Notice::Retrying { text } => {
+                    eprintln!("(the session was busy; sending again) {text}")
+                }
+                Notice::NothingToAbort => {}
+                Notice::Aborting => eprintln!("(aborting the turn; Ctrl-C again leaves)"),
+                Notice::AbortRefused(e) => eprintln!("(cannot abort: {e})"),
+                Notice::Applied(line) => eprintln!("(done: {line})"),
+            },
+            Output::Local(command) => {
+                if let Some(text) = local(client, id, command) {
+                    eprintln!("{text}");
+                } else {
+                    finished = true;
+                }
+            }
+            Output::Finished => finished = true,
+        }
+    }
+    finished
+}
+
 /// `attach` without a terminal: follows session `id` (attached by `client`,
 /// its snapshot `snapshot`), feeding it stdin's lines as the kernel's
 /// [`Front`] decides, until input ends and the last turn is over, Ctrl-C
@@ -203,46 +256,7 @@ pub(super) async fn run_lines(
                 front::Input::Abort
             }
         };
-        let mut finished = false;
-        for output in front.step(input) {
-            match output {
-                Output::Send { call, request, .. } => {
-                    if let Request::Prompt(text) | Request::Steer(text) = &request {
-                        follower.expect_own(text.clone());
-                    }
-                    let (client, id, done) = (Arc::clone(&client), id.to_owned(), done_tx.clone());
-                    tokio::spawn(async move {
-                        let (outcome, snapshot) = client.front_request(&id, &request).await;
-                        let _ = done.send((call, outcome, snapshot)).await;
-                    });
-                }
-                Output::HandBack { text, why, .. } => {
-                    eprintln!("(line not taken: {}) {text}", reason(&why))
-                }
-                Output::Notice(notice) => match notice {
-                    Notice::Held { lines } => {
-                        eprintln!("(holding {lines} line(s) until the server is back)")
-                    }
-                    Notice::Reconnecting => eprintln!("(reconnecting)"),
-                    Notice::Reconnected => eprintln!("(reconnected)"),
-                    Notice::Retrying { text } => {
-                        eprintln!("(the session was busy; sending again) {text}")
-                    }
-                    Notice::NothingToAbort => {}
-                    Notice::Aborting => eprintln!("(aborting the turn; Ctrl-C again leaves)"),
-                    Notice::AbortRefused(e) => eprintln!("(cannot abort: {e})"),
-                    Notice::Applied(line) => eprintln!("(done: {line})"),
-                },
-                Output::Local(command) => {
-                    if let Some(text) = local(&client, id, command) {
-                        eprintln!("{text}");
-                    } else {
-                        finished = true;
-                    }
-                }
-                Output::Finished => finished = true,
-            }
-        }
+        let finished = carry_out(&client, id, &mut follower, &done_tx, front.step(input));
         if finished {
             plain.end_line(&mut out);
             print(&out.main);
