@@ -4,6 +4,10 @@
 
 use std::time::Duration;
 
+/// Events (accepts, worker frames, exits, jobs) queued for the loop before
+/// their senders wait.
+pub(crate) const LOOP_EVENTS: usize = 4096;
+
 /// After a failed `accept` (out of descriptors, say), the wait before the next.
 pub(crate) const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 

@@ -59,7 +59,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::limits::{ACCEPT_RETRY, EVENT_BATCH, READS_PER_TURN};
+use crate::limits::{ACCEPT_RETRY, EVENT_BATCH, LOOP_EVENTS, READS_PER_TURN};
 pub use pi_config::{ServeOptions, WebAccess};
 
 /// The tracing target of the kernel's steps (`input → [outputs]`, at trace
@@ -597,7 +597,7 @@ pub async fn run_on<P: Platform>(
         worker_path,
         released,
     } = serving;
-    let (tx, mut rx) = mpsc::channel::<Event<P>>(4096);
+    let (tx, mut rx) = mpsc::channel::<Event<P>>(LOOP_EVENTS);
     let server = Server::new(config);
     let client_accepts = clients
         .into_iter()
@@ -612,42 +612,9 @@ pub async fn run_on<P: Platform>(
     )));
     // Watch before the first scan, so no change falls between the two.
     let catalog_change_queued = Arc::new(AtomicBool::new(false));
-    let (catalog_watch, unwatched) = {
-        let queued = Arc::clone(&catalog_change_queued);
-        let tx = tx.clone();
-        let watch = platform.watch(
-            &session_dir,
-            Box::new(move || {
-                if !queued.swap(true, Ordering::AcqRel) {
-                    let _ = tx.blocking_send(Event::CatalogChanged);
-                }
-            }),
-        );
-        match watch {
-            Ok(watch) => (Some(watch), None),
-            Err(e) => (None, Some(e)),
-        }
-    };
-    let scan_dir = session_dir.clone();
-    let catalog_tx = tx.clone();
-    let our_workers = worker_path.clone();
-    let scan = platform.blocking(move || {
-        let (sessions, models) = store::scan_catalog_with_models(&scan_dir);
-        let orphans = sessions
-            .iter()
-            .filter(|m| {
-                our_workers.as_deref().is_some_and(|ours| {
-                    store::live_holder(&scan_dir, &m.id)
-                        .is_some_and(|h| h.server.as_deref() == Some(ours))
-                })
-            })
-            .map(|m| m.id.clone())
-            .collect();
-        Event::CatalogLoaded(sessions, models, orphans)
-    });
-    tokio::spawn(async move {
-        let _ = catalog_tx.send(scan.await).await;
-    });
+    let (catalog_watch, unwatched) =
+        watch_catalog(&platform, &session_dir, &catalog_change_queued, &tx);
+    load_catalog(&platform, &session_dir, worker_path.clone(), tx.clone());
 
     let mut d = Daemon {
         platform,
@@ -717,23 +684,84 @@ pub async fn run_on<P: Platform>(
         task.abort();
     }
     d.cleanup_sockets();
-    if let Some(mut successor) = d.successor.take() {
-        // Aborted connection tasks drop their sockets when they finish: wait
-        // for that, so no client of ours is still connected when the successor binds.
-        for task in std::mem::take(&mut d.dropped) {
-            let _ = task.await;
-        }
-        // Our sockets are gone and every worker is released: the successor may bind.
-        let sessions = std::mem::take(&mut d.released);
-        let bytes =
-            frame_worker_message(&WorkerFrame::Released { sessions }).map_err(|e| e.to_string())?;
-        successor
-            .write_all(&bytes)
-            .await
-            .map_err(|e| format!("cannot answer the successor: {e}"))?;
-        tracing::info!("handed over to the new server");
+    if let Some(successor) = d.successor.take() {
+        hand_over(successor, &mut d).await?;
     }
     tracing::info!("server stopped");
+    Ok(())
+}
+
+/// Follows the session directory: a change queues one catalog event (no
+/// more until the loop takes it). `Err` when it cannot be watched.
+fn watch_catalog<P: Platform>(
+    platform: &P,
+    session_dir: &std::path::Path,
+    queued: &Arc<AtomicBool>,
+    tx: &mpsc::Sender<Event<P>>,
+) -> (Option<Box<dyn Send>>, Option<String>) {
+    let queued = Arc::clone(queued);
+    let tx = tx.clone();
+    let watch = platform.watch(
+        session_dir,
+        Box::new(move || {
+            if !queued.swap(true, Ordering::AcqRel) {
+                let _ = tx.blocking_send(Event::CatalogChanged);
+            }
+        }),
+    );
+    match watch {
+        Ok(watch) => (Some(watch), None),
+        Err(e) => (None, Some(e)),
+    }
+}
+
+/// Scans the session directory once, off the loop: the sessions, their
+/// models, and those whose live worker is one of ours (orphans to expect).
+fn load_catalog<P: Platform>(
+    platform: &P,
+    session_dir: &std::path::Path,
+    our_workers: Option<PathBuf>,
+    tx: mpsc::Sender<Event<P>>,
+) {
+    let scan_dir = session_dir.to_path_buf();
+    let scan = platform.blocking(move || {
+        let (sessions, models) = store::scan_catalog_with_models(&scan_dir);
+        let orphans = sessions
+            .iter()
+            .filter(|m| {
+                our_workers.as_deref().is_some_and(|ours| {
+                    store::live_holder(&scan_dir, &m.id)
+                        .is_some_and(|h| h.server.as_deref() == Some(ours))
+                })
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        Event::CatalogLoaded(sessions, models, orphans)
+    });
+    tokio::spawn(async move {
+        let _ = tx.send(scan.await).await;
+    });
+}
+
+/// Answers the server that replaces this one, once our sockets are gone
+/// and every worker is released: it may bind now.
+async fn hand_over<P: Platform>(
+    mut successor: P::Channel,
+    d: &mut Daemon<P>,
+) -> Result<(), String> {
+    // Aborted connection tasks drop their sockets when they finish: wait
+    // for that, so no client of ours is still connected when the successor binds.
+    for task in std::mem::take(&mut d.dropped) {
+        let _ = task.await;
+    }
+    let sessions = std::mem::take(&mut d.released);
+    let bytes =
+        frame_worker_message(&WorkerFrame::Released { sessions }).map_err(|e| e.to_string())?;
+    successor
+        .write_all(&bytes)
+        .await
+        .map_err(|e| format!("cannot answer the successor: {e}"))?;
+    tracing::info!("handed over to the new server");
     Ok(())
 }
 
