@@ -74,11 +74,11 @@ impl Echo {
 
     /// Connects the side connection, drained by a thread, like a second
     /// attached client.
-    pub(crate) fn side(&self) -> std::io::Result<crate::rtt::Drain> {
+    pub(crate) fn side(&self) -> std::io::Result<crate::util::Drain> {
         let mut stream = std::os::unix::net::UnixStream::connect(&self.path)?;
         stream.write_all(&(SIDE_MARK.len() as u32).to_be_bytes())?;
         stream.write_all(SIDE_MARK)?;
-        crate::rtt::Drain::start(stream)
+        crate::util::Drain::start(stream)
     }
 }
 

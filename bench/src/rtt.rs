@@ -5,13 +5,11 @@ use crate::echo::Echo;
 use crate::raw::{Kind, RawConn, kind, v1_request};
 use crate::server::{Server, create_sessions};
 use crate::util::{
-    Env, Placement, Report, ctx_switches, fmt_us, median, percentile, schedstat, sorted, us,
+    Drain, Env, Placement, Report, ctx_switches, fmt_us, median, percentile, schedstat, sorted, us,
 };
 use kernel::protocol::{ClientHello, ClientMessage, Command, PROTOCOL_VERSION};
 use std::io::{self, Read, Write};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// `n` sequential cycles; each sends `requests` one after the other, waiting
@@ -254,48 +252,6 @@ impl Holder {
     /// Bytes received since the attach was answered.
     pub(crate) fn received(&self) -> u64 {
         self.drain.received()
-    }
-}
-
-/// A connection drained (and counted) by a thread of its own.
-#[derive(Debug)]
-pub(crate) struct Drain {
-    stream: std::os::unix::net::UnixStream,
-    thread: Option<std::thread::JoinHandle<()>>,
-    received: Arc<AtomicU64>,
-}
-
-impl Drain {
-    /// Drains `stream` until it closes.
-    pub(crate) fn start(stream: std::os::unix::net::UnixStream) -> io::Result<Self> {
-        let mut reader = stream.try_clone()?;
-        let received = Arc::new(AtomicU64::new(0));
-        let count = Arc::clone(&received);
-        let thread = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 256 * 1024];
-            while let Ok(n @ 1..) = reader.read(&mut buf) {
-                count.fetch_add(n as u64, Ordering::Relaxed);
-            }
-        });
-        Ok(Self {
-            stream,
-            thread: Some(thread),
-            received,
-        })
-    }
-
-    /// Bytes drained so far.
-    pub(crate) fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Drain {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -663,3 +663,45 @@ pub(crate) fn read_http_request(
     reader.read_exact(&mut body)?;
     Ok(Some((request_line, body)))
 }
+
+/// A connection drained (and counted) by a thread of its own.
+#[derive(Debug)]
+pub(crate) struct Drain {
+    stream: std::os::unix::net::UnixStream,
+    thread: Option<std::thread::JoinHandle<()>>,
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Drain {
+    /// Drains `stream` until it closes.
+    pub(crate) fn start(stream: std::os::unix::net::UnixStream) -> std::io::Result<Self> {
+        let mut reader = stream.try_clone()?;
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = std::sync::Arc::clone(&received);
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut reader, &mut buf) {
+                count.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        Ok(Self {
+            stream,
+            thread: Some(thread),
+            received,
+        })
+    }
+
+    /// Bytes drained so far.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

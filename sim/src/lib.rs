@@ -90,4 +90,5 @@ pub mod prng;
 pub mod summary;
 pub mod swarm;
 pub mod typist;
+pub mod v8;
 pub mod world;

@@ -26,7 +26,7 @@ impl Names {
 
     /// The short name of an attachment id (`a1`, `a2`, …).
     pub fn attachment(&mut self, id: &str) -> String {
-        if id == crate::world::v8::UNKNOWN_ATTACHMENT {
+        if id == crate::v8::UNKNOWN_ATTACHMENT {
             return "unknown".into();
         }
         let n = self.map.values().filter(|v| v.starts_with('a')).count() + 1;
@@ -283,7 +283,7 @@ pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
 }
 
 /// A v8 route: `s1/a2`.
-fn v8_route(names: &mut Names, route: &crate::world::v8::Route) -> String {
+fn v8_route(names: &mut Names, route: &crate::v8::Route) -> String {
     format!(
         "{}/{}",
         names.session(&route.session_id),
@@ -316,10 +316,10 @@ pub fn v8_request(
 ) -> String {
     let args: Vec<String> = call.args.iter().map(|a| v8_arg(names, a)).collect();
     let name = match call.service_id.as_str() {
-        crate::world::v8::CONTROL => call.member.clone(),
+        crate::v8::CONTROL => call.member.clone(),
         service => format!("{service}.{}", call.member),
     };
-    let at = match crate::world::v8::route_of(target) {
+    let at = match crate::v8::route_of(target) {
         Some(route) => format!(" @{}", v8_route(names, &route)),
         None => String::new(),
     };
@@ -385,12 +385,8 @@ fn v8_result(names: &mut Names, v: &kernel::wire::Value) -> String {
 
 /// A server → v8 client message; `None` for an update that only streams
 /// text (an `a` op or path ids), unless `deltas`.
-pub fn v8_server(
-    names: &mut Names,
-    m: &crate::world::v8::V8Message,
-    deltas: bool,
-) -> Option<String> {
-    use crate::world::v8::V8Message;
+pub fn v8_server(names: &mut Names, m: &crate::v8::V8Message, deltas: bool) -> Option<String> {
+    use crate::v8::V8Message;
     use kernel::wire::Value;
     Some(match m {
         V8Message::Hello { .. } => "hello v8".into(),

@@ -46,8 +46,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// the calls behind it) are fixed, and the swarm cancels anything.
 pub const AVOID_KNOWN_V8_BUGS: bool = false;
 
-/// A session id that never exists (traced as `unknown`).
-pub const UNKNOWN_SESSION: &str = "00000000-0000-4000-8000-00000000dead";
+pub use crate::v8::UNKNOWN_SESSION;
 
 /// How a run failed (TigerBeetle's `Failure`; the CLI exits with [`FailureClass::exit_code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,7 @@
 //! judge the kernel ([`Fact`]): requests sent, every message the kernel
 //! queued together with the requester's attachment right after that kernel
 //! step, operations the runtimes received, completions the kernel consumed,
-//! connections that ended. The checkers (`crate::checkers`) read them; the
+//! connections that ended. The checkers read them; the
 //! world itself judges nothing.
 //!
 //! [`Runtime`]: kernel::runtime::Runtime
