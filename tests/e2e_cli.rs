@@ -1306,3 +1306,78 @@ async fn exec_and_prompt_print_json_lines_with_json() {
         "our own prompt is not echoed: {out}"
     );
 }
+
+/// `compact` summarises a session's older conversation between turns: it
+/// says so while it waits, keeps every item, refuses with nothing older to
+/// summarise, and `/compact` in the line mode does the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn compact_from_the_command_line_and_the_line_mode() {
+    let server = TestServer::start("compact").await;
+    let client = server.connect().await;
+    let tiny = kernel::protocol::ModelRef {
+        provider: "faux".into(),
+        id: "faux-tiny".into(),
+    };
+    let created = client
+        .create(kernel::protocol::CreateParams {
+            model: Some(tiny),
+            ..params("squeeze")
+        })
+        .await
+        .unwrap();
+    let id = created.id;
+    // Nothing older than what a compaction keeps: refused, nothing changed.
+    let early = server.run_cli(&["compact", "squeeze"]).await;
+    assert_eq!(early.status.code(), Some(1), "{early:#?}");
+    assert!(early.stderr.contains("Nothing to compact"), "{early:#?}");
+    // Turns until there is more than a compaction keeps (a turn that
+    // fills the tiny window compacts on its own, which keeps the newest).
+    let mut compacted = None;
+    let mut items = 0;
+    for n in 0..16 {
+        let turn = client.prompt(&id, &format!("question {n}")).await.unwrap();
+        items = turn.transcript.len();
+        let out = server.run_cli(&["compact", "squeeze"]).await;
+        if out.status.success() {
+            compacted = Some(out);
+            break;
+        }
+        assert!(out.stderr.contains("Nothing to compact"), "{out:#?}");
+    }
+    let compacted = compacted.expect("a compaction within 16 turns");
+    assert!(
+        compacted.stdout.starts_with("compacted session"),
+        "{compacted:#?}"
+    );
+    assert!(
+        compacted.stderr.contains("compacting session"),
+        "progress is shown while the model works: {compacted:#?}"
+    );
+    let after = client.attach(&id).await.unwrap();
+    assert_eq!(after.transcript.len(), items, "every item stays");
+    assert_eq!(after.phase, kernel::protocol::SessionPhase::Idle);
+    // Everything older is in the summary now.
+    let again = server.run_cli(&["compact", "squeeze"]).await;
+    assert_eq!(again.status.code(), Some(1), "{again:#?}");
+    assert!(again.stderr.contains("Nothing to compact"), "{again:#?}");
+    // The line mode: `/compact` goes to the session, and comes back refused
+    // with nothing more to summarise.
+    let mut command = tokio::process::Command::from(server.cli(&["attach", "squeeze"]));
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"/compact\n").await.unwrap();
+    drop(stdin);
+    let output = within("attach with /compact", child.wait_with_output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("/compact") && stderr.contains("Nothing to compact"),
+        "{stderr}"
+    );
+}

@@ -433,6 +433,21 @@ struct Turn {
     /// The provider said the context overflowed its window, and the turn
     /// compacted to retry: a second overflow ends the turn.
     overflow_retried: bool,
+    /// A compaction asked for (`compact`): no reply follows it, and its
+    /// operation is answered when the summary is stored.
+    compaction: bool,
+}
+
+/// Why a compaction runs, which decides how much it summarises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The context passed [`Policy::compaction_percent`] of the window:
+    /// all but the newest items that fit in [`Policy::keep_recent_percent`].
+    Threshold,
+    /// The provider refused the context as too long: all but the newest item.
+    Overflow,
+    /// Asked for: as at the threshold, whatever the context's size.
+    Asked,
 }
 
 /// The session runtime. See the module documentation.
@@ -692,6 +707,7 @@ impl Runtime {
             Operation::Prompt { text } => return self.on_prompt(op, text),
             Operation::Steer { text } => self.on_steer(text),
             Operation::Abort => return self.on_abort(op),
+            Operation::Compact => return self.on_compact(op),
             Operation::SetModel { model } => self.on_set_model(model),
             Operation::SetThinking { level } => self.on_set_thinking(level),
             Operation::SetMcpServers { servers } => {
@@ -755,16 +771,53 @@ impl Runtime {
             stage: Stage::Retrying { at: self.now },
             failures: 0,
             overflow_retried: false,
+            compaction: false,
         });
         self.next_call();
     }
 
-    fn on_steer(&mut self, text: String) -> Result<(), ProtocolError> {
-        if self.turn.is_none() {
-            return Err(ProtocolError::new(
+    /// `compact`: summarises the older conversation now, between turns; a
+    /// context with nothing older than what is kept is refused, unchanged.
+    fn on_compact(&mut self, op: OpId) {
+        if self.turn.is_some() {
+            let error = ProtocolError::new(
                 ErrorCode::Busy,
-                "There is no active prompt to steer",
-            ));
+                "The session is running a turn; compact it when the turn ends",
+            );
+            return self.done(op, Err(error));
+        }
+        self.turn = Some(Turn {
+            prompt_op: op,
+            stage: Stage::Retrying { at: self.now },
+            failures: 0,
+            overflow_retried: false,
+            compaction: true,
+        });
+        if !self.start_compaction(Why::Asked) {
+            self.turn = None;
+            let error = ProtocolError::new(
+                ErrorCode::InvalidRequest,
+                "Nothing to compact: the conversation fits in what a compaction keeps",
+            );
+            self.done(op, Err(error));
+        }
+    }
+
+    fn on_steer(&mut self, text: String) -> Result<(), ProtocolError> {
+        match &self.turn {
+            None => {
+                return Err(ProtocolError::new(
+                    ErrorCode::Busy,
+                    "There is no active prompt to steer",
+                ));
+            }
+            Some(turn) if turn.compaction => {
+                return Err(ProtocolError::new(
+                    ErrorCode::Busy,
+                    "The session is compacting; prompt it when that ends",
+                ));
+            }
+            Some(_) => {}
         }
         let item = self.user_item(text);
         self.state.queued_steer.push(item);
@@ -782,9 +835,17 @@ impl Runtime {
         // aborted reply stays the last item, and the abort's response (this
         // revision) lists them in `queuedSteer` so the client that aborted
         // can put them back in its input. The next revision drops them.
+        let compaction = self.turn.as_ref().is_some_and(|t| t.compaction);
         let prompt_op = self.stop_turn("Aborted", Queued::Withdraw);
         self.done(op, Ok(()));
-        self.done(prompt_op, Ok(()));
+        let answer = match compaction {
+            true => Err(ProtocolError::new(
+                ErrorCode::InvalidRequest,
+                "The compaction was aborted; nothing changed",
+            )),
+            false => Ok(()),
+        };
+        self.done(prompt_op, answer);
         if !self.state.queued_steer.is_empty() {
             self.state.queued_steer.clear();
             self.bump();

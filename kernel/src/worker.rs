@@ -54,6 +54,8 @@ pub enum Operation {
     Rename { name: String },
     /// Remember the editor's MCP servers (an object of named servers).
     SetMcpServers { servers: JsonValue },
+    /// Summarise the older conversation now (idle only).
+    Compact,
 }
 
 impl Operation {
@@ -67,6 +69,7 @@ impl Operation {
             Self::SetThinking { .. } => "set_thinking",
             Self::Rename { .. } => "rename",
             Self::SetMcpServers { .. } => "set_mcp_servers",
+            Self::Compact => "compact",
         }
     }
 }

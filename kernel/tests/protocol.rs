@@ -1720,6 +1720,7 @@ fn command() -> BoxedStrategy<Command> {
             thinking_level
         }),
         id().prop_map(|session_id| Command::Remove { session_id }),
+        id().prop_map(|session_id| Command::Compact { session_id }),
         Just(Command::Status),
     ]
     .boxed()
@@ -1738,6 +1739,7 @@ fn command_result() -> BoxedStrategy<CommandResult> {
         session_snapshot().prop_map(|session| CommandResult::SetModel { session }),
         session_snapshot().prop_map(|session| CommandResult::SetThinking { session }),
         id().prop_map(|session_id| CommandResult::Remove { session_id }),
+        session_snapshot().prop_map(|session| CommandResult::Compact { session }),
         prop::collection::vec(
             (
                 id(),

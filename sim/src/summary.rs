@@ -193,7 +193,8 @@ fn result_summary(names: &mut Names, r: &CommandResult) -> String {
         | CommandResult::Abort { session }
         | CommandResult::SetModel { session }
         | CommandResult::SetThinking { session }
-        | CommandResult::Rename { session } => {
+        | CommandResult::Rename { session }
+        | CommandResult::Compact { session } => {
             format!("{} {}", r.name(), snapshot(names, session))
         }
     }
@@ -244,7 +245,7 @@ pub fn to_worker(m: &ToWorker) -> String {
                 Operation::SetThinking { level } => format!(" {}", level.as_str()),
                 Operation::Rename { name } => format!(" {:?}", short(name)),
                 Operation::SetMcpServers { servers } => format!(" {}", short(&servers.json_text())),
-                Operation::Abort => String::new(),
+                Operation::Abort | Operation::Compact => String::new(),
             };
             format!("{op} {}{detail}", operation.name())
         }

@@ -612,6 +612,13 @@ impl Client {
         session_of(self.request(Command::Rename { session_id, name }).await?)
     }
 
+    /// `compact` (our extension): summarise an idle session's older
+    /// conversation now; answered once the summary is stored.
+    pub async fn compact(&self, session_id: &str) -> Result<SessionSnapshot, ClientError> {
+        let session_id = session_id.to_owned();
+        session_of(self.request(Command::Compact { session_id }).await?)
+    }
+
     /// `remove` (our extension): delete a stored session.
     pub async fn remove(&self, session_id: &str) -> Result<(), ClientError> {
         let session_id = session_id.to_owned();
@@ -660,6 +667,7 @@ impl Client {
             Request::SetModel(model) => self.set_model(session_id, model.clone()).await,
             Request::SetThinking(level) => self.set_thinking(session_id, *level).await,
             Request::Rename(name) => self.rename(session_id, name).await,
+            Request::Compact => self.compact(session_id).await,
         };
         match result {
             Err(e) => (Err(e), None),
@@ -676,9 +684,10 @@ impl Client {
                             .map(|u| machine::follow::text_of(&u.content))
                             .collect(),
                     },
-                    Request::SetModel(_) | Request::SetThinking(_) | Request::Rename(_) => {
-                        Answer::Applied
-                    }
+                    Request::SetModel(_)
+                    | Request::SetThinking(_)
+                    | Request::Rename(_)
+                    | Request::Compact => Answer::Applied,
                 };
                 (Ok(answer), Some(snapshot))
             }

@@ -297,6 +297,7 @@ async fn run(daemon: Daemon, cli: Cli) -> Result<(), Failure> {
         }
         Commands::Rename { id, name } => run_control(&target()?, &id, Control::Rename(name)).await,
         Commands::Abort { id } => run_control(&target()?, &id, Control::Abort).await,
+        Commands::Compact { id } => run_control(&target()?, &id, Control::Compact).await,
         Commands::SetModel { id, model } => {
             run_control(&target()?, &id, Control::SetModel(model)).await
         }

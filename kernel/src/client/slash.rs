@@ -40,11 +40,13 @@ pub enum Command {
     Sessions(Option<String>),
     /// `/export [FILE]`: write the transcript to a file.
     Export(Option<String>),
+    /// `/compact`: summarise the older conversation now.
+    Compact,
 }
 
 /// Every command: its name, its arguments and what it does, as `/help`
 /// shows them and completion offers them, in that order.
-pub const COMMANDS: [(&str, &str, &str); 9] = [
+pub const COMMANDS: [(&str, &str, &str); 10] = [
     ("/help", "", "the commands and keys"),
     (
         "/model",
@@ -58,6 +60,11 @@ pub const COMMANDS: [(&str, &str, &str); 9] = [
     ),
     ("/name", "NAME", "rename the session (names are unique)"),
     ("/abort", "", "end the running turn (as Ctrl-C or Esc)"),
+    (
+        "/compact",
+        "",
+        "summarise the older conversation now (between turns)",
+    ),
     (
         "/new",
         "",
@@ -101,6 +108,7 @@ pub fn parse(line: &str) -> Line {
         "help" | "?" => none(Command::Help),
         "quit" | "exit" => none(Command::Quit),
         "abort" => none(Command::Abort),
+        "compact" => none(Command::Compact),
         "new" => none(Command::New),
         "model" => match argument.map(model) {
             None => Line::Command(Command::Model(None)),

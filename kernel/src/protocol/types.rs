@@ -82,6 +82,10 @@ pub enum Command {
         session_id: String,
         servers: JsonValue,
     },
+    /// `{command:"compact", sessionId}`: our extension. Summarises an idle
+    /// attached session's older conversation now, as a full context would;
+    /// answered when the summary is stored.
+    Compact { session_id: String },
     /// `{command:"status"}`: our extension. The runtime state of every live
     /// session (v1's `SessionMetadata` is durable metadata only), without
     /// attaching to any or starting a worker.
@@ -104,6 +108,7 @@ impl Command {
             Self::Remove { .. } => "remove",
             Self::Rename { .. } => "rename",
             Self::SetMcpServers { .. } => "set_mcp_servers",
+            Self::Compact { .. } => "compact",
             Self::Status => "status",
         }
     }
@@ -121,6 +126,7 @@ impl Command {
             | Self::SetThinking { session_id, .. }
             | Self::Rename { session_id, .. }
             | Self::SetMcpServers { session_id, .. }
+            | Self::Compact { session_id }
             | Self::Remove { session_id } => Some(session_id),
         }
     }
@@ -199,6 +205,8 @@ pub enum CommandResult {
     Rename { session: SessionSnapshot },
     /// `{command:"set_mcp_servers", session}`: our extension.
     SetMcpServers { session: SessionSnapshot },
+    /// `{command:"compact", session}`: our extension.
+    Compact { session: SessionSnapshot },
     /// `{command:"status", sessions}`: our extension; one entry per live
     /// session, in id order. A stored session that is not live has none.
     Status { sessions: Vec<LiveStatus> },
@@ -275,7 +283,8 @@ impl CommandResult {
             | Self::SetModel { session }
             | Self::SetThinking { session }
             | Self::Rename { session }
-            | Self::SetMcpServers { session } => Some(session),
+            | Self::SetMcpServers { session }
+            | Self::Compact { session } => Some(session),
             Self::List { .. } | Self::Detach { .. } | Self::Remove { .. } | Self::Status { .. } => {
                 None
             }
@@ -294,7 +303,8 @@ impl CommandResult {
             | Self::SetModel { session }
             | Self::SetThinking { session }
             | Self::Rename { session }
-            | Self::SetMcpServers { session } => Ok(session),
+            | Self::SetMcpServers { session }
+            | Self::Compact { session } => Ok(session),
             other => Err(other.name()),
         }
     }
@@ -314,6 +324,7 @@ impl CommandResult {
             Self::Remove { .. } => "remove",
             Self::Rename { .. } => "rename",
             Self::SetMcpServers { .. } => "set_mcp_servers",
+            Self::Compact { .. } => "compact",
             Self::Status { .. } => "status",
         }
     }
@@ -332,6 +343,7 @@ impl CommandResult {
             "set_thinking" => Self::SetThinking { session },
             "rename" => Self::Rename { session },
             "set_mcp_servers" => Self::SetMcpServers { session },
+            "compact" => Self::Compact { session },
             _ => return None,
         })
     }

@@ -125,7 +125,7 @@ fn operation_to_value(op: &Operation) -> Value {
     let b = MapBuilder::with_capacity(2).put("kind", text(op.name()));
     match op {
         Operation::Prompt { text: t } | Operation::Steer { text: t } => b.put("text", text(t)),
-        Operation::Abort => b,
+        Operation::Abort | Operation::Compact => b,
         Operation::SetModel { model } => b.put("model", model.to_value()),
         Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
         Operation::Rename { name } => b.put("name", text(name)),
@@ -152,6 +152,10 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
         Some("abort") => {
             Fields::new(value, path, &["kind"])?;
             Operation::Abort
+        }
+        Some("compact") => {
+            Fields::new(value, path, &["kind"])?;
+            Operation::Compact
         }
         Some("set_model") => {
             let f = Fields::new(value, path, &["kind", "model"])?;
@@ -721,6 +725,10 @@ pub(super) mod tests {
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(9),
                 operation: Operation::Abort,
+            }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(9),
+                operation: Operation::Compact,
             }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(10),

@@ -4,9 +4,10 @@
 use super::*;
 
 impl Runtime {
-    /// Starts a compaction when one is due (or, with `force`, whenever there
-    /// is something to compact); false when none started.
-    pub(super) fn start_compaction(&mut self, force: bool) -> bool {
+    /// Starts a compaction when one is due (at the threshold), or whenever
+    /// there is something to compact (after an overflow, or asked for);
+    /// false when none started.
+    pub(super) fn start_compaction(&mut self, why: Why) -> bool {
         let compacting = matches!(
             self.turn,
             Some(Turn {
@@ -17,7 +18,7 @@ impl Runtime {
         if compacting {
             return false;
         }
-        let Some((context, through)) = self.compaction_plan(force) else {
+        let Some((context, through)) = self.compaction_plan(why) else {
             return false;
         };
         let call = self.fresh_call();
@@ -39,13 +40,11 @@ impl Runtime {
         true
     }
 
-    /// The items to summarise and the last one's id: when the context passes
-    /// [`Policy::compaction_percent`] of the window (or with `force`), all
-    /// but the newest items that fit in [`Policy::keep_recent_percent`] of
-    /// it. `None` when there is nothing older to summarise.
+    /// The items to summarise and the last one's id, as [`Why`] says. `None`
+    /// when there is nothing older to summarise.
     pub(super) fn compaction_plan(
         &mut self,
-        force: bool,
+        why: Why,
     ) -> Option<(Arc<Vec<TranscriptItem>>, String)> {
         let window = find_model(&self.models, &self.state.model)
             .ok()?
@@ -56,17 +55,16 @@ impl Runtime {
             .summary
             .as_ref()
             .map_or(0, |s| estimate_text(&s.text));
-        if !force
+        if why == Why::Threshold
             && (summary + context_tokens(&context)) * 100 <= window * self.policy.compaction_percent
         {
             return None;
         }
         // After an overflow the window is known to be too small for what is
         // there: keep only the least (the newest item the model is sent).
-        let budget = if force {
-            0
-        } else {
-            window * self.policy.keep_recent_percent / 100
+        let budget = match why {
+            Why::Overflow => 0,
+            Why::Threshold | Why::Asked => window * self.policy.keep_recent_percent / 100,
         };
         let cut = keep_from(&context, budget);
         let older = context[..cut].to_vec();

@@ -1099,3 +1099,96 @@ fn a_thinking_signature_is_kept_with_its_part() {
     };
     assert_eq!(context.content, want, "the next call sends it back");
 }
+
+/// `compact`: between turns, a compaction of its own, answered when the
+/// summary is stored; refused with nothing older to summarise, or while a
+/// turn runs; an abort or a failed summary call ends it, nothing changed.
+#[test]
+fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
+    let mut t = T::new("faux-tiny");
+    // Nothing yet: refused at once, nothing started.
+    t.op(1, Operation::Compact);
+    let refused = t.done(1).expect("answered at once").unwrap_err();
+    assert_eq!(refused.code, ErrorCode::InvalidRequest);
+    assert!(
+        refused.message.starts_with("Nothing to compact"),
+        "{refused:?}"
+    );
+    assert_eq!(t.rt.phase(), SessionPhase::Idle);
+    // Two short turns, under the threshold: no compaction of their own.
+    for (op, prompt) in [(2, "first question"), (3, "second question")] {
+        t.op(
+            op,
+            Operation::Prompt {
+                text: prompt.into(),
+            },
+        );
+        let (call, request) = t.started_call().expect("a reply");
+        assert_eq!(request.purpose, Purpose::Reply);
+        t.model(call, text(&"an answer word ".repeat(30)));
+        t.model(call, done(StopReason::Stop));
+        assert!(t.done(op).unwrap().is_ok());
+    }
+    let items = t.rt.state().transcript.len();
+    // Asked for: it starts now, and a prompt or a steer meanwhile is busy.
+    t.op(4, Operation::Compact);
+    let (call, request) = t.started_call().expect("a summary call");
+    assert_eq!(request.purpose, Purpose::Summarize);
+    assert_eq!(t.rt.phase(), SessionPhase::Compaction);
+    assert!(t.done(4).is_none(), "answered when stored");
+    t.op(5, Operation::Prompt { text: "now".into() });
+    assert_eq!(t.done(5).unwrap().unwrap_err().code, ErrorCode::Busy);
+    t.op(6, Operation::Steer { text: "now".into() });
+    assert_eq!(t.done(6).unwrap().unwrap_err().code, ErrorCode::Busy);
+    t.model(call, text("they asked two questions"));
+    t.model(call, done(StopReason::Stop));
+    let answered = t.done(4).expect("answered").expect("compacted");
+    assert_eq!(answered.phase, SessionPhase::Idle);
+    let summary = t.rt.state().summary.clone().expect("a summary");
+    assert_eq!(summary.text, "they asked two questions");
+    assert_eq!(t.rt.state().transcript.len(), items, "no item dropped");
+    // The next turn starts from the summary.
+    t.op(
+        7,
+        Operation::Prompt {
+            text: "go on".into(),
+        },
+    );
+    let (call, request) = t.started_call().expect("a reply");
+    assert_eq!(request.summary.as_deref(), Some("they asked two questions"));
+    assert!(request.context.len() < items);
+    // Asked for during a turn: busy.
+    t.op(8, Operation::Compact);
+    assert_eq!(t.done(8).unwrap().unwrap_err().code, ErrorCode::Busy);
+    t.model(call, text(&"more words ".repeat(30)));
+    t.model(call, done(StopReason::Stop));
+    assert!(t.done(7).unwrap().is_ok());
+    // An abort ends it: the compaction is answered as aborted, the
+    // summary as it was.
+    t.op(9, Operation::Compact);
+    assert!(t.started_call().is_some());
+    t.op(10, Operation::Abort);
+    assert!(t.done(10).unwrap().is_ok());
+    let aborted = t.done(9).expect("answered").unwrap_err();
+    assert!(aborted.message.contains("aborted"), "{aborted:?}");
+    assert_eq!(t.rt.state().summary, Some(summary.clone()));
+    assert_eq!(t.rt.phase(), SessionPhase::Idle);
+    // A summary call that fails for good ends it with why.
+    t.op(11, Operation::Compact);
+    let (call, _) = t.started_call().expect("a summary call");
+    t.model(
+        call,
+        ModelEvent::Failed {
+            message: "the provider said no".into(),
+            retryable: false,
+            retry_after_ms: None,
+        },
+    );
+    let failed = t.done(11).expect("answered").unwrap_err();
+    assert!(
+        failed.message.contains("the provider said no"),
+        "{failed:?}"
+    );
+    assert_eq!(t.rt.state().summary, Some(summary));
+    assert_eq!(t.rt.phase(), SessionPhase::Idle);
+}

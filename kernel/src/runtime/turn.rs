@@ -7,7 +7,12 @@ impl Runtime {
     /// Starts the next model call of the running turn: a compaction first when
     /// the context nears the model's window, otherwise a reply.
     pub(super) fn next_call(&mut self) {
-        if !self.start_compaction(false) {
+        if self.turn.as_ref().is_some_and(|t| t.compaction) {
+            // An asked-for compaction tried again after a failure.
+            if !self.start_compaction(Why::Asked) {
+                self.complete_turn();
+            }
+        } else if !self.start_compaction(Why::Threshold) {
             self.start_reply();
         }
     }
@@ -86,16 +91,27 @@ impl Runtime {
                         summary.usage = usage; // an empty summary was still paid for
                     }
                     turn.failures = 0;
-                    self.start_reply();
+                    match turn.compaction {
+                        true => self.complete_turn(),
+                        false => self.start_reply(),
+                    }
                 }
                 ModelEvent::Failed {
+                    message,
                     retryable,
                     retry_after_ms,
-                    ..
                 } => {
-                    // A failed compaction does not end the turn: retry it, or go on uncompacted.
+                    // A failed compaction does not end a prompt's turn: retry
+                    // it, or go on uncompacted. One asked for ends with why.
+                    let compaction = turn.compaction;
                     if !self.schedule_retry(retryable, retry_after_ms) {
-                        self.start_reply();
+                        if compaction {
+                            let op = self.end_turn(Queued::Commit);
+                            let why = format!("The compaction failed: {message}");
+                            self.done(op, Err(ProtocolError::new(ErrorCode::InternalError, why)));
+                        } else {
+                            self.start_reply();
+                        }
                     }
                 }
             },
@@ -190,7 +206,7 @@ impl Runtime {
                 if overflow && !turn.overflow_retried {
                     // Compact whatever can be, then ask again: once per turn.
                     turn.overflow_retried = true;
-                    if self.start_compaction(true) {
+                    if self.start_compaction(Why::Overflow) {
                         return;
                     }
                 }

@@ -170,14 +170,14 @@ impl Live {
         }
     }
 
-    /// A prompt (v1's or v8's) is on its way to the runtime and its turn
+    /// A prompt (v1's or v8's) or a compaction is on its way to the runtime and its turn
     /// not seen yet. One whose turn a snapshot showed no longer counts: a
     /// turn ends with its idle snapshot, then the prompt's answer, and a
     /// prompt between the two is not refused.
     pub(crate) fn prompt_on_its_way(&self) -> bool {
-        self.ops
-            .values()
-            .any(|op| matches!(op.name, "prompt" | "v8.prompt") && !op.turn_seen)
+        self.ops.values().any(|op| {
+            matches!(op.name, "prompt" | "v8.prompt" | "compact" | "v8.compact") && !op.turn_seen
+        })
     }
 
     pub(crate) fn runtime_phase(&self) -> SessionPhase {
@@ -492,6 +492,9 @@ impl Server {
                 session_id,
                 Operation::SetMcpServers { servers },
             ),
+            Command::Compact { session_id } => {
+                self.on_operation(conn, request_id, session_id, Operation::Compact)
+            }
             Command::Status => {
                 let sessions = self.status();
                 self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));

@@ -60,6 +60,9 @@ pub struct Busy {
     /// prompt `busy` while any is in flight (a setting change too, which
     /// `tests/v8_regressions.rs` bug 5 reports).
     in_flight: BTreeSet<(String, u64, OpId)>,
+    /// Compactions asked for (`compact`) whose turn started at a runtime,
+    /// as `running` holds prompts: a turn of their own, with no prompt.
+    compacting: BTreeSet<(String, u64, OpId)>,
 }
 
 fn violation(message: String) -> Check {
@@ -147,10 +150,39 @@ impl Busy {
                 self.operations += 1;
                 let storage_error =
                     *store_failed && *immediate == Some(Err(ErrorCode::InternalError));
-                if !storage_error {
+                let in_compaction = self.compacting.iter().any(|(s, _, _)| s == session_id);
+                let judged = !(matches!(operation, Operation::Steer { .. }) && in_compaction);
+                if !storage_error && judged {
                     check_runtime(operation, *phase_before, *immediate, session_id)?;
                 }
+                let compacting = self.compacting.iter().any(|(s, _, _)| s == session_id);
+                let steer_in_compaction =
+                    matches!(operation, Operation::Steer { .. }) && compacting;
+                if !storage_error && steer_in_compaction {
+                    // A compaction's turn takes no steer.
+                    if *immediate != Some(Err(ErrorCode::Busy)) {
+                        return violation(format!(
+                            "{session_id}: a steer during a compaction answered {immediate:?}"
+                        ));
+                    }
+                }
                 let started = *phase_before == SessionPhase::Idle && immediate.is_none();
+                if started {
+                    // The runtime was idle: every earlier turn of the
+                    // session ended there, compactions too.
+                    self.compacting.retain(|(s, _, _)| s != session_id);
+                }
+                if let (Operation::Compact, true) = (operation, started) {
+                    let key = (session_id.clone(), self.generation, *op);
+                    let ended = self
+                        .running
+                        .keys()
+                        .filter(|k| k.0 == *session_id)
+                        .cloned()
+                        .collect::<Vec<_>>();
+                    self.superseded.extend(ended);
+                    self.compacting.insert(key);
+                }
                 if let (Operation::Prompt { text }, true) = (operation, started) {
                     // A v8 steer or follow-up of an idle session starts a
                     // prompt whose text names no request: known by its text.
@@ -180,6 +212,7 @@ impl Busy {
                 let key = (session_id.clone(), self.generation, *op);
                 self.running.remove(&key);
                 self.superseded.remove(&key);
+                self.compacting.remove(&key);
                 self.in_flight
                     .remove(&(session_id.clone(), self.generation, *op));
             }
@@ -191,9 +224,11 @@ impl Busy {
             | Fact::OrphanRetired { session_id, .. } => {
                 self.running.retain(|(s, _, _), _| s != session_id);
                 self.in_flight.retain(|(s, _, _)| s != session_id);
+                self.compacting.retain(|(s, _, _)| s != session_id);
             }
             Fact::ServerRestarted => {
                 self.running.clear();
+                self.compacting.clear();
                 self.superseded.clear();
                 self.in_flight.clear();
                 self.generation += 1;
@@ -210,7 +245,10 @@ impl Busy {
                 session_id,
                 phase: Some(SessionPhase::Idle),
                 ..
-            } => self.running.retain(|(s, _, _), _| s != session_id),
+            } => {
+                self.running.retain(|(s, _, _), _| s != session_id);
+                self.compacting.retain(|(s, _, _)| s != session_id);
+            }
             Fact::Emitted { conn, message, .. } => {
                 self.inherited_ended(message);
                 self.check_emitted(*conn, message)?;
@@ -272,7 +310,8 @@ impl Busy {
             return Ok(());
         }
         let other = self.running.values().any(|(s, _)| s == session_id)
-            || self.in_flight.iter().any(|(s, _, _)| s == session_id);
+            || self.in_flight.iter().any(|(s, _, _)| s == session_id)
+            || self.compacting.iter().any(|(s, _, _)| s == session_id);
         if !other {
             return violation(format!(
                 "{conn}: v8 prompt {id} refused busy while no prompt of {session_id} runs"
@@ -293,6 +332,8 @@ impl Busy {
             let now = self.generation;
             self.running
                 .retain(|(s, g, _), _| *s != snapshot.id || *g == now);
+            self.compacting
+                .retain(|(s, g, _)| *s != snapshot.id || *g == now);
         }
     }
 
@@ -327,7 +368,8 @@ impl Busy {
                 let other = self
                     .running
                     .values()
-                    .any(|(s, p)| s == session_id && p != prompt);
+                    .any(|(s, p)| s == session_id && p != prompt)
+                    || self.compacting.iter().any(|(s, _, _)| s == session_id);
                 if !other {
                     return violation(format!(
                         "{conn}: prompt {id} answered busy while no other prompt of {session_id} runs"
@@ -351,9 +393,19 @@ impl Busy {
         Ok(())
     }
 
-    /// A snapshot in a non-idle phase contains exactly one running prompt, its last.
+    /// A snapshot in a non-idle phase contains exactly one running prompt,
+    /// its last, or is a compaction's turn with none.
     fn check_snapshot(&self, snapshot: &SessionSnapshot) -> Check {
         if snapshot.phase == SessionPhase::Idle {
+            return Ok(());
+        }
+        let compaction = self.compacting.iter().any(|(s, _, _)| *s == snapshot.id);
+        if compaction
+            && matches!(
+                snapshot.phase,
+                SessionPhase::Compaction | SessionPhase::Retry
+            )
+        {
             return Ok(());
         }
         let prompts: Vec<PromptId> = snapshot
@@ -383,6 +435,7 @@ impl Busy {
     pub fn fingerprint(&self, hasher: &mut impl Hasher) {
         self.running.hash(hasher);
         self.superseded.hash(hasher);
+        self.compacting.hash(hasher);
     }
 }
 
@@ -405,6 +458,8 @@ fn check_runtime(
         Operation::Rename { .. } => (false, "rename"),
         // Neither are the editor's MCP servers.
         Operation::SetMcpServers { .. } => (false, "set_mcp_servers"),
+        // A compaction asked for is a turn of its own: between turns only.
+        Operation::Compact => (running, "compact"),
     };
     if busy != expect_busy {
         return violation(format!(
@@ -412,7 +467,8 @@ fn check_runtime(
             phase.as_str()
         ));
     }
-    let answered_now = !matches!(operation, Operation::Prompt { .. });
+    // A compaction that starts is answered when its summary is stored.
+    let answered_now = !matches!(operation, Operation::Prompt { .. } | Operation::Compact);
     if answered_now && immediate.is_none() {
         return violation(format!(
             "{session_id}: runtime did not answer {name} at once"

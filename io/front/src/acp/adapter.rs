@@ -525,6 +525,7 @@ impl Adapter {
                             false,
                         ),
                         Request::Rename(name) => (Command::Rename { session_id, name }, false),
+                        Request::Compact => (Command::Compact { session_id }, false),
                     };
                     let pending = Pending::Front {
                         session: session.to_owned(),

@@ -248,6 +248,16 @@ pub(super) enum Commands {
         id: String,
     },
 
+    /// Summarise a session's older conversation now, as a full context
+    /// would: its next turns send the model the summary and what followed.
+    ///
+    /// Between turns only; every item stays in the session.
+    Compact {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+    },
+
     /// Switch a session's model for its next turns (see `pi-server models`).
     ///
     /// Refused while a turn runs.

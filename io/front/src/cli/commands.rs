@@ -466,6 +466,7 @@ pub(super) enum Control {
     SetModel(ModelRef),
     SetThinking(ThinkingLevel),
     Rename(String),
+    Compact,
 }
 
 /// Attaches to the session `query` names, asks `control` of it, says what
@@ -505,6 +506,14 @@ async fn control_session(
             .await
             .map(|_| format!("steered session {id}: its running turn reads the message next"))
             .map_err(|e| format!("cannot steer session {id}: {e}")),
+        Control::Compact => {
+            eprintln!("compacting session {id}: the model summarises its older conversation…");
+            client
+                .compact(id)
+                .await
+                .map(|_| format!("compacted session {id}: its next turns start from the summary"))
+                .map_err(|e| format!("cannot compact session {id}: {e}"))
+        }
         Control::Abort => client
             .abort(id)
             .await

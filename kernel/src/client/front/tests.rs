@@ -369,9 +369,10 @@ proptest! {
                         Ok(Answer::Steer)
                     }
                     Request::Abort => Ok(Answer::Abort { withdrawn: vec![] }),
-                    Request::SetModel(_) | Request::SetThinking(_) | Request::Rename(_) => {
-                        Ok(Answer::Applied)
-                    }
+                    Request::SetModel(_)
+                    | Request::SetThinking(_)
+                    | Request::Rename(_)
+                    | Request::Compact => Ok(Answer::Applied),
                 };
                 absorb(f.step(Input::Answered { call, outcome }), &mut pending, &mut back);
             }

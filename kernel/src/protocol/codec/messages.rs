@@ -79,6 +79,7 @@ impl Schema for Command {
             Self::Attach { .. }
             | Self::Detach { .. }
             | Self::Abort { .. }
+            | Self::Compact { .. }
             | Self::Remove { .. } => command_map(name, session_id, 2).build(),
             Self::Prompt { text: t, .. } | Self::Steer { text: t, .. } => {
                 command_map(name, session_id, 3)
@@ -125,13 +126,14 @@ impl Schema for Command {
                     thinking_level: f.optional("thinkingLevel", read_thinking_level)?,
                 }))
             }
-            "attach" | "detach" | "abort" | "remove" => {
+            "attach" | "detach" | "abort" | "remove" | "compact" => {
                 let f = Fields::new(value, path, &["command", "sessionId"])?;
                 let session_id = session(&f)?;
                 Ok(match name {
                     "attach" => Self::Attach { session_id },
                     "detach" => Self::Detach { session_id },
                     "abort" => Self::Abort { session_id },
+                    "compact" => Self::Compact { session_id },
                     _ => Self::Remove { session_id },
                 })
             }
@@ -244,7 +246,8 @@ impl Schema for CommandResult {
             | Self::SetModel { session }
             | Self::SetThinking { session }
             | Self::Rename { session }
-            | Self::SetMcpServers { session } => map.put("session", session.to_value()).build(),
+            | Self::SetMcpServers { session }
+            | Self::Compact { session } => map.put("session", session.to_value()).build(),
         }
     }
 
@@ -275,7 +278,7 @@ impl Schema for CommandResult {
                 })
             }
             "create" | "attach" | "prompt" | "steer" | "abort" | "set_model" | "set_thinking"
-            | "rename" | "set_mcp_servers" => {
+            | "rename" | "set_mcp_servers" | "compact" => {
                 let f = Fields::new(value, path, &["command", "session"])?;
                 let session = f.required("session", SessionSnapshot::from_value_at)?;
                 Ok(Self::with_session(name, session).expect("a command with a session"))

@@ -41,17 +41,18 @@ impl Server {
                 let outcome = Value::object(vec![("outcome", Value::text("not_found"))]);
                 self.v8_reply(conn, &id, Ok(Some(outcome)))
             }
-            (Svc::Agent, "compact") => {
-                let result = accepted(
-                    "operationId",
-                    None,
-                    Some((
-                        "unsupported",
-                        "Sessions compact on their own when the context fills",
-                    )),
-                );
-                self.v8_reply(conn, &id, Ok(Some(result)))
-            }
+            (Svc::Agent, "compact") => match busy {
+                // Answered when the summary is stored (or refused then).
+                false => {
+                    let compact = Operation::Compact;
+                    self.start_op(conn, &id, &session_id, "v8.compact", compact);
+                }
+                true => {
+                    let message = "The session is running a turn; compact it when the turn ends";
+                    let result = accepted("operationId", None, Some(("busy", message)));
+                    self.v8_reply(conn, &id, Ok(Some(result)))
+                }
+            },
             (Svc::Agent, "waitForPrompt") => self.on_wait_for_prompt(conn, id, &session_id, args),
             (Svc::SessionPlugins, "reload") | (Svc::Models, "refresh") => {
                 self.v8_reply(conn, &id, Ok(None))
@@ -240,6 +241,23 @@ impl Server {
                     Err(e) => PromptEnd::Unanswered(e.message),
                 };
                 self.v8_prompt_ended(session_id, op.0, end);
+            }
+            "v8.compact" => {
+                // pi's in-band errors: `nothing_to_compact`, `busy`.
+                let result = match outcome {
+                    Ok(()) => accepted("operationId", Some(op.0), None),
+                    Err(e) if e.message.starts_with("Nothing to compact") => accepted(
+                        "operationId",
+                        None,
+                        Some(("nothing_to_compact", &e.message)),
+                    ),
+                    Err(e) => accepted(
+                        "operationId",
+                        None,
+                        Some((call_error(&e).code.as_str(), &e.message)),
+                    ),
+                };
+                self.v8_reply(conn, request_id, Ok(Some(result)));
             }
             "v8.steer" => {
                 let result = match outcome {
