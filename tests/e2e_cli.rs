@@ -1381,3 +1381,45 @@ async fn compact_from_the_command_line_and_the_line_mode() {
         "{stderr}"
     );
 }
+
+/// `list` names an unnamed session by its first prompt, as the server
+/// previews it from the session's `meta.json`: in the tables, in quotes,
+/// and in `--json`; a named session keeps its name.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_previews_the_first_prompt_of_an_unnamed_session() {
+    let server = TestServer::start("preview").await;
+    let client = server.connect().await;
+    let unnamed = client
+        .create(kernel::protocol::CreateParams {
+            cwd: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id;
+    client
+        .prompt(&unnamed, "fix the failing\ntest   in the parser")
+        .await
+        .unwrap();
+    let mut preview = serde_json::Value::Null;
+    for _ in 0..100 {
+        let json = server.run_cli(&["list", "--json"]).await.success();
+        let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+        preview = list[0]["preview"].clone();
+        if !preview.is_null() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(preview, "fix the failing test in the parser");
+    let short = server.run_cli(&["list"]).await.success();
+    assert!(
+        short.stdout.contains("“fix the failing test in th…"),
+        "clipped to its column: {short:#?}"
+    );
+    let wide = server.run_cli(&["list", "-w"]).await.success();
+    assert!(
+        wide.stdout.contains("“fix the failing test in the parser”"),
+        "{wide:#?}"
+    );
+}

@@ -1285,6 +1285,7 @@ fn extensions_round_trip() {
                 clients: 2,
                 model: None,
                 thinking_level: None,
+                preview: None,
             }],
         }),
     });
@@ -1757,6 +1758,7 @@ fn command_result() -> BoxedStrategy<CommandResult> {
                     clients,
                     model: None,
                     thinking_level: None,
+                    preview: None,
                 })
                 .collect()
         }),

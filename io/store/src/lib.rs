@@ -297,7 +297,7 @@ pub fn scan_catalog(session_dir: &Path) -> Vec<SessionMetadata> {
 /// sessions' `meta.json` records (pi's record none).
 pub fn scan_catalog_with_models(
     session_dir: &Path,
-) -> (Vec<SessionMetadata>, Vec<kernel::server::StoredModel>) {
+) -> (Vec<SessionMetadata>, Vec<kernel::server::StoredDetails>) {
     let mut models = Vec::new();
     let entries = match fs::read_dir(session_dir) {
         Ok(entries) => entries,
@@ -362,10 +362,11 @@ pub fn scan_catalog_with_models(
             tracing::warn!(session = %metadata.id, %error, "session with invalid metadata skipped from the catalog");
             continue;
         }
-        models.push(kernel::server::StoredModel {
+        models.push(kernel::server::StoredDetails {
             session_id: metadata.id.clone(),
             model: meta.model,
             thinking_level: meta.thinking_level,
+            preview: meta.preview,
         });
         sessions.push(metadata);
     }
@@ -621,10 +622,18 @@ impl SessionStore {
         let mut conn = db::open(&dir, id, false, synchronous)?;
         db::migrate(&mut conn, &dir, id)?;
         let (state, transcript) = db::load(&conn, &dir, id)?;
-        if meta.model != state.model || meta.thinking_level != state.thinking_level {
+        let preview = meta
+            .preview
+            .clone()
+            .or_else(|| meta::first_prompt(&transcript));
+        if meta.model != state.model
+            || meta.thinking_level != state.thinking_level
+            || meta.preview != preview
+        {
             tracing::info!(session = %id, "meta.json behind the database; rewriting it");
             meta.model = state.model.clone();
             meta.thinking_level = state.thinking_level;
+            meta.preview = preview;
             meta::write(&dir, id, &meta)?;
         }
         let session = stored_of(id, &meta, state, transcript);
@@ -679,17 +688,22 @@ impl SessionStore {
             let (file, tmp) = (kernel::mcp::EDITOR_FILE, ".editor-mcp.json.tmp");
             meta::replace(&self.dir, &self.id, file, tmp, text.as_bytes())?;
         }
+        let mut meta = self.meta.clone();
         if let Some(settings) = settings {
-            let meta = Meta {
-                name: settings.name,
-                model: settings.model,
-                thinking_level: settings.thinking_level,
-                ..self.meta.clone()
-            };
-            if meta != self.meta {
-                meta::write(&self.dir, &self.id, &meta)?;
-                self.meta = meta;
-            }
+            meta.name = settings.name;
+            meta.model = settings.model;
+            meta.thinking_level = settings.thinking_level;
+        }
+        if meta.preview.is_none() {
+            let items = batch.iter().filter_map(|p| match p {
+                Persist::Item(item) => Some(item),
+                _ => None,
+            });
+            meta.preview = meta::first_prompt(items);
+        }
+        if meta != self.meta {
+            meta::write(&self.dir, &self.id, &meta)?;
+            self.meta = meta;
         }
         Ok(())
     }

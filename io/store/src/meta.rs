@@ -20,6 +20,8 @@ pub(super) struct Meta {
     pub(super) name: Option<String>,
     pub(super) model: ModelRef,
     pub(super) thinking_level: ThinkingLevel,
+    /// The first prompt, cut for `list` (`kernel::server::preview`).
+    pub(super) preview: Option<String>,
 }
 
 impl Meta {
@@ -31,6 +33,7 @@ impl Meta {
             name: session.name.clone(),
             model: session.model.clone(),
             thinking_level: session.thinking_level,
+            preview: first_prompt(&session.transcript),
         }
     }
 
@@ -60,6 +63,8 @@ struct MetaFile {
     name: Option<String>,
     model: ModelFile,
     thinking_level: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    preview: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -79,6 +84,7 @@ pub(super) fn render(meta: &Meta) -> Vec<u8> {
             id: meta.model.id.clone(),
         },
         thinking_level: meta.thinking_level.as_str().to_owned(),
+        preview: meta.preview.clone(),
     };
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::with_formatter(
@@ -105,9 +111,23 @@ pub(super) fn parse(text: &[u8]) -> Result<Meta, String> {
             id: file.model.id,
         },
         thinking_level,
+        preview: file.preview,
     };
     meta.validate()?;
     Ok(meta)
+}
+
+/// The preview of the first prompt among `items`, if any.
+pub(super) fn first_prompt<'a>(
+    items: impl IntoIterator<Item = &'a kernel::protocol::TranscriptItem>,
+) -> Option<String> {
+    items.into_iter().find_map(|item| match item {
+        kernel::protocol::TranscriptItem::User(user) => {
+            let text = kernel::client::follow::text_of(&user.content);
+            Some(kernel::server::preview(&text))
+        }
+        _ => None,
+    })
 }
 
 /// The `meta.json` pi's own durable server writes: `{createdAt, cwd}`,

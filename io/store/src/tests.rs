@@ -199,12 +199,14 @@ fn create_open_round_trip_with_upsert_in_place() {
     let wal = dir.join("s1").join("session.sqlite-wal");
     assert!(!wal.exists() || fs::metadata(&wal).unwrap().len() == 0);
 
-    // meta.json: tab-indented, trailing newline, follows the settings.
+    // meta.json: tab-indented, trailing newline, follows the settings, and
+    // previews the first prompt for `list`.
     let text = fs::read_to_string(dir.join("s1").join(META_FILE)).unwrap();
     assert_eq!(
         text,
         "{\n\t\"createdAt\": 1700000000000,\n\t\"cwd\": \"/home/me/project\",\n\t\"name\": \"My session\",\n\
-         \t\"model\": {\n\t\t\"provider\": \"other\",\n\t\t\"id\": \"big-2\"\n\t},\n\t\"thinkingLevel\": \"high\"\n}\n"
+         \t\"model\": {\n\t\t\"provider\": \"other\",\n\t\t\"id\": \"big-2\"\n\t},\n\t\"thinkingLevel\": \"high\",\n\
+         \t\"preview\": \"hello\"\n}\n"
     );
 
     // The inspection columns.

@@ -227,6 +227,9 @@ pub struct LiveStatus {
     pub model: Option<ModelRef>,
     /// Its thinking level, with the model.
     pub thinking_level: Option<ThinkingLevel>,
+    /// Its first prompt, cut (`kernel::server::preview`), once it has one
+    /// and the server has read it from the session's `meta.json`.
+    pub preview: Option<String>,
 }
 
 /// The state of a session, as `status` reports it.

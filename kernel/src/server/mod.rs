@@ -124,6 +124,7 @@ impl fmt::Debug for Server {
             workers,
             catalog,
             stored_models,
+            previews,
             removals,
             timers,
             adoption_waiters,
@@ -153,6 +154,7 @@ impl fmt::Debug for Server {
             .field("workers", workers)
             .field("catalog", catalog)
             .field("stored_models", stored_models)
+            .field("previews", previews)
             .field("removals", removals)
             .field("timers", timers)
             .field("adoption_waiters", adoption_waiters)
@@ -234,7 +236,7 @@ pub enum Input {
     CatalogLoaded {
         sessions: Vec<SessionMetadata>,
         /// Their models, where their `meta.json` records one.
-        models: Vec<StoredModel>,
+        models: Vec<StoredDetails>,
     },
     /// Something in the session directory changed (a sibling server sharing
     /// it created, renamed or removed a session): scan it once changes settle.
@@ -246,7 +248,7 @@ pub enum Input {
         scan: u64,
         sessions: Vec<SessionMetadata>,
         /// Their models, where their `meta.json` records one.
-        models: Vec<StoredModel>,
+        models: Vec<StoredDetails>,
     },
     /// A client connected. `conn` is fresh for this server's lifetime;
     /// `peer` is a remote client's address (failed tokens back off per
@@ -366,24 +368,50 @@ pub enum Output {
     ReleaseWorker { worker: WorkerId },
 }
 
-/// A stored session's model and thinking level, as its `meta.json` records
-/// them (pi's own sessions record none).
+/// What a stored session's `meta.json` records beyond v1's metadata: its
+/// model and thinking level, and a preview of its first prompt (pi's own
+/// sessions record none of it).
 #[derive(Debug, Clone, PartialEq)]
-pub struct StoredModel {
+pub struct StoredDetails {
     /// The session.
     pub session_id: String,
     /// Its model.
     pub model: ModelRef,
     /// Its thinking level.
     pub thinking_level: ThinkingLevel,
+    /// Its first prompt, cut ([`preview`]), once it has one.
+    pub preview: Option<String>,
 }
 
-impl StoredModel {
-    fn map(models: Vec<Self>) -> BTreeMap<String, (ModelRef, ThinkingLevel)> {
-        models
-            .into_iter()
-            .map(|m| (m.session_id, (m.model, m.thinking_level)))
-            .collect()
+impl StoredDetails {
+    fn maps(
+        details: Vec<Self>,
+    ) -> (
+        BTreeMap<String, (ModelRef, ThinkingLevel)>,
+        BTreeMap<String, String>,
+    ) {
+        let mut models = BTreeMap::new();
+        let mut previews = BTreeMap::new();
+        for d in details {
+            if let Some(preview) = d.preview {
+                previews.insert(d.session_id.clone(), preview);
+            }
+            models.insert(d.session_id, (d.model, d.thinking_level));
+        }
+        (models, previews)
+    }
+}
+
+/// The longest preview of a first prompt, in characters.
+pub const PREVIEW_CHARS: usize = 60;
+
+/// How `list` shows an unnamed session: its first prompt on one line, its
+/// runs of white space made one space, cut to [`PREVIEW_CHARS`] with `…`.
+pub fn preview(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(PREVIEW_CHARS) {
+        Some((at, _)) => format!("{}…", line[..at].trim_end()),
+        None => line,
     }
 }
 
@@ -401,6 +429,8 @@ pub struct Server {
     /// `meta.json` records it (from the catalog's scans) or its last worker
     /// reported it: what `status` says of a session that is not live.
     stored_models: BTreeMap<String, (ModelRef, ThinkingLevel)>,
+    /// Each stored session's first prompt, cut, from its `meta.json`.
+    previews: BTreeMap<String, String>,
     /// Removals of sessions whose worker has exited, waiting for the store.
     removals: BTreeMap<String, sessions::Removal>,
     /// Every deadline but the catalog's and the idle exit's: handshakes,
@@ -466,6 +496,7 @@ impl Server {
             workers: BTreeMap::new(),
             catalog: Catalog::default(),
             stored_models: BTreeMap::new(),
+            previews: BTreeMap::new(),
             removals: BTreeMap::new(),
             timers: Timers::default(),
             adoption_waiters: BTreeMap::new(),
@@ -875,10 +906,10 @@ impl Server {
         }
     }
 
-    fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>, models: Vec<StoredModel>) {
+    fn on_catalog_loaded(&mut self, sessions: Vec<SessionMetadata>, models: Vec<StoredDetails>) {
         self.stored_on_disk(&sessions);
         self.catalog.load(sessions);
-        self.stored_models = StoredModel::map(models);
+        (self.stored_models, self.previews) = StoredDetails::maps(models);
         let waiting: Vec<ConnId> = self
             .conns
             .values()
@@ -894,7 +925,7 @@ impl Server {
         &mut self,
         scan: u64,
         sessions: Vec<SessionMetadata>,
-        models: Vec<StoredModel>,
+        models: Vec<StoredDetails>,
     ) {
         self.stored_on_disk(&sessions);
         let sessions_live = &self.sessions;
@@ -902,7 +933,7 @@ impl Server {
             sessions_live.contains_key(id)
         });
         if changed.is_some() {
-            self.stored_models = StoredModel::map(models);
+            (self.stored_models, self.previews) = StoredDetails::maps(models);
         }
         if changed == Some(true) {
             self.publish_server_snapshot();

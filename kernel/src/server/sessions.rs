@@ -145,6 +145,7 @@ impl Live {
             clients: self.attached.len() as u64,
             model: snapshot.map(|s| s.model.clone()),
             thinking_level: snapshot.map(|s| s.thinking_level),
+            preview: None,
         }
     }
 
@@ -949,10 +950,12 @@ impl Server {
                     clients: 0,
                     model: None,
                     thinking_level: None,
+                    preview: None,
                 });
             }
         }
         for status in &mut sessions {
+            status.preview = self.previews.get(&status.session_id).cloned();
             if status.model.is_none()
                 && let Some((model, level)) = self.stored_models.get(&status.session_id)
             {

@@ -1090,10 +1090,11 @@ fn status_reports_a_stored_sessions_model_from_the_catalog() {
     };
     h.step(Input::CatalogLoaded {
         sessions: vec![stored(7)],
-        models: vec![crate::server::StoredModel {
+        models: vec![crate::server::StoredDetails {
             session_id: stored(7).id,
             model: model.clone(),
             thinking_level: ThinkingLevel::High,
+            preview: Some(crate::server::preview("fix the\n  failing   test")),
         }],
     });
     h.connect(a);
@@ -1113,8 +1114,15 @@ fn status_reports_a_stored_sessions_model_from_the_catalog() {
             clients: 0,
             model: Some(model),
             thinking_level: Some(ThinkingLevel::High),
+            preview: Some("fix the failing test".into()),
         }]
     );
+    let long = crate::server::preview(&"word ".repeat(40));
+    assert!(
+        long.chars().count() <= crate::server::PREVIEW_CHARS + 1,
+        "{long}"
+    );
+    assert!(long.ends_with("word…"), "{long}");
 }
 
 /// Wrong tokens from one address lock it out, doubling; the lock holds even

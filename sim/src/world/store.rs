@@ -56,14 +56,20 @@ impl Store {
     }
 
     /// The catalog a server loads at start.
-    /// The stored sessions' models, as their `meta.json` would record them.
-    pub fn models(&self) -> Vec<kernel::server::StoredModel> {
+    /// The stored sessions' details, as their `meta.json` would record them.
+    pub fn models(&self) -> Vec<kernel::server::StoredDetails> {
         self.sessions
             .values()
-            .map(|s| kernel::server::StoredModel {
+            .map(|s| kernel::server::StoredDetails {
                 session_id: s.id.clone(),
                 model: s.model.clone(),
                 thinking_level: s.thinking_level,
+                preview: s.transcript.iter().find_map(|item| match item {
+                    kernel::protocol::TranscriptItem::User(user) => Some(kernel::server::preview(
+                        &kernel::client::follow::text_of(&user.content),
+                    )),
+                    _ => None,
+                }),
             })
             .collect()
     }

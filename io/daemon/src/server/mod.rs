@@ -155,7 +155,7 @@ enum Event<P: Platform> {
     /// server with our id still holds (it will announce itself to us).
     CatalogLoaded(
         Vec<kernel::protocol::SessionMetadata>,
-        Vec<kernel::server::StoredModel>,
+        Vec<kernel::server::StoredDetails>,
         Vec<String>,
     ),
     /// The writer task wrote `chunks` hand-offs, `bytes` in all.
@@ -198,7 +198,7 @@ enum Event<P: Platform> {
     CatalogScanned {
         scan: u64,
         sessions: Vec<kernel::protocol::SessionMetadata>,
-        models: Vec<kernel::server::StoredModel>,
+        models: Vec<kernel::server::StoredDetails>,
     },
 }
 

@@ -192,6 +192,19 @@ impl Listed {
         Some((s.model.clone()?, s.thinking_level?))
     }
 
+    /// How the tables name a session: its name, else its first prompt in
+    /// quotes (as the server previews it), else `-`.
+    fn name(&self, server_id: &str, s: &SessionMetadata) -> String {
+        if let Some(name) = &s.session_name {
+            return name.clone();
+        }
+        let status = self.live.get(&(server_id.to_owned(), s.id.clone()));
+        match status.and_then(|s| s.preview.as_deref()) {
+            Some(preview) => format!("“{preview}”"),
+            None => "-".to_owned(),
+        }
+    }
+
     /// As the tables show it: `provider/id (level)`, or `-`.
     fn model_text(&self, server_id: &str, id: &str) -> String {
         self.model(server_id, id).map_or_else(
@@ -215,6 +228,10 @@ impl Listed {
                 if let Some((model, level)) = self.model(server_id, &s.id) {
                     value["model"] = format!("{}/{}", model.provider, model.id).into();
                     value["thinkingLevel"] = level.as_str().into();
+                }
+                let status = self.live.get(&(server_id.clone(), s.id.clone()));
+                if let Some(preview) = status.and_then(|s| s.preview.clone()) {
+                    value["preview"] = preview.into();
                 }
                 value
             })
@@ -254,7 +271,7 @@ impl Listed {
             };
             let mut row = vec![
                 s.id[..short.min(s.id.len())].to_owned(),
-                clip(s.session_name.as_deref().unwrap_or("-"), 20),
+                clip(&self.name(server_id, s), 28),
                 status,
                 clip(&model, 28),
                 kernel::time::ago(now, last(s)),
@@ -303,7 +320,7 @@ impl Listed {
                 clients.map_or_else(|| "-".to_owned(), |n| n.to_string()),
                 self.model_text(server_id, &s.id),
                 s.cwd.clone().unwrap_or_default(),
-                s.session_name.clone().unwrap_or_default(),
+                self.name(server_id, s),
             ]);
         }
         print_table(&rows);

@@ -292,7 +292,7 @@ impl Schema for CommandResult {
 /// `status` extension.
 impl Schema for LiveStatus {
     fn to_value(&self) -> Value {
-        MapBuilder::with_capacity(5)
+        MapBuilder::with_capacity(6)
             .put("sessionId", text(&self.session_id))
             .put("state", text(self.state.as_str()))
             .put("clients", super::uint_value(self.clients))
@@ -301,6 +301,7 @@ impl Schema for LiveStatus {
                 "thinkingLevel",
                 self.thinking_level.map(|l| text(l.as_str())),
             )
+            .put_opt("preview", self.preview.as_deref().map(text))
             .build()
     }
 
@@ -308,7 +309,14 @@ impl Schema for LiveStatus {
         let f = Fields::new(
             value,
             path,
-            &["sessionId", "state", "clients", "model", "thinkingLevel"],
+            &[
+                "sessionId",
+                "state",
+                "clients",
+                "model",
+                "thinkingLevel",
+                "preview",
+            ],
         )?;
         Ok(Self {
             session_id: f.required("sessionId", read_id)?,
@@ -318,6 +326,7 @@ impl Schema for LiveStatus {
             clients: f.required("clients", read_uint)?,
             model: f.optional("model", ModelRef::from_value_at)?,
             thinking_level: f.optional("thinkingLevel", read_thinking_level)?,
+            preview: f.optional("preview", read_string)?,
         })
     }
 }
