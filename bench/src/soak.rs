@@ -568,7 +568,7 @@ fn faux_compactions(items: usize, turns: usize) -> (Vec<usize>, usize, usize) {
 }
 
 /// `items` transcript items, user and assistant in turn, as the soak's.
-fn long_transcript(items: usize) -> Vec<TranscriptItem> {
+pub(crate) fn long_transcript(items: usize) -> Vec<TranscriptItem> {
     let model = kernel::faux::default_model();
     (0..items)
         .map(|i| {

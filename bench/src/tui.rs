@@ -11,9 +11,13 @@
 //!   written to the pty; the time until the input box shows it.
 //!
 //! Target: p99 under 16 ms (one frame at 60 Hz) for both.
+//!
+//! - **first screen**: `attach` of a stored session of 10, 1,000 and 10,000
+//!   turns, alternated, until the screen shows the input box and the last
+//!   turn (issue 41: ≤ 2× the 10-turn session's).
 
-use crate::server::{Server, create_sessions};
-use crate::util::{Env, Report, fmt_us, percentile, sorted};
+use crate::server::{Server, create_sessions, stored_session};
+use crate::util::{Env, Report, fmt_us, median, percentile, sorted, us};
 use kernel::protocol::{DeltaKind, ServerEvent, TranscriptProgress};
 use portable_pty::{CommandBuilder, PtySize, native_pty_system};
 use std::collections::BTreeMap;
@@ -38,6 +42,113 @@ fn words(n: usize) -> Vec<String> {
 }
 
 pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
+    latency(env, report)?;
+    first_screen(env, report)
+}
+
+/// Time from spawning `attach` of session `id` in a pty until its screen
+/// shows the input box and `marker`; the UI detaches at once after.
+fn attach_until(env: &Env, server: &Server, id: &str, marker: &str) -> Result<Duration, String> {
+    let pty = native_pty_system()
+        .openpty(PtySize {
+            rows: ROWS,
+            cols: COLS,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .map_err(|e| format!("openpty: {e}"))?;
+    let mut cmd = CommandBuilder::new(&env.server_bin);
+    cmd.args([
+        "--connect",
+        &format!("unix://{}", server.socket.display()),
+        "attach",
+        id,
+    ]);
+    cmd.env("TERM", "xterm-256color");
+    let started = Instant::now();
+    let mut child = pty
+        .slave
+        .spawn_command(cmd)
+        .map_err(|e| format!("spawn attach: {e}"))?;
+    drop(pty.slave);
+    let mut reader = pty.master.try_clone_reader().map_err(|e| e.to_string())?;
+    let mut writer = pty.master.take_writer().map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wanted = marker.to_owned();
+    std::thread::spawn(move || {
+        let mut parser = vt100::Parser::new(
+            std::num::NonZero::new(ROWS).expect("rows"),
+            std::num::NonZero::new(COLS).expect("cols"),
+            0,
+        );
+        let mut buf = [0u8; 16384];
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            parser.process(&buf[..n]);
+            let screen = parser.screen().contents();
+            if screen.contains("prompt ›") && screen.contains(&wanted) {
+                let _ = tx.send(Instant::now());
+                break;
+            }
+        }
+    });
+    let shown = rx.recv_timeout(Duration::from_secs(60));
+    let _ = writer.write_all(b"\x04"); // Ctrl-D detaches
+    let _ = writer.flush();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let shown = shown.map_err(|_| format!("the first screen of {id} never showed {marker:?}"))?;
+    Ok(shown.duration_since(started))
+}
+
+/// The first screen of sessions of 10, 1,000 and 10,000 turns (stored
+/// through the store, as long sessions are), attached in turn.
+fn first_screen(env: &Env, report: &mut Report) -> Result<(), String> {
+    let sessions = env.fresh_dir("tui-first-sessions");
+    std::fs::create_dir_all(&sessions).map_err(|e| e.to_string())?;
+    let turns = [10, 1_000, env.pick(2_000, 10_000)];
+    let mut ids = Vec::new();
+    for (i, n) in turns.iter().enumerate() {
+        let id = pi_config::new_uuid();
+        let stored = kernel::runtime::StoredSession {
+            transcript: crate::soak::long_transcript(2 * n),
+            ..stored_session(&id, 1_700_000_000_000 + i as u64)
+        };
+        pi_store::SessionStore::create(&sessions, &stored).map_err(|e| e.to_string())?;
+        ids.push((*n, id));
+    }
+    let server = Server::start(env, &sessions, &[])?;
+    let rounds = env.pick(3, 7);
+    let mut times: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for _ in 0..rounds {
+        for (n, id) in &ids {
+            let marker = format!("turn {}:", 2 * n - 1);
+            let took = attach_until(env, &server, id, &marker)?;
+            times.entry(*n).or_default().push(us(took));
+            // Let the session's worker retire, so every round starts alike.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let base = median(&times[&turns[0]]);
+    for n in turns {
+        let m = median(&times[&n]);
+        let ratio = m / base;
+        let what =
+            format!("TUI first screen, {n}-turn session, {rounds} rounds (median; vs 10 turns)");
+        let figure = format!("{} ({ratio:.2}×)", fmt_us(m));
+        match n {
+            10 => report.info("41", what, figure),
+            _ => report.push("41", what, figure, "≤ 2×", Some(ratio <= 2.0)),
+        }
+    }
+    drop(server);
+    Ok(())
+}
+
+/// Delta → screen and keystroke → echo while a reply streams.
+fn latency(env: &Env, report: &mut Report) -> Result<(), String> {
     let n_words = env.pick(60, 300);
     let sessions = env.fresh_dir("tui-sessions");
     let id = create_sessions(&sessions, 1, 1)?.remove(0);

@@ -255,6 +255,41 @@ impl Follower {
         self.on_snapshot(snapshot)
     }
 
+    /// Marks `items` as shown without telling them: a front end that shows
+    /// only a session's newest turns skips the older ones, at the cost of a
+    /// lookup each (no text is copied).
+    pub fn skip(&mut self, items: &[TranscriptItem]) {
+        for item in items {
+            let told = match item {
+                TranscriptItem::User(_) => Told::User,
+                TranscriptItem::Assistant(a) => Told::Assistant {
+                    parts: a
+                        .content
+                        .iter()
+                        .map(|c| match c {
+                            Content::Text { text } | Content::Thinking { thinking: text, .. } => {
+                                text.len()
+                            }
+                            Content::ToolCall { .. } => {
+                                usize::from(a.status != AssistantStatus::Streaming)
+                            }
+                            Content::Image { .. } => 0,
+                        })
+                        .collect(),
+                    finished: a.status != AssistantStatus::Streaming
+                        || crate::runtime::notice_text(a).is_some(),
+                    anchored: true,
+                },
+                TranscriptItem::Tool(t) => Told::Tool {
+                    status: t.status,
+                    content: t.content.len(),
+                },
+            };
+            self.told.insert(item.id().to_owned(), told);
+        }
+        debug_assert_eq!(self.invariants(), Ok(()));
+    }
+
     /// Marks all of `snapshot` as shown (the front end already has it).
     pub fn resume(&mut self, snapshot: &SessionSnapshot) {
         let _ = self.on_snapshot(snapshot);

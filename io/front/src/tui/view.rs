@@ -359,6 +359,23 @@ impl View {
             focused: true,
             bell: false,
         };
+        // Only the turns shown are told: the older ones are skipped (a long
+        // session's first screen costs its last turns, not its history).
+        let users: Vec<usize> = (snapshot.transcript.iter().enumerate())
+            .filter(|(_, item)| matches!(item, TranscriptItem::User(_)))
+            .map(|(i, _)| i)
+            .collect();
+        let hidden = match history {
+            History::Last(turns) => users.len().saturating_sub(turns),
+            History::All => 0,
+        };
+        if hidden > 0 {
+            let start = users
+                .get(hidden)
+                .copied()
+                .unwrap_or(snapshot.transcript.len());
+            view.follower.skip(&snapshot.transcript[..start]);
+        }
         // History is not labelled by sender: the protocol does not record it.
         for update in view.follower.replay(snapshot) {
             match update {
@@ -369,39 +386,19 @@ impl View {
                 update => view.apply_one(update),
             }
         }
-        if let History::Last(turns) = history {
-            view.keep_last_turns(turns);
+        if hidden > 0 {
+            let s = if hidden == 1 { "" } else { "s" };
+            view.blocks.insert(
+                0,
+                Block::Notice {
+                    level: Level::Info,
+                    text: format!(
+                        "… {hidden} earlier turn{s} not shown (--history all shows them)"
+                    ),
+                },
+            );
         }
         view
-    }
-
-    /// Keeps the blocks of the last `turns` user messages (and what follows).
-    fn keep_last_turns(&mut self, turns: usize) {
-        let starts: Vec<usize> = self
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| matches!(b, Block::User { .. }))
-            .map(|(i, _)| i)
-            .collect();
-        if starts.len() <= turns {
-            return;
-        }
-        let hidden = starts.len() - turns;
-        let cut = if turns == 0 {
-            self.blocks.len()
-        } else {
-            starts[hidden]
-        };
-        self.blocks.drain(..cut);
-        let s = if hidden == 1 { "" } else { "s" };
-        self.blocks.insert(
-            0,
-            Block::Notice {
-                level: Level::Info,
-                text: format!("… {hidden} earlier turn{s} not shown (--history all shows them)"),
-            },
-        );
     }
 
     /// True while a turn runs or our prompt is on its way: Enter steers.

@@ -227,6 +227,15 @@ fn history_keeps_the_last_turns() {
     assert!(text.contains("2 earlier turns not shown"), "{text}");
     assert!(!text.contains("what is here?"), "{text}");
     assert!(text.contains("stop␛[2J"), "{text}");
+    // The skipped turns stay told: the next snapshot of the same session
+    // shows nothing of them again.
+    let mut view = view;
+    let blocks = view.blocks.len();
+    let _ = view.on_event(&ServerEvent::SessionSnapshot {
+        snapshot: history(),
+    });
+    assert_eq!(view.blocks.len(), blocks, "nothing told twice");
+    assert!(!screen(&view, 80, 30).contains("what is here?"));
 }
 
 #[test]
