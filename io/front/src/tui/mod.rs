@@ -202,7 +202,7 @@ async fn run_session(
         screen
             .terminal
             .draw(|frame| {
-                render::draw(frame, &view);
+                view.top_drawn = render::draw(frame, &view);
                 if !colour {
                     render::strip_colour(frame.buffer_mut());
                 }
@@ -288,6 +288,11 @@ async fn run_session(
                 Action::Local(command) => {
                     if let Some(to) = local(client, id, command, &mut view).await {
                         switch = Some(to);
+                    }
+                }
+                Action::ShowOlder => {
+                    if let Some(snapshot) = client.session_snapshot(id) {
+                        view.show_older(&snapshot, view::PAGE_TURNS);
                     }
                 }
                 action => perform(client, id, action, &done_tx),

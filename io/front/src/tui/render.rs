@@ -17,7 +17,8 @@ const TOOL_LINES: usize = 5;
 const INPUT_MAX: u16 = 10;
 
 /// Draws `view` on the whole frame.
-pub(crate) fn draw(frame: &mut Frame<'_>, view: &View) {
+/// Draws `view`; true when the transcript's first block is in the window.
+pub(crate) fn draw(frame: &mut Frame<'_>, view: &View) -> bool {
     let area = frame.area();
     let width = area.width.saturating_sub(2).max(1) as usize;
     let input = input_lines(view.editor.text(), width);
@@ -28,9 +29,10 @@ pub(crate) fn draw(frame: &mut Frame<'_>, view: &View) {
         Constraint::Length(input_height),
     ])
     .areas(area);
-    draw_transcript(frame, view, transcript);
+    let top = draw_transcript(frame, view, transcript);
     frame.render_widget(Paragraph::new(status_line(view)), status);
     draw_input(frame, view, input_area, &input);
+    top
 }
 
 /// Resets every cell's colours (for `NO_COLOR`), keeping its modifiers.
@@ -49,12 +51,14 @@ fn spinner(view: &View) -> &'static str {
     SPINNER[(view.tick as usize) % SPINNER.len()]
 }
 
-fn draw_transcript(frame: &mut Frame<'_>, view: &View, area: Rect) {
+/// Draws the transcript; true when its first block shows in the window.
+fn draw_transcript(frame: &mut Frame<'_>, view: &View, area: Rect) -> bool {
     let width = area.width.max(1) as usize;
     let height = area.height as usize;
     // From the newest block back, only as far as the window needs.
     let want = height + view.scroll;
     let mut rows: Vec<Line<'static>> = Vec::new();
+    let mut all = true;
     for (i, block) in view.blocks.iter().enumerate().rev() {
         let mut lines = Vec::new();
         let last = i + 1 == view.blocks.len();
@@ -70,6 +74,7 @@ fn draw_transcript(frame: &mut Frame<'_>, view: &View, area: Rect) {
         wrapped.append(&mut rows);
         rows = wrapped;
         if rows.len() >= want {
+            all = i == 0;
             break;
         }
     }
@@ -80,6 +85,7 @@ fn draw_transcript(frame: &mut Frame<'_>, view: &View, area: Rect) {
     let scroll = view.scroll.min(rows.len().saturating_sub(height));
     let end = rows.len() - scroll;
     let start = end.saturating_sub(height);
+    let top = all && start == 0;
     let mut shown: Vec<Line<'static>> = rows.drain(start..end).collect();
     if scroll > 0
         && let Some(last) = shown.last_mut()
@@ -90,6 +96,7 @@ fn draw_transcript(frame: &mut Frame<'_>, view: &View, area: Rect) {
         );
     }
     frame.render_widget(Paragraph::new(shown), area);
+    top
 }
 
 fn block_lines(view: &View, block: &Block, last: bool, out: &mut Vec<Line<'static>>) {

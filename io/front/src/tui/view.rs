@@ -67,6 +67,9 @@ pub(crate) enum Action {
     /// a new session, switching, export); what comes of it comes back as
     /// [`View::info`] or [`View::warn`].
     Local(slash::Command),
+    /// Load earlier turns ([`View::show_older`]) from the session the
+    /// client holds.
+    ShowOlder,
 }
 
 /// The answer to an [`Action::Send`].
@@ -306,7 +309,16 @@ pub(crate) struct View {
     pub(crate) focused: bool,
     /// A turn ended while the terminal was not focused: ring once.
     pub(crate) bell: bool,
+    /// Earlier turns not loaded into `blocks` (`--history N`), and where
+    /// the loaded part starts in the transcript.
+    hidden_turns: usize,
+    loaded_from: usize,
+    /// The last draw showed the first block: scrolling up goes past it.
+    pub(crate) top_drawn: bool,
 }
+
+/// Turns loaded at a time when scrolling goes past the oldest shown.
+pub(crate) const PAGE_TURNS: usize = 10;
 
 /// Why a line came back, as the input's notice says it.
 /// `/help` in the terminal: the commands, then the keys.
@@ -314,7 +326,8 @@ fn help() -> String {
     format!(
         "{}\nkeys: Enter send · Alt-Enter/Ctrl-J newline · Tab complete a /command · \
          Ctrl-C/Esc abort (again: clear) · Ctrl-D detach · Ctrl-T thinking · \
-         Ctrl-O whole tool outputs · PageUp/PageDown scroll · Up/Down history",
+         Ctrl-O whole tool outputs · PageUp/PageDown scroll (past the top: earlier turns) · \
+         Up/Down history",
         slash::help()
     )
 }
@@ -358,6 +371,9 @@ impl View {
             windows: BTreeMap::new(),
             focused: true,
             bell: false,
+            hidden_turns: 0,
+            loaded_from: 0,
+            top_drawn: false,
         };
         // Only the turns shown are told: the older ones are skipped (a long
         // session's first screen costs its last turns, not its history).
@@ -375,6 +391,7 @@ impl View {
                 .copied()
                 .unwrap_or(snapshot.transcript.len());
             view.follower.skip(&snapshot.transcript[..start]);
+            (view.hidden_turns, view.loaded_from) = (hidden, start);
         }
         // History is not labelled by sender: the protocol does not record it.
         for update in view.follower.replay(snapshot) {
@@ -386,19 +403,64 @@ impl View {
                 update => view.apply_one(update),
             }
         }
+        view.note_hidden();
+        view
+    }
+
+    /// The first block says how many earlier turns are not loaded.
+    fn note_hidden(&mut self) {
+        let hidden = self.hidden_turns;
         if hidden > 0 {
             let s = if hidden == 1 { "" } else { "s" };
-            view.blocks.insert(
+            let text = format!("… {hidden} earlier turn{s} (PageUp loads them)");
+            self.blocks.insert(
                 0,
                 Block::Notice {
                     level: Level::Info,
-                    text: format!(
-                        "… {hidden} earlier turn{s} not shown (--history all shows them)"
-                    ),
+                    text,
                 },
             );
         }
-        view
+    }
+
+    /// Loads up to `turns` earlier turns of `snapshot` (the session as the
+    /// client holds it) above the oldest shown: scrolling up pages them in.
+    pub(crate) fn show_older(&mut self, snapshot: &SessionSnapshot, turns: usize) {
+        if self.hidden_turns == 0 || snapshot.transcript.len() < self.loaded_from {
+            return;
+        }
+        let before = &snapshot.transcript[..self.loaded_from];
+        let users: Vec<usize> = (before.iter().enumerate())
+            .filter(|(_, item)| matches!(item, TranscriptItem::User(_)))
+            .map(|(i, _)| i)
+            .collect();
+        let take = turns.min(users.len());
+        let start = match users.len() - take {
+            0 => 0,
+            kept => users[kept],
+        };
+        let page = SessionSnapshot {
+            transcript: before[start..].to_vec(),
+            ..snapshot.clone()
+        };
+        // The notice goes; the page is told into blocks of its own, above.
+        if matches!(self.blocks.first(), Some(Block::Notice { .. })) {
+            self.blocks.remove(0);
+        }
+        let shown = std::mem::take(&mut self.blocks);
+        for update in Follower::new(snapshot.id.clone()).replay(&page) {
+            match update {
+                Update::User { text, .. } => self.blocks.push(Block::User {
+                    text: sanitize(&text),
+                    other: false,
+                }),
+                update => self.apply_one(update),
+            }
+        }
+        self.blocks.extend(shown);
+        self.hidden_turns = users.len() - take;
+        self.loaded_from = start;
+        self.note_hidden();
     }
 
     /// True while a turn runs or our prompt is on its way: Enter steers.
@@ -641,7 +703,13 @@ impl View {
             KeyCode::End => self.editor.cursor = self.editor.line_end(),
             KeyCode::Up => self.editor.history_prev(),
             KeyCode::Down => self.editor.history_next(),
-            KeyCode::PageUp => self.scroll += 10,
+            KeyCode::PageUp => {
+                self.scroll += 10;
+                // Past the oldest turn shown: the host pages earlier ones in.
+                if self.top_drawn && self.hidden_turns > 0 {
+                    return vec![Action::ShowOlder];
+                }
+            }
             KeyCode::PageDown => self.scroll = self.scroll.saturating_sub(10),
             _ => {}
         }

@@ -134,7 +134,11 @@ fn typed(view: &mut View, text: &str) {
 /// The screen as text, one row per line, trailing spaces cut.
 fn screen(view: &View, width: u16, height: u16) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-    terminal.draw(|f| render::draw(f, view)).unwrap();
+    terminal
+        .draw(|f| {
+            render::draw(f, view);
+        })
+        .unwrap();
     let buffer = terminal.backend().buffer();
     let mut out = String::new();
     for y in 0..height {
@@ -224,7 +228,10 @@ fn a_history_with_every_item_kind() {
 fn history_keeps_the_last_turns() {
     let view = View::new(&history(), History::Last(1));
     let text = screen(&view, 80, 30);
-    assert!(text.contains("2 earlier turns not shown"), "{text}");
+    assert!(
+        text.contains("2 earlier turns (PageUp loads them)"),
+        "{text}"
+    );
     assert!(!text.contains("what is here?"), "{text}");
     assert!(text.contains("stop␛[2J"), "{text}");
     // The skipped turns stay told: the next snapshot of the same session
@@ -236,6 +243,57 @@ fn history_keeps_the_last_turns() {
     });
     assert_eq!(view.blocks.len(), blocks, "nothing told twice");
     assert!(!screen(&view, 80, 30).contains("what is here?"));
+}
+
+/// Scrolling past the oldest turn shown pages earlier ones in from the
+/// session the client holds, a page at a time, until none is left.
+#[test]
+fn scrolling_past_the_oldest_turn_pages_earlier_ones_in() {
+    let turns: Vec<TranscriptItem> = (0..5)
+        .flat_map(|i| {
+            [
+                user(&format!("u{i}"), &format!("question {i}")),
+                reply(
+                    &format!("a{i}"),
+                    vec![text(&format!("answer {i}"))],
+                    AssistantStatus::Complete(StopReason::Stop),
+                ),
+            ]
+        })
+        .collect();
+    let session = snapshot(SessionPhase::Idle, turns);
+    let mut view = View::new(&session, History::Last(1));
+    let text = screen(&view, 80, 40);
+    assert!(
+        text.contains("4 earlier turns (PageUp loads them)"),
+        "{text}"
+    );
+    assert!(!text.contains("question 3"), "{text}");
+    // Not at the top yet: PageUp only scrolls.
+    view.top_drawn = false;
+    assert!(view.on_key(key(KeyCode::PageUp)).is_empty());
+    view.top_drawn = true;
+    assert_eq!(view.on_key(key(KeyCode::PageUp)), vec![Action::ShowOlder]);
+    view.show_older(&session, 3);
+    let text = screen(&view, 80, 40);
+    assert!(
+        text.contains("1 earlier turn (PageUp loads them)"),
+        "{text}"
+    );
+    for i in 1..5 {
+        assert!(text.contains(&format!("question {i}")), "{text}");
+        assert!(text.contains(&format!("answer {i}")), "{text}");
+    }
+    assert!(!text.contains("question 0"), "{text}");
+    // In order, oldest first.
+    assert!(text.find("question 1") < text.find("question 4"), "{text}");
+    view.show_older(&session, 3);
+    let text = screen(&view, 80, 40);
+    assert!(
+        text.contains("question 0") && !text.contains("PageUp loads"),
+        "{text}"
+    );
+    assert!(view.on_key(key(KeyCode::PageUp)).is_empty(), "nothing left");
 }
 
 #[test]
