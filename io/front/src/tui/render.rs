@@ -157,10 +157,10 @@ fn block_lines(view: &View, block: &Block, last: bool, out: &mut Vec<Line<'stati
             }
         }
         Block::Tool {
+            call_id,
             title,
             status,
             output,
-            ..
         } => {
             let (mark, style) = match status {
                 None => ("·".to_string(), dim()),
@@ -171,14 +171,19 @@ fn block_lines(view: &View, block: &Block, last: bool, out: &mut Vec<Line<'stati
                 Some(ToolStatus::Complete) => ("✓".into(), Style::default().fg(Color::Green)),
                 Some(ToolStatus::Error) => ("✗".into(), Style::default().fg(Color::Red)),
             };
+            let selected = view.selected.as_ref() == Some(call_id);
+            let title_style = match selected {
+                true => Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED),
+                false => Style::default().add_modifier(Modifier::BOLD),
+            };
             out.push(Line::from(vec![
                 Span::styled("▸ ", Style::default().fg(Color::Magenta)),
-                Span::styled(title.clone(), Style::default().add_modifier(Modifier::BOLD)),
+                Span::styled(title.clone(), title_style),
                 Span::raw(" "),
                 Span::styled(mark, style),
             ]));
             let lines: Vec<&str> = output.trim_end().lines().collect();
-            let shown = if view.expand_tools {
+            let shown = if view.expand_tools || view.expanded.contains(call_id) {
                 lines.len()
             } else {
                 TOOL_LINES

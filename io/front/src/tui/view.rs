@@ -297,6 +297,11 @@ pub(crate) struct View {
     pub(crate) show_thinking: bool,
     /// Tool outputs shown whole (Ctrl-O), not cut to their first lines.
     pub(crate) expand_tools: bool,
+    /// The tool call selected (Alt-Up/Alt-Down), whose output Ctrl-O
+    /// expands or collapses alone.
+    pub(crate) selected: Option<String>,
+    /// Tool calls whose output is shown whole, one by one.
+    pub(crate) expanded: std::collections::BTreeSet<String>,
     /// Advances with time while something runs (the spinner).
     pub(crate) tick: u64,
     /// The transcript length when the current turn started.
@@ -326,8 +331,8 @@ fn help() -> String {
     format!(
         "{}\nkeys: Enter send · Alt-Enter/Ctrl-J newline · Tab complete a /command · \
          Ctrl-C/Esc abort (again: clear) · Ctrl-D detach · Ctrl-T thinking · \
-         Ctrl-O whole tool outputs · PageUp/PageDown scroll (past the top: earlier turns) · \
-         Up/Down history",
+         Alt-Up/Alt-Down select a tool call · Ctrl-O its whole output (none selected: all) · \
+         PageUp/PageDown scroll (past the top: earlier turns) · Up/Down history",
         slash::help()
     )
 }
@@ -365,6 +370,8 @@ impl View {
             scroll: 0,
             show_thinking: false,
             expand_tools: false,
+            selected: None,
+            expanded: Default::default(),
             tick: 0,
             turn_base: turn_base(snapshot),
             removed: false,
@@ -680,7 +687,15 @@ impl View {
             KeyCode::Char('j') if ctrl => self.editor.insert("\n"),
             KeyCode::Enter => return self.submit(),
             KeyCode::Char('t') if ctrl => self.show_thinking = !self.show_thinking,
-            KeyCode::Char('o') if ctrl => self.expand_tools = !self.expand_tools,
+            KeyCode::Char('o') if ctrl => match &self.selected {
+                Some(call) if !self.expanded.remove(call) => {
+                    self.expanded.insert(call.clone());
+                }
+                Some(_) => {}
+                None => self.expand_tools = !self.expand_tools,
+            },
+            KeyCode::Up if alt => self.select_tool(true),
+            KeyCode::Down if alt => self.select_tool(false),
             KeyCode::Char('a') if ctrl => self.editor.cursor = self.editor.line_start(),
             KeyCode::Char('e') if ctrl => self.editor.cursor = self.editor.line_end(),
             KeyCode::Char('u') if ctrl => {
@@ -714,6 +729,28 @@ impl View {
             _ => {}
         }
         Vec::new()
+    }
+
+    /// Alt-Up / Alt-Down: selects the tool call before (older) or after the
+    /// selected one; from none, Up takes the newest; past the newest, none.
+    fn select_tool(&mut self, older: bool) {
+        let calls: Vec<&String> = (self.blocks.iter())
+            .filter_map(|b| match b {
+                Block::Tool { call_id, .. } => Some(call_id),
+                _ => None,
+            })
+            .collect();
+        let at = self
+            .selected
+            .as_ref()
+            .and_then(|s| calls.iter().position(|c| *c == s));
+        let next = match (at, older) {
+            (None, true) => calls.len().checked_sub(1),
+            (None, false) => None,
+            (Some(i), true) => Some(i.saturating_sub(1)),
+            (Some(i), false) => (i + 1 < calls.len()).then_some(i + 1),
+        };
+        self.selected = next.map(|i| calls[i].clone());
     }
 
     /// Tab: completes a slash command's name (and lists the candidates when

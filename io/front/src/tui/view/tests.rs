@@ -654,3 +654,50 @@ fn ctrl_o_shows_tool_outputs_whole() {
     view.on_key(ctrl('o'));
     assert_eq!(screen(&view, 80, 40), cut);
 }
+
+/// Alt-Up/Alt-Down select one tool call, and Ctrl-O expands or collapses
+/// its output alone; with none selected it acts on all.
+#[test]
+fn one_selected_tool_output_expands_alone() {
+    let long = |n: usize| {
+        (0..8)
+            .map(|i| format!("out{n}-{i}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let session = snapshot(
+        SessionPhase::Idle,
+        vec![
+            user("u1", "run both"),
+            TranscriptItem::Assistant(assistant(
+                "a1",
+                vec![call("c1", "first"), call("c2", "second")],
+                AssistantStatus::Complete(StopReason::ToolUse),
+            )),
+            tool("t1", "c1", "first", ToolStatus::Complete, &long(1)),
+            tool("t2", "c2", "second", ToolStatus::Complete, &long(2)),
+        ],
+    );
+    let alt = |code| KeyEvent::new(code, KeyModifiers::ALT);
+    let mut view = View::new(&session, History::All);
+    view.on_key(alt(KeyCode::Up));
+    assert_eq!(view.selected.as_deref(), Some("c2"), "the newest first");
+    view.on_key(ctrl('o'));
+    let text = screen(&view, 80, 40);
+    assert!(
+        text.contains("out2-7") && !text.contains("out1-7"),
+        "{text}"
+    );
+    view.on_key(alt(KeyCode::Up));
+    assert_eq!(view.selected.as_deref(), Some("c1"));
+    view.on_key(ctrl('o'));
+    let text = screen(&view, 80, 40);
+    assert!(text.contains("out1-7") && text.contains("out2-7"), "{text}");
+    view.on_key(ctrl('o'));
+    assert!(!screen(&view, 80, 40).contains("out1-7"), "collapsed again");
+    view.on_key(alt(KeyCode::Down));
+    view.on_key(alt(KeyCode::Down));
+    assert_eq!(view.selected, None, "past the newest, none");
+    view.on_key(ctrl('o'));
+    assert!(view.expand_tools, "none selected: all");
+}
