@@ -16,6 +16,10 @@ pub(crate) fn render(text: &str) -> Vec<Line<'static>> {
     for event in Parser::new_ext(text, options) {
         r.event(event);
     }
+    // An unclosed fence (a reply still streaming): what came so far, plain.
+    if let Some((_, text)) = r.code.take() {
+        r.code_lines(&text, None);
+    }
     r.flush();
     while r.lines.last().is_some_and(|l| l.spans.is_empty()) {
         r.lines.pop();
@@ -34,8 +38,9 @@ struct Renderer {
     lists: Vec<Option<u64>>,
     /// Prefix of every line: quote bars and list indentation.
     quote: usize,
-    /// Inside a code block.
-    code: bool,
+    /// Inside a code block: its fence's language, and its text so far
+    /// (drawn, highlighted where the language is known, when it closes).
+    code: Option<(String, String)>,
     /// The link target of an open link.
     link: Option<String>,
     /// A list item's bullet, to put before its first text.
@@ -148,6 +153,23 @@ impl Renderer {
         }
     }
 
+    /// A code block's lines behind a bar: coloured as `highlighted` has
+    /// them, else plain.
+    fn code_lines(&mut self, text: &str, highlighted: Option<Vec<Vec<Span<'static>>>>) {
+        let bar = Style::default().add_modifier(Modifier::DIM);
+        let plain = Style::default().fg(Color::Yellow);
+        let mut highlighted = highlighted.map(Vec::into_iter);
+        for line in text.split('\n') {
+            self.start_line();
+            self.spans.push(Span::styled("│ ", bar));
+            match highlighted.as_mut().and_then(Iterator::next) {
+                Some(spans) => self.spans.extend(spans),
+                None => self.spans.push(Span::styled(line.to_owned(), plain)),
+            }
+            self.flush();
+        }
+    }
+
     fn blank(&mut self) {
         self.flush();
         if self.lines.last().is_some_and(|l| !l.spans.is_empty()) {
@@ -166,15 +188,9 @@ impl Renderer {
         match event {
             Event::Start(tag) => self.start(tag),
             Event::End(tag) => self.end(tag),
-            Event::Text(text) if self.code => {
-                let style = Style::default().fg(Color::Yellow);
-                let bar = Style::default().add_modifier(Modifier::DIM);
-                let text = text.strip_suffix('\n').unwrap_or(&text);
-                for line in text.split('\n') {
-                    self.start_line();
-                    self.spans.push(Span::styled("│ ", bar));
-                    self.spans.push(Span::styled(line.to_owned(), style));
-                    self.flush();
+            Event::Text(text) if self.code.is_some() => {
+                if let Some((_, code)) = &mut self.code {
+                    code.push_str(&text);
                 }
             }
             Event::Text(text) => self.push(&text, self.style()),
@@ -218,9 +234,11 @@ impl Renderer {
             }
             Tag::CodeBlock(kind) => {
                 self.blank();
-                if let CodeBlockKind::Fenced(lang) = kind
-                    && !lang.is_empty()
-                {
+                let lang = match kind {
+                    CodeBlockKind::Fenced(lang) => lang.to_string(),
+                    CodeBlockKind::Indented => String::new(),
+                };
+                if !lang.is_empty() {
                     self.start_line();
                     self.spans.push(Span::styled(
                         format!("╭ {lang}"),
@@ -228,7 +246,7 @@ impl Renderer {
                     ));
                     self.flush();
                 }
-                self.code = true;
+                self.code = Some((lang, String::new()));
             }
             Tag::List(start) => {
                 if self.lists.is_empty() {
@@ -299,7 +317,10 @@ impl Renderer {
                 self.blank();
             }
             TagEnd::CodeBlock => {
-                self.code = false;
+                if let Some((lang, text)) = self.code.take() {
+                    let text = text.strip_suffix('\n').unwrap_or(&text);
+                    self.code_lines(text, super::highlight::lines(&lang, text));
+                }
                 self.blank();
             }
             TagEnd::List(_) => {

@@ -7,6 +7,7 @@
 //! every event, status change and request result back, and redraws. What
 //! any of it means is decided in [`view`]; how it looks in [`render`].
 
+mod highlight;
 mod markdown;
 pub(crate) mod render;
 pub(crate) mod view;
