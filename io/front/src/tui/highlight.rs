@@ -20,13 +20,15 @@ static THEME: LazyLock<Theme> = LazyLock::new(|| {
     let mut themes = ThemeSet::load_defaults().themes;
     themes.remove("base16-eighties.dark").unwrap_or_default()
 });
-static KEPT: LazyLock<Mutex<HashMap<u64, Option<Vec<Vec<Span<'static>>>>>>> =
-    LazyLock::new(Default::default);
+/// A block's lines, each as coloured spans.
+type Coloured = Vec<Vec<Span<'static>>>;
+
+static KEPT: LazyLock<Mutex<HashMap<u64, Option<Coloured>>>> = LazyLock::new(Default::default);
 
 /// The lines of `code` as spans coloured for `lang` (a fence's info
 /// string: `rust`, `py`, `sh`, …), or `None` for a language syntect does
 /// not know.
-pub(crate) fn lines(lang: &str, code: &str) -> Option<Vec<Vec<Span<'static>>>> {
+pub(crate) fn lines(lang: &str, code: &str) -> Option<Coloured> {
     let mut hasher = DefaultHasher::new();
     (lang, code).hash(&mut hasher);
     let key = hasher.finish();
@@ -42,7 +44,7 @@ pub(crate) fn lines(lang: &str, code: &str) -> Option<Vec<Vec<Span<'static>>>> {
     lines
 }
 
-fn highlight(lang: &str, code: &str) -> Option<Vec<Vec<Span<'static>>>> {
+fn highlight(lang: &str, code: &str) -> Option<Coloured> {
     let token = lang.split([',', ' ', '{']).next().unwrap_or("").trim();
     let syntax = SYNTAXES
         .find_syntax_by_token(token)
