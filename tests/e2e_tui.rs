@@ -337,3 +337,63 @@ fn the_terminal_starts_its_crashed_server_again() {
     tui.send("\r");
     tui.wait_for("You said: still here?");
 }
+
+/// A session longer than `--history`: PageUp past the oldest turn shown
+/// pages the earlier ones in; Alt-Up selects the tool call and Ctrl-O shows
+/// its whole output.
+#[test]
+fn earlier_turns_page_in_and_one_tool_output_expands() {
+    let mut env = Env::new("tui-paging");
+    env.var("PI_FAUX_DELAY_MS", "0");
+    let id = uuid();
+    let _server = env.serve(&id, &[]);
+    let mut other = env.connect(&id);
+    let session = other
+        .create(CreateParams {
+            cwd: Some("/".into()),
+            ..CreateParams::default()
+        })
+        .id;
+    let prompt = |other: &mut Conn, text: &str| {
+        let command = kernel::protocol::Command::Prompt {
+            session_id: session.clone(),
+            text: text.into(),
+        };
+        other.request(command).expect("the turn ends");
+    };
+    for i in 0..12 {
+        prompt(&mut other, &format!("question {i:02}"));
+    }
+    prompt(&mut other, "!seq 101 120");
+    let mut tui = Tui::spawn(&env, &["--server-id", &id, "attach", &session]);
+    let cut = tui.wait_for("more lines");
+    assert!(!cut.contains("question 00"), "{cut}");
+    assert!(!cut.contains("119"), "cut to its first lines: {cut}");
+
+    tui.send("\x1b[1;3A"); // Alt-Up: the newest tool call
+    tui.send("\x0f"); // Ctrl-O: its whole output
+    tui.wait("the whole output", SOON, |s| {
+        s.contains("119") && !s.contains("more lines")
+    });
+
+    // Scrolling up reaches the oldest turn shown and says what is left,
+    // then pages in the rest.
+    let mut told = false;
+    let deadline = Instant::now() + SOON;
+    while !tui.screen().contains("question 00") {
+        told |= tui.screen().contains("3 earlier turns (PageUp loads them)");
+        assert!(
+            Instant::now() < deadline,
+            "never paged in:\n{}",
+            tui.screen()
+        );
+        tui.send("\x1b[5~"); // PageUp
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        told,
+        "the notice of the turns not loaded showed on the way up"
+    );
+    tui.send("\x04");
+    tui.exits_cleanly();
+}
