@@ -46,9 +46,16 @@ pub(crate) fn run(env: &Env, report: &mut Report) -> Result<(), String> {
     first_screen(env, report)
 }
 
-/// Time from spawning `attach` of session `id` in a pty until its screen
-/// shows the input box and `marker`; the UI detaches at once after.
-fn attach_until(env: &Env, server: &Server, id: &str, marker: &str) -> Result<Duration, String> {
+/// `pi-server attach` of a session in a pty of [`ROWS`]×[`COLS`].
+struct Attached {
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+    reader: Box<dyn Read + Send>,
+    writer: Box<dyn Write + Send>,
+    /// Kept open while the UI runs.
+    _master: Box<dyn portable_pty::MasterPty + Send>,
+}
+
+fn attach(env: &Env, server: &Server, id: &str) -> Result<Attached, String> {
     let pty = native_pty_system()
         .openpty(PtySize {
             rows: ROWS,
@@ -65,14 +72,31 @@ fn attach_until(env: &Env, server: &Server, id: &str, marker: &str) -> Result<Du
         id,
     ]);
     cmd.env("TERM", "xterm-256color");
-    let started = Instant::now();
-    let mut child = pty
+    let child = pty
         .slave
         .spawn_command(cmd)
         .map_err(|e| format!("spawn attach: {e}"))?;
     drop(pty.slave);
-    let mut reader = pty.master.try_clone_reader().map_err(|e| e.to_string())?;
-    let mut writer = pty.master.take_writer().map_err(|e| e.to_string())?;
+    let reader = pty.master.try_clone_reader().map_err(|e| e.to_string())?;
+    let writer = pty.master.take_writer().map_err(|e| e.to_string())?;
+    Ok(Attached {
+        child,
+        reader,
+        writer,
+        _master: pty.master,
+    })
+}
+
+/// Time from spawning `attach` of session `id` in a pty until its screen
+/// shows the input box and `marker`; the UI detaches at once after.
+fn attach_until(env: &Env, server: &Server, id: &str, marker: &str) -> Result<Duration, String> {
+    let started = Instant::now();
+    let Attached {
+        mut child,
+        mut reader,
+        mut writer,
+        _master: _pty,
+    } = attach(env, server, id)?;
     let (tx, rx) = std::sync::mpsc::channel();
     let wanted = marker.to_owned();
     std::thread::spawn(move || {
@@ -159,29 +183,12 @@ fn latency(env: &Env, report: &mut Report) -> Result<(), String> {
         .map_err(|e| format!("observer attach: {e}"))?;
 
     // The UI, in a pty.
-    let pty = native_pty_system()
-        .openpty(PtySize {
-            rows: ROWS,
-            cols: COLS,
-            pixel_width: 0,
-            pixel_height: 0,
-        })
-        .map_err(|e| format!("openpty: {e}"))?;
-    let mut cmd = CommandBuilder::new(&env.server_bin);
-    cmd.args([
-        "--connect",
-        &format!("unix://{}", server.socket.display()),
-        "attach",
-        &id,
-    ]);
-    cmd.env("TERM", "xterm-256color");
-    let mut child = pty
-        .slave
-        .spawn_command(cmd)
-        .map_err(|e| format!("spawn attach: {e}"))?;
-    drop(pty.slave);
-    let mut reader = pty.master.try_clone_reader().map_err(|e| e.to_string())?;
-    let mut writer = pty.master.take_writer().map_err(|e| e.to_string())?;
+    let Attached {
+        mut child,
+        mut reader,
+        mut writer,
+        _master: _pty,
+    } = attach(env, &server, &id)?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let typing = "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwx".to_string();
     let expected = words(n_words);
