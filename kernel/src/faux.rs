@@ -305,6 +305,7 @@ mod tests {
             thinking_level: level,
             purpose: Purpose::Reply,
             summary: None,
+            instructions: None,
             context: vec![TranscriptItem::User(user)].into(),
         }
     }

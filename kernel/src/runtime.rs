@@ -181,6 +181,8 @@ pub struct ModelRequest {
     pub purpose: Purpose,
     /// Summary of the conversation before `context`.
     pub summary: Option<String>,
+    /// With a summary asked for: what the user wants it to keep or stress.
+    pub instructions: Option<String>,
     /// The conversation since the summary (the streaming reply excluded),
     /// shared with the runtime, which extends it between calls instead of
     /// copying the history for each.
@@ -436,6 +438,8 @@ struct Turn {
     /// A compaction asked for (`compact`): no reply follows it, and its
     /// operation is answered when the summary is stored.
     compaction: bool,
+    /// Its instructions for the summary.
+    instructions: Option<String>,
 }
 
 /// Why a compaction runs, which decides how much it summarises.
@@ -707,7 +711,7 @@ impl Runtime {
             Operation::Prompt { text } => return self.on_prompt(op, text),
             Operation::Steer { text } => self.on_steer(text),
             Operation::Abort => return self.on_abort(op),
-            Operation::Compact => return self.on_compact(op),
+            Operation::Compact { instructions } => return self.on_compact(op, instructions),
             Operation::SetModel { model } => self.on_set_model(model),
             Operation::SetThinking { level } => self.on_set_thinking(level),
             Operation::SetMcpServers { servers } => {
@@ -772,13 +776,14 @@ impl Runtime {
             failures: 0,
             overflow_retried: false,
             compaction: false,
+            instructions: None,
         });
         self.next_call();
     }
 
     /// `compact`: summarises the older conversation now, between turns; a
     /// context with nothing older than what is kept is refused, unchanged.
-    fn on_compact(&mut self, op: OpId) {
+    fn on_compact(&mut self, op: OpId, instructions: Option<String>) {
         if self.turn.is_some() {
             let error = ProtocolError::new(
                 ErrorCode::Busy,
@@ -792,6 +797,7 @@ impl Runtime {
             failures: 0,
             overflow_retried: false,
             compaction: true,
+            instructions: instructions.filter(|i| !i.trim().is_empty()),
         });
         if !self.start_compaction(Why::Asked) {
             self.turn = None;

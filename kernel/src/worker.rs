@@ -54,8 +54,9 @@ pub enum Operation {
     Rename { name: String },
     /// Remember the editor's MCP servers (an object of named servers).
     SetMcpServers { servers: JsonValue },
-    /// Summarise the older conversation now (idle only).
-    Compact,
+    /// Summarise the older conversation now (idle only), as `instructions`
+    /// ask, if any.
+    Compact { instructions: Option<String> },
 }
 
 impl Operation {
@@ -69,7 +70,7 @@ impl Operation {
             Self::SetThinking { .. } => "set_thinking",
             Self::Rename { .. } => "rename",
             Self::SetMcpServers { .. } => "set_mcp_servers",
-            Self::Compact => "compact",
+            Self::Compact { .. } => "compact",
         }
     }
 }

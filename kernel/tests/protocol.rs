@@ -1721,7 +1721,12 @@ fn command() -> BoxedStrategy<Command> {
             thinking_level
         }),
         id().prop_map(|session_id| Command::Remove { session_id }),
-        id().prop_map(|session_id| Command::Compact { session_id }),
+        (id(), prop::option::of(any_text())).prop_map(|(session_id, instructions)| {
+            Command::Compact {
+                session_id,
+                instructions,
+            }
+        }),
         Just(Command::Status),
     ]
     .boxed()

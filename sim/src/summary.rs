@@ -245,7 +245,10 @@ pub fn to_worker(m: &ToWorker) -> String {
                 Operation::SetThinking { level } => format!(" {}", level.as_str()),
                 Operation::Rename { name } => format!(" {:?}", short(name)),
                 Operation::SetMcpServers { servers } => format!(" {}", short(&servers.json_text())),
-                Operation::Abort | Operation::Compact => String::new(),
+                Operation::Abort => String::new(),
+                Operation::Compact { instructions } => instructions
+                    .as_deref()
+                    .map_or(String::new(), |i| format!(" {:?}", short(i))),
             };
             format!("{op} {}{detail}", operation.name())
         }

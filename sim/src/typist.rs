@@ -82,9 +82,10 @@ pub fn answer(
                 .map(|s| s.queued_steer.iter().map(|u| text_of(&u.content)).collect())
                 .unwrap_or_default(),
         },
-        Request::SetModel(_) | Request::SetThinking(_) | Request::Rename(_) | Request::Compact => {
-            Answer::Applied
-        }
+        Request::SetModel(_)
+        | Request::SetThinking(_)
+        | Request::Rename(_)
+        | Request::Compact(_) => Answer::Applied,
     })
 }
 

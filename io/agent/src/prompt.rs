@@ -248,6 +248,16 @@ fn summarize_prompt(request: &ModelRequest) -> String {
     } else {
         "Summarise the conversation above."
     });
+    if let Some(instructions) = request
+        .instructions
+        .as_ref()
+        .filter(|i| !i.trim().is_empty())
+    {
+        let _ = write!(
+            text,
+            "\n\nThe user asked this summary to follow these instructions:\n{instructions}"
+        );
+    }
     text
 }
 
@@ -345,8 +355,26 @@ pub(crate) mod tests {
             thinking_level: ThinkingLevel::Off,
             purpose: Purpose::Reply,
             summary: summary.map(str::to_string),
+            instructions: None,
             context: context.into(),
         }
+    }
+
+    /// A summary asked for with instructions passes them on, after the
+    /// conversation; one without says nothing of them.
+    #[test]
+    fn a_summary_carries_the_users_instructions() {
+        let mut r = req(vec![user("item-1", vec![text("fix the parser")])], None);
+        r.purpose = Purpose::Summarize;
+        let plain = summarize_prompt(&r);
+        assert!(!plain.contains("instructions"), "{plain}");
+        r.instructions = Some("keep every file path".into());
+        let asked = summarize_prompt(&r);
+        assert!(
+            asked.ends_with("follow these instructions:\nkeep every file path"),
+            "{asked}"
+        );
+        assert!(asked.contains("[user]: fix the parser"), "{asked}");
     }
 
     #[test]

@@ -61,6 +61,7 @@ fn request(p: &ProviderConfig, level: ThinkingLevel, context: Vec<TranscriptItem
         thinking_level: level,
         purpose: Purpose::Reply,
         summary: None,
+        instructions: None,
         context: context.into(),
     }
 }

@@ -613,10 +613,18 @@ impl Client {
     }
 
     /// `compact` (our extension): summarise an idle session's older
-    /// conversation now; answered once the summary is stored.
-    pub async fn compact(&self, session_id: &str) -> Result<SessionSnapshot, ClientError> {
-        let session_id = session_id.to_owned();
-        session_of(self.request(Command::Compact { session_id }).await?)
+    /// conversation now, as `instructions` ask if given; answered once the
+    /// summary is stored.
+    pub async fn compact(
+        &self,
+        session_id: &str,
+        instructions: Option<&str>,
+    ) -> Result<SessionSnapshot, ClientError> {
+        let command = Command::Compact {
+            session_id: session_id.to_owned(),
+            instructions: instructions.map(str::to_owned),
+        };
+        session_of(self.request(command).await?)
     }
 
     /// `remove` (our extension): delete a stored session.
@@ -667,7 +675,9 @@ impl Client {
             Request::SetModel(model) => self.set_model(session_id, model.clone()).await,
             Request::SetThinking(level) => self.set_thinking(session_id, *level).await,
             Request::Rename(name) => self.rename(session_id, name).await,
-            Request::Compact => self.compact(session_id).await,
+            Request::Compact(instructions) => {
+                self.compact(session_id, instructions.as_deref()).await
+            }
         };
         match result {
             Err(e) => (Err(e), None),
@@ -687,7 +697,7 @@ impl Client {
                     Request::SetModel(_)
                     | Request::SetThinking(_)
                     | Request::Rename(_)
-                    | Request::Compact => Answer::Applied,
+                    | Request::Compact(_) => Answer::Applied,
                 };
                 (Ok(answer), Some(snapshot))
             }

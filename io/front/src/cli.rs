@@ -297,7 +297,10 @@ async fn run(daemon: Daemon, cli: Cli) -> Result<(), Failure> {
         }
         Commands::Rename { id, name } => run_control(&target()?, &id, Control::Rename(name)).await,
         Commands::Abort { id } => run_control(&target()?, &id, Control::Abort).await,
-        Commands::Compact { id } => run_control(&target()?, &id, Control::Compact).await,
+        Commands::Compact { id, instructions } => {
+            let instructions = (!instructions.is_empty()).then(|| instructions.join(" "));
+            run_control(&target()?, &id, Control::Compact(instructions)).await
+        }
         Commands::SetModel { id, model } => {
             run_control(&target()?, &id, Control::SetModel(model)).await
         }

@@ -59,8 +59,8 @@ pub enum Request {
     SetThinking(ThinkingLevel),
     /// Rename the session (`/name`).
     Rename(String),
-    /// Summarise the older conversation now (`/compact`).
-    Compact,
+    /// Summarise the older conversation now (`/compact [INSTRUCTIONS]`).
+    Compact(Option<String>),
 }
 
 /// A call's answer, as the driver reports it.
@@ -343,7 +343,7 @@ impl Front {
             Line::Command(Command::Model(Some(model))) => Request::SetModel(model),
             Line::Command(Command::Thinking(Some(level))) => Request::SetThinking(level),
             Line::Command(Command::Name(name)) => Request::Rename(name),
-            Line::Command(Command::Compact) => Request::Compact,
+            Line::Command(Command::Compact(instructions)) => Request::Compact(instructions),
             Line::Command(local) => return self.out.push(Output::Local(local)),
         };
         let why = match self.link {

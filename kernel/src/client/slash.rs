@@ -40,8 +40,9 @@ pub enum Command {
     Sessions(Option<String>),
     /// `/export [FILE]`: write the transcript to a file.
     Export(Option<String>),
-    /// `/compact`: summarise the older conversation now.
-    Compact,
+    /// `/compact [INSTRUCTIONS]`: summarise the older conversation now, as
+    /// the instructions ask.
+    Compact(Option<String>),
 }
 
 /// Every command: its name, its arguments and what it does, as `/help`
@@ -62,8 +63,8 @@ pub const COMMANDS: [(&str, &str, &str); 10] = [
     ("/abort", "", "end the running turn (as Ctrl-C or Esc)"),
     (
         "/compact",
-        "",
-        "summarise the older conversation now (between turns)",
+        "[INSTRUCTIONS]",
+        "summarise the older conversation now (between turns), as asked",
     ),
     (
         "/new",
@@ -108,7 +109,7 @@ pub fn parse(line: &str) -> Line {
         "help" | "?" => none(Command::Help),
         "quit" | "exit" => none(Command::Quit),
         "abort" => none(Command::Abort),
-        "compact" => none(Command::Compact),
+        "compact" => Line::Command(Command::Compact(argument.map(str::to_owned))),
         "new" => none(Command::New),
         "model" => match argument.map(model) {
             None => Line::Command(Command::Model(None)),

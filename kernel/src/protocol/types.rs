@@ -85,7 +85,10 @@ pub enum Command {
     /// `{command:"compact", sessionId}`: our extension. Summarises an idle
     /// attached session's older conversation now, as a full context would;
     /// answered when the summary is stored.
-    Compact { session_id: String },
+    Compact {
+        session_id: String,
+        instructions: Option<String>,
+    },
     /// `{command:"status"}`: our extension. The runtime state of every live
     /// session (v1's `SessionMetadata` is durable metadata only), without
     /// attaching to any or starting a worker.
@@ -126,7 +129,7 @@ impl Command {
             | Self::SetThinking { session_id, .. }
             | Self::Rename { session_id, .. }
             | Self::SetMcpServers { session_id, .. }
-            | Self::Compact { session_id }
+            | Self::Compact { session_id, .. }
             | Self::Remove { session_id } => Some(session_id),
         }
     }

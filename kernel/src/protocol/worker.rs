@@ -125,7 +125,10 @@ fn operation_to_value(op: &Operation) -> Value {
     let b = MapBuilder::with_capacity(2).put("kind", text(op.name()));
     match op {
         Operation::Prompt { text: t } | Operation::Steer { text: t } => b.put("text", text(t)),
-        Operation::Abort | Operation::Compact => b,
+        Operation::Abort => b,
+        Operation::Compact { instructions } => {
+            b.put_opt("instructions", instructions.as_deref().map(text))
+        }
         Operation::SetModel { model } => b.put("model", model.to_value()),
         Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
         Operation::Rename { name } => b.put("name", text(name)),
@@ -154,8 +157,10 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
             Operation::Abort
         }
         Some("compact") => {
-            Fields::new(value, path, &["kind"])?;
-            Operation::Compact
+            let f = Fields::new(value, path, &["kind", "instructions"])?;
+            Operation::Compact {
+                instructions: f.optional("instructions", read_string)?,
+            }
         }
         Some("set_model") => {
             let f = Fields::new(value, path, &["kind", "model"])?;
@@ -728,7 +733,9 @@ pub(super) mod tests {
             }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(9),
-                operation: Operation::Compact,
+                operation: Operation::Compact {
+                    instructions: Some("keep the paths".into()),
+                },
             }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(10),

@@ -27,6 +27,7 @@ impl Runtime {
             thinking_level: ThinkingLevel::Off,
             purpose: Purpose::Summarize,
             summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+            instructions: self.turn.as_ref().and_then(|t| t.instructions.clone()),
             context,
         };
         self.set_stage(Stage::Compacting {

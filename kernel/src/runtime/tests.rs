@@ -1107,7 +1107,7 @@ fn a_thinking_signature_is_kept_with_its_part() {
 fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     let mut t = T::new("faux-tiny");
     // Nothing yet: refused at once, nothing started.
-    t.op(1, Operation::Compact);
+    t.op(1, Operation::Compact { instructions: None });
     let refused = t.done(1).expect("answered at once").unwrap_err();
     assert_eq!(refused.code, ErrorCode::InvalidRequest);
     assert!(
@@ -1131,9 +1131,15 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     }
     let items = t.rt.state().transcript.len();
     // Asked for: it starts now, and a prompt or a steer meanwhile is busy.
-    t.op(4, Operation::Compact);
+    t.op(
+        4,
+        Operation::Compact {
+            instructions: Some("keep the questions".into()),
+        },
+    );
     let (call, request) = t.started_call().expect("a summary call");
     assert_eq!(request.purpose, Purpose::Summarize);
+    assert_eq!(request.instructions.as_deref(), Some("keep the questions"));
     assert_eq!(t.rt.phase(), SessionPhase::Compaction);
     assert!(t.done(4).is_none(), "answered when stored");
     t.op(5, Operation::Prompt { text: "now".into() });
@@ -1158,14 +1164,14 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     assert_eq!(request.summary.as_deref(), Some("they asked two questions"));
     assert!(request.context.len() < items);
     // Asked for during a turn: busy.
-    t.op(8, Operation::Compact);
+    t.op(8, Operation::Compact { instructions: None });
     assert_eq!(t.done(8).unwrap().unwrap_err().code, ErrorCode::Busy);
     t.model(call, text(&"more words ".repeat(30)));
     t.model(call, done(StopReason::Stop));
     assert!(t.done(7).unwrap().is_ok());
     // An abort ends it: the compaction is answered as aborted, the
     // summary as it was.
-    t.op(9, Operation::Compact);
+    t.op(9, Operation::Compact { instructions: None });
     assert!(t.started_call().is_some());
     t.op(10, Operation::Abort);
     assert!(t.done(10).unwrap().is_ok());
@@ -1174,7 +1180,7 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     assert_eq!(t.rt.state().summary, Some(summary.clone()));
     assert_eq!(t.rt.phase(), SessionPhase::Idle);
     // A summary call that fails for good ends it with why.
-    t.op(11, Operation::Compact);
+    t.op(11, Operation::Compact { instructions: None });
     let (call, _) = t.started_call().expect("a summary call");
     t.model(
         call,

@@ -46,6 +46,7 @@ impl Runtime {
             thinking_level: self.state.thinking_level,
             purpose: Purpose::Reply,
             summary: self.state.summary.as_ref().map(|s| s.text.clone()),
+            instructions: None,
             context,
         };
         self.out.push(RuntimeOutput::StartModel { call, request });

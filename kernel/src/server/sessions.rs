@@ -493,8 +493,12 @@ impl Server {
                 session_id,
                 Operation::SetMcpServers { servers },
             ),
-            Command::Compact { session_id } => {
-                self.on_operation(conn, request_id, session_id, Operation::Compact)
+            Command::Compact {
+                session_id,
+                instructions,
+            } => {
+                let compact = Operation::Compact { instructions };
+                self.on_operation(conn, request_id, session_id, compact)
             }
             Command::Status => {
                 let sessions = self.status();

@@ -172,7 +172,7 @@ impl Busy {
                     // session ended there, compactions too.
                     self.compacting.retain(|(s, _, _)| s != session_id);
                 }
-                if let (Operation::Compact, true) = (operation, started) {
+                if let (Operation::Compact { .. }, true) = (operation, started) {
                     let key = (session_id.clone(), self.generation, *op);
                     let ended = self
                         .running
@@ -459,7 +459,7 @@ fn check_runtime(
         // Neither are the editor's MCP servers.
         Operation::SetMcpServers { .. } => (false, "set_mcp_servers"),
         // A compaction asked for is a turn of its own: between turns only.
-        Operation::Compact => (running, "compact"),
+        Operation::Compact { .. } => (running, "compact"),
     };
     if busy != expect_busy {
         return violation(format!(
@@ -468,7 +468,10 @@ fn check_runtime(
         ));
     }
     // A compaction that starts is answered when its summary is stored.
-    let answered_now = !matches!(operation, Operation::Prompt { .. } | Operation::Compact);
+    let answered_now = !matches!(
+        operation,
+        Operation::Prompt { .. } | Operation::Compact { .. }
+    );
     if answered_now && immediate.is_none() {
         return violation(format!(
             "{session_id}: runtime did not answer {name} at once"

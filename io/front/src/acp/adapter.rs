@@ -525,7 +525,13 @@ impl Adapter {
                             false,
                         ),
                         Request::Rename(name) => (Command::Rename { session_id, name }, false),
-                        Request::Compact => (Command::Compact { session_id }, false),
+                        Request::Compact(instructions) => (
+                            Command::Compact {
+                                session_id,
+                                instructions,
+                            },
+                            false,
+                        ),
                     };
                     let pending = Pending::Front {
                         session: session.to_owned(),

@@ -256,6 +256,8 @@ pub(super) enum Commands {
         /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
         #[arg(value_parser = parse_non_empty)]
         id: String,
+        /// What the summary should keep or stress (the words are joined).
+        instructions: Vec<String>,
     },
 
     /// Switch a session's model for its next turns (see `pi-server models`).

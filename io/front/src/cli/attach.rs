@@ -79,7 +79,7 @@ fn local(client: &Client, id: &str, command: slash::Command) -> Option<String> {
         Command::Sessions(_) => "(in line mode, `pi-server list` lists them)".into(),
         Command::Export(_) => "(in line mode, `pi-server log` prints the transcript)".into(),
         Command::Abort
-        | Command::Compact
+        | Command::Compact(_)
         | Command::Model(Some(_))
         | Command::Thinking(Some(_))
         | Command::Name(_) => {

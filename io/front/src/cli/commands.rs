@@ -483,7 +483,7 @@ pub(super) enum Control {
     SetModel(ModelRef),
     SetThinking(ThinkingLevel),
     Rename(String),
-    Compact,
+    Compact(Option<String>),
 }
 
 /// Attaches to the session `query` names, asks `control` of it, says what
@@ -523,10 +523,10 @@ async fn control_session(
             .await
             .map(|_| format!("steered session {id}: its running turn reads the message next"))
             .map_err(|e| format!("cannot steer session {id}: {e}")),
-        Control::Compact => {
+        Control::Compact(instructions) => {
             eprintln!("compacting session {id}: the model summarises its older conversation…");
             client
-                .compact(id)
+                .compact(id, instructions.as_deref())
                 .await
                 .map(|_| format!("compacted session {id}: its next turns start from the summary"))
                 .map_err(|e| format!("cannot compact session {id}: {e}"))

@@ -353,7 +353,7 @@ async fn local(
         Command::Help
         | Command::Quit
         | Command::Abort
-        | Command::Compact
+        | Command::Compact(_)
         | Command::Model(Some(_))
         | Command::Thinking(Some(_))
         | Command::Name(_) => unreachable!("the view or the front carries these out"),

@@ -372,7 +372,7 @@ proptest! {
                     Request::SetModel(_)
                     | Request::SetThinking(_)
                     | Request::Rename(_)
-                    | Request::Compact => Ok(Answer::Applied),
+                    | Request::Compact(_) => Ok(Answer::Applied),
                 };
                 absorb(f.step(Input::Answered { call, outcome }), &mut pending, &mut back);
             }

@@ -79,8 +79,10 @@ impl Schema for Command {
             Self::Attach { .. }
             | Self::Detach { .. }
             | Self::Abort { .. }
-            | Self::Compact { .. }
             | Self::Remove { .. } => command_map(name, session_id, 2).build(),
+            Self::Compact { instructions, .. } => command_map(name, session_id, 3)
+                .put_opt("instructions", instructions.as_deref().map(text))
+                .build(),
             Self::Prompt { text: t, .. } | Self::Steer { text: t, .. } => {
                 command_map(name, session_id, 3)
                     .put("text", text(t))
@@ -126,15 +128,21 @@ impl Schema for Command {
                     thinking_level: f.optional("thinkingLevel", read_thinking_level)?,
                 }))
             }
-            "attach" | "detach" | "abort" | "remove" | "compact" => {
+            "attach" | "detach" | "abort" | "remove" => {
                 let f = Fields::new(value, path, &["command", "sessionId"])?;
                 let session_id = session(&f)?;
                 Ok(match name {
                     "attach" => Self::Attach { session_id },
                     "detach" => Self::Detach { session_id },
                     "abort" => Self::Abort { session_id },
-                    "compact" => Self::Compact { session_id },
                     _ => Self::Remove { session_id },
+                })
+            }
+            "compact" => {
+                let f = Fields::new(value, path, &["command", "sessionId", "instructions"])?;
+                Ok(Self::Compact {
+                    session_id: session(&f)?,
+                    instructions: f.optional("instructions", read_string)?,
                 })
             }
             "prompt" | "steer" => {

@@ -44,7 +44,15 @@ impl Server {
             (Svc::Agent, "compact") => match busy {
                 // Answered when the summary is stored (or refused then).
                 false => {
-                    let compact = Operation::Compact;
+                    // `[{customInstructions: string | null}]`.
+                    let instructions = args
+                        .first()
+                        .and_then(|a| a.get("customInstructions"))
+                        .and_then(|i| match i {
+                            Value::Text(text) => Some(text.clone()),
+                            _ => None,
+                        });
+                    let compact = Operation::Compact { instructions };
                     self.start_op(conn, &id, &session_id, "v8.compact", compact);
                 }
                 true => {
