@@ -1424,4 +1424,9 @@ async fn list_previews_the_first_prompt_of_an_unnamed_session() {
         wide.stdout.contains("“fix the failing test in the parser”"),
         "{wide:#?}"
     );
+    // `list TEXT` finds it by its first prompt too.
+    let found = server.run_cli(&["list", "PARSER"]).await.success();
+    assert_eq!(found.stdout.lines().count(), 2, "{found:#?}");
+    let none = server.run_cli(&["list", "weather"]).await.success();
+    assert!(none.stderr.contains("no session matches"), "{none:#?}");
 }

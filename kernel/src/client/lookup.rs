@@ -57,6 +57,14 @@ pub fn matches(session: &SessionMetadata, text: &str) -> bool {
     session.id.starts_with(&text) || holds(&session.session_name) || holds(&session.cwd)
 }
 
+/// What `list TEXT` keeps: a session that [`matches`] the text, or whose
+/// first prompt (its preview, which the server reports for `status`) holds
+/// it, case aside.
+pub fn listed(session: &SessionMetadata, preview: Option<&str>, text: &str) -> bool {
+    matches(session, text)
+        || preview.is_some_and(|p| p.to_lowercase().contains(&text.to_lowercase()))
+}
+
 /// The shortest prefix length, at least `min`, that tells every id of
 /// `ids` apart (a listing's short ids, each usable as a query).
 pub fn unique_prefix_len<'a>(ids: impl IntoIterator<Item = &'a str>, min: usize) -> usize {
@@ -108,6 +116,10 @@ mod tests {
         for no in ["123", "zzz"] {
             assert!(!matches(&s, no), "{no}");
         }
+        // `list TEXT` also finds a session by its first prompt.
+        assert!(listed(&s, Some("Fix the Parser"), "parser"));
+        assert!(!listed(&s, Some("fix the parser"), "zzz"));
+        assert!(!listed(&s, None, "parser"));
         assert_eq!(unique_prefix_len(["abcdef01", "abcdef02", "x"], 4), 8);
         assert_eq!(unique_prefix_len(["a1", "b2"], 8), 8);
     }

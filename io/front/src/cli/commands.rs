@@ -163,10 +163,14 @@ impl Listed {
 
     /// Keeps what `listing` asks for, newest activity first.
     fn select(&mut self, listing: &Listing) {
-        self.pairs.retain(|(_, s)| {
+        let live = &self.live;
+        self.pairs.retain(|(server_id, s)| {
             let cwd = listing.cwd.as_ref();
+            let preview = live
+                .get(&(server_id.clone(), s.id.clone()))
+                .and_then(|l| l.preview.as_deref());
             cwd.is_none_or(|cwd| s.cwd.as_ref() == Some(cwd))
-                && (listing.filter.as_deref()).is_none_or(|text| lookup::matches(s, text))
+                && (listing.filter.as_deref()).is_none_or(|text| lookup::listed(s, preview, text))
         });
         self.pairs.sort_by(|a, b| {
             last(&b.1)
