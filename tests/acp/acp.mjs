@@ -931,6 +931,14 @@ define("e", "session/list", async () => {
     "session/list {cwd} shows only the sessions of that cwd",
     filtered,
   );
+  // An unnamed session is titled by its first prompt, once the server has
+  // read it back from the session's files.
+  let titled;
+  for (let i = 0; i < 100 && !titled; i++) {
+    titled = (await listAll(a, { cwd: cwd1 })).find((x) => x.sessionId === s1 && x.title === "list me");
+    if (!titled) await sleep(50);
+  }
+  check(titled, "an unnamed session is titled by its first prompt", await listAll(a, { cwd: cwd1 }));
 });
 
 define("f", "session/load after the adapter was SIGKILLed mid-turn", async () => {

@@ -118,6 +118,12 @@ enum Pending {
         rpc: Value,
         cwd: Option<String>,
     },
+    /// The listed sessions, waiting for `status` to title the unnamed ones
+    /// by their first prompt.
+    Titles {
+        rpc: Value,
+        sessions: Vec<SessionMetadata>,
+    },
     /// A request of the session's front: `call` is the front's, `tag` the
     /// prompt it carries (0 for an abort).
     Front {
@@ -751,16 +757,30 @@ impl Adapter {
             }
             Pending::List { rpc, cwd } => match result {
                 Ok(CommandResult::List { sessions }) => {
-                    let sessions: Vec<acp::SessionInfo> = sessions
-                        .iter()
+                    let sessions = sessions
+                        .into_iter()
                         .filter(|s| cwd.is_none() || s.cwd == cwd)
-                        .map(session_info)
                         .collect();
-                    self.respond(rpc, to_value(acp::ListSessionsResponse::new(sessions)));
+                    self.call(Pending::Titles { rpc, sessions }, Command::Status);
                 }
                 Ok(_) => self.error(rpc, unexpected("a list")),
                 Err(e) => self.error(rpc, pi_error(&e, None)),
             },
+            // A server from before `status` lists its sessions untitled.
+            Pending::Titles { rpc, sessions } => {
+                let previews: BTreeMap<String, String> = match result {
+                    Ok(CommandResult::Status { sessions }) => sessions
+                        .into_iter()
+                        .filter_map(|s| Some((s.session_id, s.preview?)))
+                        .collect(),
+                    _ => BTreeMap::new(),
+                };
+                let sessions: Vec<acp::SessionInfo> = sessions
+                    .iter()
+                    .map(|s| session_info(s, previews.get(&s.id)))
+                    .collect();
+                self.respond(rpc, to_value(acp::ListSessionsResponse::new(sessions)));
+            }
             Pending::Front {
                 session,
                 call,
@@ -1181,10 +1201,13 @@ fn tool_output(name: &str, input: &JsonValue, content: &[Content]) -> Vec<acp::T
     out
 }
 
-fn session_info(meta: &SessionMetadata) -> acp::SessionInfo {
+/// A listed session for the editor: titled by its name, else by its first
+/// prompt.
+fn session_info(meta: &SessionMetadata, preview: Option<&String>) -> acp::SessionInfo {
     let updated = meta.updated_at.unwrap_or(meta.created_at);
+    let title = meta.session_name.clone().or_else(|| preview.cloned());
     acp::SessionInfo::new(meta.id.clone(), meta.cwd.clone().unwrap_or_default())
-        .title(meta.session_name.clone())
+        .title(title)
         .updated_at(iso_utc(updated))
 }
 
