@@ -253,6 +253,13 @@ const scenarios = {
     await until(async () => (await tid(page, "session-row").count()) > 0, "the list");
     const row = page.locator(`[data-testid="session-row"][data-session-id="${id}"]`);
     check((await row.innerText()).includes("web-a"), "the list shows the session by name");
+    // An unnamed session is listed by its first prompt.
+    const unnamed = await createSession(page, "");
+    await send(page, "tidy up the readme please");
+    await waitIdle(page);
+    await tid(page, "back").click();
+    const titled = page.locator(`[data-testid="session-row"][data-session-id="${unnamed}"]`);
+    await until(async () => (await titled.count()) > 0 && (await titled.innerText()).includes("“tidy up the readme please”"), "the unnamed session titled by its first prompt", 15000);
     await context.close();
 
     const phone = await openPage({ viewport: { width: 360, height: 740 }, isMobile: true, hasTouch: true });

@@ -944,7 +944,8 @@ const SessionRow = ({ meta, status, model, now }) => {
   const cancelRef = useRef(null);
   const removeRef = useRef(null);
   const refocus = useRef(false);
-  const name = clean(meta.sessionName || "Untitled session");
+  // Unnamed: its first prompt, as the server previews it (our `status`).
+  const name = clean(meta.sessionName || (status?.preview ? `“${status.preview}”` : "Untitled session"));
   const state = status?.state ?? "stored";
   useLayoutEffect(() => {
     if (confirming) cancelRef.current?.focus();
