@@ -150,58 +150,50 @@ impl Busy {
                 self.operations += 1;
                 let storage_error =
                     *store_failed && *immediate == Some(Err(ErrorCode::InternalError));
-                let in_compaction = self.compacting.iter().any(|(s, _, _)| s == session_id);
-                let judged = !(matches!(operation, Operation::Steer { .. }) && in_compaction);
-                if !storage_error && judged {
-                    check_runtime(operation, *phase_before, *immediate, session_id)?;
-                }
-                let compacting = self.compacting.iter().any(|(s, _, _)| s == session_id);
-                let steer_in_compaction =
-                    matches!(operation, Operation::Steer { .. }) && compacting;
-                if !storage_error && steer_in_compaction {
-                    // A compaction's turn takes no steer.
-                    if *immediate != Some(Err(ErrorCode::Busy)) {
-                        return violation(format!(
-                            "{session_id}: a steer during a compaction answered {immediate:?}"
-                        ));
+                let steer_in_compaction = matches!(operation, Operation::Steer { .. })
+                    && self.compacting.iter().any(|(s, _, _)| s == session_id);
+                if !storage_error {
+                    if steer_in_compaction {
+                        // A compaction's turn takes no steer.
+                        if *immediate != Some(Err(ErrorCode::Busy)) {
+                            return violation(format!(
+                                "{session_id}: a steer during a compaction answered {immediate:?}"
+                            ));
+                        }
+                    } else {
+                        check_runtime(operation, *phase_before, *immediate, session_id)?;
                     }
                 }
                 let started = *phase_before == SessionPhase::Idle && immediate.is_none();
-                if started {
-                    // The runtime was idle: every earlier turn of the
-                    // session ended there, compactions too.
-                    self.compacting.retain(|(s, _, _)| s != session_id);
+                if !started {
+                    return Ok(());
                 }
-                if let (Operation::Compact { .. }, true) = (operation, started) {
-                    let key = (session_id.clone(), self.generation, *op);
-                    let ended = self
-                        .running
-                        .keys()
-                        .filter(|k| k.0 == *session_id)
-                        .cloned()
-                        .collect::<Vec<_>>();
-                    self.superseded.extend(ended);
-                    self.compacting.insert(key);
-                }
-                if let (Operation::Prompt { text }, true) = (operation, started) {
-                    // A v8 steer or follow-up of an idle session starts a
-                    // prompt whose text names no request: known by its text.
-                    let prompt = self.identify(text).unwrap_or_else(|| {
-                        let prompt = (ConnId(0), text.clone());
-                        self.by_text.insert(text.clone(), prompt.clone());
-                        prompt
-                    });
-                    // The runtime was idle: every earlier prompt of the
-                    // session ended there. It runs on for the kernel until
-                    // the kernel reads its answer, or that answer dies with
-                    // its server's channel.
-                    let key = (session_id.clone(), self.generation, *op);
-                    let ended = self
-                        .running
-                        .keys()
-                        .filter(|k| k.0 == *session_id && **k != key);
-                    self.superseded.extend(ended.cloned());
-                    self.running.insert(key, (session_id.clone(), prompt));
+                // A turn started (a prompt's, or a compaction's): the runtime
+                // was idle, so every earlier turn of the session ended there.
+                // A prompt runs on for the kernel until the kernel reads its
+                // answer, or that answer dies with its server's channel.
+                let key = (session_id.clone(), self.generation, *op);
+                let ended: Vec<_> = (self.running.keys())
+                    .filter(|k| k.0 == *session_id && **k != key)
+                    .cloned()
+                    .collect();
+                self.superseded.extend(ended);
+                self.compacting.retain(|(s, _, _)| s != session_id);
+                match operation {
+                    Operation::Compact { .. } => {
+                        self.compacting.insert(key);
+                    }
+                    Operation::Prompt { text } => {
+                        // A v8 steer or follow-up of an idle session starts a
+                        // prompt whose text names no request: known by its text.
+                        let prompt = self.identify(text).unwrap_or_else(|| {
+                            let prompt = (ConnId(0), text.clone());
+                            self.by_text.insert(text.clone(), prompt.clone());
+                            prompt
+                        });
+                        self.running.insert(key, (session_id.clone(), prompt));
+                    }
+                    _ => {}
                 }
             }
             Fact::OpDoneConsumed {
