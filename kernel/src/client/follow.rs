@@ -378,8 +378,14 @@ impl Follower {
 
     /// Tells what `snapshot` holds beyond what was told.
     pub fn on_snapshot(&mut self, snapshot: &SessionSnapshot) -> Vec<Update> {
+        self.tell(&snapshot.transcript)
+    }
+
+    /// Tells what `items` (a part of the session's transcript, in order)
+    /// hold beyond what was told.
+    pub fn tell(&mut self, items: &[TranscriptItem]) -> Vec<Update> {
         let mut out = Vec::new();
-        for item in &snapshot.transcript {
+        for item in items {
             self.item(item, &mut out);
         }
         debug_assert_eq!(self.invariants(), Ok(()));

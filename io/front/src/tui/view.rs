@@ -325,6 +325,14 @@ pub(crate) struct View {
 /// Turns loaded at a time when scrolling goes past the oldest shown.
 pub(crate) const PAGE_TURNS: usize = 10;
 
+/// Where each user message stands in `items`: the turns' starts.
+fn user_items(items: &[TranscriptItem]) -> Vec<usize> {
+    (items.iter().enumerate())
+        .filter(|(_, item)| matches!(item, TranscriptItem::User(_)))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// Why a line came back, as the input's notice says it.
 /// `/help` in the terminal: the commands, then the keys.
 fn help() -> String {
@@ -384,10 +392,7 @@ impl View {
         };
         // Only the turns shown are told: the older ones are skipped (a long
         // session's first screen costs its last turns, not its history).
-        let users: Vec<usize> = (snapshot.transcript.iter().enumerate())
-            .filter(|(_, item)| matches!(item, TranscriptItem::User(_)))
-            .map(|(i, _)| i)
-            .collect();
+        let users = user_items(&snapshot.transcript);
         let hidden = match history {
             History::Last(turns) => users.len().saturating_sub(turns),
             History::All => 0,
@@ -400,18 +405,24 @@ impl View {
             view.follower.skip(&snapshot.transcript[..start]);
             (view.hidden_turns, view.loaded_from) = (hidden, start);
         }
-        // History is not labelled by sender: the protocol does not record it.
-        for update in view.follower.replay(snapshot) {
+        let updates = view.follower.replay(snapshot);
+        view.show_history(updates);
+        view.note_hidden();
+        view
+    }
+
+    /// Stored turns as blocks: history is not labelled by sender (the
+    /// protocol does not record it).
+    fn show_history(&mut self, updates: Vec<Update>) {
+        for update in updates {
             match update {
-                Update::User { text, .. } => view.blocks.push(Block::User {
+                Update::User { text, .. } => self.blocks.push(Block::User {
                     text: sanitize(&text),
                     other: false,
                 }),
-                update => view.apply_one(update),
+                update => self.apply_one(update),
             }
         }
-        view.note_hidden();
-        view
     }
 
     /// The first block says how many earlier turns are not loaded.
@@ -437,33 +448,19 @@ impl View {
             return;
         }
         let before = &snapshot.transcript[..self.loaded_from];
-        let users: Vec<usize> = (before.iter().enumerate())
-            .filter(|(_, item)| matches!(item, TranscriptItem::User(_)))
-            .map(|(i, _)| i)
-            .collect();
+        let users = user_items(before);
         let take = turns.min(users.len());
         let start = match users.len() - take {
             0 => 0,
             kept => users[kept],
-        };
-        let page = SessionSnapshot {
-            transcript: before[start..].to_vec(),
-            ..snapshot.clone()
         };
         // The notice goes; the page is told into blocks of its own, above.
         if matches!(self.blocks.first(), Some(Block::Notice { .. })) {
             self.blocks.remove(0);
         }
         let shown = std::mem::take(&mut self.blocks);
-        for update in Follower::new(snapshot.id.clone()).replay(&page) {
-            match update {
-                Update::User { text, .. } => self.blocks.push(Block::User {
-                    text: sanitize(&text),
-                    other: false,
-                }),
-                update => self.apply_one(update),
-            }
-        }
+        let updates = Follower::new(snapshot.id.clone()).tell(&before[start..]);
+        self.show_history(updates);
         self.blocks.extend(shown);
         self.hidden_turns = users.len() - take;
         self.loaded_from = start;
