@@ -163,15 +163,14 @@ impl Listed {
 
     /// Keeps what `listing` asks for, newest activity first.
     fn select(&mut self, listing: &Listing) {
-        let live = &self.live;
-        self.pairs.retain(|(server_id, s)| {
+        let mut pairs = std::mem::take(&mut self.pairs);
+        pairs.retain(|(server_id, s)| {
             let cwd = listing.cwd.as_ref();
-            let preview = live
-                .get(&(server_id.clone(), s.id.clone()))
-                .and_then(|l| l.preview.as_deref());
+            let preview = self.preview(server_id, &s.id);
             cwd.is_none_or(|cwd| s.cwd.as_ref() == Some(cwd))
                 && (listing.filter.as_deref()).is_none_or(|text| lookup::listed(s, preview, text))
         });
+        self.pairs = pairs;
         self.pairs.sort_by(|a, b| {
             last(&b.1)
                 .cmp(&last(&a.1))
@@ -179,10 +178,20 @@ impl Listed {
         });
     }
 
+    /// What the server's `status` says of a session, if anything.
+    fn status(&self, server_id: &str, id: &str) -> Option<&LiveStatus> {
+        self.live.get(&(server_id.to_owned(), id.to_owned()))
+    }
+
+    /// A session's first prompt, as the server previews it.
+    fn preview(&self, server_id: &str, id: &str) -> Option<&str> {
+        self.status(server_id, id)?.preview.as_deref()
+    }
+
     /// A session's state and attached clients. A listed session that is not
     /// live has no worker: nothing runs in it.
     fn state(&self, server_id: &str, id: &str) -> (&str, Option<u64>) {
-        match self.live.get(&(server_id.to_owned(), id.to_owned())) {
+        match self.status(server_id, id) {
             Some(s) => (s.state.as_str(), Some(s.clients)),
             None if self.known.contains(server_id) => ("stored", Some(0)),
             None => ("-", None),
@@ -192,7 +201,7 @@ impl Listed {
     /// Its model, as the server reports it (a server from before `status`
     /// reported models says nothing of it).
     fn model(&self, server_id: &str, id: &str) -> Option<(ModelRef, ThinkingLevel)> {
-        let s = self.live.get(&(server_id.to_owned(), id.to_owned()))?;
+        let s = self.status(server_id, id)?;
         Some((s.model.clone()?, s.thinking_level?))
     }
 
@@ -202,8 +211,7 @@ impl Listed {
         if let Some(name) = &s.session_name {
             return name.clone();
         }
-        let status = self.live.get(&(server_id.to_owned(), s.id.clone()));
-        match status.and_then(|s| s.preview.as_deref()) {
+        match self.preview(server_id, &s.id) {
             Some(preview) => format!("“{preview}”"),
             None => "-".to_owned(),
         }
@@ -233,8 +241,7 @@ impl Listed {
                     value["model"] = format!("{}/{}", model.provider, model.id).into();
                     value["thinkingLevel"] = level.as_str().into();
                 }
-                let status = self.live.get(&(server_id.clone(), s.id.clone()));
-                if let Some(preview) = status.and_then(|s| s.preview.clone()) {
+                if let Some(preview) = self.preview(server_id, &s.id) {
                     value["preview"] = preview.into();
                 }
                 value
