@@ -196,8 +196,116 @@ pub fn bearer(authorization: Option<&str>) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// The WebSocket subprotocol of pi protocol v8 from a browser page.
+pub const V8_SUBPROTOCOL: &str = "pi.v8";
+
+/// The prefix of the subprotocol entry that carries a browser page's token,
+/// base64url without padding: a browser cannot set `Authorization` on a
+/// WebSocket, but it can offer subprotocols (`new WebSocket(url, ["pi.v8",
+/// "pi.token.<base64url>"])`).
+pub const TOKEN_SUBPROTOCOL_PREFIX: &str = "pi.token.";
+
+/// What a WebSocket upgrade presents: its token, and the subprotocol the
+/// answer selects (one the client offered; never the token's entry).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Upgrade {
+    /// From `Authorization: Bearer`, else from the token's subprotocol entry.
+    pub credential: Option<String>,
+    /// [`V8_SUBPROTOCOL`] when offered.
+    pub protocol: Option<&'static str>,
+}
+
+/// Reads an upgrade's `Authorization` and `Sec-WebSocket-Protocol` headers
+/// (every value of the latter joined by commas). A token entry that does
+/// not decode is no token: the hello then fails as one without.
+pub fn upgrade(authorization: Option<&str>, protocols: Option<&str>) -> Upgrade {
+    let offered: Vec<&str> = protocols
+        .into_iter()
+        .flat_map(|p| p.split(','))
+        .map(str::trim)
+        .collect();
+    let from_protocol = || {
+        offered
+            .iter()
+            .find_map(|p| p.strip_prefix(TOKEN_SUBPROTOCOL_PREFIX))
+            .and_then(base64url)
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .filter(|t| !t.is_empty())
+    };
+    Upgrade {
+        credential: bearer(authorization)
+            .map(str::to_owned)
+            .or_else(from_protocol),
+        protocol: offered.contains(&V8_SUBPROTOCOL).then_some(V8_SUBPROTOCOL),
+    }
+}
+
+/// base64url without padding (RFC 4648 §5), strictly: `None` for any
+/// other character, a dangling sixth of a byte, or bits left over.
+fn base64url(text: &str) -> Option<Vec<u8>> {
+    let sextet = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'-' => Some(62),
+        b'_' => Some(63),
+        _ => None,
+    };
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes() {
+        acc = (acc << 6) | u32::from(sextet(c)?);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    (acc == 0).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_page_presents_its_token_as_a_subprotocol_and_is_answered_with_v8() {
+        // "s3cret/ü" in base64url: `czNjcmV0L8O8`.
+        let up = upgrade(None, Some("pi.v8, pi.token.czNjcmV0L8O8"));
+        assert_eq!(up.credential.as_deref(), Some("s3cret/ü"));
+        assert_eq!(up.protocol, Some(V8_SUBPROTOCOL));
+        // Split over two header values, in any order.
+        let up = upgrade(None, Some("pi.token.YWJj,pi.v8"));
+        assert_eq!(up.credential.as_deref(), Some("abc"));
+        // Authorization wins; no subprotocol offered, none selected.
+        let up = upgrade(Some("Bearer xyz"), None);
+        assert_eq!(
+            up,
+            Upgrade {
+                credential: Some("xyz".into()),
+                protocol: None
+            }
+        );
+        let up = upgrade(Some("Bearer xyz"), Some("pi.token.YWJj"));
+        assert_eq!(up.credential.as_deref(), Some("xyz"));
+        assert_eq!(up.protocol, None, "the token's entry is never selected");
+        // Bad encodings are no token.
+        for bad in [
+            "pi.token.",
+            "pi.token.a",
+            "pi.token.YW=j",
+            "pi.token.YWJ",
+            "pi.token.w_8",
+        ] {
+            assert_eq!(upgrade(None, Some(bad)).credential, None, "{bad}");
+        }
+        // Bits left over in the last sextet: not canonical.
+        assert_eq!(base64url("YWJk"), Some(b"abd".to_vec()));
+        assert_eq!(base64url("YQ"), Some(b"a".to_vec()));
+        assert_eq!(base64url("YR"), None);
+    }
 
     #[test]
     fn a_bearer_token_is_read_from_its_header() {

@@ -1126,7 +1126,12 @@ test(10, "hydrates and mutates server Session services across framed clients", {
 		{ serviceId: SessionManagement.id, mode: "singleton" },
 		{ serviceId: PresentationPlugins.id, mode: "singleton" },
 		// Ours, after pi's (pi's own server has none).
-		...(connectMode ? [] : [{ serviceId: "pi-server.session-status", mode: "singleton" }]),
+		...(connectMode
+			? []
+			: [
+					{ serviceId: "pi-server.session-status", mode: "singleton" },
+					{ serviceId: "pi-server.sessions", mode: "singleton" },
+				]),
 	]);
 	const firstDirectory = firstServices.use(SessionDirectory);
 	const secondDirectory = secondServices.use(SessionDirectory);

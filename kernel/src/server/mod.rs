@@ -867,7 +867,8 @@ impl Server {
         if conn.peer.is_some() {
             let presented = conn.presented.as_ref().map(|s| s.0.clone());
             let missing = "Protocol v8 carries no token: present it at the transport \
-                 (Authorization: Bearer on the WebSocket upgrade), or use protocol v1";
+                 (Authorization: Bearer, or a page's pi.token. subprotocol, on the \
+                 WebSocket upgrade), or use protocol v1";
             if !self.authenticate(id, presented.as_deref(), missing) {
                 return;
             }

@@ -566,7 +566,7 @@ impl Server {
     /// Whether session `session` (empty for a new one) may take `name`: a
     /// name is a line of at most [`MAX_NAME_CHARS`] characters, not blank,
     /// and no other session of this server has it or is being given it.
-    fn check_name(&self, name: &str, session: &str) -> Result<(), String> {
+    pub(super) fn check_name(&self, name: &str, session: &str) -> Result<(), String> {
         if name.trim().is_empty() {
             return Err("A session name must not be blank".into());
         }

@@ -540,6 +540,7 @@ pub async fn run(bound: Bound, stop: mpsc::Receiver<()>) -> Result<(), String> {
             listener,
             policy,
             config.limits.max_frame_len,
+            &opts.server_id,
         )));
     }
     let serving = Serving {

@@ -43,6 +43,8 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 #[derive(Clone)]
 struct Web {
     policy: Arc<WebPolicy>,
+    /// The logical server's id, which a v8 client names in every request.
+    server_id: Arc<str>,
     upgraded: mpsc::Sender<WebConn>,
     max_message: usize,
 }
@@ -85,15 +87,17 @@ impl WebListener {
     }
 }
 
-/// Serves `listener`. `max_frame_len` bounds a message as a frame is
-/// bounded on the socket (plus its 4-byte prefix).
+/// Serves `listener` for logical server `server_id`. `max_frame_len`
+/// bounds a message as a frame is bounded on the socket (plus its 4-byte
+/// prefix).
 pub fn serve(
     listener: tokio::net::TcpListener,
     policy: WebPolicy,
     max_frame_len: u32,
+    server_id: &str,
 ) -> WebListener {
     let (tx, upgraded) = mpsc::channel(ACCEPT_BACKLOG);
-    let app = router(policy, tx, max_frame_len);
+    let app = router(policy, tx, max_frame_len, server_id);
     let service = app.into_make_service_with_connect_info::<SocketAddr>();
     WebListener {
         server: Box::pin(axum::serve(listener, service).into_future()),
@@ -113,15 +117,21 @@ pub fn listen_addr(addr: SocketAddr) -> ListenAddr {
     }
 }
 
-fn router(policy: WebPolicy, upgraded: mpsc::Sender<WebConn>, max_frame_len: u32) -> Router {
+fn router(
+    policy: WebPolicy,
+    upgraded: mpsc::Sender<WebConn>,
+    max_frame_len: u32,
+    server_id: &str,
+) -> Router {
     let state = Web {
         policy: Arc::new(policy),
+        server_id: server_id.into(),
         upgraded,
         max_message: max_frame_len as usize + 4,
     };
     Router::new()
         .route(SOCKET_PATH, axum::routing::get(socket))
-        .route(CLIENT_LIMITS_PATH, axum::routing::get(client_limits))
+        .route(CLIENT_PATH, axum::routing::get(client))
         .fallback(asset)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -171,7 +181,16 @@ async fn socket(
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let credential = kernel::web::bearer(authorization).map(str::to_owned);
+    let protocols: Vec<&str> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let offered = (!protocols.is_empty()).then(|| protocols.join(","));
+    let kernel::web::Upgrade {
+        credential,
+        protocol,
+    } = kernel::web::upgrade(authorization, offered.as_deref());
     let upgrade = match upgrade {
         Ok(upgrade) => upgrade,
         Err(rejection) => {
@@ -189,6 +208,7 @@ async fn socket(
     };
     let upgraded = web.upgraded.clone();
     upgrade
+        .protocols(protocol)
         .max_message_size(web.max_message)
         .max_frame_size(web.max_message)
         .on_upgrade(move |socket| async move {
@@ -199,15 +219,17 @@ async fn socket(
         })
 }
 
-/// Where the page reads the kernel's client policy.
-pub const CLIENT_LIMITS_PATH: &str = "/client-limits.json";
+/// Where the page reads what it needs to connect.
+pub const CLIENT_PATH: &str = "/client.json";
 
-/// The reconnection policy every Rust client runs (`ClientLimits`), for the
+/// The server's id (a v8 client names it in every request) and the
+/// reconnection policy every Rust client runs (`ClientLimits`), for the
 /// page's connection to run the same: one policy, its numbers in one place.
-async fn client_limits() -> Response {
+async fn client(State(web): State<Web>) -> Response {
     let limits = kernel::limits::ClientLimits::default();
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let body = serde_json::json!({
+        "serverId": &*web.server_id,
         "handshakeTimeoutMs": ms(limits.handshake_timeout),
         "reconnectBackoffInitialMs": ms(limits.reconnect_backoff_initial),
         "reconnectBackoffMaxMs": ms(limits.reconnect_backoff_max),

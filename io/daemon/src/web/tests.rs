@@ -10,7 +10,7 @@ async fn listener() -> (SocketAddr, mpsc::Receiver<WebConn>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let policy = WebPolicy::for_listener(&listen_addr(addr), false, &[], &[], &[]);
-    let mut web = serve(listener, policy, 1 << 20);
+    let mut web = serve(listener, policy, 1 << 20, SERVER_ID);
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move { while tx.send(web.accept().await).await.is_ok() {} });
     (addr, rx)
@@ -136,6 +136,25 @@ async fn the_upgrade_s_bearer_token_goes_with_the_connection() {
     assert_eq!(conn.credential().as_deref(), Some("s3cret"));
 }
 
+/// A browser page offers `pi.v8` and its token as a subprotocol (it cannot
+/// set `Authorization`): the answer selects `pi.v8`, and the token travels
+/// with the connection.
+#[tokio::test]
+async fn a_page_s_subprotocol_token_goes_with_the_connection_and_v8_is_selected() {
+    let (addr, mut rx) = listener().await;
+    let head = upgrade(addr, &addr.to_string(), &format!("http://{addr}"));
+    // "s3cret" in base64url.
+    let offer = "Sec-WebSocket-Protocol: pi.v8, pi.token.czNjcmV0";
+    let (status, head, _) = exchange(addr, &format!("{head}\r\n{offer}")).await;
+    assert_eq!(status, 101, "{head}");
+    let selected = head
+        .lines()
+        .find_map(|l| l.strip_prefix("sec-websocket-protocol: "));
+    assert_eq!(selected, Some("pi.v8"), "{head}");
+    let conn = rx.recv().await.unwrap();
+    assert_eq!(conn.credential().as_deref(), Some("s3cret"));
+}
+
 /// One message is one frame, both ways, and the end of the socket is the
 /// end of the connection's bytes.
 #[tokio::test]
@@ -170,19 +189,19 @@ async fn messages_carry_whole_frames_both_ways() {
     assert_eq!(std::future::poll_fn(|cx| conn.poll_read(cx)).await, None);
 }
 
-/// The page reads the kernel's client policy here, so that it reconnects as
-/// every Rust client does.
+const SERVER_ID: &str = "00000000-0000-4000-8000-0000000000c1";
+
+/// The page reads the server's id and the kernel's client policy here, so
+/// that it names the server and reconnects as every Rust client does.
 #[tokio::test]
 async fn the_client_policy_is_served_from_the_kernel_s_limits() {
     let (addr, _rx) = listener().await;
-    let (status, head, body) = exchange(
-        addr,
-        &format!("GET {CLIENT_LIMITS_PATH} HTTP/1.1\r\nHost: {addr}"),
-    )
-    .await;
+    let (status, head, body) =
+        exchange(addr, &format!("GET {CLIENT_PATH} HTTP/1.1\r\nHost: {addr}")).await;
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("content-type: application/json"), "{head}");
     let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(served["serverId"], SERVER_ID);
     let limits = kernel::limits::ClientLimits::default();
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     assert_eq!(

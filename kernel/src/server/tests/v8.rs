@@ -212,7 +212,7 @@ fn the_handshake_picks_the_protocol_and_the_error_table_holds() {
     let expect = [
         (
             "cat",
-            r#""result":[{"serviceId":"pi.session-directory","mode":"singleton"},{"serviceId":"pi.session-management","mode":"singleton"},{"serviceId":"pi.presentation-plugins","mode":"singleton"},{"serviceId":"pi-server.session-status","mode":"singleton"}]"#,
+            r#""result":[{"serviceId":"pi.session-directory","mode":"singleton"},{"serviceId":"pi.session-management","mode":"singleton"},{"serviceId":"pi.presentation-plugins","mode":"singleton"},{"serviceId":"pi-server.session-status","mode":"singleton"},{"serviceId":"pi-server.sessions","mode":"singleton"}]"#,
         ),
         (
             "wrong",
@@ -849,6 +849,7 @@ mod fuzz {
                 "pi.models",
                 "pi.transcript",
                 "pi.session-plugins",
+                "pi-server.sessions",
                 "no.such",
             ])
             .prop_map(String::from),
@@ -870,6 +871,7 @@ mod fuzz {
                 "getThinkingLevels",
                 "prepareSession",
                 "reload",
+                "models",
                 "state",
                 "x",
             ])
@@ -958,4 +960,91 @@ fn a_prompt_right_after_the_idle_snapshot_is_taken() {
     let answer = result_of(&h.v8_sent(c), "p2");
     assert!(answer.contains(r#""accepted":true"#), "{answer}");
     h.op_done(worker, first, &done);
+}
+
+/// Ours beside pi's management: a session created with its working
+/// directory, name, model and thinking level (the name unique, bad
+/// arguments refused in band), and the models offered.
+#[test]
+fn our_sessions_service_creates_with_v1_s_parameters_and_lists_models() {
+    let mut h = Harness::serving(vec![stored(1), stored(2)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let ours = |member: &str, args: Vec<Value>| call("pi-server.sessions", member, args);
+    let params = Value::object(vec![
+        ("cwd", Value::text("/work/x")),
+        ("name", Value::text("fresh")),
+        (
+            "model",
+            Value::object(vec![
+                ("provider", Value::text("faux")),
+                ("modelId", Value::text("faux-reasoner")),
+            ]),
+        ),
+        ("thinkingLevel", Value::text("high")),
+    ]);
+    let outputs = h.send_v8(c, "c1", server_target(), ours("create", vec![params]));
+    let spec = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::SpawnWorker { create, .. } => create.clone(),
+            _ => None,
+        })
+        .expect("a worker is spawned to create it");
+    assert_eq!(spec.cwd.as_deref(), Some("/work/x"));
+    assert_eq!(spec.name.as_deref(), Some("fresh"));
+    assert_eq!(
+        spec.model,
+        Some(ModelRef {
+            provider: "faux".into(),
+            id: "faux-reasoner".into()
+        })
+    );
+    assert_eq!(spec.thinking_level, Some(ThinkingLevel::High));
+
+    // The name of a stored session is taken; bad arguments are refused.
+    let taken = stored(2).session_name.expect("stored sessions are named");
+    let refusals = [
+        (
+            "c2",
+            vec![Value::object(vec![("name", Value::text(&taken))])],
+            "is taken",
+        ),
+        (
+            "c3",
+            vec![Value::object(vec![("cwd", Value::Int(1))])],
+            "cwd must be",
+        ),
+        (
+            "c4",
+            vec![Value::object(vec![("id", Value::text("x"))])],
+            "expected",
+        ),
+        (
+            "c5",
+            vec![Value::object(vec![("thinkingLevel", Value::text("loud"))])],
+            "no thinking level",
+        ),
+        (
+            "c6",
+            vec![Value::object(vec![("model", Value::text("faux"))])],
+            "model must be",
+        ),
+    ];
+    for (id, args, why) in refusals {
+        h.send_v8(c, id, server_target(), ours("create", args));
+        let answer = result_of(&h.v8_sent(c), id);
+        assert!(
+            answer.contains(r#""ok":false"#) && answer.contains(why),
+            "{id}: {answer}"
+        );
+    }
+
+    // The models offered, in v1's shape.
+    h.send_v8(c, "m", server_target(), ours("models", vec![]));
+    let models = result_of(&h.v8_sent(c), "m");
+    assert!(
+        models.contains(r#""provider":"#) && models.contains(r#""supportedThinkingLevels":"#),
+        "{models}"
+    );
 }

@@ -22,7 +22,7 @@ mod server_scope;
 mod session_scope;
 mod view;
 
-use super::{Acquire, Server, Waiter};
+use super::{Acquire, Server, Waiter, listed_metadata};
 use crate::chord::call::{CallError, Control, Mode, ServiceCall};
 use crate::chord::ops::Op;
 use crate::chord::wire::Encoder;
@@ -46,6 +46,9 @@ pub(crate) enum Svc {
     Directory,
     /// Ours: every session's state, clients, model and last activity.
     Status,
+    /// Ours: what pi's management leaves out (a session's working
+    /// directory, name and model at creation; the models offered).
+    Sessions,
     Management,
     Presentation,
     Agent,
@@ -55,11 +58,12 @@ pub(crate) enum Svc {
 }
 
 /// The server scope's catalogue, in pi's order, then ours.
-const SERVER_SERVICES: [Svc; 4] = [
+const SERVER_SERVICES: [Svc; 5] = [
     Svc::Directory,
     Svc::Management,
     Svc::Presentation,
     Svc::Status,
+    Svc::Sessions,
 ];
 /// A session's catalogue.
 const SESSION_SERVICES: [Svc; 4] = [
@@ -74,6 +78,7 @@ impl Svc {
         match self {
             Self::Directory => "pi.session-directory",
             Self::Status => STATUS_SERVICE,
+            Self::Sessions => SESSIONS_SERVICE,
             Self::Management => "pi.session-management",
             Self::Presentation => "pi.presentation-plugins",
             Self::Agent => "pi.agent-controller",
@@ -87,6 +92,7 @@ impl Svc {
         match self {
             Self::Directory | Self::Status | Self::Transcript => &[],
             Self::Management => &["attach", "create", "detach", "remove"],
+            Self::Sessions => &["create", "models"],
             Self::Presentation => &["prepareSession", "reload"],
             Self::Agent => &[
                 "abort",
@@ -791,14 +797,16 @@ impl Server {
             .status()
             .into_iter()
             .map(|status| {
-                let live = self.sessions.get(&status.session_id);
-                let updated = live
-                    .and_then(|l| l.snapshot.as_deref())
-                    .map(|s| s.updated_at)
-                    .or_else(|| {
-                        let meta = self.catalog.get(&status.session_id)?;
-                        Some(meta.updated_at.unwrap_or(meta.created_at))
-                    });
+                let live = self
+                    .sessions
+                    .get(&status.session_id)
+                    .and_then(|l| l.snapshot.as_deref());
+                let stored = self.catalog.get(&status.session_id);
+                // A live session's snapshot is newer than its stored metadata.
+                let meta = match live {
+                    Some(snap) => Some(listed_metadata(stored, snap)),
+                    None => stored.cloned(),
+                };
                 let mut pairs = vec![
                     ("sessionId", Value::text(&status.session_id)),
                     ("state", Value::text(status.state.as_str())),
@@ -814,8 +822,19 @@ impl Server {
                     ));
                     pairs.push(("thinkingLevel", Value::text(level.as_str())));
                 }
-                if let Some(at) = updated {
+                if let Some(meta) = &meta {
+                    if let Some(name) = &meta.session_name {
+                        pairs.push(("name", Value::text(name)));
+                    }
+                    if let Some(cwd) = &meta.cwd {
+                        pairs.push(("cwd", Value::text(cwd)));
+                    }
+                    pairs.push(("createdAt", Value::Int(meta.created_at as i64)));
+                    let at = meta.updated_at.unwrap_or(meta.created_at);
                     pairs.push(("updatedAt", Value::Int(at as i64)));
+                }
+                if let Some(preview) = &status.preview {
+                    pairs.push(("preview", Value::text(preview)));
                 }
                 Value::object(pairs)
             })
@@ -861,6 +880,8 @@ impl Server {
 
 /// Our service of every session's live status (server scope, state only).
 pub(crate) const STATUS_SERVICE: &str = "pi-server.session-status";
+/// Our service of what pi's management leaves out (server scope, methods only).
+pub(crate) const SESSIONS_SERVICE: &str = "pi-server.sessions";
 
 fn no_bundles() -> Value {
     Value::object(vec![("presentationFacetBundles", Value::Array(vec![]))])

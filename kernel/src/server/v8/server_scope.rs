@@ -3,6 +3,8 @@
 //! ours, the session status.
 
 use super::*;
+use crate::protocol::CreateParams;
+use crate::protocol::codec::Schema;
 
 impl Server {
     pub(in crate::server) fn on_server_call(
@@ -40,7 +42,18 @@ impl Server {
     ) {
         let args = call.args.as_slice();
         match (svc, call.member.as_str()) {
-            (Svc::Management, "create") => self.v8_create(conn, id, args),
+            (Svc::Management, "create") => match pi_create_args(args) {
+                Ok(requested) => self.v8_create(conn, id, requested, CreateParams::default()),
+                Err(error) => self.v8_reply(conn, &id, Err(error)),
+            },
+            (Svc::Sessions, "create") => match self.our_create_args(args) {
+                Ok(params) => self.v8_create(conn, id, None, params),
+                Err(error) => self.v8_reply(conn, &id, Err(error)),
+            },
+            (Svc::Sessions, "models") => {
+                let models = self.config.models.iter().map(Schema::to_value).collect();
+                self.v8_reply(conn, &id, Ok(Some(Value::Array(models))))
+            }
             (Svc::Management, "attach") => match args {
                 [Value::Text(session_id), ..] if !session_id.is_empty() => {
                     self.v8_attach(conn, id, session_id.clone())
@@ -92,21 +105,15 @@ impl Server {
         }
     }
 
-    /// `create([{id?}])`: a new stored session, not attached.
-    pub(in crate::server) fn v8_create(&mut self, conn: ConnId, id: String, args: &[Value]) {
-        let requested = match args.first() {
-            None | Some(Value::Null) => None,
-            Some(Value::Map(_)) => match args[0].get("id") {
-                None | Some(Value::Null) => None,
-                Some(Value::Text(s)) if is_session_id(s) => Some(s.clone()),
-                Some(_) => return self.v8_reply(conn, &id, Err(CallError::internal())),
-            },
-            Some(_) => {
-                let error =
-                    CallError::invalid_value(Svc::Management.id(), "create", "expected {id?}");
-                return self.v8_reply(conn, &id, Err(error));
-            }
-        };
+    /// A new stored session, not attached: pi's `create([{id?}])` (`requested`
+    /// id, `params` empty) or ours (`params`, a fresh id).
+    pub(in crate::server) fn v8_create(
+        &mut self,
+        conn: ConnId,
+        id: String,
+        requested: Option<String>,
+        params: CreateParams,
+    ) {
         if let Some(error) = self.live_capacity_error() {
             return self.v8_reply(conn, &id, Err(call_error(&error)));
         }
@@ -128,10 +135,10 @@ impl Server {
             },
         };
         let spec = CreateSpec {
-            cwd: None,
-            name: None,
-            model: None,
-            thinking_level: None,
+            cwd: params.cwd,
+            name: params.name,
+            model: params.model,
+            thinking_level: params.thinking_level,
         };
         // A waiter counts in flight until it is admitted, as v1's do.
         self.conns.get_mut(&conn).expect("ready").in_flight += 1;
@@ -247,5 +254,81 @@ impl Server {
     ) {
         let result = outcome.map(|_| None).map_err(|e| call_error(&e));
         self.v8_reply(conn, request_id, result);
+    }
+}
+
+/// The id pi's `create([{id?}])` asks for, if any. An id that is not a
+/// session id is pi's plain error (`internal_error`).
+fn pi_create_args(args: &[Value]) -> Result<Option<String>, CallError> {
+    match args.first() {
+        None | Some(Value::Null) => Ok(None),
+        Some(arg @ Value::Map(_)) => match arg.get("id") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Text(s)) if is_session_id(s) => Ok(Some(s.clone())),
+            Some(_) => Err(CallError::internal()),
+        },
+        Some(_) => Err(CallError::invalid_value(
+            Svc::Management.id(),
+            "create",
+            "expected {id?}",
+        )),
+    }
+}
+
+impl Server {
+    /// Our `create([{cwd?, name?, model?: {provider, modelId}, thinkingLevel?}])`:
+    /// v1's `create` parameters, checked as v1 checks them (a name is
+    /// unique; the working directory and model are the worker's to judge).
+    fn our_create_args(&self, args: &[Value]) -> Result<CreateParams, CallError> {
+        let invalid = |what: &str| CallError::invalid_value(SESSIONS_SERVICE, "create", what);
+        let expected = "expected {cwd?, name?, model?: {provider, modelId}, thinkingLevel?}";
+        let arg = match args {
+            [] | [Value::Null] => return Ok(CreateParams::default()),
+            [arg @ Value::Map(entries)] => {
+                let known = ["cwd", "name", "model", "thinkingLevel"];
+                if entries.iter().any(|(k, _)| !known.contains(&k.as_str())) {
+                    return Err(invalid(expected));
+                }
+                arg
+            }
+            _ => return Err(invalid(expected)),
+        };
+        let text = |key: &str| match arg.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Text(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(_) => Err(invalid(&format!("{key} must be a non-empty string"))),
+        };
+        let cwd = text("cwd")?;
+        let name = text("name")?;
+        if let Some(name) = &name {
+            self.check_name(name, "").map_err(|m| invalid(&m))?;
+        }
+        let model = match arg.get("model") {
+            None | Some(Value::Null) => None,
+            Some(model) => match (model.get("provider"), model.get("modelId")) {
+                (Some(Value::Text(provider)), Some(Value::Text(id)))
+                    if !provider.is_empty() && !id.is_empty() =>
+                {
+                    Some(ModelRef {
+                        provider: provider.clone(),
+                        id: id.clone(),
+                    })
+                }
+                _ => return Err(invalid("model must be {provider, modelId}")),
+            },
+        };
+        let thinking_level = match text("thinkingLevel")? {
+            None => None,
+            Some(level) => Some(
+                ThinkingLevel::parse(&level)
+                    .ok_or_else(|| invalid(&format!("no thinking level {level:?}")))?,
+            ),
+        };
+        Ok(CreateParams {
+            cwd,
+            name,
+            model,
+            thinking_level,
+        })
     }
 }

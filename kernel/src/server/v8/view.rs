@@ -8,7 +8,7 @@
 //!   run `pi.tool-result`, each with pi-ai's message in `model`.
 //! - `docs["pi.live"]` is `{}` while idle; during a turn it holds `run`,
 //!   the streaming reply as `generation.message`, and the running tools as
-//!   `tools` slots; `docs["pi.agent"]` the model, thinking level and cwd.
+//!   `tools` slots (with their `output` so far); `docs["pi.agent"]` the model, thinking level and cwd.
 //!
 //! Streaming changes only `pi.live`: a delta is an `a` op on the text it
 //! grows, and a finished item one splice at the end of `entries`.
@@ -193,18 +193,33 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
     let tools: Vec<Value> = streaming
         .iter()
         .filter_map(|item| match item {
-            TranscriptItem::Tool(t) => Some(Value::object(vec![
-                ("callId", Value::text(&t.tool_call_id)),
-                ("name", Value::text(&t.tool_name)),
-                (
-                    "status",
-                    Value::text(if t.status == ToolStatus::Running {
-                        "running"
-                    } else {
-                        "done"
-                    }),
-                ),
-            ])),
+            TranscriptItem::Tool(t) => {
+                let mut slot = vec![
+                    ("callId", Value::text(&t.tool_call_id)),
+                    ("name", Value::text(&t.tool_name)),
+                    (
+                        "status",
+                        Value::text(if t.status == ToolStatus::Running {
+                            "running"
+                        } else {
+                            "done"
+                        }),
+                    ),
+                ];
+                // Its output so far, as pi's slot carries it.
+                let output: String = t
+                    .content
+                    .iter()
+                    .filter_map(|c| match c {
+                        Content::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                if !output.is_empty() {
+                    slot.push(("output", Value::text(output)));
+                }
+                Some(Value::object(slot))
+            }
             _ => None,
         })
         .collect();
