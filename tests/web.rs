@@ -3,8 +3,9 @@
 //! headless `chromium` with `playwright-core` (installed from the npm
 //! registry by `tests/web/install.sh` on first use). Each scenario saves a
 //! screenshot under the test root's `screens/` (kept with
-//! `PI_WEB_SCREENS=DIR`). The codec and connection unit tests
-//! (`tests/web/*.test.mjs`, `node --test`) run here too.
+//! `PI_WEB_SCREENS=DIR`). The page's own unit tests (`tests/web/*.test.mjs`,
+//! `node --test`: its WebSocket transport and what it draws of a
+//! transcript replica) run here too.
 
 mod common;
 
@@ -41,10 +42,10 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/web")
 }
 
-/// The codec against the kernel's vectors, and the connection against a
-/// fake socket.
+/// The page's WebSocket transport against a fake socket, and what it draws
+/// of a transcript replica.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_browser_codec_and_connection_pass_their_unit_tests() {
+async fn the_page_s_transport_and_view_pass_their_unit_tests() {
     if !prerequisites(false) {
         return;
     }
@@ -63,7 +64,8 @@ async fn the_browser_codec_and_connection_pass_their_unit_tests() {
 /// Every scenario of the script: token entry, create, prompt with
 /// streaming, the phone-sized list; a second browser watching; steer,
 /// abort, model and thinking; a reload mid-turn; a server replacement
-/// mid-turn; a wrong token, a foreign origin and host.
+/// mid-turn; a wrong token, a foreign origin and host; a turn's frames
+/// holding nothing of earlier turns.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_web_client_works_in_a_real_browser() {
     if !prerequisites(true) {
@@ -121,6 +123,7 @@ async fn the_web_client_works_in_a_real_browser() {
         "f-wrong-token",
         "f-foreign-origin",
         "g-keyboard",
+        "h-deltas",
     ] {
         assert!(
             screens.join(format!("{name}.png")).exists(),

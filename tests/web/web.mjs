@@ -3,8 +3,8 @@
 // executablePath), the way a user does: token entry, the session list,
 // create, prompt with streaming, a second browser watching, steer, abort,
 // model and thinking changes, a reload mid-turn, a server replacement
-// mid-turn, keyboard-only use with WCAG AA contrast, a wrong token and a
-// page of a foreign origin.
+// mid-turn, a turn that sends only what it adds, keyboard-only use with
+// WCAG AA contrast, a wrong token and a page of a foreign origin.
 //
 // Usage: node web.mjs <config.json> [scenarios]
 //   config: {"bin", "serverDir", "serverId", "sessionDir", "screens"}
@@ -379,6 +379,25 @@ const scenarios = {
     check(all.length === 1 && all[0].status === "complete", "the turn completed across the replacement", all.map((a) => a.status));
     check(words(all[0].text).includes(words(fauxReply(text))), "its text is whole and shown once");
     await shot(page, "e-after-replacement");
+    await context.close();
+  },
+
+  /** A turn sends the page what it adds: nothing of earlier turns travels again. */
+  async h() {
+    const { context, page } = await openPage();
+    const frames = [];
+    page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => frames.push(Buffer.from(payload))));
+    await createSession(page, "web-h");
+    await send(page, "the first turn says alpha-marker-0042");
+    await waitIdle(page);
+    const before = frames.length;
+    await send(page, "the second turn says beta-marker-0042");
+    await waitIdle(page);
+    await until(async () => words((await lastAssistant(page)).text).includes("beta-marker-0042"), "the second reply");
+    const turn = Buffer.concat(frames.slice(before));
+    check(turn.includes("beta-marker-0042"), "the second turn's frames carry its text");
+    check(!turn.includes("alpha-marker-0042"), "and nothing of the first turn", turn.length);
+    await shot(page, "h-deltas");
     await context.close();
   },
 

@@ -1,27 +1,22 @@
 // The pi-server web client: a session list and one session's live view,
-// over pi protocol v1 on a WebSocket (`./conn.js`). Plain ES modules, no
-// build step; Preact, htm and marked are vendored under ./vendor/.
+// over pi protocol v8 on a WebSocket (`./v8.js`: the published pi-client
+// and chord, bundled once under ./vendor/). Plain ES modules, no build step
+// of the page itself; Preact, htm and marked are vendored under ./vendor/.
 //
-// What the page shows of a session follows the terminal client (io/front/src/tui)
-// and the kernel's follower (kernel/src/client/follow.rs):
+// What the page shows follows the terminal client (io/front/src/tui):
 //
-// - Snapshots are authoritative. A snapshot of a newer revision, or the
-//   one answering our attach, replaces what is shown: the server sends a
-//   snapshot current as of the deltas that follow it (an attach during a
-//   turn waits for the worker's), so a page joining mid-reply shows the
-//   reply so far and streams on. Another snapshot of the revision already
-//   shown is merged: a part keeps the longer text when one is a prefix of
-//   the other.
-// - Deltas only append, to the streaming assistant item's content part
-//   named by `messageId`/`contentIndex`, and only when that item's content
-//   was seen (an item event or a snapshot) with no gap since. Deltas for
-//   an id neither a snapshot nor an item event named are dropped. After a
-//   gap a reply shows its text, a marked gap, then the deltas that follow,
-//   until the re-attach's snapshot (or its next item event) fills it in
-//   whole. Nothing is shown twice.
+// - Everything shown is replicated state: the list is our
+//   `pi-server.session-status`, a session is its `pi.transcript` and
+//   `pi.models` replicas (`./view.js`). The published client applies the
+//   server's ops; the page only redraws. A turn costs what it adds, and a
+//   page that joins mid-reply, reloads or reconnects gets the state whole
+//   at subscription (the reply so far included), then streams on: nothing
+//   is shown twice and there is no gap to mend.
 // - A user message is labelled as another client's when it arrives live and
 //   is not a text this page sent (the protocol does not record the sender;
 //   history is not labelled), as the terminal client does.
+// - A steer of ours shows as queued until the model takes it; an abort
+//   withdraws the ones it never took, and they go back into the input.
 //
 // Colour pairs (WCAG 2 contrast; all text pairs are at least 4.5:1):
 //   light: text #1b1b1f on #ffffff 17.17, on surface #f3f4f6 15.60, on
@@ -44,12 +39,13 @@ import { h, render } from "./vendor/preact.module.js";
 import { useEffect, useLayoutEffect, useMemo, useRef, useState } from "./vendor/hooks.module.js";
 import htm from "./vendor/htm.module.js";
 import { Marked } from "./vendor/marked.esm.js";
-import { PiConnection } from "./conn.js";
+import { PageConnection, Services, codeOf, ctx } from "./v8.js";
+import { sessionOf, userText } from "./view.js";
 
 const html = htm.bind(h);
 
 const TOKEN_KEY = "pi-token";
-/** How often the list asks for fresh metadata and live status. */
+/** How often the list's "last activity" times are redrawn. */
 const LIST_POLL_MS = 5000;
 
 // ---------------------------------------------------------------------------
@@ -158,191 +154,6 @@ const ago = (t, now) => {
 const isoTime = (t) => (typeof t === "number" && t >= 946684800000 ? new Date(t).toISOString() : undefined);
 
 // ---------------------------------------------------------------------------
-// One session's transcript, merged from snapshots and progress
-
-const isTerminal = (item) =>
-  item.role === "user" || (item.role === "assistant" ? item.status !== "streaming" : item.status !== "running");
-
-/** A fresh view state of session `id` (nothing seen yet). */
-const newSession = (id) => ({
-  id,
-  /** The latest authoritative snapshot. */
-  snap: null,
-  /** Best-known items by id: the snapshot's, or further along from progress. */
-  items: new Map(),
-  /** Ids of items known from progress and not in the snapshot yet. */
-  extra: [],
-  /** Streaming replies whose deltas follow on from what is shown. */
-  anchored: new Set(),
-  /** For replies not anchored: id -> (contentIndex -> {kind, text}) of
-   * deltas received after a gap. */
-  tails: new Map(),
-  /** Joined (attach/create answered) and nothing lost since. */
-  synced: false,
-  /** User item id -> "own" | "other" | "history". */
-  origin: new Map(),
-  /** Texts this page sent: {text, seen}. */
-  own: [],
-  attached: false,
-  attaching: false,
-  /** Our prompt requests pending. */
-  prompting: 0,
-  pendingModel: null,
-  pendingThinking: null,
-  draft: "",
-  /** The session could not be opened: the error. */
-  failed: null,
-  removed: false,
-  info: null,
-});
-
-/** A snapshot's part merged with what is known of the same revision: the
- * longer text when one is a prefix of the other, else the snapshot's. */
-const mergeSame = (known, item) => {
-  if (!known || known.role !== item.role || item.role === "user" || isTerminal(item)) return item;
-  if (isTerminal(known)) return known;
-  if (item.role === "tool") return (known.content?.length ?? 0) > (item.content?.length ?? 0) ? known : item;
-  const a = known.content ?? [];
-  const b = item.content ?? [];
-  const content = [];
-  for (let i = 0; i < Math.max(a.length, b.length); i++) {
-    const [x, y] = [a[i], b[i]];
-    if (!y) content.push(x);
-    else if (!x) content.push(y);
-    else if (x.type === y.type && (x.type === "text" || x.type === "thinking")) {
-      const f = x.type;
-      content.push(x[f].length > y[f].length && x[f].startsWith(y[f]) ? x : y);
-    } else content.push(y);
-  }
-  return { ...item, content };
-};
-
-/** Labels a user item the first time it is seen. */
-const classify = (st, item, history) => {
-  if (st.origin.has(item.id)) return;
-  const text = textOf(item.content);
-  const mine = st.own.find((o) => !o.seen && o.text === text);
-  if (mine) {
-    mine.seen = true;
-    st.origin.set(item.id, "own");
-  } else {
-    st.origin.set(item.id, history ? "history" : "other");
-  }
-};
-
-/** Takes a snapshot. `join`: it answers our attach or create (current as
- * of the deltas after it, like every snapshot the server sends). */
-const applySnapshot = (st, s, join = false) => {
-  if (!s || s.id !== st.id) return false;
-  const prev = st.snap;
-  if (prev && s.revision < prev.revision && !join) return false;
-  const replace = !prev || s.revision !== prev.revision || join;
-  const anchor = replace && (join || st.synced);
-  const history = join && !prev;
-  const ids = new Set();
-  for (const item of s.transcript) {
-    ids.add(item.id);
-    const known = st.items.get(item.id);
-    st.items.set(item.id, replace || !known ? item : mergeSame(known, item));
-    if (replace) {
-      st.tails.delete(item.id);
-      if (anchor) st.anchored.add(item.id);
-      else st.anchored.delete(item.id);
-    }
-    if (item.role === "user") classify(st, item, history);
-  }
-  for (const item of s.queuedSteer ?? []) classify(st, item, history);
-  if (replace) {
-    for (const id of [...st.items.keys()]) {
-      if (!ids.has(id)) {
-        st.items.delete(id);
-        st.tails.delete(id);
-        st.anchored.delete(id);
-      }
-    }
-    st.extra = [];
-  } else {
-    st.extra = st.extra.filter((id) => !ids.has(id));
-  }
-  st.snap = s;
-  if (join) st.synced = true;
-  return true;
-};
-
-const applyProgress = (st, p) => {
-  if (!st.snap || !p) return;
-  switch (p.type) {
-    case "item_started":
-    case "item_updated":
-    case "item_finished": {
-      const item = p.item;
-      if (!item?.id) return;
-      const known = st.items.get(item.id);
-      if (known && isTerminal(known) && !isTerminal(item)) return;
-      st.items.set(item.id, item);
-      st.anchored.add(item.id);
-      st.tails.delete(item.id);
-      if (!st.snap.transcript.some((i) => i.id === item.id) && !st.extra.includes(item.id)) st.extra.push(item.id);
-      if (item.role === "user") classify(st, item, false);
-      return;
-    }
-    case "assistant_delta": {
-      const id = p.messageId;
-      const known = st.items.get(id);
-      if (!known || known.role !== "assistant" || known.status !== "streaming") return;
-      // Tool-call input streams as JSON fragments: the call is shown whole
-      // once its reply says it.
-      if (p.kind === "toolCall") return;
-      const type = p.kind === "thinking" ? "thinking" : "text";
-      const index = p.contentIndex;
-      if (st.anchored.has(id)) {
-        const content = (known.content ?? []).slice();
-        if (index === content.length) content.push(type === "thinking" ? { type, thinking: "" } : { type, text: "" });
-        const part = content[index];
-        if (part && part.type === type) {
-          content[index] = { ...part, [type]: part[type] + p.delta };
-          st.items.set(id, { ...known, content });
-          return;
-        }
-        st.anchored.delete(id); // out of step: what follows is shown after a gap
-      }
-      const tails = st.tails.get(id) ?? new Map();
-      const tail = tails.get(index);
-      tails.set(index, { kind: type, text: (tail?.kind === type ? tail.text : "") + p.delta });
-      st.tails.set(id, tails);
-      return;
-    }
-    default:
-  }
-};
-
-/** Progress may have been lost (the connection dropped). */
-const gap = (st) => {
-  st.anchored.clear();
-  st.synced = false;
-  st.attached = false;
-};
-
-/** The items shown, in order. */
-const shownItems = (st) => {
-  if (!st.snap) return [];
-  const ids = st.snap.transcript.map((i) => i.id).concat(st.extra);
-  return ids.map((id) => st.items.get(id)).filter(Boolean);
-};
-
-const usageTotal = (items) => {
-  let tokens = 0;
-  let cost = 0;
-  for (const item of items) {
-    if (item.role === "assistant" && item.usage) {
-      tokens += item.usage.totalTokens ?? 0;
-      cost += item.usage.cost?.total ?? 0;
-    }
-  }
-  return { tokens, cost };
-};
-
-// ---------------------------------------------------------------------------
 // The page's state
 
 const parseRoute = () => {
@@ -363,20 +174,44 @@ const readToken = () => {
   }
 };
 
+/** A fresh view state of session `id` (nothing seen yet). */
+const newSession = (id) => ({
+  id,
+  /** The session's bound services while attached: its replicas. */
+  bound: null,
+  /** What is drawn, made from the replicas ({@link sessionOf}). */
+  shown: null,
+  /** User item id -> "own" | "other" | "history". */
+  origin: new Map(),
+  /** Texts this page sent, not yet seen in the transcript: {text, steer}. */
+  own: [],
+  attached: false,
+  attaching: false,
+  /** Our prompts not yet settled (their turns are ours). */
+  prompting: 0,
+  pendingModel: null,
+  pendingThinking: null,
+  draft: "",
+  /** The session could not be opened: the error. */
+  failed: null,
+  removed: false,
+  info: null,
+});
+
 const app = {
   token: readToken(),
+  /** The v8 connection ({@link PageConnection}). */
   conn: null,
   conn_state: "idle",
   conn_info: {},
-  /** The latest ServerSnapshot. */
-  server: null,
-  /** Session metadata, from the server snapshot or a `list`. */
-  sessions: [],
-  /** Live status by session id (our `status` extension), when offered. */
+  /** The server's id and the kernel's client policy (`/client.json`). */
+  client: null,
+  /** A connection has been open: the status below is the server's. */
+  ready: false,
+  /** Every session's status (our `pi-server.session-status`, replicated), by id. */
   status: new Map(),
-  statusOffered: true,
-  /** Latest session snapshots seen, by id (for the list's model column). */
-  latest: new Map(),
+  /** The models the server offers (our `pi-server.sessions.models`). */
+  models: [],
   error: null,
   route: parseRoute(),
   view: null,
@@ -410,104 +245,74 @@ const showError = (text) => {
 const isOpen = () => app.conn_state === "open";
 
 /** The request failed because the connection went (it may have run). */
-const lostConnection = (e) => e?.code === "disconnected" || e?.code === "closed";
+const lostConnection = (e) => ["disconnected", "closed", "timeout"].includes(codeOf(e));
 
-const call = (command, params) => {
-  if (!app.conn) {
-    const e = new Error("Not connected to the server");
-    e.code = "disconnected";
-    return Promise.reject(e);
-  }
-  return app.conn.request(command, params);
-};
+/** A server-scope service, or the error a call would fail with. */
+const service = (s) => app.conn.use(s);
 
 // ---- connection -----------------------------------------------------------
 
-/** Ends a connection this page no longer uses (its callbacks are ignored
- * from now on anyway). */
-const closeConn = (conn) => {
-  if (!conn) return;
-  try {
-    (conn.close ?? conn.stop)?.call(conn);
-  } catch {
-    // already gone
-  }
-};
-
-/** The kernel's client policy (`ClientLimits`), as the server serves it:
- * the page reconnects as every Rust client does. Read once; without it the
- * connection's defaults are the same numbers. */
-let clientLimits = null;
-const readClientLimits = async () => {
-  if (clientLimits) return clientLimits;
-  try {
-    const response = await fetch("/client-limits.json", { cache: "no-cache" });
-    if (response.ok) clientLimits = await response.json();
-  } catch {
-    // the defaults then
-  }
-  return clientLimits;
+/** The server's id and the kernel's client policy, read once. */
+const readClient = async () => {
+  if (app.client) return app.client;
+  const response = await fetch("/client.json", { cache: "no-cache" });
+  if (!response.ok) throw new Error(`/client.json: ${response.status}`);
+  app.client = await response.json();
+  return app.client;
 };
 
 const connect = async () => {
   const old = app.conn;
   app.conn = null;
-  closeConn(old);
-  const limits = await readClientLimits();
+  old?.close();
+  app.conn_state = "connecting";
+  app.conn_info = {};
+  changed();
+  let client;
+  try {
+    client = await readClient();
+  } catch (e) {
+    app.conn_state = "failed";
+    app.conn_info = { code: "disconnected", message: `Cannot reach the server: ${errorText(e)}` };
+    changed();
+    return;
+  }
   const url = `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
-  let conn;
-  conn = new PiConnection({
+  const conn = new PageConnection({
     url,
-    token: app.token ? app.token : undefined,
-    clientName: "web",
-    ...(limits
-      ? {
-          reconnect: {
-            initialMs: limits.reconnectBackoffInitialMs,
-            maxMs: limits.reconnectBackoffMaxMs,
-            windowMs: limits.reconnectWindowMs,
-          },
-          handshakeTimeoutMs: limits.handshakeTimeoutMs,
-        }
-      : {}),
-    onEvent: (ev) => {
-      if (app.conn === conn) onEvent(ev);
+    token: app.token || null,
+    serverId: client.serverId,
+    limits: client,
+    onState: (state, detail) => {
+      if (app.conn === conn) onState(state, detail ?? {});
     },
-    onState: (a, b) => {
-      if (app.conn === conn) onState(a, b);
+    onAttachment: (attachment) => {
+      if (app.conn === conn) onAttachment(attachment);
     },
   });
   app.conn = conn;
-  app.conn_state = "connecting";
-  app.conn_info = {};
   conn.start();
-  changed();
 };
 
-const onState = (a, b) => {
-  const info = typeof a === "string" ? { ...(b ?? {}), state: a } : { ...(a ?? {}) };
-  const state = info.state ?? info.type ?? "closed";
+const onState = (state, info) => {
   app.conn_state = state;
   app.conn_info = info;
   const st = app.view;
   switch (state) {
-    case "open": {
-      const snapshot = info.hello?.snapshot;
-      if (snapshot) takeServerSnapshot(snapshot, true);
+    case "open":
       if (app.error?.auth) app.error = null;
+      follow();
       if (st) {
-        if (info.reconnected) gap(st);
-        st.attached = false;
+        unbind(st);
         attachView(st);
       }
-      refreshList();
       break;
-    }
     case "reconnecting":
-      if (st) gap(st);
+    case "closed":
+      if (st) unbind(st);
       break;
     case "failed":
-      if (st) gap(st);
+      if (st) unbind(st);
       if (info.code === "auth") {
         try {
           sessionStorage.removeItem(TOKEN_KEY);
@@ -521,100 +326,57 @@ const onState = (a, b) => {
         showError(`Cannot connect to the server: ${clean(info.message || info.code || "unknown error")}`);
       }
       break;
-    case "closed":
-      if (st) gap(st);
-      break;
     default:
   }
   changed();
 };
 
-const takeServerSnapshot = (snapshot, force) => {
-  if (!force && app.server && snapshot.revision < app.server.revision) return;
-  app.server = snapshot;
-  app.sessions = snapshot.sessions ?? [];
+/** Follows the status service, and reads the models offered. */
+const follow = () => {
+  const status = service(Services.Status);
+  const take = (value) => {
+    app.status = new Map((value?.sessions ?? []).map((s) => [s.sessionId, s]));
+    app.ready = true;
+    // A session gone from the status while we show it was removed.
+    const st = app.view;
+    if (st && !st.removed && st.attached && !app.status.has(st.id)) removed(st);
+    changed();
+  };
+  take(status.state.value);
+  status.state.subscribe(take);
+  service(Services.Sessions)
+    .models(ctx)
+    .then((models) => {
+      app.models = models ?? [];
+      changed();
+    })
+    .catch((e) => {
+      if (!lostConnection(e)) showError(`Cannot list the models: ${errorText(e)}`);
+    });
 };
 
-const onEvent = (ev) => {
-  switch (ev?.type) {
-    case "server_snapshot":
-      takeServerSnapshot(ev.snapshot, false);
-      scheduleStatus();
-      break;
-    case "session_snapshot": {
-      const s = ev.snapshot;
-      const seen = app.latest.get(s.id);
-      if (!seen || seen.revision <= s.revision) app.latest.set(s.id, s);
-      const st = app.view;
-      if (st && st.id === s.id && st.snap) applySnapshot(st, s);
-      break;
-    }
-    case "session_progress": {
-      const st = app.view;
-      if (st && st.id === ev.sessionId) applyProgress(st, ev.progress);
-      break;
-    }
-    case "session_removed": {
-      const id = ev.sessionId;
-      app.latest.delete(id);
-      app.status.delete(id);
-      app.sessions = app.sessions.filter((s) => s.id !== id);
-      if (app.view?.id === id) {
-        app.view.removed = true;
-        app.view.attached = false;
-        showError("This session was removed.");
-      }
-      break;
-    }
-    default:
+/** The connection's attachment changed: `null` while we still show the
+ * session means it was taken from us (removed by another client). */
+const onAttachment = (attachment) => {
+  const st = app.view;
+  if (!attachment && st?.attached && !st.leaving) {
+    unbind(st);
+    if (!app.status.has(st.id)) removed(st);
   }
   changed();
 };
 
-// ---- list -----------------------------------------------------------------
-
-let statusTimer = null;
-const scheduleStatus = () => {
-  if (statusTimer) return;
-  statusTimer = setTimeout(() => {
-    statusTimer = null;
-    refreshStatus();
-  }, 150);
+const removed = (st) => {
+  st.removed = true;
+  st.attached = false;
+  showError("This session was removed.");
 };
 
-const refreshStatus = async () => {
-  if (!app.statusOffered || !isOpen()) return;
-  try {
-    const r = await call("status", {});
-    app.status = new Map((r.sessions ?? []).map((s) => [s.sessionId, s]));
-  } catch (e) {
-    if (lostConnection(e)) return;
-    // Not every server offers it: say so once, then show stored facts only.
-    app.statusOffered = false;
-    showError(`The live status of sessions is unavailable: ${errorText(e)}`);
-  }
-  changed();
-};
-
-let listing = false;
-const refreshList = async () => {
-  if (!isOpen() || app.route.name !== "list" || listing) return;
-  listing = true;
-  try {
-    const r = await call("list", {});
-    app.sessions = r.sessions ?? [];
-  } catch (e) {
-    if (!lostConnection(e)) showError(`Cannot list the sessions: ${errorText(e)}`);
-  } finally {
-    listing = false;
-  }
-  await refreshStatus();
-  changed();
-};
+/** Metadata of a listed session, from its status. */
+const metaOf = (s) => ({ id: s.sessionId, sessionName: s.name, cwd: s.cwd, createdAt: s.createdAt, updatedAt: s.updatedAt });
 
 setInterval(() => {
   app.now = Date.now();
-  if (app.route.name === "list") refreshList();
   changed();
 }, LIST_POLL_MS);
 
@@ -622,57 +384,64 @@ const createSession = async ({ cwd, name, model }) => {
   const params = {};
   if (cwd.trim()) params.cwd = cwd.trim();
   if (name.trim()) params.name = name.trim();
-  const meta = (app.server?.models ?? []).find((m) => modelKey(m) === model);
-  if (meta) params.model = { provider: meta.provider, id: meta.id };
-  const r = await call("create", params);
-  const s = r.session;
-  leaveView();
-  const st = newSession(s.id);
-  st.attached = true;
-  applySnapshot(st, s, true);
-  const later = app.latest.get(s.id);
-  if (later && later.revision > s.revision) applySnapshot(st, later);
-  app.latest.set(s.id, st.snap);
-  app.view = st;
-  app.route = { name: "session", id: s.id };
+  const meta = app.models.find((m) => modelKey(m) === model);
+  if (meta) params.model = { provider: meta.provider, modelId: meta.id };
+  const created = await service(Services.Sessions).create(params, ctx);
+  location.hash = `#/s/${encodeURIComponent(created.sessionId)}`;
   app.focus = "session";
-  stickToBottom = true;
-  location.hash = `#/s/${encodeURIComponent(s.id)}`;
-  changed();
 };
 
 const removeSession = async (id) => {
-  await call("remove", { sessionId: id });
-  app.sessions = app.sessions.filter((s) => s.id !== id);
+  await service(Services.Management).remove(id, ctx);
   app.status.delete(id);
-  app.latest.delete(id);
   changed();
 };
 
 // ---- the session view -----------------------------------------------------
 
+/** Forgets the session's bindings (the connection went, or we left). */
+const unbind = (st) => {
+  const bound = st.bound;
+  st.bound = null;
+  st.attached = false;
+  bound?.binding.dispose(ctx).catch(() => {});
+};
+
+/** Redraws the session from its replicas; labels new user items. */
+const redraw = (st) => {
+  if (!st.bound) return;
+  const history = !st.shown;
+  st.shown = sessionOf(st.bound.transcript.state.value, st.bound.models.state.value);
+  for (const item of st.shown.items) {
+    if (item.role !== "user" || st.origin.has(item.id)) continue;
+    const text = userText(item);
+    const mine = history ? -1 : st.own.findIndex((o) => o.text === text);
+    if (mine >= 0) st.own.splice(mine, 1);
+    st.origin.set(item.id, history ? "history" : mine >= 0 ? "own" : "other");
+  }
+  changed();
+};
+
 const attachView = async (st) => {
   if (!isOpen() || st.attached || st.attaching || st.removed) return;
   st.attaching = true;
-  // Only a snapshot that arrives while the attach is answered may be newer
-  // than its answer.
-  app.latest.delete(st.id);
   changed();
   try {
-    const r = await call("attach", { sessionId: st.id });
+    await service(Services.Management).attach(st.id, ctx);
+    if (app.view !== st) return; // left while it attached: the next attach or detach replaces it
+    const bound = await app.conn.bindSession();
     if (app.view !== st) {
-      // Left while it attached.
-      call("detach", { sessionId: st.id }).catch(() => {});
+      bound.binding.dispose(ctx).catch(() => {});
       return;
     }
+    st.bound = bound;
     st.failed = null;
     st.attached = true;
-    applySnapshot(st, r.session, true);
-    const later = app.latest.get(st.id);
-    if (later && later.revision > st.snap.revision) applySnapshot(st, later);
-    app.latest.set(st.id, st.snap);
+    bound.transcript.state.subscribe(() => st.bound === bound && redraw(st));
+    bound.models.state.subscribe(() => st.bound === bound && redraw(st));
+    redraw(st);
   } catch (e) {
-    if (lostConnection(e)) return; // re-attached when the connection is back
+    if (lostConnection(e)) return; // attached again when the connection is back
     st.failed = e;
     showError(`Cannot open the session: ${errorText(e)}`);
   } finally {
@@ -685,10 +454,15 @@ const leaveView = () => {
   const st = app.view;
   if (!st) return;
   app.view = null;
-  if (st.attached && isOpen()) {
-    call("detach", { sessionId: st.id }).catch((e) => {
-      if (!lostConnection(e)) showError(`Cannot detach from the session: ${errorText(e)}`);
-    });
+  st.leaving = true;
+  const was = st.attached;
+  unbind(st);
+  if (was && isOpen()) {
+    service(Services.Management)
+      .detach(ctx)
+      .catch((e) => {
+        if (!lostConnection(e)) showError(`Cannot detach from the session: ${errorText(e)}`);
+      });
   }
 };
 
@@ -706,70 +480,74 @@ const onRoute = () => {
   } else {
     if (app.view) app.focus = "list";
     leaveView();
-    refreshList();
   }
   changed();
 };
 
 window.addEventListener("hashchange", onRoute);
 
-const busyOf = (st) => st.prompting > 0 || (st.snap && st.snap.phase !== "idle");
+const busyOf = (st) => st.prompting > 0 || (st.shown && st.shown.phase !== "idle");
+
+/** An answer in band (`accepted: false`) as an error. */
+const refused = (r) => Object.assign(new Error(r?.error?.message || "refused"), { code: r?.error?.code });
 
 const submit = async (st) => {
   const text = st.draft;
   if (!text.trim()) return;
-  if (!isOpen() || !st.attached) {
+  if (!isOpen() || !st.attached || !st.bound) {
     showError("Not sent: the page is not connected to the session. Your message is kept; send it again once it is back.");
     return;
   }
+  const agent = st.bound.agent;
   const kind = busyOf(st) ? "steer" : "prompt";
-  const mine = { text, seen: false };
+  const mine = { text, steer: kind === "steer" };
   st.own.push(mine);
   st.draft = "";
   if (kind === "prompt") st.prompting += 1;
   changedNow();
-  let keep = false;
+  let accepted = false;
   try {
-    const r = await call(kind, { sessionId: st.id, text });
-    if (r?.session) applySnapshot(st, r.session);
+    const request = { message: text, images: null };
+    const r = kind === "prompt" ? await agent.prompt(request, ctx) : await agent.steer(request, ctx);
+    if (!r?.accepted) throw refused(r);
+    accepted = true;
+    // The turn is ours until it settles, as a v1 prompt's answer was.
+    if (kind === "prompt") await agent.waitForPrompt(r.operationId, ctx).catch(() => {});
   } catch (e) {
     const lost = lostConnection(e);
-    if (mine.seen && lost) {
+    if (accepted && lost) {
       showError("The connection dropped while the turn ran. The turn goes on on the server; its reply shows here when the page is back.");
-    } else if (mine.seen) {
-      showError(`${kind === "prompt" ? "The prompt" : "The steer"} failed: ${errorText(e)}`);
-    } else {
+    } else if (!accepted) {
       st.draft = st.draft ? `${text}\n${st.draft}` : text;
       showError(
         lost
           ? "The connection dropped before the server confirmed your message. It is back in the input: check the transcript before sending it again."
           : `${kind === "prompt" ? "Prompt" : "Steer"} not accepted: ${errorText(e)}. Your message is back in the input.`,
       );
+      // A message that may still have reached the server stays expected,
+      // so that it is not labelled as another client's when it shows up.
+      if (!lost) st.own = st.own.filter((o) => o !== mine);
     }
-    // A message that may still have reached the server stays expected, so
-    // that it is not labelled as another client's when it shows up.
-    keep = lost && !mine.seen;
   } finally {
     if (kind === "prompt") st.prompting -= 1;
-    if (!keep) st.own = st.own.filter((o) => o !== mine);
     changed();
   }
 };
 
 const abort = async (st) => {
+  const bound = st.bound;
+  if (!bound) return;
   try {
-    const r = await call("abort", { sessionId: st.id });
-    const s = r?.session;
-    if (s) {
-      // Steers the model never saw come back with the abort: ours go back
-      // into the input.
-      const withdrawn = (s.queuedSteer ?? []).filter((u) => st.origin.get(u.id) === "own").map((u) => textOf(u.content));
-      applySnapshot(st, s);
-      if (withdrawn.length) {
-        const back = withdrawn.join("\n");
-        st.draft = st.draft ? `${back}\n${st.draft}` : back;
-        st.info = `The model had not seen your steer${withdrawn.length === 1 ? "" : "s"}: back in the input.`;
-      }
+    await bound.agent.abort(ctx);
+    // Steers the model never saw are withdrawn with the turn: ours go back
+    // into the input once the turn has ended without them.
+    await until(() => st.bound !== bound || st.shown?.phase === "idle");
+    const withdrawn = st.own.filter((o) => o.steer);
+    if (withdrawn.length && st.bound === bound) {
+      st.own = st.own.filter((o) => !o.steer);
+      const back = withdrawn.map((o) => o.text).join("\n");
+      st.draft = st.draft ? `${back}\n${st.draft}` : back;
+      st.info = `The model had not seen your steer${withdrawn.length === 1 ? "" : "s"}: back in the input.`;
     }
   } catch (e) {
     showError(`Cannot abort: ${errorText(e)}`);
@@ -777,14 +555,20 @@ const abort = async (st) => {
   changed();
 };
 
+/** Resolves once `cond()` holds, checked at each redraw's pace. */
+const until = (cond) =>
+  new Promise((resolve) => {
+    const check = () => (cond() ? resolve() : setTimeout(check, 50));
+    check();
+  });
+
 const setModel = async (st, key) => {
-  const meta = (app.server?.models ?? []).find((m) => modelKey(m) === key);
-  if (!meta || key === modelKey(st.snap?.model)) return;
+  const meta = app.models.find((m) => modelKey(m) === key);
+  if (!meta || !st.bound || key === modelKey(st.shown?.model)) return;
   st.pendingModel = key;
   changedNow();
   try {
-    const r = await call("set_model", { sessionId: st.id, model: { provider: meta.provider, id: meta.id } });
-    if (r?.session) applySnapshot(st, r.session);
+    await st.bound.models.select({ provider: meta.provider, modelId: meta.id }, ctx);
   } catch (e) {
     showError(`Cannot change the model: ${errorText(e)}`);
   } finally {
@@ -794,18 +578,29 @@ const setModel = async (st, key) => {
 };
 
 const setThinking = async (st, level) => {
-  if (!level || level === st.snap?.thinkingLevel) return;
+  if (!level || !st.bound || level === st.shown?.thinkingLevel) return;
   st.pendingThinking = level;
   changedNow();
   try {
-    const r = await call("set_thinking", { sessionId: st.id, thinkingLevel: level });
-    if (r?.session) applySnapshot(st, r.session);
+    await st.bound.models.selectThinking(level, ctx);
   } catch (e) {
     showError(`Cannot change the thinking level: ${errorText(e)}`);
   } finally {
     st.pendingThinking = null;
     changed();
   }
+};
+
+const usageTotal = (items) => {
+  let tokens = 0;
+  let cost = 0;
+  for (const item of items) {
+    if (item.role === "assistant" && item.usage) {
+      tokens += item.usage.totalTokens ?? 0;
+      cost += item.usage.cost?.total ?? 0;
+    }
+  }
+  return { tokens, cost };
 };
 
 // ---------------------------------------------------------------------------
@@ -840,34 +635,23 @@ const UserItem = ({ item, origin, queued }) => {
   </li>`;
 };
 
-const Gap = () => html`<p class="gap">… (text streamed before this page joined; shown whole when the reply ends)</p>`;
-
-const AssistantItem = ({ item, tails }) => {
+const AssistantItem = ({ item }) => {
   const model = clean(item.responseModel || modelKey(item.model));
   const content = item.content ?? [];
   const streaming = item.status === "streaming";
-  const indices = Math.max(content.length, tails ? Math.max(-1, ...tails.keys()) + 1 : 0);
-  const parts = [];
-  for (let i = 0; i < indices; i++) {
-    const part = content[i];
-    const tail = tails?.get(i);
-    if (part?.type === "thinking" || (!part && tail?.kind === "thinking")) {
-      const text = clean(part?.thinking ?? "");
-      parts.push(html`<details key=${i} class="thinking" data-testid="item-thinking">
-        <summary>Thinking${part?.redacted ? " (redacted)" : ""}</summary>
-        <div class="thinking-text">${text}${tail ? `\n…\n${clean(tail.text)}` : ""}</div>
-      </details>`);
-    } else if (part?.type === "toolCall") {
-      parts.push(html`<p key=${i} class="call">→ ${streaming ? `calling ${clean(part.toolName)}…` : `calls ${toolTitle(part.toolName, part.input)}`}</p>`);
-    } else if (part?.type === "image") {
-      parts.push(html`<${Image} key=${i} part=${part} alt="Image in the reply" />`);
-    } else {
-      parts.push(html`<div key=${i}>
-        ${part?.type === "text" ? html`<${Markdown} text=${part.text} />` : null}
-        ${tail ? html`<${Gap} /><${Markdown} text=${tail.text} />` : null}
-      </div>`);
+  const parts = content.map((part, i) => {
+    if (part?.type === "thinking") {
+      return html`<details key=${i} class="thinking" data-testid="item-thinking">
+        <summary>Thinking${part.redacted ? " (redacted)" : ""}</summary>
+        <div class="thinking-text">${clean(part.thinking ?? "")}</div>
+      </details>`;
     }
-  }
+    if (part?.type === "toolCall") {
+      return html`<p key=${i} class="call">→ ${streaming ? `calling ${clean(part.toolName)}…` : `calls ${toolTitle(part.toolName, part.input)}`}</p>`;
+    }
+    if (part?.type === "image") return html`<${Image} key=${i} part=${part} alt="Image in the reply" />`;
+    return html`<div key=${i}>${part?.type === "text" ? html`<${Markdown} text=${part.text} />` : null}</div>`;
+  });
   // A notice of the session (an MCP server that failed, say): no reply.
   if (item.status === "error" && item.model?.provider === "pi-server" && item.model?.id === "notice") {
     return html`<li class="item notice" data-testid="item-notice"><p class="notice">⚠ ${clean(item.errorMessage || "")}</p></li>`;
@@ -879,7 +663,7 @@ const AssistantItem = ({ item, tails }) => {
   return html`<li class=${`item assistant status-${item.status}`} data-testid="item-assistant" data-status=${item.status}>
     <div class="who"><strong>Assistant</strong><span>${model}</span><${Badge} value=${item.status} /></div>
     ${parts}
-    ${streaming && content.length === 0 && !tails ? html`<p class="notice">…</p>` : null}
+    ${streaming && content.length === 0 ? html`<p class="notice">…</p>` : null}
     ${problem ? html`<p class="problem">${problem}</p>` : null}
   </li>`;
 };
@@ -999,7 +783,7 @@ const CreateForm = () => {
   const [name, setName] = useState("");
   const [model, setModelKey] = useState("");
   const [busy, setBusy] = useState(false);
-  const models = app.server?.models ?? [];
+  const models = app.models;
   const onSubmit = async (e) => {
     e.preventDefault();
     if (busy) return;
@@ -1051,7 +835,7 @@ const ListView = () => {
       headRef.current?.focus();
     }
   });
-  const rows = [...app.sessions].sort((a, b) => (b.updatedAt ?? b.createdAt ?? 0) - (a.updatedAt ?? a.createdAt ?? 0));
+  const rows = [...app.status.values()].map(metaOf).sort((a, b) => (b.updatedAt ?? b.createdAt ?? 0) - (a.updatedAt ?? a.createdAt ?? 0));
   return html`<div class="list-view">
     <section class="sessions" data-testid="session-list" aria-labelledby="sessions-title">
       <h2 id="sessions-title" tabindex="-1" ref=${headRef}>Sessions</h2>
@@ -1059,14 +843,9 @@ const ListView = () => {
         ? html`<p class="empty">No sessions yet. Create one below.</p>`
         : html`<ul class="rows">
             ${rows.map((meta) => {
-              const snap = app.latest.get(meta.id);
-              return html`<${SessionRow}
-                key=${meta.id}
-                meta=${meta}
-                status=${app.status.get(meta.id)}
-                model=${snap ? modelKey(snap.model) : null}
-                now=${app.now}
-              />`;
+              const status = app.status.get(meta.id);
+              const model = status?.model ? `${status.model.provider}/${status.model.modelId}` : null;
+              return html`<${SessionRow} key=${meta.id} meta=${meta} status=${status} model=${model} now=${app.now} />`;
             })}
           </ul>`}
     </section>
@@ -1131,8 +910,8 @@ const SessionView = ({ st }) => {
   useLayoutEffect(() => {
     if (stickToBottom) window.scrollTo(0, document.documentElement.scrollHeight);
   });
-  const s = st.snap;
-  const title = clean(s?.name || app.sessions.find((m) => m.id === st.id)?.sessionName || "Untitled session");
+  const s = st.shown;
+  const title = clean(app.status.get(st.id)?.name || "Untitled session");
   const back = html`<a href="#/" data-testid="back">← All sessions</a>`;
   if (!s) {
     return html`<section class="session" aria-labelledby="session-title">
@@ -1148,13 +927,14 @@ const SessionView = ({ st }) => {
       </div>
     </section>`;
   }
-  const items = shownItems(st);
+  const items = s.items;
   const { tokens, cost } = usageTotal(items);
   const busy = busyOf(st);
-  // Our prompt's request is answered when its turn ends: until then the
-  // turn is ours, even before a snapshot says so.
-  const phase = s.phase === "idle" && st.prompting > 0 ? "turn" : s.phase;
-  const models = app.server?.models ?? [];
+  // Our prompt is ours until it settles, even before the transcript says
+  // its turn runs; the status names the phase (a compaction, a retry).
+  const live = app.status.get(st.id)?.state;
+  const phase = s.phase === "idle" ? (st.prompting > 0 ? "turn" : "idle") : ["compaction", "retry", "branch_summary"].includes(live) ? live : "turn";
+  const models = app.models;
   const current = modelKey(s.model);
   const modelValue = st.pendingModel ?? current;
   const meta = models.find((m) => modelKey(m) === current);
@@ -1162,7 +942,8 @@ const SessionView = ({ st }) => {
   if (!levels.includes(s.thinkingLevel)) levels.unshift(s.thinkingLevel);
   const thinkingValue = st.pendingThinking ?? s.thinkingLevel;
   const configurable = isOpen() && st.attached && !busy && !st.pendingModel && !st.pendingThinking && !st.removed;
-  const queued = s.queuedSteer ?? [];
+  // Our steers the model has not taken yet.
+  const queued = st.own.filter((o) => o.steer).map((o, i) => ({ id: `q${i}`, role: "user", content: [{ type: "text", text: o.text }] }));
   return html`<section class="session" aria-labelledby="session-title">
     <div class="session-head">
       <div class="nav">
@@ -1170,7 +951,7 @@ const SessionView = ({ st }) => {
         <span>Phase <${Badge} value=${phase} testid="phase" /></span>
       </div>
       <h2 id="session-title" tabindex="-1" ref=${headRef}>${title}</h2>
-      <p class="where">${clean(s.cwd)}</p>
+      <p class="where">${clean(s.cwd ?? app.status.get(st.id)?.cwd ?? "")}</p>
       <div class="facts">
         <div class="field">
           <label for="model-picker">Model</label>
@@ -1200,11 +981,11 @@ const SessionView = ({ st }) => {
       ${items.length === 0 && queued.length === 0 ? html`<li class="notice">Nothing yet. Send a message to start.</li>` : null}
       ${items.map((item) => {
         if (item.role === "user") return html`<${UserItem} key=${item.id} item=${item} origin=${st.origin.get(item.id)} />`;
-        if (item.role === "assistant") return html`<${AssistantItem} key=${item.id} item=${item} tails=${st.anchored.has(item.id) ? null : st.tails.get(item.id)} />`;
+        if (item.role === "assistant") return html`<${AssistantItem} key=${item.id} item=${item} />`;
         if (item.role === "tool") return html`<${ToolItem} key=${item.id} item=${item} />`;
         return null;
       })}
-      ${queued.map((item) => html`<${UserItem} key=${`queued-${item.id}`} item=${item} origin=${st.origin.get(item.id)} queued=${true} />`)}
+      ${queued.map((item) => html`<${UserItem} key=${item.id} item=${item} origin="own" queued=${true} />`)}
     </ol>
     <${Composer} st=${st} busy=${busy} />
   </section>`;
@@ -1214,7 +995,7 @@ const Banner = () => {
   const { conn_state: state, conn_info: info } = app;
   let text = "";
   let retry = false;
-  if (state === "connecting" && app.server) text = "Connecting to the server…";
+  if (state === "connecting" && app.ready) text = "Connecting to the server…";
   else if (state === "connecting") text = "Connecting…";
   else if (state === "reconnecting") {
     const secs = typeof info.inMs === "number" ? Math.max(0, Math.round(info.inMs / 1000)) : null;
@@ -1250,15 +1031,15 @@ const forgetToken = () => {
   const old = app.conn;
   app.conn = null;
   app.conn_state = "closed";
-  closeConn(old);
-  if (app.view) gap(app.view);
+  old?.close();
+  if (app.view) unbind(app.view);
   changed();
 };
 
 const App = () => {
   let body;
   if (app.token === null) body = html`<${TokenForm} />`;
-  else if (!app.server) body = html`<p class="notice">Connecting to the server…</p>`;
+  else if (!app.ready) body = html`<p class="notice">Connecting to the server…</p>`;
   else if (app.route.name === "session" && app.view) body = html`<${SessionView} key=${app.view.id} st=${app.view} />`;
   else body = html`<${ListView} />`;
   const state = app.conn_state === "open" ? "connected" : app.conn_state;
