@@ -486,7 +486,7 @@ fn delta_step_ns(items: usize) -> f64 {
         KInstant(2),
         RuntimeInput::Operation {
             op: OpId(1),
-            operation: Operation::Prompt { text: "go".into() },
+            operation: Operation::prompt("go"),
         },
     );
     let call = started
@@ -532,9 +532,9 @@ fn faux_compactions(items: usize, turns: usize) -> (Vec<usize>, usize, usize) {
             now,
             RuntimeInput::Operation {
                 op: OpId(turn as u64 + 1),
-                operation: Operation::Prompt {
-                    text: format!("turn {turn}: keep the daemon steady under a long session"),
-                },
+                operation: Operation::prompt(format!(
+                    "turn {turn}: keep the daemon steady under a long session"
+                )),
             },
         );
         loop {

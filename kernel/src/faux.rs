@@ -27,7 +27,8 @@ pub fn default_model() -> ModelRef {
     }
 }
 
-/// The embedded models: a plain one and a reasoning one with several thinking levels.
+/// The embedded models: a plain one and a reasoning one with several
+/// thinking levels, both taking images; and one of a tiny window, text only.
 pub fn models() -> Vec<ModelMetadata> {
     let model = |id: &str, name: &str, reasoning: bool, levels: Vec<ThinkingLevel>| ModelMetadata {
         provider: PROVIDER.into(),
@@ -35,7 +36,7 @@ pub fn models() -> Vec<ModelMetadata> {
         name: name.into(),
         api: "faux".into(),
         reasoning,
-        input: vec![InputKind::Text],
+        input: vec![InputKind::Text, InputKind::Image],
         context_window: 128_000,
         max_tokens: 16_384,
         cost: ModelCost::default(),
@@ -54,6 +55,7 @@ pub fn models() -> Vec<ModelMetadata> {
         // A tiny context window, so that compaction can be seen (and tested) within a few turns.
         ModelMetadata {
             context_window: 400,
+            input: vec![InputKind::Text],
             ..model(
                 "faux-tiny",
                 "Faux Tiny (embedded, 400-token window)",
@@ -191,12 +193,23 @@ impl FauxStream {
                                 pending.push_back(ModelEvent::ToolInput { input });
                                 stop = StopReason::ToolUse;
                             }
-                            None => text_reply(
-                                &mut pending,
-                                &format!(
-                                    "You said: {said}. This is the faux model answering offline, word by word."
-                                ),
-                            ),
+                            None => {
+                                let seen = latest_user_images(&request.context);
+                                let with = match seen.len() {
+                                    0 => String::new(),
+                                    n => format!(
+                                        ", with {n} image{} ({})",
+                                        if n == 1 { "" } else { "s" },
+                                        seen.join(", ")
+                                    ),
+                                };
+                                text_reply(
+                                    &mut pending,
+                                    &format!(
+                                        "You said: {said}{with}. This is the faux model answering offline, word by word."
+                                    ),
+                                )
+                            }
                         }
                     }
                 }
@@ -257,6 +270,23 @@ fn latest_user_text(context: &[TranscriptItem]) -> String {
         _ => None,
     });
     text.unwrap_or_default()
+}
+
+/// The types of the images the newest user message holds.
+fn latest_user_images(context: &[TranscriptItem]) -> Vec<&str> {
+    let images = context.iter().rev().find_map(|item| match item {
+        TranscriptItem::User(u) => Some(
+            u.content
+                .iter()
+                .filter_map(|c| match c {
+                    Content::Image { mime_type, .. } => Some(mime_type.as_str()),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => None,
+    });
+    images.unwrap_or_default()
 }
 
 /// `summary`, or its newest part within [`SUMMARY_MAX_BYTES`] after a mark

@@ -74,6 +74,8 @@ pub struct Limits {
     pub auth_backoff_max: Duration,
     /// Remote peers whose failed tokens are remembered at once.
     pub auth_throttle_peers: usize,
+    /// Images one prompt may carry (each within the frame).
+    pub max_prompt_images: usize,
 }
 
 impl Default for Limits {
@@ -104,6 +106,7 @@ impl Default for Limits {
             auth_backoff_base: Duration::from_millis(250),
             auth_backoff_max: Duration::from_secs(30),
             auth_throttle_peers: 4096,
+            max_prompt_images: 16,
         }
     }
 }

@@ -708,7 +708,7 @@ impl Runtime {
     fn on_operation(&mut self, op: OpId, operation: Operation) {
         self.write_back_repairs();
         let result = match operation {
-            Operation::Prompt { text } => return self.on_prompt(op, text),
+            Operation::Prompt { text, images } => return self.on_prompt(op, text, images),
             Operation::Steer { text } => self.on_steer(text),
             Operation::Abort => return self.on_abort(op),
             Operation::Compact { instructions } => return self.on_compact(op, instructions),
@@ -763,12 +763,13 @@ impl Runtime {
         self.send_snapshot();
     }
 
-    fn on_prompt(&mut self, op: OpId, text: String) {
+    fn on_prompt(&mut self, op: OpId, text: String, images: Vec<Content>) {
         if self.turn.is_some() {
             let error = ProtocolError::new(ErrorCode::Busy, "A prompt is already running");
             return self.done(op, Err(error));
         }
-        let user = self.user_item(text);
+        let mut user = self.user_item(text);
+        user.content.extend(images);
         self.commit(TranscriptItem::User(user));
         self.turn = Some(Turn {
             prompt_op: op,

@@ -18,7 +18,7 @@
 
 use crate::ids::{OpId, WorkerId};
 use crate::protocol::{
-    JsonValue, ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel,
+    Content, JsonValue, ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel,
     TranscriptProgress,
 };
 use crate::time::Instant;
@@ -40,8 +40,10 @@ pub struct CreateSpec {
 /// A control operation the server forwards to a worker.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Operation {
-    /// Run a turn; completes when the turn ends (also when aborted).
-    Prompt { text: String },
+    /// Run a turn; completes when the turn ends (also when aborted). The
+    /// images (only [`Content::Image`] parts, checked by the server) go
+    /// with the text, after it.
+    Prompt { text: String, images: Vec<Content> },
     /// Queue text into the running turn.
     Steer { text: String },
     /// End the running turn with an aborted item.
@@ -60,6 +62,14 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// A prompt of text alone.
+    pub fn prompt(text: impl Into<String>) -> Self {
+        Self::Prompt {
+            text: text.into(),
+            images: Vec::new(),
+        }
+    }
+
     /// The protocol command name this operation serves.
     pub fn name(&self) -> &'static str {
         match self {

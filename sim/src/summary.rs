@@ -238,7 +238,7 @@ pub fn to_worker(m: &ToWorker) -> String {
     match m {
         ToWorker::Operation { op, operation } => {
             let detail = match operation {
-                Operation::Prompt { text } | Operation::Steer { text } => {
+                Operation::Prompt { text, .. } | Operation::Steer { text } => {
                     format!(" {:?}", short(text))
                 }
                 Operation::SetModel { model } => format!(" {}/{}", model.provider, model.id),

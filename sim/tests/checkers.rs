@@ -157,9 +157,7 @@ fn busy_flags_wrong_runtime_answers_and_two_running_prompts() {
         immediate,
         store_failed: false,
     };
-    let prompt = |conn, id: &str| Operation::Prompt {
-        text: prompt_text(ConnId(conn), id, false),
-    };
+    let prompt = |conn, id: &str| Operation::prompt(prompt_text(ConnId(conn), id, false));
     assert!(
         busy.observe(&op(
             prompt(1, "r1"),

@@ -3,8 +3,9 @@
 // executablePath), the way a user does: token entry, the session list,
 // create, prompt with streaming, a second browser watching, steer, abort,
 // model and thinking changes, a reload mid-turn, a server replacement
-// mid-turn, a turn that sends only what it adds, keyboard-only use with
-// WCAG AA contrast, a wrong token and a page of a foreign origin.
+// mid-turn, a turn that sends only what it adds, an image with a prompt,
+// keyboard-only use with WCAG AA contrast, a wrong token and a page of a
+// foreign origin.
 //
 // Usage: node web.mjs <config.json> [scenarios]
 //   config: {"bin", "serverDir", "serverId", "sessionDir", "screens"}
@@ -398,6 +399,24 @@ const scenarios = {
     check(turn.includes("beta-marker-0042"), "the second turn's frames carry its text");
     check(!turn.includes("alpha-marker-0042"), "and nothing of the first turn", turn.length);
     await shot(page, "h-deltas");
+    await context.close();
+  },
+
+  /** An image goes with a prompt: attached, shown with the message, seen by the model. */
+  async i() {
+    const { context, page } = await openPage();
+    await createSession(page, "web-i");
+    // A 1×1 PNG.
+    const png = Buffer.from("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==", "base64");
+    await tid(page, "image-input").setInputFiles({ name: "dot.png", mimeType: "image/png", buffer: png });
+    await until(async () => (await tid(page, "attachments").locator("img").count()) === 1, "the image waits in the composer");
+    await send(page, "what is in the picture");
+    await waitIdle(page);
+    const reply = words((await lastAssistant(page)).text);
+    check(reply.includes("You said: what is in the picture, with 1 image (image/png)."), "the model was given the image with the text", reply);
+    check((await tid(page, "item-user").locator("img").count()) === 1, "the message shows its image");
+    check((await tid(page, "attachments").count()) === 0, "the composer is empty again");
+    await shot(page, "i-image");
     await context.close();
   },
 

@@ -387,11 +387,7 @@ async fn a_session_reads_edits_and_runs_commands_through_the_tool_loop() {
     ])
     .await;
     let mut s = Session::open(&dir, &mock).await;
-    let op = s
-        .operation(Operation::Prompt {
-            text: "finalise the notes".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("finalise the notes")).await;
     s.run_until("the prompt to finish", |s| s.done(op)).await;
 
     assert_eq!(
@@ -486,11 +482,7 @@ async fn steer_is_delivered_after_the_running_tool_and_abort_kills_a_command() {
     ])
     .await;
     let mut s = Session::open(&dir, &mock).await;
-    let prompt = s
-        .operation(Operation::Prompt {
-            text: "work".into(),
-        })
-        .await;
+    let prompt = s.operation(Operation::prompt("work")).await;
     s.run_until("the first tool to run", Session::running_tool)
         .await;
     let steer = s
@@ -564,14 +556,10 @@ async fn context_files_reach_the_system_prompt_and_edits_take_effect() {
     std::fs::write(project.join("AGENTS.md"), "Project: run cargo test first.").unwrap();
     let mock = Mock::sequence(vec![text_reply("ok"), text_reply("ok again")]).await;
     let mut s = Session::open(&dir, &mock).await;
-    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    let op = s.operation(Operation::prompt("hi")).await;
     s.run_until("the first prompt", |s| s.done(op)).await;
     std::fs::write(project.join("AGENTS.md"), "Project: use nextest now.").unwrap();
-    let op = s
-        .operation(Operation::Prompt {
-            text: "again".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("again")).await;
     s.run_until("the second prompt", |s| s.done(op)).await;
 
     let systems: Vec<String> = mock
@@ -625,7 +613,7 @@ async fn a_sessions_own_settings_pick_its_tools_and_turn_context_files_off() {
     let mut s = Session::open(&dir, &mock).await;
     let own = s.session_dir.join(SESSION).join("settings.json");
     std::fs::write(&own, r#"{"contextFiles": false, "tools": ["read", "ls"]}"#).unwrap();
-    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    let op = s.operation(Operation::prompt("hi")).await;
     s.run_until("the prompt", |s| s.done(op)).await;
 
     let first = &mock.requests()[0].body;
@@ -655,11 +643,7 @@ async fn a_sessions_own_settings_pick_its_tools_and_turn_context_files_off() {
 
     // An unknown tool name: the prompt fails before any model call, saying why.
     std::fs::write(&own, r#"{"tools": ["read", "grp"]}"#).unwrap();
-    let op = s
-        .operation(Operation::Prompt {
-            text: "again".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("again")).await;
     s.run_until("the second prompt", |s| s.done(op)).await;
     assert_eq!(mock.requests().len(), 2, "no call with a bad setting");
     let Some(TranscriptItem::Assistant(last)) = s.transcript().last() else {
@@ -681,7 +665,7 @@ async fn the_first_prompt_without_a_key_says_which_variable_or_auth_entry_to_set
     let mock = Mock::start(text_reply("never sent")).await;
     let var = "PI_TEST_UNSET_MOCK_KEY_8F3A";
     let mut s = Session::open_with(&dir, &mock, serde_json::json!({"apiKeyEnv": var})).await;
-    let op = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    let op = s.operation(Operation::prompt("hi")).await;
     s.run_until("the prompt", |s| s.done(op)).await;
     assert!(mock.requests().is_empty(), "no call without a key");
     let Some(TranscriptItem::Assistant(reply)) = s.transcript().last() else {
@@ -733,13 +717,9 @@ async fn a_context_overflow_from_the_provider_compacts_and_retries_once() {
     ])
     .await;
     let mut s = Session::open(&dir, &mock).await;
-    let first = s.operation(Operation::Prompt { text: "hi".into() }).await;
+    let first = s.operation(Operation::prompt("hi")).await;
     s.run_until("the first turn", |s| s.done(first)).await;
-    let second = s
-        .operation(Operation::Prompt {
-            text: "now the big question".into(),
-        })
-        .await;
+    let second = s.operation(Operation::prompt("now the big question")).await;
     s.run_until("the second turn", |s| s.done(second)).await;
 
     let requests = mock.requests();
@@ -908,11 +888,7 @@ async fn the_reference_mcp_servers_tools_are_offered_called_and_shown_over_stdio
         own.to_string(),
     )
     .unwrap();
-    let op = s
-        .operation(Operation::Prompt {
-            text: "use the servers".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("use the servers")).await;
     s.run_until("the turn", |s| s.done(op)).await;
 
     let requests = mock.requests();
@@ -1005,11 +981,7 @@ async fn a_server_that_fails_crashes_hangs_or_prints_garbage_is_told_and_the_ses
         ..Default::default()
     };
     let mut s = Session::open_bounded(&dir, &mock, serde_json::json!({}), limits).await;
-    let op = s
-        .operation(Operation::Prompt {
-            text: "try them".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("try them")).await;
     s.run_until("the turn", |s| s.done(op)).await;
     let t = s.transcript();
     let told = notices(t);
@@ -1080,11 +1052,7 @@ async fn a_server_that_fails_crashes_hangs_or_prints_garbage_is_told_and_the_ses
     };
     assert_eq!(last.status, AssistantStatus::Complete(StopReason::Stop));
     // Its death is told before the next turn.
-    let next = s
-        .operation(Operation::Prompt {
-            text: "and now?".into(),
-        })
-        .await;
+    let next = s.operation(Operation::prompt("and now?")).await;
     s.run_until("the next turn", |s| s.done(next)).await;
     assert!(
         notices(s.transcript())
@@ -1109,11 +1077,7 @@ async fn a_long_mcp_result_keeps_its_start_and_the_whole_is_kept_in_the_session(
     ])
     .await;
     let mut s = Session::open(&dir, &mock).await;
-    let op = s
-        .operation(Operation::Prompt {
-            text: "get it all".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("get it all")).await;
     s.run_until("the turn", |s| s.done(op)).await;
     let t = s.transcript();
     let item = t
@@ -1169,10 +1133,7 @@ async fn the_next_worker_sends_back_the_thinking_signature_its_reply_stored() {
     let create = create_spec(&dir, ThinkingLevel::Medium);
     let limits = kernel::limits::WorkerLimits::default();
     let mut s = Session::start(&dir, &mock, extra.clone(), limits.clone(), Some(create)).await;
-    s.operation(Operation::Prompt {
-        text: "fix lib.rs".into(),
-    })
-    .await;
+    s.operation(Operation::prompt("fix lib.rs")).await;
     s.run_until("the tool and the next call", |s| {
         matches!(s.transcript().last(), Some(TranscriptItem::Assistant(a)) if a.status == AssistantStatus::Streaming)
             && s.transcript().len() == 4
@@ -1192,11 +1153,7 @@ async fn the_next_worker_sends_back_the_thinking_signature_its_reply_stored() {
     assert!(signed, "the signature is stored: {:#?}", stored.transcript);
 
     let mut s = Session::start(&dir, &mock, extra, limits, None).await;
-    let op = s
-        .operation(Operation::Prompt {
-            text: "go on".into(),
-        })
-        .await;
+    let op = s.operation(Operation::prompt("go on")).await;
     s.run_until("the reply", |s| s.done(op)).await;
     let body = &mock.requests()[2].body;
     assert_eq!(body["thinking"]["type"], "enabled", "{body:#}");

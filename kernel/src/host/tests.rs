@@ -230,7 +230,7 @@ fn nothing_after_a_commit_is_released_until_it_succeeds() {
     let (mut host, _) = running(config());
     let prompt = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
         op: OpId(1),
-        operation: Operation::Prompt { text: "hi".into() },
+        operation: Operation::prompt("hi"),
     }));
     let out = serve(&mut host, Instant(1000), prompt);
     let Some(HostOutput::Commit(batch)) = out.last() else {
@@ -292,7 +292,7 @@ fn a_full_store_is_read_back_and_survived_and_a_broken_one_is_fatal() {
     let (mut host, _) = running(config());
     let prompt = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
         op: OpId(1),
-        operation: Operation::Prompt { text: "hi".into() },
+        operation: Operation::prompt("hi"),
     }));
     serve(&mut host, Instant(1000), prompt.clone());
     let stored = host.runtime().expect("running").state().clone();
@@ -379,7 +379,7 @@ fn an_orphan_ignores_the_old_channel_and_keeps_its_frames_to_itself() {
     serve(&mut host, Instant(1000), HostInput::ChannelLost);
     let prompt = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
         op: OpId(1),
-        operation: Operation::Prompt { text: "hi".into() },
+        operation: Operation::prompt("hi"),
     }));
     assert!(serve(&mut host, Instant(1000), prompt).is_empty());
 }
@@ -399,7 +399,7 @@ fn an_idle_orphan_retires_after_its_grace_a_busy_one_finishes_first() {
     let (mut host, _) = running(cfg);
     let prompt = HostInput::Frame(WorkerFrame::ToWorker(ToWorker::Operation {
         op: OpId(1),
-        operation: Operation::Prompt { text: "hi".into() },
+        operation: Operation::prompt("hi"),
     }));
     let mut out = serve(&mut host, Instant(1000), prompt);
     commit_all(&mut host, &mut out);
@@ -423,11 +423,7 @@ fn an_adopted_turn_answers_no_operation_of_the_new_server() {
         }))
     };
     // The old server's op 1 starts a turn; then that server is gone.
-    let mut out = serve(
-        &mut host,
-        Instant(1000),
-        op(1, Operation::Prompt { text: "hi".into() }),
-    );
+    let mut out = serve(&mut host, Instant(1000), op(1, Operation::prompt("hi")));
     commit_all(&mut host, &mut out);
     serve(&mut host, Instant(1000), HostInput::ChannelLost);
     let out = serve(

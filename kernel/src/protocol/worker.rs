@@ -24,8 +24,8 @@ use super::codec::{
 };
 use super::packed::{PackedSnapshot, PackedTranscript};
 use super::types::{
-    AssistantStatus, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel, TranscriptItem,
-    TranscriptProgress,
+    AssistantStatus, Content, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel,
+    TranscriptItem, TranscriptProgress,
 };
 use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
@@ -124,7 +124,17 @@ fn create_from_value(value: &Value, path: &Path<'_>) -> Result<CreateSpec, Schem
 fn operation_to_value(op: &Operation) -> Value {
     let b = MapBuilder::with_capacity(2).put("kind", text(op.name()));
     match op {
-        Operation::Prompt { text: t } | Operation::Steer { text: t } => b.put("text", text(t)),
+        Operation::Prompt { text: t, images } => {
+            let b = b.put("text", text(t));
+            match images.is_empty() {
+                true => b,
+                false => b.put(
+                    "images",
+                    Value::Array(images.iter().map(Schema::to_value).collect()),
+                ),
+            }
+        }
+        Operation::Steer { text: t } => b.put("text", text(t)),
         Operation::Abort => b,
         Operation::Compact { instructions } => {
             b.put_opt("instructions", instructions.as_deref().map(text))
@@ -143,13 +153,29 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
         _ => None,
     });
     let op = match kind {
-        Some("prompt") | Some("steer") => {
+        Some("prompt") => {
+            let f = Fields::new(value, path, &["kind", "text", "images"])?;
+            let images = f
+                .optional("images", |v, p| read_list(v, p, Content::from_value_at))?
+                .unwrap_or_default();
+            if let Some(i) = images
+                .iter()
+                .position(|c| !matches!(c, Content::Image { .. }))
+            {
+                return Err(SchemaError::at(
+                    path,
+                    format!("images[{i}] is not an image part"),
+                ));
+            }
+            Operation::Prompt {
+                text: f.required("text", read_string)?,
+                images,
+            }
+        }
+        Some("steer") => {
             let f = Fields::new(value, path, &["kind", "text"])?;
-            let t = f.required("text", read_string)?;
-            if kind == Some("prompt") {
-                Operation::Prompt { text: t }
-            } else {
-                Operation::Steer { text: t }
+            Operation::Steer {
+                text: f.required("text", read_string)?,
             }
         }
         Some("abort") => {
@@ -721,7 +747,17 @@ pub(super) mod tests {
             WorkerFrame::ToWorker(ToWorker::Snapshot),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(7),
-                operation: Operation::Prompt { text: "hi".into() },
+                operation: Operation::prompt("hi"),
+            }),
+            WorkerFrame::ToWorker(ToWorker::Operation {
+                op: OpId(7),
+                operation: Operation::Prompt {
+                    text: "see".into(),
+                    images: vec![Content::Image {
+                        data: "iVBORw0KGgo=".into(),
+                        mime_type: "image/png".into(),
+                    }],
+                },
             }),
             WorkerFrame::ToWorker(ToWorker::Operation {
                 op: OpId(8),

@@ -218,7 +218,7 @@ fn a_plain_turn_streams_commits_and_completes_the_prompt() {
         t.out.last(),
         Some(RuntimeOutput::Send(FromWorker::Ready { .. }))
     ));
-    t.op(1, Operation::Prompt { text: "hi".into() });
+    t.op(1, Operation::prompt("hi"));
     let (call, request) = t.started_call().expect("a model call");
     assert_eq!(request.purpose, Purpose::Reply);
     assert_eq!(
@@ -245,15 +245,41 @@ fn a_plain_turn_streams_commits_and_completes_the_prompt() {
     assert_eq!(a.response_model.as_deref(), Some("faux-1-2026"));
 }
 
+/// A prompt's images follow its text in the user message, which the model
+/// is given whole.
 #[test]
-fn tool_calls_run_one_at_a_time_then_the_model_continues() {
+fn a_prompt_s_images_go_with_its_text_to_the_model() {
     let mut t = T::new("faux-1");
+    let image = Content::Image {
+        data: "iVBORw0KGgo=".into(),
+        mime_type: "image/png".into(),
+    };
     t.op(
         1,
         Operation::Prompt {
-            text: "list files".into(),
+            text: "what is this".into(),
+            images: vec![image.clone()],
         },
     );
+    let (_, request) = t.started_call().expect("a model call");
+    let TranscriptItem::User(user) = &request.context[0] else {
+        panic!("{:?}", request.context)
+    };
+    assert_eq!(
+        user.content,
+        vec![
+            Content::Text {
+                text: "what is this".into()
+            },
+            image
+        ]
+    );
+}
+
+#[test]
+fn tool_calls_run_one_at_a_time_then_the_model_continues() {
+    let mut t = T::new("faux-1");
+    t.op(1, Operation::prompt("list files"));
     let (call, _) = t.started_call().unwrap();
     for e in tool_call("c1", "ls")
         .into_iter()
@@ -305,7 +331,7 @@ fn tool_calls_run_one_at_a_time_then_the_model_continues() {
 #[test]
 fn steer_is_delivered_after_the_current_tool_and_skips_the_rest() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     for e in tool_call("c1", "make")
         .into_iter()
@@ -346,7 +372,7 @@ fn steer_is_delivered_after_the_current_tool_and_skips_the_rest() {
 #[test]
 fn abort_during_a_tool_cancels_it_and_completes_both_requests() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     for e in tool_call("c1", "sleep 100") {
         t.model(call, e);
@@ -379,7 +405,7 @@ fn abort_during_a_tool_cancels_it_and_completes_both_requests() {
 #[test]
 fn abort_withdraws_steers_the_model_has_not_seen() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     t.started_call().unwrap();
     t.op(
         2,
@@ -401,12 +427,7 @@ fn abort_withdraws_steers_the_model_has_not_seen() {
     let now = t.rt.snapshot();
     assert!(now.queued_steer.is_empty() && now.revision == abort.revision + 1);
     t.out.clear();
-    t.op(
-        4,
-        Operation::Prompt {
-            text: "next".into(),
-        },
-    );
+    t.op(4, Operation::prompt("next"));
     let (_, request) = t.started_call().unwrap();
     assert!(
         !format!("{:?}", request.context).contains("also this"),
@@ -418,7 +439,7 @@ fn abort_withdraws_steers_the_model_has_not_seen() {
 #[test]
 fn a_turn_ending_normally_keeps_its_queued_steers() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     t.op(
         2,
@@ -451,7 +472,7 @@ fn persisted_text(out: &[RuntimeOutput]) -> Option<String> {
 #[test]
 fn streaming_text_is_checkpointed_within_its_bound() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     t.now = 10;
     t.model(call, text("one "));
@@ -500,7 +521,7 @@ fn streaming_text_is_checkpointed_within_its_bound() {
 #[test]
 fn transient_errors_retry_with_backoff_then_give_up() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     let fail = |retry_after_ms| ModelEvent::Failed {
         message: "HTTP 503".into(),
@@ -546,7 +567,7 @@ fn transient_errors_retry_with_backoff_then_give_up() {
 #[test]
 fn a_permanent_error_ends_the_turn_with_an_error_item() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let (call, _) = t.started_call().unwrap();
     t.model(
         call,
@@ -584,7 +605,7 @@ fn compaction_summarises_older_items_when_the_window_fills() {
     };
     let mut persisted = None;
     for _ in 0..12 {
-        t.op(op, Operation::Prompt { text: long.clone() });
+        t.op(op, Operation::prompt(long.clone()));
         loop {
             let (call, request) = t.started_call().expect("a call");
             if request.purpose == Purpose::Summarize {
@@ -632,12 +653,7 @@ fn compaction_summarises_older_items_when_the_window_fills() {
         24,
         "compaction never drops transcript items"
     );
-    t.op(
-        op,
-        Operation::Prompt {
-            text: "short".into(),
-        },
-    );
+    t.op(op, Operation::prompt("short"));
     let (_, request) = t.started_call().unwrap();
     assert_eq!(
         request.summary.as_deref(),
@@ -731,7 +747,7 @@ fn set_model_records_the_default_for_new_sessions() {
 #[test]
 fn a_rename_is_stored_and_shown_even_during_a_turn() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "go".into() });
+    t.op(1, Operation::prompt("go"));
     let out = t
         .op(
             2,
@@ -756,12 +772,7 @@ fn a_rename_is_stored_and_shown_even_during_a_turn() {
 fn faux_tool_round_trip() {
     // The faux provider asks for bash on a `!` prompt and reports the result.
     let mut t = T::new("faux-1");
-    t.op(
-        1,
-        Operation::Prompt {
-            text: "!echo hi".into(),
-        },
-    );
+    t.op(1, Operation::prompt("!echo hi"));
     let mut guard = 0;
     while t.done(1).is_none() {
         guard += 1;
@@ -799,12 +810,7 @@ fn faux_tool_round_trip() {
 /// compaction with a short summary; returns whether it compacted and the
 /// estimated size of the reply request (summary and context).
 fn turn_with_compaction(t: &mut T, op: u64, prompt: &str, reply: &str) -> (bool, u64) {
-    t.op(
-        op,
-        Operation::Prompt {
-            text: prompt.into(),
-        },
-    );
+    t.op(op, Operation::prompt(prompt));
     let mut compacted = false;
     loop {
         let (call, request) = t.started_call().expect("a call");
@@ -944,12 +950,7 @@ fn a_context_overflow_compacts_and_retries_once() {
         let (compacted, _) = turn_with_compaction(&mut t, op, "hello there", "hi");
         assert!(!compacted);
     }
-    t.op(
-        4,
-        Operation::Prompt {
-            text: "more".into(),
-        },
-    );
+    t.op(4, Operation::prompt("more"));
     let overflow = |t: &mut T, call| {
         t.model(
             call,
@@ -1013,7 +1014,7 @@ fn overflow_errors_are_recognised_and_rate_limits_are_not() {
 #[test]
 fn a_dispose_whose_last_write_fails_still_exits() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "hi".into() });
+    t.op(1, Operation::prompt("hi"));
     let (call, _) = t.started_call().expect("a model call");
     t.model(call, text("hel"));
     let out = t.step(RuntimeInput::Dispose).to_vec();
@@ -1047,7 +1048,7 @@ fn a_dispose_whose_last_write_fails_still_exits() {
 #[test]
 fn a_thinking_signature_is_kept_with_its_part() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::Prompt { text: "hi".into() });
+    t.op(1, Operation::prompt("hi"));
     let (call, _) = t.started_call().expect("a model call");
     let thinking = |text: &str| ModelEvent::Delta {
         kind: DeltaKind::Thinking,
@@ -1087,12 +1088,7 @@ fn a_thinking_signature_is_kept_with_its_part() {
         !format!("{:?}", wire.expect("encodes")).contains("sig-1"),
         "clients get no signature"
     );
-    t.op(
-        2,
-        Operation::Prompt {
-            text: "more".into(),
-        },
-    );
+    t.op(2, Operation::prompt("more"));
     let (_, request) = t.started_call().expect("a model call");
     let TranscriptItem::Assistant(context) = &request.context[1] else {
         panic!("the reply")
@@ -1117,12 +1113,7 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     assert_eq!(t.rt.phase(), SessionPhase::Idle);
     // Two short turns, under the threshold: no compaction of their own.
     for (op, prompt) in [(2, "first question"), (3, "second question")] {
-        t.op(
-            op,
-            Operation::Prompt {
-                text: prompt.into(),
-            },
-        );
+        t.op(op, Operation::prompt(prompt));
         let (call, request) = t.started_call().expect("a reply");
         assert_eq!(request.purpose, Purpose::Reply);
         t.model(call, text(&"an answer word ".repeat(30)));
@@ -1142,7 +1133,7 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     assert_eq!(request.instructions.as_deref(), Some("keep the questions"));
     assert_eq!(t.rt.phase(), SessionPhase::Compaction);
     assert!(t.done(4).is_none(), "answered when stored");
-    t.op(5, Operation::Prompt { text: "now".into() });
+    t.op(5, Operation::prompt("now"));
     assert_eq!(t.done(5).unwrap().unwrap_err().code, ErrorCode::Busy);
     t.op(6, Operation::Steer { text: "now".into() });
     assert_eq!(t.done(6).unwrap().unwrap_err().code, ErrorCode::Busy);
@@ -1154,12 +1145,7 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     assert_eq!(summary.text, "they asked two questions");
     assert_eq!(t.rt.state().transcript.len(), items, "no item dropped");
     // The next turn starts from the summary.
-    t.op(
-        7,
-        Operation::Prompt {
-            text: "go on".into(),
-        },
-    );
+    t.op(7, Operation::prompt("go on"));
     let (call, request) = t.started_call().expect("a reply");
     assert_eq!(request.summary.as_deref(), Some("they asked two questions"));
     assert!(request.context.len() < items);

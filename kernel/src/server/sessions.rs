@@ -505,7 +505,7 @@ impl Server {
                 self.respond(conn, request_id, Ok(CommandResult::Status { sessions }));
             }
             Command::Prompt { session_id, text } => {
-                self.on_operation(conn, request_id, session_id, Operation::Prompt { text })
+                self.on_operation(conn, request_id, session_id, Operation::prompt(text))
             }
             Command::Steer { session_id, text } => {
                 self.on_operation(conn, request_id, session_id, Operation::Steer { text })

@@ -183,7 +183,7 @@ impl Busy {
                     Operation::Compact { .. } => {
                         self.compacting.insert(key);
                     }
-                    Operation::Prompt { text } => {
+                    Operation::Prompt { text, .. } => {
                         // A v8 steer or follow-up of an idle session starts a
                         // prompt whose text names no request: known by its text.
                         let prompt = self.identify(text).unwrap_or_else(|| {

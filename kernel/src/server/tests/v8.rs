@@ -6,6 +6,7 @@ use super::*;
 use crate::protocol::v8::PROTOCOL_VERSION_V8;
 use crate::protocol::{AssistantItem, Content, ModelRef, StopReason, UserItem};
 use crate::wire::{Value, cbor};
+use crate::worker::Operation;
 
 const SERVER: &str = "00000000-0000-4000-8000-000000000001";
 
@@ -1047,4 +1048,87 @@ fn our_sessions_service_creates_with_v1_s_parameters_and_lists_models() {
         models.contains(r#""provider":"#) && models.contains(r#""supportedThinkingLevels":"#),
         "{models}"
     );
+}
+
+/// A prompt's images go to the worker with its text; what a model cannot
+/// take, or the request does not say right, is refused before anything runs.
+#[test]
+fn a_prompt_carries_its_images_and_bad_ones_are_refused() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let session = stored(1).id;
+    h.attach_v8(c, &session, &history(&session, 1, 0));
+    let route = h.route(c);
+    let image = |mime: &str, data: &str| {
+        Value::object(vec![
+            ("type", Value::text("image")),
+            ("data", Value::text(data)),
+            ("mimeType", Value::text(mime)),
+        ])
+    };
+    let request = |member: &str, images: Vec<Value>| {
+        call(
+            "pi.agent-controller",
+            member,
+            vec![Value::object(vec![
+                ("message", Value::text("look")),
+                ("images", Value::Array(images)),
+            ])],
+        )
+    };
+    let refusals = [
+        (
+            "gif?",
+            request("prompt", vec![image("image/bmp", "AAAA")]),
+            "models take",
+        ),
+        (
+            "b64",
+            request("prompt", vec![image("image/png", "not base64!")]),
+            "not base64",
+        ),
+        (
+            "many",
+            request("prompt", vec![image("image/png", "AAAA"); 17]),
+            "at most 16",
+        ),
+        (
+            "shape",
+            request("prompt", vec![Value::text("x")]),
+            "must be {type",
+        ),
+    ];
+    for (id, call, why) in refusals {
+        h.send_v8(c, id, route.clone(), call);
+        let answer = result_of(&h.v8_sent(c), id);
+        assert!(answer.contains(why), "{id}: {answer}");
+    }
+    let outputs = h.send_v8(
+        c,
+        "ok",
+        route.clone(),
+        request("prompt", vec![image("image/png", "iVBORw0KGgo=")]),
+    );
+    let operation = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::ToWorker {
+                message: ToWorker::Operation { operation, .. },
+                ..
+            } => Some(operation.clone()),
+            _ => None,
+        })
+        .expect("the prompt goes to the worker");
+    assert_eq!(
+        operation,
+        Operation::Prompt {
+            text: "look".into(),
+            images: vec![Content::Image {
+                data: "iVBORw0KGgo=".into(),
+                mime_type: "image/png".into()
+            }],
+        }
+    );
+    assert!(result_of(&h.v8_sent(c), "ok").contains(r#""accepted":true"#));
 }

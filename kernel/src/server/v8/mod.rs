@@ -30,7 +30,7 @@ use crate::chord::{self, Member, State};
 use crate::ids::{ConnId, OpId};
 use crate::protocol::v8::{self as proto, ClientMessage, ServerMessage, Target};
 use crate::protocol::{
-    CommandResult, ErrorCode, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel,
+    CommandResult, Content, ErrorCode, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel,
     TranscriptItem, TranscriptProgress,
 };
 use crate::server::Frame;
@@ -254,15 +254,57 @@ fn is_session_id(id: &str) -> bool {
 }
 
 /// The text of an `AgentPromptRequest` (`{message, images}`).
-fn prompt_text(args: &[Value]) -> Option<String> {
+/// An `AgentPromptRequest`'s text and images (`{message, images: null |
+/// [{type:"image", data, mimeType}]}`), or what is wrong with it. An image
+/// is base64 of one of the types models take, at most `max` of them.
+fn prompt_input(args: &[Value], max: usize) -> Result<(String, Vec<Content>), String> {
     let [request] = args else {
-        return None;
+        return Err("expected one {message, images}".into());
     };
-    match request.get("message") {
-        Some(Value::Text(text)) if !text.is_empty() => Some(text.clone()),
-        _ => None,
+    let text = match request.get("message") {
+        Some(Value::Text(text)) if !text.is_empty() => text.clone(),
+        _ => return Err("expected {message, images}: a non-empty message".into()),
+    };
+    let images = match request.get("images") {
+        None | Some(Value::Null) => return Ok((text, Vec::new())),
+        Some(Value::Array(images)) => images,
+        Some(_) => return Err("images must be null or a list".into()),
+    };
+    if images.len() > max {
+        return Err(format!("at most {max} images go with one prompt"));
     }
+    let mut parts = Vec::with_capacity(images.len());
+    for (i, image) in images.iter().enumerate() {
+        let (Some(Value::Text(kind)), Some(Value::Text(data)), Some(Value::Text(mime))) =
+            (image.get("type"), image.get("data"), image.get("mimeType"))
+        else {
+            return Err(format!(
+                "images[{i}] must be {{type:\"image\", data, mimeType}}"
+            ));
+        };
+        if kind != "image" {
+            return Err(format!("images[{i}] must be of type \"image\""));
+        }
+        if !IMAGE_TYPES.contains(&mime.as_str()) {
+            return Err(format!(
+                "images[{i}] is {mime}; models take {}",
+                IMAGE_TYPES.join(", ")
+            ));
+        }
+        let base64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=');
+        if data.is_empty() || data.len() % 4 != 0 || !data.bytes().all(base64) {
+            return Err(format!("images[{i}]'s data is not base64"));
+        }
+        parts.push(Content::Image {
+            data: data.clone(),
+            mime_type: mime.clone(),
+        });
+    }
+    Ok((text, parts))
 }
+
+/// The image types the providers take.
+const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 impl SessionView {
     fn new(snapshot: &SessionSnapshot, models: &[crate::protocol::ModelMetadata]) -> Self {

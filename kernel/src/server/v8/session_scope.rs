@@ -2,6 +2,7 @@
 //! the session plugins and the transcript, for the attached session.
 
 use super::*;
+use crate::protocol::InputKind;
 
 impl Server {
     pub(in crate::server) fn on_session_call(
@@ -113,22 +114,56 @@ impl Server {
         call: &ServiceCall,
         busy: bool,
     ) {
-        let Some(text) = prompt_text(&call.args) else {
-            let error = invalid_args(call, "{message, images}");
-            return self.v8_reply(conn, &id, Err(error));
+        let max = self.config.limits.max_prompt_images;
+        let (text, images) = match prompt_input(&call.args, max) {
+            Ok(input) => input,
+            Err(what) => {
+                let error = CallError::invalid_value(&call.service_id, &call.member, &what);
+                return self.v8_reply(conn, &id, Err(error));
+            }
         };
         let key = if call.member == "prompt" {
             "operationId"
         } else {
             "entryId"
         };
+        if !images.is_empty() {
+            // Only a prompt starts a turn with images, and only with a
+            // model that takes them.
+            let model = self.sessions[session_id]
+                .snapshot
+                .as_deref()
+                .map(|s| s.model.clone());
+            let takes = |m: &ModelRef| {
+                self.config.models.iter().any(|meta| {
+                    meta.provider == m.provider
+                        && meta.id == m.id
+                        && meta.input.contains(&InputKind::Image)
+                })
+            };
+            let refusal = match &model {
+                _ if call.member != "prompt" => Some(format!(
+                    "images go with a prompt, not a {}: send them when the turn ends",
+                    call.member
+                )),
+                Some(m) if !takes(m) => Some(format!(
+                    "{}/{} does not take images; select a model that does",
+                    m.provider, m.id
+                )),
+                _ => None,
+            };
+            if let Some(message) = refusal {
+                let result = accepted(key, None, Some(("operation_failed", &message)));
+                return self.v8_reply(conn, &id, Ok(Some(result)));
+            }
+        }
         if !busy {
             let op = self.start_op(
                 conn,
                 "",
                 session_id,
                 "v8.prompt",
-                Operation::Prompt { text },
+                Operation::Prompt { text, images },
             );
             let view = self.session_view(session_id);
             view.prompts.insert(op.0, None);

@@ -192,6 +192,8 @@ const newSession = (id) => ({
   pendingModel: null,
   pendingThinking: null,
   draft: "",
+  /** Images to go with the next prompt: {name, mimeType, data (base64)}. */
+  images: [],
   /** The session could not be opened: the error. */
   failed: null,
   removed: false,
@@ -500,14 +502,23 @@ const submit = async (st) => {
   }
   const agent = st.bound.agent;
   const kind = busyOf(st) ? "steer" : "prompt";
+  if (kind === "steer" && st.images.length) {
+    showError("Images go with a prompt, not a steer: send them when the turn ends. Your message and images are kept.");
+    return;
+  }
+  const images = st.images;
   const mine = { text, steer: kind === "steer" };
   st.own.push(mine);
   st.draft = "";
+  st.images = [];
   if (kind === "prompt") st.prompting += 1;
   changedNow();
   let accepted = false;
   try {
-    const request = { message: text, images: null };
+    const request = {
+      message: text,
+      images: images.length ? images.map(({ data, mimeType }) => ({ type: "image", data, mimeType })) : null,
+    };
     const r = kind === "prompt" ? await agent.prompt(request, ctx) : await agent.steer(request, ctx);
     if (!r?.accepted) throw refused(r);
     accepted = true;
@@ -519,6 +530,7 @@ const submit = async (st) => {
       showError("The connection dropped while the turn ran. The turn goes on on the server; its reply shows here when the page is back.");
     } else if (!accepted) {
       st.draft = st.draft ? `${text}\n${st.draft}` : text;
+      st.images = images.concat(st.images);
       showError(
         lost
           ? "The connection dropped before the server confirmed your message. It is back in the input: check the transcript before sending it again."
@@ -551,6 +563,33 @@ const abort = async (st) => {
     }
   } catch (e) {
     showError(`Cannot abort: ${errorText(e)}`);
+  }
+  changed();
+};
+
+/** The image types the server's models take, and how much one prompt may carry. */
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+const IMAGES_MAX_BYTES = 12 * 1024 * 1024;
+
+/** Attaches image files (picked or pasted) to the next prompt. */
+const attachImages = async (st, files) => {
+  for (const file of files) {
+    if (!IMAGE_TYPES.includes(file.type)) {
+      showError(`${file.name || "That file"} is not an image the models take (PNG, JPEG, GIF or WebP).`);
+      continue;
+    }
+    const total = st.images.reduce((n, i) => n + i.size, 0) + file.size;
+    if (total > IMAGES_MAX_BYTES) {
+      showError(`${file.name || "The image"} would make the prompt's images larger than ${IMAGES_MAX_BYTES / 1024 / 1024} MiB.`);
+      continue;
+    }
+    const url = await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(String(reader.result));
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+    st.images = [...st.images, { name: file.name || "pasted image", mimeType: file.type, size: file.size, data: url.slice(url.indexOf(",") + 1) }];
   }
   changed();
 };
@@ -876,7 +915,28 @@ const Composer = ({ st, busy }) => {
     submit(st);
   };
   const steer = busy;
+  const fileRef = useRef(null);
+  const onPaste = (e) => {
+    const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith("image/"));
+    if (files.length) {
+      e.preventDefault();
+      attachImages(st, files);
+    }
+  };
   return html`<form class="composer" onSubmit=${onSubmit} aria-label="Message">
+    ${st.images.length
+      ? html`<ul class="attachments" data-testid="attachments" aria-label="Images for the next prompt">
+          ${st.images.map(
+            (image, i) => html`<li key=${i}>
+              <${Image} part=${image} alt=${`Attached: ${image.name}`} />
+              <button type="button" class="link" aria-label=${`Remove ${image.name}`} onClick=${() => {
+                st.images = st.images.filter((x) => x !== image);
+                changed();
+              }}>Remove</button>
+            </li>`,
+          )}
+        </ul>`
+      : null}
     <label for="prompt-input" class="sr-only">${steer ? "Steering message" : "Message"}</label>
     <textarea
       id="prompt-input"
@@ -889,12 +949,19 @@ const Composer = ({ st, busy }) => {
         st.draft = e.currentTarget.value;
       }}
       onKeyDown=${onKeyDown}
+      onPaste=${onPaste}
       placeholder=${steer ? "Steer the running turn…" : "Ask the agent…"}
     ></textarea>
     <div class="buttons">
       <button type="submit" class="primary" data-testid="send" disabled=${st.removed}>${steer ? "Steer" : "Send"}</button>
+      <input type="file" ref=${fileRef} data-testid="image-input" accept=${IMAGE_TYPES.join(",")} multiple hidden
+        onChange=${(e) => {
+          attachImages(st, [...e.currentTarget.files]);
+          e.currentTarget.value = "";
+        }} />
+      <button type="button" data-testid="attach-image" disabled=${st.removed} onClick=${() => fileRef.current?.click()}>Attach image</button>
       ${busy ? html`<button type="button" class="danger" data-testid="abort" onClick=${() => abort(st)}>Abort</button>` : null}
-      <span id="prompt-hint" class="hint">Enter ${steer ? "steers" : "sends"}, Shift+Enter adds a line</span>
+      <span id="prompt-hint" class="hint">Enter ${steer ? "steers" : "sends"}, Shift+Enter adds a line; paste or attach images</span>
     </div>
   </form>`;
 };
