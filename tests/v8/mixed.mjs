@@ -4,7 +4,8 @@
 //
 //   node mixed.mjs <socket path> <server id>
 //
-// Checked: both see the same turns whoever prompts; a busy session is busy
+// Checked: both see the same turns whoever prompts; an image goes with a v8
+// prompt to the model, and v1 sees it in the transcript; a busy session is busy
 // for both; a removal through v8 reaches the v1 client (`session_removed`,
 // gone from its list) and the v8 one (`attachment: null`).
 import { PiClient, PiServerError } from "../interop/node_modules/@earendil-works/pi-client/dist/index.js";
@@ -89,6 +90,21 @@ await until(
   "v1 to see v8's turn",
 );
 check(s1.snapshot.transcript.filter((i) => i.role === "assistant").length === 2, "v1's snapshot holds both replies");
+
+// An image goes with a v8 prompt (v1 cannot carry one); a bad one is refused in band.
+const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+const seeing = await agent.prompt({ message: "what is this", images: [{ type: "image", data: png, mimeType: "image/png" }] }, ctx);
+check(seeing.accepted === true, "a prompt with an image is accepted");
+const seen = await agent.waitForPrompt(seeing.operationId, ctx);
+check(seen.text.includes("with 1 image (image/png)"), "the model was given the image");
+await until(() => s1.snapshot.transcript.some((i) => i.role === "user" && i.content.some((c) => c.type === "image")), "v1 to see the image in the transcript");
+let badImage = null;
+try {
+  await agent.prompt({ message: "and this", images: [{ type: "image", data: png, mimeType: "image/bmp" }] }, ctx);
+} catch (e) {
+  badImage = e;
+}
+check(badImage?.code === "service_invalid_value", "an image of a type no model takes is refused");
 
 // Busy for both: a v1 turn makes v8's prompt busy, and the other way round.
 const pending = s1.prompt("a long one");
