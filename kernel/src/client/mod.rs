@@ -57,6 +57,7 @@ pub mod front;
 pub mod lease;
 pub mod lookup;
 pub mod slash;
+pub mod v8;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -25,7 +25,7 @@ mod sessions;
 mod snapshots;
 mod throttle;
 mod timers;
-mod v8;
+pub(crate) mod v8;
 
 pub use connection::{Stage, network_token_problem};
 

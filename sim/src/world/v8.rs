@@ -8,9 +8,9 @@
 //!
 //! - the **route** the last `attachment` envelope announced (its session
 //!   requests are addressed with it, and may be fenced when it is stale);
-//! - one **replica** per subscription ([`Replica`]): the snapshot's value,
-//!   then every `state` update decoded (`kernel::chord::wire::Decoder`) and
-//!   applied (`kernel::chord::ops::apply_all`), its sequence checked;
+//! - one **replica** per subscription (the kernel's [`Replica`], as a
+//!   client of ours keeps it): the snapshot's value, then every `state`
+//!   update decoded and applied, its sequence checked;
 //! - the requests it is owed an answer for, and the operation ids its
 //!   prompts were given.
 //!
@@ -23,151 +23,13 @@ use super::{Fact, World};
 use crate::summary;
 pub use crate::v8::*;
 use kernel::chord::call::{CallError, ServiceCall};
-use kernel::chord::ops;
-use kernel::chord::wire::Decoder;
+pub use kernel::client::v8::replica::Replica;
 use kernel::ids::ConnId;
 use kernel::protocol::v8::{PROTOCOL_VERSION_V8, Target};
 use kernel::wire::frame::{DEFAULT_MAX_FRAME_LEN, encode_frame};
 use kernel::wire::{Value, cbor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// The replica of one subscription's state member.
-#[derive(Debug, Clone)]
-pub struct Replica {
-    /// The service subscribed to.
-    pub service: String,
-    /// The route it was made under (session-scope services).
-    pub route: Option<Route>,
-    /// The state's sequence and value, for a service with a state member.
-    pub state: Option<(u64, Value)>,
-    decoder: Decoder,
-}
-
-impl Replica {
-    /// The replica a subscription snapshot starts: a singleton's one
-    /// instance, its state member (if any) from its one `r` op.
-    pub fn from_snapshot(
-        service: &str,
-        route: Option<Route>,
-        snapshot: &Value,
-    ) -> Result<Self, String> {
-        let instances = match snapshot.get("instances") {
-            Some(Value::Array(instances)) => instances,
-            _ => return Err(format!("{service}: a snapshot without instances")),
-        };
-        if keys(snapshot) != ["instances", "mode", "serviceId"] {
-            return Err(format!("{service}: snapshot keys {:?}", keys(snapshot)));
-        }
-        if snapshot.get("serviceId") != Some(&Value::text(service)) {
-            return Err(format!("{service}: a snapshot of another service"));
-        }
-        let [instance] = instances.as_slice() else {
-            return Err(format!(
-                "{service}: a singleton snapshot with {} instances",
-                instances.len()
-            ));
-        };
-        let Some(Value::Array(members)) = instance.get("members") else {
-            return Err(format!("{service}: an instance without members"));
-        };
-        let mut state = None;
-        for member in members {
-            if member.get("kind") != Some(&Value::text("state")) {
-                continue;
-            }
-            let sequence = match member.get("sequence") {
-                Some(Value::Int(n)) if *n >= 0 => *n as u64,
-                _ => return Err(format!("{service}: a state member without a sequence")),
-            };
-            let value = match member.get("ops") {
-                Some(Value::Array(ops)) => match ops.as_slice() {
-                    [Value::Array(op)] if op.len() == 2 && op[0] == Value::text("r") => {
-                        op[1].clone()
-                    }
-                    _ => return Err(format!("{service}: a snapshot's ops are not one r")),
-                },
-                _ => return Err(format!("{service}: a state member without ops")),
-            };
-            state = Some((sequence, value));
-        }
-        Ok(Self {
-            service: service.to_string(),
-            route,
-            state,
-            decoder: Decoder::new(),
-        })
-    }
-
-    /// Applies one `service_update`: checks its type and keys, that its
-    /// sequence follows the last, that its ops use only chord 0.85.1's
-    /// verbs, decode and apply.
-    pub fn update(&mut self, update: &Value) -> Result<(), String> {
-        let service = &self.service;
-        let kind = match update.get("type") {
-            Some(Value::Text(t)) => t.as_str(),
-            _ => return Err(format!("{service}: an update without a type")),
-        };
-        if !UPDATE_TYPES.contains(&kind) {
-            return Err(format!(
-                "{service}: update type {kind:?} (chord 0.85.1 refuses it)"
-            ));
-        }
-        if kind != "state" {
-            return Err(format!(
-                "{service}: an update {kind:?} on a singleton subscription the server never withdraws"
-            ));
-        }
-        if keys(update) != ["member", "ops", "sequence", "type"] {
-            return Err(format!("{service}: state update keys {:?}", keys(update)));
-        }
-        let Some((sequence, value)) = &mut self.state else {
-            return Err(format!(
-                "{service}: a state update for a service without state"
-            ));
-        };
-        if update.get("member") != Some(&Value::text("state")) {
-            return Err(format!(
-                "{service}: an update of member {:?}",
-                update.get("member")
-            ));
-        }
-        let next = match update.get("sequence") {
-            Some(Value::Int(n)) if *n >= 1 => *n as u64,
-            other => return Err(format!("{service}: update sequence {other:?}")),
-        };
-        if next != *sequence + 1 {
-            return Err(format!(
-                "{service}: update sequence {next} after {sequence} (a gap or a repeat)"
-            ));
-        }
-        let wire = update.get("ops").expect("keyed");
-        if let Value::Array(tuples) = wire {
-            for tuple in tuples {
-                let verb = match tuple {
-                    Value::Array(t) => t.first(),
-                    _ => None,
-                };
-                match verb {
-                    Some(Value::Text(v)) if VERBS.contains(&v.as_str()) => {}
-                    other => {
-                        return Err(format!(
-                            "{service}: op verb {other:?} (chord 0.85.1 refuses it)"
-                        ));
-                    }
-                }
-            }
-        }
-        let decoded = self
-            .decoder
-            .decode(wire)
-            .map_err(|e| format!("{service}: sequence {next} does not decode: {}", e.0))?;
-        ops::apply_all(value, &decoded)
-            .map_err(|e| format!("{service}: sequence {next} does not apply: {e}"))?;
-        *sequence = next;
-        Ok(())
-    }
-}
 
 /// What a v8 client knows from what it sent and read. See the module documentation.
 #[derive(Debug, Clone, Default)]
@@ -307,7 +169,9 @@ impl V8Client {
             let _ = write!(
                 out,
                 " {id} {} {:?} {state:?} {:?}",
-                r.service, r.route, r.decoder
+                r.service,
+                r.route,
+                r.decoder()
             );
         }
     }

@@ -20,7 +20,7 @@
 mod publish;
 mod server_scope;
 mod session_scope;
-mod view;
+pub(crate) mod view;
 
 use super::{Acquire, Server, Waiter, listed_metadata};
 use crate::chord::call::{CallError, Control, Mode, ServiceCall};
