@@ -1132,3 +1132,217 @@ fn a_prompt_carries_its_images_and_bad_ones_are_refused() {
     );
     assert!(result_of(&h.v8_sent(c), "ok").contains(r#""accepted":true"#));
 }
+
+/// Our own v8 client side (`client::v8::Connection` and `Conversation`)
+/// against this server: it attaches a session, follows a turn by its
+/// replicas, loses its transport mid-reply, reconnects, is attached again
+/// and reads the same transcript, with nothing told twice or lost.
+#[test]
+fn our_v8_client_follows_a_turn_across_a_reconnection() {
+    use crate::client::v8::connection::{
+        Changed, Config as ClientConfig, Connection, Input as In, Output as Out, Request, STATUS,
+        TRANSCRIPT,
+    };
+    use crate::client::v8::conversation::Conversation;
+    use crate::client::{CallId, Status};
+
+    struct Pair {
+        h: Harness,
+        client: Connection,
+        conn: ConnId,
+        read: usize,
+        worker: Option<WorkerId>,
+        completed: BTreeMap<u64, bool>,
+        changes: Vec<Changed>,
+        statuses: Vec<Status>,
+    }
+    impl Pair {
+        /// Steps the client and carries its outputs to the server, and
+        /// what the server sends back, until both are quiet.
+        fn client(&mut self, input: In) {
+            let mut inputs = vec![input];
+            while let Some(input) = inputs.pop() {
+                let now = Instant(self.h.now);
+                for output in self.client.step(now, input) {
+                    match output {
+                        Out::Transmit(bytes) => {
+                            let outputs = self.h.step(Input::Received {
+                                conn: self.conn,
+                                bytes,
+                            });
+                            if let Some(worker) = outputs.iter().find_map(|o| match o {
+                                Output::SpawnWorker { worker, .. } => Some(*worker),
+                                _ => None,
+                            }) {
+                                self.worker = Some(worker);
+                                self.h.step(Input::WorkerSpawned {
+                                    worker,
+                                    token: String::new(),
+                                });
+                                let first = history(&stored(1).id, 1, 1);
+                                self.h.worker(worker, FromWorker::Ready { snapshot: first });
+                            }
+                        }
+                        Out::Complete { call, result } => {
+                            self.completed.insert(call.0, result.is_ok());
+                        }
+                        Out::Changed(c) => self.changes.push(c),
+                        Out::Status(s) => self.statuses.push(s),
+                        Out::Connect | Out::Launch | Out::CloseTransport => {}
+                    }
+                }
+                let sent = self.h.sent.get(&self.conn).map_or(0, Vec::len);
+                if sent > self.read {
+                    let bytes: Vec<u8> = self.h.sent[&self.conn][self.read..]
+                        .iter()
+                        .flat_map(|f| f.bytes().to_vec())
+                        .collect();
+                    self.read = sent;
+                    inputs.push(In::Received(bytes));
+                }
+            }
+        }
+        fn transcript(&self) -> Conversation {
+            Conversation::new(self.client.session_state(TRANSCRIPT).expect("followed"))
+        }
+    }
+
+    let session = stored(1).id;
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    h.step(Input::Accepted {
+        conn: ConnId(2),
+        peer: None,
+    });
+    let client = Connection::new(ClientConfig {
+        server_id: SERVER.into(),
+        follow: vec![STATUS],
+        reconnect: true,
+        launch: false,
+        limits: Default::default(),
+    });
+    let mut p = Pair {
+        h,
+        client,
+        conn: ConnId(2),
+        read: 0,
+        worker: None,
+        completed: BTreeMap::new(),
+        changes: Vec::new(),
+        statuses: Vec::new(),
+    };
+    p.client(In::TransportUp);
+    assert!(matches!(
+        p.statuses[..],
+        [Status::Ready {
+            reconnected: false,
+            ..
+        }]
+    ));
+    assert!(
+        p.client.server_state(STATUS).is_some(),
+        "the status is followed"
+    );
+
+    p.client(In::Call {
+        call: CallId(1),
+        request: Request::Attach(session.clone()),
+    });
+    assert_eq!(p.completed.get(&1), Some(&true), "attached, states in");
+    // A v1 client stays attached too, so the session stays live while
+    // ours reconnects (with nobody attached it would be disposed).
+    let v1 = Command::Attach {
+        session_id: session.clone(),
+    };
+    p.h.request(ConnId(1), "v1", v1);
+    assert_eq!(p.transcript().finished().len(), 2, "the history");
+
+    // A turn: the prompt, then the reply streams.
+    let worker = p.worker.expect("a worker");
+    let mut turn = history(&session, 2, 1);
+    turn.phase = SessionPhase::Turn;
+    turn.transcript.push(user("u1", "next"));
+    let mut reply = match self::reply("a1", "half") {
+        TranscriptItem::Assistant(mut a) => {
+            a.status = AssistantStatus::Streaming;
+            TranscriptItem::Assistant(a)
+        }
+        other => other,
+    };
+    turn.transcript.push(reply.clone());
+    p.h.runtime_snapshot(worker, &turn);
+    p.client(In::Tick);
+    p.h.text_delta(worker, "a1", " more");
+    p.client(In::Tick);
+    let seen = p.transcript();
+    assert!(seen.busy());
+    let TranscriptItem::Assistant(live) = seen.live().last().expect("the reply streams") else {
+        panic!()
+    };
+    assert_eq!(
+        live.content,
+        vec![Content::Text {
+            text: "half more".into()
+        }]
+    );
+
+    // The transport goes mid-reply: the route and replicas go with it.
+    p.client(In::TransportClosed {
+        message: "reset".into(),
+    });
+    p.h.step(Input::Disconnected { conn: ConnId(2) });
+    assert!(p.client.session_state(TRANSCRIPT).is_none());
+    assert!(matches!(
+        p.statuses.last(),
+        Some(Status::Reconnecting { .. })
+    ));
+    // The reply goes on meanwhile.
+    p.h.text_delta(worker, "a1", " and the end");
+    if let TranscriptItem::Assistant(a) = &mut reply {
+        a.content = vec![Content::Text {
+            text: "half more and the end".into(),
+        }];
+        a.status = AssistantStatus::Complete(StopReason::Stop);
+    }
+    let mut done = history(&session, 3, 1);
+    done.transcript.push(user("u1", "next"));
+    done.transcript.push(reply);
+    p.h.runtime_snapshot(worker, &done);
+
+    // Reconnect: a new transport, the hello, the same session attached again.
+    p.h.now += 10_000;
+    p.client(In::Tick);
+    p.conn = ConnId(3);
+    p.read = 0;
+    p.h.step(Input::Accepted {
+        conn: ConnId(3),
+        peer: None,
+    });
+    p.client(In::TransportUp);
+    assert!(matches!(
+        p.statuses.last(),
+        Some(Status::Ready {
+            reconnected: true,
+            ..
+        })
+    ));
+    let seen = p.transcript();
+    assert!(!seen.busy());
+    let texts: Vec<String> = seen
+        .items()
+        .map(|i| match i {
+            TranscriptItem::User(u) => crate::client::follow::text_of(&u.content),
+            TranscriptItem::Assistant(a) => crate::client::follow::text_of(&a.content),
+            TranscriptItem::Tool(t) => t.tool_name.clone(),
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "question 0",
+            &"answer ".repeat(40),
+            "next",
+            "half more and the end"
+        ]
+    );
+    assert!(p.changes.contains(&Changed::Route(Some(session.clone()))));
+}
