@@ -40,6 +40,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub mod leases;
 pub mod limits;
+pub mod v8;
 
 pub use limits::EVENT_CAPACITY;
 
@@ -719,8 +720,59 @@ fn unexpected(result: &CommandResult) -> ClientError {
 /// The driver task: owns the transport, carries out the machine's transport
 /// outputs in order, feeds back what the transport does, and ticks the
 /// machine at its deadline. Ends when the client is closed or dropped.
-async fn drive(
-    inner: std::sync::Weak<Inner>,
+/// A kernel machine under its host's lock, as the driver task feeds it:
+/// what the transport did, and the clock.
+trait Driven: Send + Sync + 'static {
+    /// A transport is open.
+    fn transport_up(&self);
+    /// The transport ended.
+    fn transport_closed(&self, reason: String);
+    /// A new transport could not be opened.
+    fn connect_failed(&self, error: &std::io::Error);
+    /// Bytes read.
+    fn received(&self, bytes: &[u8]);
+    /// A deadline passed.
+    fn tick(&self);
+    /// When the machine wants its next tick.
+    fn deadline(&self) -> Option<tokio::time::Instant>;
+    /// The machine closed for good.
+    fn is_closed(&self) -> bool;
+}
+
+impl Driven for Inner {
+    fn transport_up(&self) {
+        self.step(ClientInput::TransportUp);
+    }
+    fn transport_closed(&self, reason: String) {
+        self.step(ClientInput::TransportClosed { reason });
+    }
+    fn connect_failed(&self, error: &std::io::Error) {
+        let absent = matches!(
+            transport_error(error),
+            ClientError::Transport { failure, .. } if failure.nothing_listening()
+        );
+        self.step(ClientInput::ConnectFailed {
+            reason: error.to_string(),
+            absent,
+        });
+    }
+    fn received(&self, bytes: &[u8]) {
+        self.step(ClientInput::Received(bytes.to_vec()));
+    }
+    fn tick(&self) {
+        self.step(ClientInput::Tick);
+    }
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        let at = self.lock().machine.next_deadline();
+        at.map(|at| self.instant(at))
+    }
+    fn is_closed(&self) -> bool {
+        self.lock().machine.closed().is_some()
+    }
+}
+
+async fn drive<D: Driven>(
+    inner: std::sync::Weak<D>,
     mut transport: Option<(ReadHalf, WriteHalf)>,
     connector: Connector,
     mut control: mpsc::Receiver<Control>,
@@ -733,10 +785,7 @@ async fn drive(
     let mut buf = vec![0u8; READ_CHUNK_LEN];
     loop {
         let deadline = match inner.upgrade() {
-            Some(client) => {
-                let at = client.lock().machine.next_deadline();
-                at.map(|at| client.instant(at))
-            }
+            Some(client) => client.deadline(),
             // Dropped: write what was queued (a lease's last detach), then stop.
             None => None,
         };
@@ -766,9 +815,7 @@ async fn drive(
             {
                 transport = None;
                 if let Some(client) = inner.upgrade() {
-                    client.step(ClientInput::TransportClosed {
-                        reason: format!("cannot write to the server: {e}"),
-                    });
+                    client.transport_closed(format!("cannot write to the server: {e}"));
                 }
             }
             continue;
@@ -787,18 +834,9 @@ async fn drive(
                 match connector.connect().await {
                     Ok(opened) => {
                         transport = Some(opened);
-                        client.step(ClientInput::TransportUp);
+                        client.transport_up();
                     }
-                    Err(e) => {
-                        let absent = matches!(
-                            transport_error(&e),
-                            ClientError::Transport { failure, .. } if failure.nothing_listening()
-                        );
-                        client.step(ClientInput::ConnectFailed {
-                            reason: e.to_string(),
-                            absent,
-                        })
-                    }
+                    Err(e) => client.connect_failed(&e),
                 }
             }
             Woke::Control(Some(Control::Launch)) => {
@@ -816,24 +854,20 @@ async fn drive(
                 if let Some((_, mut write)) = transport.take() {
                     let _ = write.shutdown().await;
                 }
-                if client.lock().machine.closed().is_some() {
+                if client.is_closed() {
                     break;
                 }
             }
             Woke::Read(Ok(0)) => {
                 transport = None;
-                client.step(ClientInput::TransportClosed {
-                    reason: "the server closed the connection".into(),
-                });
+                client.transport_closed("the server closed the connection".into());
             }
-            Woke::Read(Ok(n)) => client.step(ClientInput::Received(buf[..n].to_vec())),
+            Woke::Read(Ok(n)) => client.received(&buf[..n]),
             Woke::Read(Err(e)) => {
                 transport = None;
-                client.step(ClientInput::TransportClosed {
-                    reason: format!("cannot read from the server: {e}"),
-                });
+                client.transport_closed(format!("cannot read from the server: {e}"));
             }
-            Woke::Tick => client.step(ClientInput::Tick),
+            Woke::Tick => client.tick(),
         }
     }
     control.close();

@@ -136,7 +136,12 @@ pub enum TurnOutcome {
 /// first, when `base` is the transcript length the prompt was sent at). With
 /// no reply at all (a turn that was never run) it is `Completed`.
 pub fn turn_outcome(snapshot: &SessionSnapshot, base: usize) -> TurnOutcome {
-    let turn = snapshot.transcript.get(base..).unwrap_or_default();
+    turn_outcome_of(&snapshot.transcript, base)
+}
+
+/// [`turn_outcome`] of a transcript's `items`.
+pub fn turn_outcome_of(items: &[TranscriptItem], base: usize) -> TurnOutcome {
+    let turn = items.get(base..).unwrap_or_default();
     match turn.last() {
         Some(TranscriptItem::Assistant(a)) => match a.status {
             AssistantStatus::Error => TurnOutcome::Failed {

@@ -797,6 +797,13 @@ pub(super) async fn run_attach(
     json: bool,
 ) -> Result<(), Failure> {
     let (client, id) = super::stream::which_session(target, which).await?;
+    let terminal = std::io::stdin().is_terminal() && std::io::stdout().is_terminal() && !json;
+    if terminal && let Some(server_id) = speaks_v8(target, &client) {
+        // The terminal follows the session's replicas over v8: a turn
+        // costs it what the turn adds, not the transcript.
+        client.close().await;
+        return attach_v8(target, &server_id, &id, history).await;
+    }
     let client = Arc::new(client);
     let id = id.as_str();
     let snapshot = client
@@ -804,7 +811,7 @@ pub(super) async fn run_attach(
         .await
         .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
     let mut id = id.to_owned();
-    let result = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() && !json {
+    let result = if terminal {
         // The UI may end on another session (`/new`, `/sessions NAME`).
         match crate::tui::run(Arc::clone(&client), &id, history).await {
             Ok(last) => {
@@ -825,6 +832,36 @@ pub(super) async fn run_attach(
         client.close().await;
     }
     result
+}
+
+/// The server's id when the terminal can follow it over v8: over its Unix
+/// socket without a token (v8's hello carries none; the socket's
+/// permissions guard it). `PI_SERVER_PROTOCOL=1` keeps the terminal on v1.
+fn speaks_v8(target: &Target, client: &pi_client::Client) -> Option<String> {
+    let v1 = std::env::var("PI_SERVER_PROTOCOL").is_ok_and(|v| v == "1");
+    let local = matches!(target.address, pi_client::Address::Unix(_));
+    (!v1 && local && target.token.is_none()).then(|| client.server_snapshot().server_id)
+}
+
+/// `attach` in the terminal over v8.
+async fn attach_v8(
+    target: &Target,
+    server_id: &str,
+    id: &str,
+    history: crate::tui::History,
+) -> Result<(), Failure> {
+    use kernel::client::v8::connection::STATUS;
+    let launcher = super::activate::launcher(target);
+    let client =
+        pi_client::v8::V8Client::connect(&target.address, server_id, vec![STATUS], launcher)
+            .await
+            .map_err(|e| format!("cannot connect to the server over protocol v8: {e}"))?;
+    let last = crate::tui::run_v8(client.clone(), id, history)
+        .await
+        .map_err(Failure::from)?;
+    let _ = client.detach().await;
+    eprintln!("detached from session {last}");
+    Ok(())
 }
 
 #[cfg(test)]

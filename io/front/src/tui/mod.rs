@@ -10,7 +10,9 @@
 mod highlight;
 mod markdown;
 pub(crate) mod render;
+mod v8;
 pub(crate) mod view;
+pub(crate) use v8::run as run_v8;
 
 use std::io::{self, Stdout};
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::limits::{FRONT_ANSWERS, TERMINAL_EVENTS, TICK};
 use kernel::client::{lookup, slash};
-use kernel::protocol::CreateParams;
+use kernel::protocol::{CreateParams, ModelMetadata, SessionMetadata, SessionSnapshot};
 use pi_client::{Client, Status};
 pub(crate) use view::History;
 use view::{Action, Done, View};
@@ -41,6 +43,11 @@ pub(crate) fn settings_text(client: &Client, id: &str, models: bool) -> String {
     let Some(session) = client.session_snapshot(id) else {
         return format!("session {id} is not attached");
     };
+    settings_of(&offered, &session, models)
+}
+
+/// [`settings_text`] of the models `offered` and the session `session`.
+fn settings_of(offered: &[ModelMetadata], session: &SessionSnapshot, models: bool) -> String {
     let current = &session.model;
     if models {
         let width = offered
@@ -49,7 +56,7 @@ pub(crate) fn settings_text(client: &Client, id: &str, models: bool) -> String {
             .max()
             .unwrap_or(0);
         let mut text = String::from("models (/model PROVIDER/MODEL switches between turns):");
-        for m in &offered {
+        for m in offered {
             let name = format!("{}/{}", m.provider, m.id);
             let mark = if m.provider == current.provider && m.id == current.id {
                 "*"
@@ -195,28 +202,11 @@ async fn run_session(
     // Calls on their way are the front's: one prompt, one abort, the steers
     // typed; a full channel only makes their tasks wait.
     let (done_tx, mut done_rx) = mpsc::channel::<Done>(FRONT_ANSWERS);
-    // https://no-color.org: styles stay (bold, dim, reverse), colours go.
-    let colour = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour = colour();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        screen
-            .terminal
-            .draw(|frame| {
-                view.top_drawn = render::draw(frame, &view);
-                if !colour {
-                    render::strip_colour(frame.buffer_mut());
-                }
-            })
-            .map_err(|e| format!("cannot draw: {e}"))?;
-        if std::mem::take(&mut view.bell) {
-            // A turn ended while the terminal was elsewhere: the bell (and
-            // an OSC 9 notification where the terminal shows them).
-            use std::io::Write;
-            let mut out = io::stdout();
-            let _ = out.write_all(b"\x07\x1b]9;pi-server: the turn ended\x07");
-            let _ = out.flush();
-        }
+        draw(screen, &mut view, colour)?;
         // Wait for something, then take everything else already there
         // before the next draw (a burst of deltas is one frame).
         let mut actions = Vec::new();
@@ -293,7 +283,7 @@ async fn run_session(
                 }
                 Action::ShowOlder => {
                     if let Some(snapshot) = client.session_snapshot(id) {
-                        view.show_older(&snapshot, view::PAGE_TURNS);
+                        view.show_older(&snapshot.transcript, view::PAGE_TURNS);
                     }
                 }
                 action => perform(client, id, action, &done_tx),
@@ -303,6 +293,32 @@ async fn run_session(
             break Ok(Exit::Switch(to));
         }
     }
+}
+
+/// Draws `view`, and rings when a turn ended while the terminal was elsewhere.
+fn draw(screen: &mut Screen, view: &mut View, colour: bool) -> Result<(), String> {
+    screen
+        .terminal
+        .draw(|frame| {
+            view.top_drawn = render::draw(frame, view);
+            if !colour {
+                render::strip_colour(frame.buffer_mut());
+            }
+        })
+        .map_err(|e| format!("cannot draw: {e}"))?;
+    if std::mem::take(&mut view.bell) {
+        // The bell, and an OSC 9 notification where the terminal shows them.
+        use std::io::Write;
+        let mut out = io::stdout();
+        let _ = out.write_all(b"\x07\x1b]9;pi-server: the turn ended\x07");
+        let _ = out.flush();
+    }
+    Ok(())
+}
+
+/// Colours, unless https://no-color.org asks for none (styles stay).
+fn colour() -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Carries out a slash command that needs the client, telling the view what
@@ -317,7 +333,7 @@ async fn local(
     match command {
         Command::Model(None) => view.info(&settings_text(client, id, true)),
         Command::Thinking(None) => view.info(&settings_text(client, id, false)),
-        Command::Sessions(None) => view.info(&sessions_text(client, id)),
+        Command::Sessions(None) => view.info(&sessions_text(client.server_snapshot().sessions, id)),
         Command::Sessions(Some(query)) => {
             let sessions = client.server_snapshot().sessions;
             match lookup::resolve(&sessions, &query) {
@@ -362,8 +378,7 @@ async fn local(
 }
 
 /// `/sessions`: the server's sessions, newest first, this one marked.
-fn sessions_text(client: &Client, id: &str) -> String {
-    let mut sessions = client.server_snapshot().sessions;
+fn sessions_text(mut sessions: Vec<SessionMetadata>, id: &str) -> String {
     sessions.sort_by_key(|s| std::cmp::Reverse(s.updated_at.unwrap_or(s.created_at)));
     let mut text = String::from("sessions (/sessions NAME-OR-ID switches):");
     for s in &sessions {
@@ -385,6 +400,11 @@ fn export(client: &Client, id: &str, file: Option<String>) -> Result<String, Str
     let snapshot = client
         .session_snapshot(id)
         .ok_or_else(|| format!("session {id} is not attached"))?;
+    export_of(&snapshot, file)
+}
+
+/// [`export`] of the session `snapshot`.
+fn export_of(snapshot: &SessionSnapshot, file: Option<String>) -> Result<String, String> {
     let file = file.unwrap_or_else(|| {
         let stem = snapshot.name.clone().unwrap_or_else(|| snapshot.id.clone());
         let stem: String = stem
@@ -399,7 +419,7 @@ fn export(client: &Client, id: &str, file: Option<String>) -> Result<String, Str
             .collect();
         format!("{stem}.md")
     });
-    let text = crate::text::transcript_text(&snapshot);
+    let text = crate::text::transcript_text(snapshot);
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

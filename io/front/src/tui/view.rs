@@ -135,9 +135,12 @@ pub(crate) struct Status {
 }
 
 impl Status {
-    fn of(snapshot: &SessionSnapshot) -> Self {
+    /// The facts of `head` (a snapshot; its transcript is not read) and
+    /// its transcript `items`.
+    fn of(head: &SessionSnapshot, items: &[TranscriptItem]) -> Self {
+        let snapshot = head;
         let (mut tokens, mut cost, mut context) = (0, 0.0, 0);
-        for item in &snapshot.transcript {
+        for item in items {
             if let TranscriptItem::Assistant(a) = item
                 && let Some(usage) = &a.usage
             {
@@ -368,20 +371,27 @@ pub(crate) const SPINNER: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴",
 impl View {
     /// A view of `snapshot`'s session showing `history` of its transcript.
     pub(crate) fn new(snapshot: &SessionSnapshot, history: History) -> Self {
+        Self::open(snapshot, &snapshot.transcript, history)
+    }
+
+    /// A view of the session of `head` (a snapshot whose transcript is not
+    /// read) whose transcript is `items`, showing `history` of it.
+    pub(crate) fn open(head: &SessionSnapshot, items: &[TranscriptItem], history: History) -> Self {
+        let snapshot = head;
         let mut view = Self {
             follower: Follower::new(snapshot.id.clone()),
             blocks: Vec::new(),
-            status: Status::of(snapshot),
+            status: Status::of(head, items),
             editor: Editor::default(),
             reconnecting: None,
-            front: Front::new(snapshot.phase, snapshot.transcript.len()),
+            front: Front::new(snapshot.phase, items.len()),
             scroll: 0,
             show_thinking: false,
             expand_tools: false,
             selected: None,
             expanded: Default::default(),
             tick: 0,
-            turn_base: turn_base(snapshot),
+            turn_base: turn_base(items),
             removed: false,
             windows: BTreeMap::new(),
             focused: true,
@@ -392,20 +402,17 @@ impl View {
         };
         // Only the turns shown are told: the older ones are skipped (a long
         // session's first screen costs its last turns, not its history).
-        let users = user_items(&snapshot.transcript);
+        let users = user_items(items);
         let hidden = match history {
             History::Last(turns) => users.len().saturating_sub(turns),
             History::All => 0,
         };
         if hidden > 0 {
-            let start = users
-                .get(hidden)
-                .copied()
-                .unwrap_or(snapshot.transcript.len());
-            view.follower.skip(&snapshot.transcript[..start]);
+            let start = users.get(hidden).copied().unwrap_or(items.len());
+            view.follower.skip(&items[..start]);
             (view.hidden_turns, view.loaded_from) = (hidden, start);
         }
-        let updates = view.follower.replay(snapshot);
+        let updates = view.follower.tell(items);
         view.show_history(updates);
         view.note_hidden();
         view
@@ -443,11 +450,11 @@ impl View {
 
     /// Loads up to `turns` earlier turns of `snapshot` (the session as the
     /// client holds it) above the oldest shown: scrolling up pages them in.
-    pub(crate) fn show_older(&mut self, snapshot: &SessionSnapshot, turns: usize) {
-        if self.hidden_turns == 0 || snapshot.transcript.len() < self.loaded_from {
+    pub(crate) fn show_older(&mut self, items: &[TranscriptItem], turns: usize) {
+        if self.hidden_turns == 0 || items.len() < self.loaded_from {
             return;
         }
-        let before = &snapshot.transcript[..self.loaded_from];
+        let before = &items[..self.loaded_from];
         let users = user_items(before);
         let take = turns.min(users.len());
         let start = match users.len() - take {
@@ -459,7 +466,7 @@ impl View {
             self.blocks.remove(0);
         }
         let shown = std::mem::take(&mut self.blocks);
-        let updates = Follower::new(snapshot.id.clone()).tell(&before[start..]);
+        let updates = Follower::new(self.status.session.clone()).tell(&before[start..]);
         self.show_history(updates);
         self.blocks.extend(shown);
         self.hidden_turns = users.len() - take;
@@ -483,27 +490,42 @@ impl View {
         self.apply(updates);
         match event {
             ServerEvent::SessionSnapshot { snapshot } if snapshot.id == self.status.session => {
-                self.on_snapshot(snapshot)
+                self.on_head(snapshot, &snapshot.transcript)
             }
             ServerEvent::SessionRemoved { session_id } if *session_id == self.status.session => {
-                self.notice(Level::Error, "this session was removed".into());
-                self.removed = true;
+                self.removed_now();
                 Vec::new()
             }
             _ => Vec::new(),
         }
     }
 
-    fn on_snapshot(&mut self, snapshot: &SessionSnapshot) -> Vec<Action> {
+    /// The session as a v8 connection follows it: `head` (a snapshot whose
+    /// transcript is not read) and its transcript `items`, of which those
+    /// from `from` on may be new or changed. Held lines may go.
+    pub(crate) fn on_state(
+        &mut self,
+        head: &SessionSnapshot,
+        items: &[TranscriptItem],
+        from: usize,
+    ) -> Vec<Action> {
+        let updates = self.follower.tell(&items[from.min(items.len())..]);
+        self.apply(updates);
+        self.on_head(head, items)
+    }
+
+    /// The session's latest state: `head`'s facts, `items` its transcript.
+    fn on_head(&mut self, head: &SessionSnapshot, items: &[TranscriptItem]) -> Vec<Action> {
+        let snapshot = head;
         let actions = self.front_step(front::Input::Session {
             phase: snapshot.phase,
-            transcript_len: snapshot.transcript.len(),
+            transcript_len: items.len(),
         });
         let before = self.status.phase;
-        self.status = Status::of(snapshot);
+        self.status = Status::of(head, items);
         let now = snapshot.phase;
         if before == SessionPhase::Idle && now != SessionPhase::Idle {
-            self.turn_base = turn_base(snapshot);
+            self.turn_base = turn_base(items);
         }
         if now == SessionPhase::Retry && before != SessionPhase::Retry {
             self.notice(
@@ -518,19 +540,25 @@ impl View {
             );
         }
         if before != SessionPhase::Idle && now == SessionPhase::Idle {
-            self.turn_ended(snapshot);
+            self.turn_ended(items);
         }
         actions
     }
 
+    /// The session was removed: say so; the host leaves.
+    pub(crate) fn removed_now(&mut self) {
+        self.notice(Level::Error, "this session was removed".into());
+        self.removed = true;
+    }
+
     /// The line that says how a turn ended, when no reply says it.
-    fn turn_ended(&mut self, snapshot: &SessionSnapshot) {
+    fn turn_ended(&mut self, items: &[TranscriptItem]) {
         if !self.focused {
             self.bell = true;
         }
-        let base = turn_base(snapshot).min(self.turn_base);
+        let base = turn_base(items).min(self.turn_base);
         // An aborted or failed reply says so itself; these endings have no reply to say it.
-        match follow::turn_outcome(snapshot, base) {
+        match follow::turn_outcome_of(items, base) {
             TurnOutcome::MaxTokens => {
                 self.notice(
                     Level::Warn,
@@ -583,10 +611,10 @@ impl View {
             let updates = self.follower.on_snapshot(snapshot);
             self.apply(updates);
             let was = self.status.phase;
-            let mut actions = self.on_snapshot(snapshot);
+            let mut actions = self.on_head(snapshot, &snapshot.transcript);
             if was == SessionPhase::Idle && snapshot.phase == SessionPhase::Idle {
                 // The turn ran between two snapshots we never saw busy.
-                self.turn_ended(snapshot);
+                self.turn_ended(&snapshot.transcript);
             }
             actions.extend(self.front_step(front::Input::Answered {
                 call: done.call,
@@ -923,12 +951,11 @@ impl View {
 }
 
 /// Where the current turn starts: its last user message.
-fn turn_base(snapshot: &SessionSnapshot) -> usize {
-    snapshot
-        .transcript
+fn turn_base(items: &[TranscriptItem]) -> usize {
+    items
         .iter()
         .rposition(|item| matches!(item, TranscriptItem::User(_)))
-        .unwrap_or(snapshot.transcript.len())
+        .unwrap_or(items.len())
 }
 
 #[cfg(test)]

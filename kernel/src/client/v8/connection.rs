@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::calls::error_code;
 use super::replica::Replica;
 use super::{Incoming, Route};
 use crate::chord::call::{CallError, ServiceCall};
@@ -801,11 +802,6 @@ impl Connection {
     fn complete(&mut self, call: CallId, result: Result<Option<Value>, ClientError>) {
         self.outputs.push(Output::Complete { call, result });
     }
-}
-
-/// A chord or pi error code as the protocol's error code.
-fn error_code(code: &str) -> ErrorCode {
-    ErrorCode::parse(code).unwrap_or(ErrorCode::InternalError)
 }
 
 /// The delay before reconnection attempt `attempt` (0-based).

@@ -17,8 +17,8 @@
 //! prefix) is read whole again.
 
 use crate::protocol::{
-    AssistantItem, AssistantStatus, Content, ModelRef, StopReason, ToolItem, ToolStatus,
-    TranscriptItem, Usage, UsageCost, UserItem,
+    AssistantItem, AssistantStatus, Content, ModelRef, SessionPhase, SessionSnapshot, StopReason,
+    ThinkingLevel, ToolItem, ToolStatus, TranscriptItem, Usage, UsageCost, UserItem,
 };
 use crate::wire::Value;
 use std::collections::BTreeMap;
@@ -26,14 +26,14 @@ use std::collections::BTreeMap;
 /// The items of one transcript replica, kept in step with it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Conversation {
-    /// The items of the entries read, in order.
-    finished: Vec<TranscriptItem>,
+    /// The items of the entries read, in order, then the live ones (from
+    /// `live_from`).
+    items: Vec<TranscriptItem>,
+    live_from: usize,
     /// The ids of the entries read, in order (to see a changed prefix).
     ids: Vec<i64>,
     /// Tool calls of the replies read, by call id: a result's input.
     calls: BTreeMap<String, Value>,
-    /// The running tools and the streaming reply, from `pi.live`.
-    live: Vec<TranscriptItem>,
     /// A run is under way (`pi.live.run`).
     busy: bool,
 }
@@ -48,8 +48,9 @@ impl Conversation {
 
     /// Brings the items in step with `view`, the replica after an update.
     /// Reads only the entries appended since the last sync, unless the
-    /// entries read before changed.
-    pub fn sync(&mut self, view: &Value) {
+    /// entries read before changed. Returns where the items that may have
+    /// changed begin (the ones before are as they were).
+    pub fn sync(&mut self, view: &Value) -> usize {
         let entries = match view.get("entries") {
             Some(Value::Array(entries)) => entries.as_slice(),
             _ => &[],
@@ -62,34 +63,40 @@ impl Conversation {
                 || (entry_id(&entries[0]) == Some(self.ids[0])
                     && entry_id(&entries[n - 1]) == Some(self.ids[n - 1])));
         if !kept {
-            self.finished.clear();
+            self.items.clear();
+            self.live_from = 0;
             self.ids.clear();
             self.calls.clear();
         }
+        let from = self.live_from;
+        self.items.truncate(from);
         for entry in &entries[self.ids.len()..] {
             self.ids.push(entry_id(entry).unwrap_or(0));
             if let Some(item) = self.item_of(entry) {
-                self.finished.push(item);
+                self.items.push(item);
             }
         }
+        self.live_from = self.items.len();
         let live = view.get("docs").and_then(|d| d.get("pi.live"));
         self.busy = live.and_then(|l| l.get("run")).is_some();
-        self.live = live.map(|l| self.live_items(l)).unwrap_or_default();
+        let live = live.map(|l| self.live_items(l)).unwrap_or_default();
+        self.items.extend(live);
+        from
     }
 
     /// The items shown: the entries', then the live ones.
-    pub fn items(&self) -> impl Iterator<Item = &TranscriptItem> {
-        self.finished.iter().chain(&self.live)
+    pub fn items(&self) -> &[TranscriptItem] {
+        &self.items
     }
 
     /// The finished items, in order.
     pub fn finished(&self) -> &[TranscriptItem] {
-        &self.finished
+        &self.items[..self.live_from]
     }
 
     /// The running tools and the streaming reply.
     pub fn live(&self) -> &[TranscriptItem] {
-        &self.live
+        &self.items[self.live_from..]
     }
 
     /// A run is under way.
@@ -148,8 +155,7 @@ impl Conversation {
 
     fn live_items(&self, live: &Value) -> Vec<TranscriptItem> {
         let mut items = Vec::new();
-        let done: Vec<&str> = self
-            .finished
+        let done: Vec<&str> = self.items[..self.live_from]
             .iter()
             .filter_map(|i| match i {
                 TranscriptItem::Tool(t) => Some(t.tool_call_id.as_str()),
@@ -188,6 +194,75 @@ impl Conversation {
             )));
         }
         items
+    }
+}
+
+/// The facts a front end shows beside an attached session's transcript, as
+/// a snapshot without one: its phase (a run under way is a turn, or what
+/// our status names it: a compaction, a retry), its model and thinking
+/// level (`pi.models`, else `pi.agent`), its working directory (`pi.agent`)
+/// and its name (our status). `status` is our status service's state.
+pub fn head(
+    session_id: &str,
+    conversation: &Conversation,
+    view: &Value,
+    models: Option<&Value>,
+    status: Option<&Value>,
+) -> SessionSnapshot {
+    let entry = status.and_then(|s| status_entry(s, session_id));
+    let phase = match (conversation.busy(), entry.and_then(|e| e.get("state"))) {
+        (false, _) => SessionPhase::Idle,
+        (true, Some(Value::Text(state))) => match state.as_str() {
+            "compaction" => SessionPhase::Compaction,
+            "retry" => SessionPhase::Retry,
+            "branch_summary" => SessionPhase::BranchSummary,
+            _ => SessionPhase::Turn,
+        },
+        (true, _) => SessionPhase::Turn,
+    };
+    let agent = view.get("docs").and_then(|d| d.get("pi.agent"));
+    let configuration = models.and_then(|m| m.get("configuration"));
+    let model = configuration
+        .and_then(|c| c.get("model"))
+        .or_else(|| agent.and_then(|a| a.get("model")));
+    let level = configuration
+        .and_then(|c| c.get("thinkingLevel"))
+        .or_else(|| agent.and_then(|a| a.get("thinkingLevel")));
+    let at = |key: &str| uint(entry.and_then(|e| e.get(key)));
+    SessionSnapshot {
+        id: session_id.to_owned(),
+        name: entry.and_then(|e| match e.get("name") {
+            Some(Value::Text(name)) => Some(name.clone()),
+            _ => None,
+        }),
+        cwd: text(agent.and_then(|a| a.get("cwd"))),
+        created_at: at("createdAt"),
+        updated_at: at("updatedAt"),
+        phase,
+        model: ModelRef {
+            provider: text(model.and_then(|m| m.get("provider"))),
+            id: text(model.and_then(|m| m.get("modelId"))),
+        },
+        thinking_level: match level {
+            Some(Value::Text(l)) => ThinkingLevel::parse(l).unwrap_or(ThinkingLevel::Off),
+            _ => ThinkingLevel::Off,
+        },
+        attached: true,
+        locked: false,
+        revision: 0,
+        transcript: Vec::new(),
+        queued_steer: Vec::new(),
+        queued_steer_count: 0,
+    }
+}
+
+/// One session's entry in our status service's state.
+pub fn status_entry<'a>(status: &'a Value, session_id: &str) -> Option<&'a Value> {
+    match status.get("sessions") {
+        Some(Value::Array(sessions)) => sessions
+            .iter()
+            .find(|s| s.get("sessionId") == Some(&Value::text(session_id))),
+        _ => None,
     }
 }
 
@@ -324,7 +399,6 @@ mod tests {
     use super::*;
     use crate::chord::{State, ops};
     use crate::faux;
-    use crate::protocol::{SessionPhase, SessionSnapshot, ThinkingLevel};
     use crate::server::v8::view::conversation_view;
     use proptest::prelude::*;
 
@@ -522,7 +596,7 @@ mod tests {
         ];
         let view = conversation_view(&snapshot(transcript.clone(), true));
         let conversation = Conversation::new(&view);
-        let items: Vec<_> = conversation.items().cloned().collect();
+        let items = conversation.items().to_vec();
         assert_eq!(items, seen_over_v8(&transcript));
         assert!(conversation.busy());
         let TranscriptItem::Tool(t) = &items[2] else {
@@ -650,9 +724,11 @@ mod tests {
                 if let Some(published) = state.publish(view) {
                     ops::apply_all(&mut replica, &published).expect("the ops apply");
                 }
-                conversation.sync(&replica);
-                let items: Vec<_> = conversation.items().cloned().collect();
-                let whole: Vec<_> = Conversation::new(&replica).items().cloned().collect();
+                let before = conversation.items().to_vec();
+                let from = conversation.sync(&replica);
+                let items = conversation.items().to_vec();
+                prop_assert_eq!(&items[..from], &before[..from], "the items before `from` are as they were");
+                let whole = Conversation::new(&replica).items().to_vec();
                 prop_assert_eq!(&items, &whole);
                 // Restarts renumber entries; compare from a fresh reading.
                 if !matches!(step, Step::Restart) {

@@ -1329,6 +1329,7 @@ fn our_v8_client_follows_a_turn_across_a_reconnection() {
     assert!(!seen.busy());
     let texts: Vec<String> = seen
         .items()
+        .iter()
         .map(|i| match i {
             TranscriptItem::User(u) => crate::client::follow::text_of(&u.content),
             TranscriptItem::Assistant(a) => crate::client::follow::text_of(&a.content),

@@ -92,7 +92,7 @@ impl Svc {
         match self {
             Self::Directory | Self::Status | Self::Transcript => &[],
             Self::Management => &["attach", "create", "detach", "remove"],
-            Self::Sessions => &["create", "models"],
+            Self::Sessions => &["create", "models", "rename"],
             Self::Presentation => &["prepareSession", "reload"],
             Self::Agent => &[
                 "abort",

@@ -50,6 +50,7 @@ impl Server {
                 Ok(params) => self.v8_create(conn, id, None, params),
                 Err(error) => self.v8_reply(conn, &id, Err(error)),
             },
+            (Svc::Sessions, "rename") => self.v8_rename(conn, id, args),
             (Svc::Sessions, "models") => {
                 let models = self.config.models.iter().map(Schema::to_value).collect();
                 self.v8_reply(conn, &id, Ok(Some(Value::Array(models))))
@@ -254,6 +255,40 @@ impl Server {
     ) {
         let result = outcome.map(|_| None).map_err(|e| call_error(&e));
         self.v8_reply(conn, request_id, result);
+    }
+}
+
+impl Server {
+    /// Our `rename([sessionId, name])`: the session this connection is
+    /// attached to takes a name no other session has (v1's rule); answered
+    /// when the worker has stored it.
+    fn v8_rename(&mut self, conn: ConnId, id: String, args: &[Value]) {
+        let invalid = |what: &str| CallError::invalid_value(SESSIONS_SERVICE, "rename", what);
+        let (session_id, name) = match args {
+            [Value::Text(session), Value::Text(name)] => (session.clone(), name.clone()),
+            _ => return self.v8_reply(conn, &id, Err(invalid("expected [sessionId, name]"))),
+        };
+        let attached = self
+            .v8(conn)
+            .and_then(|v| v.route.as_ref())
+            .is_some_and(|r| r.session_id == session_id);
+        if !attached || !self.sessions.contains_key(&session_id) {
+            let error = CallError::new(
+                "session_not_attached",
+                format!("Attach session {session_id} before renaming it"),
+            );
+            return self.v8_reply(conn, &id, Err(error));
+        }
+        if let Err(message) = self.check_name(&name, &session_id) {
+            return self.v8_reply(conn, &id, Err(invalid(&message)));
+        }
+        self.start_op(
+            conn,
+            &id,
+            &session_id,
+            "v8.void",
+            Operation::Rename { name },
+        );
     }
 }
 

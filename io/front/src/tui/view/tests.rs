@@ -274,7 +274,7 @@ fn scrolling_past_the_oldest_turn_pages_earlier_ones_in() {
     assert!(view.on_key(key(KeyCode::PageUp)).is_empty());
     view.top_drawn = true;
     assert_eq!(view.on_key(key(KeyCode::PageUp)), vec![Action::ShowOlder]);
-    view.show_older(&session, 3);
+    view.show_older(&session.transcript, 3);
     let text = screen(&view, 80, 40);
     assert!(
         text.contains("1 earlier turn (PageUp loads them)"),
@@ -287,7 +287,7 @@ fn scrolling_past_the_oldest_turn_pages_earlier_ones_in() {
     assert!(!text.contains("question 0"), "{text}");
     // In order, oldest first.
     assert!(text.find("question 1") < text.find("question 4"), "{text}");
-    view.show_older(&session, 3);
+    view.show_older(&session.transcript, 3);
     let text = screen(&view, 80, 40);
     assert!(
         text.contains("question 0") && !text.contains("PageUp loads"),
