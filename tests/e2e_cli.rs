@@ -1430,3 +1430,79 @@ async fn list_previews_the_first_prompt_of_an_unnamed_session() {
     let none = server.run_cli(&["list", "weather"]).await.success();
     assert!(none.stderr.contains("no session matches"), "{none:#?}");
 }
+
+/// `prompt --image` and `exec --image` send images with the prompt (over
+/// protocol v8, to a model that takes them); a file that is no image, one
+/// too large, or a model without image input is refused with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_go_with_a_prompt_and_bad_ones_are_refused() {
+    let server = TestServer::start("prompt-image").await;
+    let dir = &server.root.path;
+    // A 1×1 PNG.
+    let png = dir.join("dot.png");
+    let bytes: Vec<u8> = [
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000",
+        "1f15c4890000000d49444154789c63f8cfc0f01f0005fe02fea7d6a4e20000000049454e44ae426082",
+    ]
+    .concat()
+    .as_bytes()
+    .chunks(2)
+    .map(|h| u8::from_str_radix(std::str::from_utf8(h).unwrap(), 16).unwrap())
+    .collect();
+    std::fs::write(&png, bytes).unwrap();
+    let png = png.to_str().unwrap();
+    let id = server
+        .run_cli(&["create", "--cwd", "/tmp"])
+        .await
+        .success()
+        .stdout
+        .trim()
+        .to_owned();
+    let seen = server
+        .run_cli(&["prompt", &id, "--image", png, "what is this"])
+        .await
+        .success();
+    assert!(
+        seen.stdout
+            .contains("You said: what is this, with 1 image (image/png)."),
+        "{seen:?}"
+    );
+    let two = server
+        .run_cli(&[
+            "exec",
+            "--cwd",
+            "/tmp",
+            "--image",
+            png,
+            "--image",
+            png,
+            "and these",
+        ])
+        .await
+        .success();
+    assert!(two.stdout.contains("with 2 images"), "{two:?}");
+
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "not an image").unwrap();
+    let refused = server
+        .run_cli(&["prompt", &id, "--image", text.to_str().unwrap(), "x"])
+        .await;
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("not a PNG, JPEG, GIF or WebP"),
+        "{refused:?}"
+    );
+    let missing = server
+        .run_cli(&["prompt", &id, "--image", "/no/such.png", "x"])
+        .await;
+    assert!(
+        missing.stderr.contains("cannot read /no/such.png"),
+        "{missing:?}"
+    );
+    // faux-tiny takes no images: refused before the turn, in band.
+    let tiny = server
+        .run_cli(&["exec", "--model", "faux/faux-tiny", "--image", png, "look"])
+        .await;
+    assert!(!tiny.status.success());
+    assert!(tiny.stderr.contains("does not take images"), "{tiny:?}");
+}

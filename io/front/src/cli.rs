@@ -245,6 +245,7 @@ async fn run(daemon: Daemon, cli: Cli) -> Result<(), Failure> {
             id,
             text,
             last,
+            images,
             quiet,
             json,
         } => {
@@ -263,19 +264,22 @@ async fn run(daemon: Daemon, cli: Cli) -> Result<(), Failure> {
                 ));
             }
             let text = prompt_text(&words)?;
+            let images = stream::read_images(&images)?;
             let shown = stream::Shown::of(quiet, json);
-            return run_prompt(&target()?, &which, &text, shown).await;
+            return run_prompt(&target()?, &which, &text, &images, shown).await;
         }
         Commands::Exec {
             create,
+            images,
             quiet,
             json,
             text,
         } => {
             let text = prompt_text(&text)?;
+            let images = stream::read_images(&images)?;
             let params = commands::create_params(create)?;
             let shown = stream::Shown::of(quiet, json);
-            return stream::run_exec(&target()?, params, &text, shown).await;
+            return stream::run_exec(&target()?, params, &text, &images, shown).await;
         }
         Commands::Attach {
             id,

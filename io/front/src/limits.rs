@@ -8,6 +8,10 @@ use std::time::Duration;
 /// a full queue only makes their tasks wait.
 pub(crate) const FRONT_ANSWERS: usize = 16;
 
+/// The images of one prompt (`--image`), in bytes: with their base64 they
+/// stay well within a frame.
+pub(crate) const MAX_PROMPT_IMAGE_BYTES: u64 = 12 * 1024 * 1024;
+
 /// At exit, how long tasks still running (a blocking read of stdin) are
 /// waited for.
 pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_millis(100);

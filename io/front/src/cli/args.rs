@@ -154,6 +154,10 @@ pub(super) enum Commands {
         /// The most recently active session of the working directory.
         #[arg(short = 'c', long)]
         last: bool,
+        /// An image (PNG, JPEG, GIF or WebP) to send with the prompt, to a
+        /// model that takes images; repeat for more.
+        #[arg(long = "image", value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+        images: Vec<std::path::PathBuf>,
         /// The reply alone: no tool calls or thinking on stderr.
         #[arg(short, long)]
         quiet: bool,
@@ -171,6 +175,10 @@ pub(super) enum Commands {
     Exec {
         #[command(flatten)]
         create: CreateArgs,
+        /// An image (PNG, JPEG, GIF or WebP) to send with the prompt; repeat
+        /// for more.
+        #[arg(long = "image", value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+        images: Vec<std::path::PathBuf>,
         /// The reply alone: no tool calls, thinking or session id on stderr.
         #[arg(short, long)]
         quiet: bool,

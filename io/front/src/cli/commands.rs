@@ -837,10 +837,23 @@ pub(super) async fn run_attach(
 /// The server's id when the terminal can follow it over v8: over its Unix
 /// socket without a token (v8's hello carries none; the socket's
 /// permissions guard it). `PI_SERVER_PROTOCOL=1` keeps the terminal on v1.
-fn speaks_v8(target: &Target, client: &pi_client::Client) -> Option<String> {
+pub(super) fn speaks_v8(target: &Target, client: &pi_client::Client) -> Option<String> {
     let v1 = std::env::var("PI_SERVER_PROTOCOL").is_ok_and(|v| v == "1");
     let local = matches!(target.address, pi_client::Address::Unix(_));
     (!v1 && local && target.token.is_none()).then(|| client.server_snapshot().server_id)
+}
+
+/// A v8 connection to the target's server, following our session status;
+/// it starts the server again should a reconnection find none.
+pub(super) async fn connect_v8(
+    target: &Target,
+    server_id: &str,
+) -> Result<pi_client::v8::V8Client, String> {
+    use kernel::client::v8::connection::STATUS;
+    let launcher = super::activate::launcher(target);
+    pi_client::v8::V8Client::connect(&target.address, server_id, vec![STATUS], launcher)
+        .await
+        .map_err(|e| format!("cannot connect to the server over protocol v8: {e}"))
 }
 
 /// `attach` in the terminal over v8.
@@ -850,12 +863,7 @@ async fn attach_v8(
     id: &str,
     history: crate::tui::History,
 ) -> Result<(), Failure> {
-    use kernel::client::v8::connection::STATUS;
-    let launcher = super::activate::launcher(target);
-    let client =
-        pi_client::v8::V8Client::connect(&target.address, server_id, vec![STATUS], launcher)
-            .await
-            .map_err(|e| format!("cannot connect to the server over protocol v8: {e}"))?;
+    let client = connect_v8(target, server_id).await?;
     let last = crate::tui::run_v8(client.clone(), id, history)
         .await
         .map_err(Failure::from)?;

@@ -7,7 +7,9 @@ use super::discover::session_server;
 use crate::text::{Layout, Out, Plain};
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Front};
-use kernel::protocol::{ServerEvent, SessionPhase, SessionSnapshot, ToolStatus, TranscriptItem};
+use kernel::protocol::{
+    Content, ServerEvent, SessionPhase, SessionSnapshot, ToolStatus, TranscriptItem,
+};
 use pi_client::{Client, Status};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
@@ -150,6 +152,16 @@ impl Stream {
         }
         self.own_only = true;
         self.showing = false;
+    }
+
+    /// Shows what `items` (a part of the session's transcript, in order)
+    /// hold beyond what was shown.
+    pub(super) fn tell(&mut self, items: &[TranscriptItem]) {
+        let updates = match &mut self.follower {
+            Some(follower) => follower.tell(items),
+            None => return,
+        };
+        self.show(updates);
     }
 
     /// Progress may have been lost: only snapshots are trusted until one.
@@ -400,13 +412,84 @@ pub(super) async fn run_prompt(
     target: &Target,
     which: &Which,
     text: &str,
+    images: &[Content],
     shown: Shown,
 ) -> Result<(), Failure> {
     let (client, id) = which_session(target, which).await?;
+    if let Some(server_id) = super::commands::speaks_v8(target, &client) {
+        client.close().await;
+        let client = super::commands::connect_v8(target, &server_id).await?;
+        let result = prompt_v8(&client, &id, text, images, shown).await;
+        let _ = client.detach().await;
+        return result;
+    }
+    if !images.is_empty() {
+        client.close().await;
+        return Err(Failure::from(NO_IMAGES_OVER_V1.to_owned()));
+    }
     let result = prompt_attached(&client, &id, text, shown).await;
     let _ = client.detach(&id).await;
     client.close().await;
     result
+}
+
+/// Why `--image` needs protocol v8, and how to get it.
+const NO_IMAGES_OVER_V1: &str = "images go with a prompt over protocol v8 only, which needs \
+     the server's local socket and no token (its permissions guard it)";
+
+/// Reads `--image` files: PNG, JPEG, GIF or WebP by their first bytes, at
+/// most `MAX_PROMPT_IMAGE_BYTES` together, as image parts.
+pub(super) fn read_images(paths: &[std::path::PathBuf]) -> Result<Vec<Content>, String> {
+    use base64::Engine;
+    use std::io::Read;
+    let mut total = 0u64;
+    let mut parts = Vec::new();
+    for path in paths {
+        let shown = path.display();
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let mut bytes = Vec::new();
+        let room = crate::limits::MAX_PROMPT_IMAGE_BYTES - total;
+        file.take(room + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read {shown}: {e}"))?;
+        total += bytes.len() as u64;
+        if total > crate::limits::MAX_PROMPT_IMAGE_BYTES {
+            let max = crate::limits::MAX_PROMPT_IMAGE_BYTES / (1024 * 1024);
+            return Err(format!(
+                "the images of one prompt are at most {max} MiB together; {shown} goes past it"
+            ));
+        }
+        let mime_type = match bytes.as_slice() {
+            [0x89, b'P', b'N', b'G', ..] => "image/png",
+            [0xff, 0xd8, 0xff, ..] => "image/jpeg",
+            [b'G', b'I', b'F', b'8', ..] => "image/gif",
+            [
+                b'R',
+                b'I',
+                b'F',
+                b'F',
+                _,
+                _,
+                _,
+                _,
+                b'W',
+                b'E',
+                b'B',
+                b'P',
+                ..,
+            ] => "image/webp",
+            _ => {
+                return Err(format!(
+                    "{shown} is not a PNG, JPEG, GIF or WebP image (the types models take)"
+                ));
+            }
+        };
+        parts.push(Content::Image {
+            data: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            mime_type: mime_type.into(),
+        });
+    }
+    Ok(parts)
 }
 
 /// `exec`: a new session, one prompt streamed, and its id on stderr.
@@ -414,9 +497,18 @@ pub(super) async fn run_exec(
     target: &Target,
     params: kernel::protocol::CreateParams,
     text: &str,
+    images: &[Content],
     shown: Shown,
 ) -> Result<(), Failure> {
     let client = super::activate::connect(target).await?;
+    if let Some(server_id) = super::commands::speaks_v8(target, &client) {
+        client.close().await;
+        return exec_v8(target, &server_id, params, text, images, shown).await;
+    }
+    if !images.is_empty() {
+        client.close().await;
+        return Err(Failure::from(NO_IMAGES_OVER_V1.to_owned()));
+    }
     let created = client
         .create(params)
         .await
@@ -460,6 +552,17 @@ pub(super) async fn prompt_attached(
     let mut stream = shown.stream();
     let outcome = stream_prompt(client, id, text, &mut stream, Some(&mut sigint)).await;
     let outcome = outcome.and_then(|snapshot| turn_outcome(&snapshot).map(drop));
+    finish_prompt(id, outcome, &stream, shown)
+}
+
+/// The prompt's end: a JSON line with `--json`, and the exit (130 when
+/// Ctrl-C stopped the turn) with the one message that says how it ended.
+fn finish_prompt(
+    id: &str,
+    outcome: Result<(), String>,
+    stream: &Stream,
+    shown: Shown,
+) -> Result<(), Failure> {
     if shown == Shown::Json {
         let end = match &outcome {
             Ok(()) => serde_json::json!({"type": "turn_end", "session": id, "ok": true}),
@@ -476,4 +579,212 @@ pub(super) async fn prompt_attached(
         }
         other => other.map_err(Failure::from),
     }
+}
+
+// ---------------------------------------------------------------------------
+// over v8
+
+/// `exec` over v8: a new session (our `pi-server.sessions.create`, with
+/// `params`), one prompt streamed, its id on stderr.
+async fn exec_v8(
+    target: &Target,
+    server_id: &str,
+    params: kernel::protocol::CreateParams,
+    text: &str,
+    images: &[Content],
+    shown: Shown,
+) -> Result<(), Failure> {
+    use kernel::chord::call::ServiceCall;
+    use kernel::client::v8::connection::SESSIONS;
+    use kernel::wire::Value;
+    let client = super::commands::connect_v8(target, server_id).await?;
+    let mut args = Vec::new();
+    if let Some(cwd) = &params.cwd {
+        args.push(("cwd", Value::text(cwd)));
+    }
+    if let Some(name) = &params.name {
+        args.push(("name", Value::text(name)));
+    }
+    if let Some(model) = &params.model {
+        let model = Value::object(vec![
+            ("provider", Value::text(&model.provider)),
+            ("modelId", Value::text(&model.id)),
+        ]);
+        args.push(("model", model));
+    }
+    if let Some(level) = params.thinking_level {
+        args.push(("thinkingLevel", Value::text(level.as_str())));
+    }
+    let create = ServiceCall::singleton(SESSIONS, "create", vec![Value::object(args)]);
+    let created = client
+        .server(create)
+        .await
+        .map_err(|e| format!("cannot create the session: {e}"))?;
+    let Some(Value::Text(id)) = created.as_ref().and_then(|c| c.get("sessionId")) else {
+        return Err(Failure::from(
+            "the server created a session without an id".to_owned(),
+        ));
+    };
+    if shown == Shown::Json {
+        json_line(serde_json::json!({"type": "session", "id": id}));
+    }
+    let result = prompt_v8(&client, id, text, images, shown).await;
+    if shown == Shown::Activity {
+        eprintln!(
+            "(session {id}: `pi-server prompt {} ...` goes on with it)",
+            &id[..8.min(id.len())]
+        );
+    }
+    let _ = client.detach().await;
+    result
+}
+
+/// `prompt` over v8: the session attached, the reply streamed from its
+/// transcript replica (what the turn adds), Ctrl-C an abort; exits as the
+/// v1 path does. A reconnection during the turn is waited out: the turn's
+/// end is then read from the replica ([`Conversation::settled`]).
+async fn prompt_v8(
+    client: &pi_client::v8::V8Client,
+    id: &str,
+    text: &str,
+    images: &[Content],
+    shown: Shown,
+) -> Result<(), Failure> {
+    use kernel::client::v8::calls::{self, Outcome};
+    use kernel::client::v8::connection::{Changed, MODELS, STATUS, TRANSCRIPT};
+    use kernel::client::v8::conversation::{self, Conversation};
+    client
+        .attach(id)
+        .await
+        .map_err(|e| format!("cannot attach to session {id}: {e}"))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle Ctrl-C: {e}"))?;
+    let mut stream = shown.stream();
+    let mut changes = client.changes();
+    let mut status = client.status();
+    let mut conversation = Conversation::default();
+    let read = |conversation: &mut Conversation| {
+        client.read(|c| {
+            let view = c.session_state(TRANSCRIPT)?;
+            let from = conversation.sync(view);
+            let head = conversation::head(
+                id,
+                conversation,
+                view,
+                c.session_state(MODELS),
+                c.server_state(STATUS),
+            );
+            Some((head, from))
+        })
+    };
+    let (head, _) =
+        read(&mut conversation).ok_or_else(|| format!("session {id} is not attached"))?;
+    stream.follow(&SessionSnapshot {
+        transcript: conversation.items().to_vec(),
+        ..head.clone()
+    });
+    let base = conversation.finished().len();
+    let mut front = Front::new(head.phase, conversation.items().len());
+    let request = match front
+        .step(front::Input::Prompt {
+            text: text.to_owned(),
+            tag: 1,
+        })
+        .into_iter()
+        .next()
+    {
+        Some(front::Output::Send { request, .. }) => request,
+        Some(front::Output::HandBack { .. }) => {
+            return Err(Failure::from(format!(
+                "the prompt failed: busy: a turn is already running in session {id}"
+            )));
+        }
+        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
+    };
+    stream.expect_own(text);
+    let call = calls::with_images(calls::request_of(id, &request), images);
+    let prompt = async {
+        let result = client.request(call).await;
+        match calls::outcome_of(&request, result) {
+            Outcome::Answer(answer) => answer.map(drop),
+            Outcome::Wait(wait) => calls::prompt_ended(client.request(wait).await).map(drop),
+        }
+    };
+    tokio::pin!(prompt);
+    let mut waiting = true;
+    let mut aborting = false;
+    let outcome: Result<(), String> = loop {
+        tokio::select! {
+            biased;
+            changed = status.changed() => match changed {
+                Ok(()) => match &*status.borrow_and_update() {
+                    Status::Reconnecting { reason } => {
+                        stream.note(&format!("(lost the server: {reason}; reconnecting)"));
+                    }
+                    Status::Ready { reconnected: true, .. } => eprintln!("(reconnected)"),
+                    Status::Closed { error } => break Err(format!("the prompt failed: {error}")),
+                    Status::Ready { .. } => {}
+                },
+                Err(_) => break Err("the client ended".into()),
+            },
+            // The turn ended (or the wait was cut off by a reconnection):
+            // done once the replica shows it ended, which the answer may
+            // have overtaken.
+            ended = &mut prompt, if waiting => match ended {
+                Ok(()) | Err(pi_client::ClientError::Disconnected(_)) => {
+                    waiting = false;
+                    if let Some((_, from)) = read(&mut conversation) {
+                        stream.tell(&conversation.items()[from..]);
+                    }
+                    if conversation.settled(base, text) {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(format!("the prompt failed: {e}")),
+            },
+            change = changes.recv() => {
+                if matches!(change, Err(broadcast::error::RecvError::Closed)) {
+                    break Err("the client ended".into());
+                }
+                if matches!(change, Ok(Changed::Route(None))) {
+                    continue;
+                }
+                if let Some((_, from)) = read(&mut conversation) {
+                    stream.tell(&conversation.items()[from..]);
+                    if !waiting && conversation.settled(base, text) {
+                        break Ok(());
+                    }
+                }
+            }
+            _ = sigint.recv() => {
+                stream.end_line();
+                stream.interrupted = true;
+                if aborting {
+                    break Err("interrupted".into());
+                }
+                aborting = true;
+                eprintln!("aborting the turn (Ctrl-C again to stop waiting)");
+                for output in front.step(front::Input::Abort) {
+                    if let front::Output::Send { request, .. } = output
+                        && let Err(e) = client.request(calls::request_of(id, &request)).await
+                    {
+                        eprintln!("cannot abort: {e}");
+                    }
+                }
+            }
+        }
+    };
+    // What arrived with the turn's end.
+    if let Some((_, from)) = read(&mut conversation) {
+        stream.tell(&conversation.items()[from..]);
+    }
+    stream.end_line();
+    let outcome = outcome.and_then(|()| {
+        let snapshot = SessionSnapshot {
+            transcript: conversation.finished().to_vec(),
+            ..head
+        };
+        turn_outcome(&snapshot).map(drop)
+    });
+    finish_prompt(id, outcome, &stream, shown)
 }

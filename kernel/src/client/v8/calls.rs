@@ -69,6 +69,35 @@ pub fn request_of(session_id: &str, request: &front::Request) -> Request {
     }
 }
 
+/// `request` (a prompt's) with `images` (image parts) beside its text.
+pub fn with_images(request: Request, images: &[crate::protocol::Content]) -> Request {
+    use crate::protocol::Content;
+    let parts: Vec<Value> = images
+        .iter()
+        .filter_map(|c| match c {
+            Content::Image { data, mime_type } => Some(Value::object(vec![
+                ("type", Value::text("image")),
+                ("data", Value::text(data)),
+                ("mimeType", Value::text(mime_type)),
+            ])),
+            _ => None,
+        })
+        .collect();
+    match request {
+        Request::Session(mut call) if call.member == "prompt" && !parts.is_empty() => {
+            if let Some(Value::Map(entries)) = call.args.first_mut() {
+                for (key, value) in entries.iter_mut() {
+                    if key == "images" {
+                        *value = Value::Array(parts.clone());
+                    }
+                }
+            }
+            Request::Session(call)
+        }
+        other => other,
+    }
+}
+
 /// What the answer to [`request_of`]'s call means for the front.
 pub fn outcome_of(request: &front::Request, result: Result<Option<Value>, ClientError>) -> Outcome {
     use front::Request as R;

@@ -8,8 +8,11 @@
 //!   show nothing.
 //! - Then what `docs["pi.live"]` holds during a turn: the running tools
 //!   (with their output so far), then the streaming reply.
-//! - An entry's item is `e<id>`; a running tool's `tool:<callId>`; the
-//!   streaming reply `live`.
+//! - An entry's item is `e<id>`, a tool's (running or finished)
+//!   `tool:<callId>`. A streaming reply's is `r<timestamp>-<entries read>`
+//!   when it first shows, and the entry that ends it (the reply of the same
+//!   timestamp) keeps it: a follower never tells a reply twice, though the
+//!   server may show a reply before the entry that precedes it.
 //!
 //! An entry never changes once appended, so [`Conversation::sync`] reads
 //! only the entries past the ones it has read: a turn costs what it adds.
@@ -36,6 +39,9 @@ pub struct Conversation {
     calls: BTreeMap<String, Value>,
     /// A run is under way (`pi.live.run`).
     busy: bool,
+    /// The streaming reply last shown: its timestamp and item id, until an
+    /// entry of that timestamp takes the id.
+    streaming: Option<(u64, String)>,
 }
 
 impl Conversation {
@@ -79,7 +85,10 @@ impl Conversation {
         self.live_from = self.items.len();
         let live = view.get("docs").and_then(|d| d.get("pi.live"));
         self.busy = live.and_then(|l| l.get("run")).is_some();
-        let live = live.map(|l| self.live_items(l)).unwrap_or_default();
+        let live = match live {
+            Some(live) => self.live_items(live),
+            None => Vec::new(),
+        };
         self.items.extend(live);
         from
     }
@@ -104,6 +113,19 @@ impl Conversation {
         self.busy
     }
 
+    /// The turn of a prompt of `text` sent when the transcript held `base`
+    /// items has ended: its user message is there and nothing runs. (How
+    /// a client whose `waitForPrompt` was cut off by a reconnection knows.)
+    pub fn settled(&self, base: usize, text: &str) -> bool {
+        !self.busy
+            && self.finished().get(base..).is_some_and(|turn| {
+                turn.iter().any(|item| match item {
+                    TranscriptItem::User(u) => crate::client::follow::text_of(&u.content) == text,
+                    _ => false,
+                })
+            })
+    }
+
     fn item_of(&mut self, entry: &Value) -> Option<TranscriptItem> {
         let message = match entry.get("model") {
             Some(Value::Array(messages)) => messages.first()?,
@@ -121,6 +143,13 @@ impl Conversation {
                 timestamp: uint(message.get("timestamp")),
             }),
             "pi.assistant" => {
+                let id = match self.streaming.take() {
+                    Some((at, live)) if at == uint(message.get("timestamp")) => live,
+                    other => {
+                        self.streaming = other;
+                        id
+                    }
+                };
                 for part in parts(message.get("content")) {
                     if let (Some(Value::Text(t)), Some(Value::Text(call))) =
                         (part.get("type"), part.get("id"))
@@ -135,7 +164,7 @@ impl Conversation {
             "pi.tool-result" => {
                 let call = text(message.get("toolCallId"));
                 TranscriptItem::Tool(ToolItem {
-                    id,
+                    id: format!("tool:{call}"),
                     input: self.calls.get(&call).cloned().unwrap_or(Value::Null),
                     tool_call_id: call,
                     tool_name: text(message.get("toolName")),
@@ -153,7 +182,7 @@ impl Conversation {
         })
     }
 
-    fn live_items(&self, live: &Value) -> Vec<TranscriptItem> {
+    fn live_items(&mut self, live: &Value) -> Vec<TranscriptItem> {
         let mut items = Vec::new();
         let done: Vec<&str> = self.items[..self.live_from]
             .iter()
@@ -187,11 +216,16 @@ impl Conversation {
             }));
         }
         if let Some(message) = live.get("generation").and_then(|g| g.get("message")) {
-            items.push(TranscriptItem::Assistant(reply(
-                "live".into(),
-                message,
-                true,
-            )));
+            let at = uint(message.get("timestamp"));
+            let id = match &self.streaming {
+                Some((shown, id)) if *shown == at => id.clone(),
+                _ => {
+                    let id = format!("r{at}-{}", self.ids.len());
+                    self.streaming = Some((at, id.clone()));
+                    id
+                }
+            };
+            items.push(TranscriptItem::Assistant(reply(id, message, true)));
         }
         items
     }
@@ -462,7 +496,7 @@ mod tests {
                     }
                     a.id = match finished {
                         true => format!("e{}", i + 1),
-                        false => "live".into(),
+                        false => format!("e{}", done + 1),
                     };
                     let model = a.response_model.take().unwrap_or(a.model.id.clone());
                     a.model.id = model.clone();
@@ -480,9 +514,8 @@ mod tests {
                 TranscriptItem::Tool(mut t) => {
                     t.usage = None;
                     t.input = calls.get(&t.tool_call_id).cloned().unwrap_or(Value::Null);
-                    if finished {
-                        t.id = format!("e{}", i + 1);
-                    } else {
+                    t.id = format!("tool:{}", t.tool_call_id);
+                    if !finished {
                         let output: String = t
                             .content
                             .iter()
@@ -491,7 +524,6 @@ mod tests {
                                 _ => None,
                             })
                             .collect();
-                        t.id = format!("tool:{}", t.tool_call_id);
                         t.content = match output.is_empty() {
                             true => Vec::new(),
                             false => vec![Content::Text { text: output }],
@@ -513,6 +545,22 @@ mod tests {
         out.extend(tools);
         out.extend(replies.into_iter().next_back());
         out
+    }
+
+    /// `items` with their replies' ids blanked: a reply keeps the id it
+    /// first showed with, which a reading of the whole replica cannot know.
+    fn blank_replies(items: &[TranscriptItem]) -> Vec<TranscriptItem> {
+        items
+            .iter()
+            .cloned()
+            .map(|item| match item {
+                TranscriptItem::Assistant(mut a) => {
+                    a.id.clear();
+                    TranscriptItem::Assistant(a)
+                }
+                other => other,
+            })
+            .collect()
     }
 
     fn user(n: usize, text: &str) -> TranscriptItem {
@@ -597,13 +645,107 @@ mod tests {
         let view = conversation_view(&snapshot(transcript.clone(), true));
         let conversation = Conversation::new(&view);
         let items = conversation.items().to_vec();
-        assert_eq!(items, seen_over_v8(&transcript));
+        assert_eq!(
+            blank_replies(&items),
+            blank_replies(&seen_over_v8(&transcript))
+        );
         assert!(conversation.busy());
         let TranscriptItem::Tool(t) = &items[2] else {
             panic!("{items:#?}")
         };
         assert_eq!(t.input, Value::object(vec![("command", Value::text("ls"))]));
         assert_eq!(conversation.live().len(), 2);
+    }
+
+    /// The server may show a reply streaming before the user message that
+    /// asked for it is an entry (progress overtakes the snapshot): the
+    /// user message is still told, and the reply once, under one id.
+    #[test]
+    fn a_reply_shown_before_its_prompt_s_entry_is_told_once() {
+        let reply = |text: &str, done: bool| {
+            let mut pairs = vec![
+                ("role", Value::text("assistant")),
+                (
+                    "content",
+                    Value::Array(vec![Value::object(vec![
+                        ("type", Value::text("text")),
+                        ("text", Value::text(text)),
+                    ])]),
+                ),
+                ("provider", Value::text("faux")),
+                ("model", Value::text("faux-1")),
+            ];
+            if done {
+                pairs.push(("stopReason", Value::text("stop")));
+            }
+            pairs.push(("timestamp", Value::Int(5)));
+            Value::object(pairs)
+        };
+        let user = Value::object(vec![
+            ("id", Value::Int(1)),
+            ("kind", Value::text("pi.user")),
+            (
+                "model",
+                Value::Array(vec![Value::object(vec![
+                    ("role", Value::text("user")),
+                    ("content", Value::text("go")),
+                    ("timestamp", Value::Int(4)),
+                ])]),
+            ),
+        ]);
+        let view = |entries: Vec<Value>, live: Option<Value>| {
+            let live = match live {
+                Some(message) => Value::object(vec![
+                    ("run", Value::object(vec![])),
+                    (
+                        "generation",
+                        Value::object(vec![("attempt", Value::Int(1)), ("message", message)]),
+                    ),
+                ]),
+                None => Value::object(vec![]),
+            };
+            Value::object(vec![
+                ("entries", Value::Array(entries)),
+                ("docs", Value::object(vec![("pi.live", live)])),
+            ])
+        };
+        let answer = Value::object(vec![
+            ("id", Value::Int(2)),
+            ("kind", Value::text("pi.assistant")),
+            ("model", Value::Array(vec![reply("hello there", true)])),
+        ]);
+        let steps = [
+            view(vec![], Some(reply("hel", false))),
+            view(vec![user.clone()], Some(reply("hello", false))),
+            view(vec![user, answer], None),
+        ];
+        let mut conversation = Conversation::default();
+        let mut follower = crate::client::follow::Follower::new("s");
+        follower.expect_own("go");
+        let mut told = Vec::new();
+        for step in &steps {
+            let from = conversation.sync(step);
+            told.extend(follower.tell(&conversation.items()[from..]));
+        }
+        use crate::client::follow::Update;
+        let own = told
+            .iter()
+            .filter(|u| matches!(u, Update::User { own: true, .. }))
+            .count();
+        assert_eq!(own, 1, "{told:#?}");
+        let text: String = told
+            .iter()
+            .filter_map(|u| match u {
+                Update::Text { delta, .. } => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "hello there");
+        let ends = told
+            .iter()
+            .filter(|u| matches!(u, Update::Reply { .. }))
+            .count();
+        assert_eq!(ends, 1);
     }
 
     /// One step of a session's life, as its runtime reports it.
@@ -717,6 +859,10 @@ mod tests {
             let mut state = State::new(first.clone());
             let mut replica = first;
             let mut conversation = Conversation::new(&replica);
+            // A follower told what changed at each step tells each user
+            // message and each reply's end once.
+            let mut follower = crate::client::follow::Follower::new("s");
+            let (mut users, mut ends, mut told) = (0, 0, 0);
             for step in &steps {
                 apply(&mut transcript, &mut n, step);
                 let busy = !transcript.last().is_none_or(TranscriptItem::is_terminal);
@@ -728,13 +874,34 @@ mod tests {
                 let from = conversation.sync(&replica);
                 let items = conversation.items().to_vec();
                 prop_assert_eq!(&items[..from], &before[..from], "the items before `from` are as they were");
+                for update in follower.tell(&items[from..]) {
+                    match update {
+                        crate::client::follow::Update::User { .. } => users += 1,
+                        crate::client::follow::Update::Reply { .. } => ends += 1,
+                        crate::client::follow::Update::Text { delta, .. } => told += delta.len(),
+                        _ => {}
+                    }
+                }
                 let whole = Conversation::new(&replica).items().to_vec();
-                prop_assert_eq!(&items, &whole);
+                prop_assert_eq!(blank_replies(&items), blank_replies(&whole));
                 // Restarts renumber entries; compare from a fresh reading.
                 if !matches!(step, Step::Restart) {
-                    prop_assert_eq!(items, seen_over_v8(&transcript));
+                    prop_assert_eq!(blank_replies(&items), blank_replies(&seen_over_v8(&transcript)));
                 }
                 prop_assert_eq!(conversation.busy(), busy);
+            }
+            if !steps.iter().any(|s| matches!(s, Step::Restart)) {
+                let count = |f: fn(&TranscriptItem) -> bool| transcript.iter().filter(|i| f(i)).count();
+                prop_assert_eq!(users, count(|i| matches!(i, TranscriptItem::User(_))));
+                prop_assert_eq!(ends, count(|i| matches!(i, TranscriptItem::Assistant(a) if a.status != AssistantStatus::Streaming)));
+                let text: usize = transcript
+                    .iter()
+                    .filter_map(|i| match i {
+                        TranscriptItem::Assistant(a) => Some(crate::client::follow::text_of(&a.content).len()),
+                        _ => None,
+                    })
+                    .sum();
+                prop_assert_eq!(told, text, "every reply's text told once");
             }
         }
     }

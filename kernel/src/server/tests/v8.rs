@@ -1347,3 +1347,56 @@ fn our_v8_client_follows_a_turn_across_a_reconnection() {
     );
     assert!(p.changes.contains(&Changed::Route(Some(session.clone()))));
 }
+
+/// A reply streams from the worker before the snapshot that commits the
+/// prompt it answers: the transcript holds it back until that snapshot,
+/// which shows the prompt, then the reply so far. No subscriber ever sees a
+/// reply without its prompt before it.
+#[test]
+fn a_reply_is_not_shown_before_the_prompt_it_answers() {
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let c = ConnId(2);
+    h.connect_v8(c);
+    let session = stored(1).id;
+    let worker = h.attach_v8(c, &session, &history(&session, 1, 1));
+    subscribe(&mut h, c, "t", "pi.transcript");
+    let streaming = match reply("a1", "so") {
+        TranscriptItem::Assistant(mut a) => {
+            a.status = AssistantStatus::Streaming;
+            TranscriptItem::Assistant(a)
+        }
+        other => other,
+    };
+    let before = h.frames(c);
+    h.worker(
+        worker,
+        FromWorker::<SessionSnapshot>::Progress {
+            progress: TranscriptProgress::ItemStarted {
+                item: streaming.clone(),
+            },
+        },
+    );
+    h.text_delta(worker, "a1", " far");
+    assert!(
+        h.v8_since(c, before).is_empty(),
+        "held: the newest entry is a finished reply, not the prompt"
+    );
+    let mut turn = history(&session, 2, 1);
+    turn.phase = SessionPhase::Turn;
+    turn.transcript.push(user("u1", "next"));
+    turn.transcript.push(streaming);
+    h.runtime_snapshot(worker, &turn);
+    let updates = h.v8_since(c, before).join("\n");
+    let (prompt, reply) = (
+        updates.find(r#""text":"next""#),
+        updates.find(r#""text":"so"#),
+    );
+    assert!(
+        prompt.is_some() && reply.is_some() && prompt < reply,
+        "{updates}"
+    );
+    // From there the reply streams by small ops.
+    let before = h.frames(c);
+    h.text_delta(worker, "a1", " on");
+    assert_eq!(h.v8_since(c, before).len(), 1);
+}

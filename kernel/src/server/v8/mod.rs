@@ -413,6 +413,37 @@ impl SessionView {
         })
     }
 
+    /// Whether what streams answers an entry: the newest entry is a user
+    /// message, a tool's result, or a reply that failed (a retry follows
+    /// it); or nothing streams but tools. After a reply that completed, a
+    /// new one answers something not yet an entry.
+    fn answers_an_entry(&self) -> bool {
+        if !matches!(self.streaming.first(), Some(TranscriptItem::Assistant(_))) {
+            return true;
+        }
+        let last = match self.transcript.value().get("entries") {
+            Some(Value::Array(entries)) => entries.last(),
+            _ => None,
+        };
+        let Some(last) = last else {
+            return false;
+        };
+        match last.get("kind") {
+            Some(Value::Text(kind)) if kind == "pi.user" || kind == "pi.tool-result" => true,
+            Some(Value::Text(kind)) if kind == "pi.assistant" => {
+                let stop = last
+                    .get("model")
+                    .and_then(|m| match m {
+                        Value::Array(messages) => messages.first(),
+                        _ => None,
+                    })
+                    .and_then(|m| m.get("stopReason"));
+                matches!(stop, Some(Value::Text(s)) if s == "error" || s == "aborted")
+            }
+            _ => false,
+        }
+    }
+
     /// The transcript state as JSON-ish text, for tests.
     #[cfg(test)]
     pub(crate) fn transcript_value(&self) -> String {
@@ -428,12 +459,21 @@ impl SessionView {
     }
 
     /// A progress event: the ops on the transcript it makes, if any.
+    ///
+    /// A reply streams from the worker before the snapshot that commits
+    /// the message it answers (the snapshot waits for the store): until
+    /// that input is an entry, the reply is held here, and the snapshot
+    /// shows it with what it said so far. So no client sees a reply before
+    /// its prompt.
     fn advance(&mut self, progress: &TranscriptProgress) -> Option<Vec<Op>> {
         if !view::advance(&mut self.streaming, progress) {
             return None;
         }
         let mut ops = Vec::new();
         let done = view::finished_prefix(&self.streaming);
+        if done == 0 && !self.answers_an_entry() {
+            return None;
+        }
         if done > 0 {
             let entries: Vec<Value> = self
                 .streaming
