@@ -125,10 +125,12 @@ const browser = await chromium.launch({
 const tid = (page, id) => page.locator(`[data-testid="${id}"]`);
 
 /** A new browser context (its own session storage) on the page, token entered. */
-const openPage = async (opts = {}, token = TOKEN) => {
+const openPage = async (opts = {}, token = TOKEN, onPage = () => {}) => {
   const context = await browser.newContext(opts);
   const page = await context.newPage();
   page.on("pageerror", (e) => console.log(`# page error: ${e}`));
+  // Before the page opens its socket (the token's submit does).
+  onPage(page);
   await page.goto(BASE + "/");
   await tid(page, "token-input").fill(token);
   await tid(page, "token-submit").click();
@@ -385,9 +387,10 @@ const scenarios = {
 
   /** A turn sends the page what it adds: nothing of earlier turns travels again. */
   async h() {
-    const { context, page } = await openPage();
     const frames = [];
-    page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => frames.push(Buffer.from(payload))));
+    const { context, page } = await openPage({}, TOKEN, (page) =>
+      page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => frames.push(Buffer.from(payload)))),
+    );
     await createSession(page, "web-h");
     await send(page, "the first turn says alpha-marker-0042");
     await waitIdle(page);

@@ -850,7 +850,14 @@ pub(super) async fn connect_v8(
     server_id: &str,
 ) -> Result<pi_client::v8::V8Client, String> {
     use kernel::client::v8::connection::STATUS;
-    let launcher = super::activate::launcher(target);
+    // The server found may be another of the server dir than the default.
+    let target = match &target.launch {
+        Some(launch) if launch.server_id != server_id => target
+            .for_server(server_id)
+            .unwrap_or_else(|| target.clone()),
+        _ => target.clone(),
+    };
+    let launcher = super::activate::launcher(&target);
     pi_client::v8::V8Client::connect(&target.address, server_id, vec![STATUS], launcher)
         .await
         .map_err(|e| format!("cannot connect to the server over protocol v8: {e}"))
