@@ -125,6 +125,14 @@ impl Value {
         }
     }
 
+    /// Looks up a key of a map value, to change it.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+        match self {
+            Self::Map(entries) => entries.iter_mut().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
     /// True when the value is strict JSON: no byte strings anywhere inside.
     pub fn is_json(&self) -> bool {
         match self {

@@ -113,7 +113,7 @@ impl V8Client {
                             route,
                         }),
                         Ok(Some(snapshot)),
-                    ) => match Replica::from_snapshot(&service, route, snapshot) {
+                    ) => match Replica::from_snapshot(&service, route, snapshot.clone()) {
                         Ok(replica) => {
                             self.ended.remove(&subscription_id);
                             self.subs.insert(subscription_id, replica);

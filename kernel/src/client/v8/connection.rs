@@ -551,7 +551,7 @@ impl Connection {
             } => {
                 let route = session.then(|| self.route.clone()).flatten();
                 let replica = match outcome {
-                    Ok(Some(snapshot)) => Replica::from_snapshot(service, route, &snapshot),
+                    Ok(Some(snapshot)) => Replica::from_snapshot(service, route, snapshot),
                     Ok(None) => Err(format!(
                         "{service}: a subscribe answered without a snapshot"
                     )),

@@ -21,12 +21,50 @@ pub struct Replica {
 
 impl Replica {
     /// The replica a subscription snapshot starts: a singleton's one
-    /// instance, its state member (if any) from its one `r` op.
+    /// instance, its state member (if any) from its one `r` op. The state
+    /// is moved out of the snapshot, not copied (a transcript's may be
+    /// large).
     pub fn from_snapshot(
         service: &str,
         route: Option<Route>,
-        snapshot: &Value,
+        mut snapshot: Value,
     ) -> Result<Self, String> {
+        let (mut replica, at) = Self::check(service, route, &snapshot)?;
+        if let Some((sequence, at)) = replica.state.take().map(|(s, _)| s).zip(at) {
+            let value = snapshot
+                .get_mut("instances")
+                .and_then(|i| match i {
+                    Value::Array(instances) => instances.first_mut(),
+                    _ => None,
+                })
+                .and_then(|i| i.get_mut("members"))
+                .and_then(|m| match m {
+                    Value::Array(members) => members.get_mut(at),
+                    _ => None,
+                })
+                .and_then(|m| m.get_mut("ops"))
+                .and_then(|o| match o {
+                    Value::Array(ops) => ops.first_mut(),
+                    _ => None,
+                })
+                .and_then(|op| match op {
+                    Value::Array(op) => op.get_mut(1),
+                    _ => None,
+                })
+                .map(|v| std::mem::replace(v, Value::Null))
+                .expect("checked");
+            replica.state = Some((sequence, value));
+        }
+        Ok(replica)
+    }
+
+    /// Checks a subscription snapshot; the replica it makes holds its state's
+    /// sequence (the value comes after), with where that member is.
+    fn check(
+        service: &str,
+        route: Option<Route>,
+        snapshot: &Value,
+    ) -> Result<(Self, Option<usize>), String> {
         let instances = match snapshot.get("instances") {
             Some(Value::Array(instances)) => instances,
             _ => return Err(format!("{service}: a snapshot without instances")),
@@ -47,7 +85,8 @@ impl Replica {
             return Err(format!("{service}: an instance without members"));
         };
         let mut state = None;
-        for member in members {
+        let mut at = None;
+        for (i, member) in members.iter().enumerate() {
             if member.get("kind") != Some(&Value::text("state")) {
                 continue;
             }
@@ -55,23 +94,23 @@ impl Replica {
                 Some(Value::Int(n)) if *n >= 0 => *n as u64,
                 _ => return Err(format!("{service}: a state member without a sequence")),
             };
-            let value = match member.get("ops") {
+            match member.get("ops") {
                 Some(Value::Array(ops)) => match ops.as_slice() {
-                    [Value::Array(op)] if op.len() == 2 && op[0] == Value::text("r") => {
-                        op[1].clone()
-                    }
+                    [Value::Array(op)] if op.len() == 2 && op[0] == Value::text("r") => {}
                     _ => return Err(format!("{service}: a snapshot's ops are not one r")),
                 },
                 _ => return Err(format!("{service}: a state member without ops")),
             };
-            state = Some((sequence, value));
+            state = Some((sequence, Value::Null));
+            at = Some(i);
         }
-        Ok(Self {
+        let replica = Self {
             service: service.to_string(),
             route,
             state,
             decoder: Decoder::new(),
-        })
+        };
+        Ok((replica, at))
     }
 
     /// The wire decoder's state (the path ids defined so far), which
