@@ -172,17 +172,8 @@ impl Inner {
         self.epoch + Duration::from_millis(at.as_millis())
     }
 
-    /// Hands the driver task what the machine asked, in order. The queue
-    /// has room for every frame of one connection the machine can have
-    /// asked for and the driver not yet written ([`control_capacity`]); a
-    /// closed one means the driver is gone, and the client with it.
     fn order(&self, control: Control) {
-        match self.control.try_send(control) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                unreachable!("the client machine keeps its requests within the control queue")
-            }
-        }
+        order(&self.control, control);
     }
 
     /// Steps the machine and carries out its outputs, all under the lock, so
@@ -442,17 +433,7 @@ impl Client {
             connector,
             control_rx,
         ));
-        let outcome = status_rx
-            .wait_for(|s| !matches!(s, Status::Reconnecting { .. }))
-            .await
-            .map(|s| s.clone());
-        match outcome {
-            Ok(Status::Ready { .. }) => Ok(Self { inner }),
-            Ok(Status::Closed { error }) => Err(error),
-            _ => Err(ClientError::Disconnected(
-                "the client stopped during the handshake".into(),
-            )),
-        }
+        handshaken(&mut status_rx).await.map(|()| Self { inner })
     }
 
     /// The id the server gave this connection (the latest, after a
@@ -720,6 +701,34 @@ fn unexpected(result: &CommandResult) -> ClientError {
 /// The driver task: owns the transport, carries out the machine's transport
 /// outputs in order, feeds back what the transport does, and ticks the
 /// machine at its deadline. Ends when the client is closed or dropped.
+/// Waits for a connection's first handshake: `Ok` once ready, else why not.
+async fn handshaken(status: &mut watch::Receiver<Status>) -> Result<(), ClientError> {
+    let outcome = status
+        .wait_for(|s| !matches!(s, Status::Reconnecting { .. }))
+        .await
+        .map(|s| s.clone());
+    match outcome {
+        Ok(Status::Ready { .. }) => Ok(()),
+        Ok(Status::Closed { error }) => Err(error),
+        _ => Err(ClientError::Disconnected(
+            "the client stopped during the handshake".into(),
+        )),
+    }
+}
+
+/// Hands a driver task what a machine asked, in order. The queue has room
+/// for every frame of one connection the machine can have asked for and the
+/// driver not yet written ([`control_capacity`]); a closed one means the
+/// driver is gone, and the client with it.
+fn order(queue: &mpsc::Sender<Control>, control: Control) {
+    match queue.try_send(control) {
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            unreachable!("the client machines keep their requests within the control queue")
+        }
+    }
+}
+
 /// A kernel machine under its host's lock, as the driver task feeds it:
 /// what the transport did, and the clock.
 trait Driven: Send + Sync + 'static {

@@ -11,7 +11,7 @@
 
 use super::{
     Address, Connector, Control, Driven, Launcher, ReadHalf, WriteHalf, control_capacity, drive,
-    transport_error,
+    handshaken, order, transport_error,
 };
 use kernel::chord::call::ServiceCall;
 use kernel::client::v8::connection::{Changed, Config, Connection, Input, Output, Request};
@@ -57,12 +57,7 @@ impl Inner {
     }
 
     fn order(&self, control: Control) {
-        match self.control.try_send(control) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                unreachable!("the connection keeps its requests within the control queue")
-            }
-        }
+        order(&self.control, control);
     }
 
     fn step(&self, input: Input) {
@@ -206,17 +201,7 @@ impl V8Client {
             connector,
             control_rx,
         ));
-        let outcome = status_rx
-            .wait_for(|s| !matches!(s, Status::Reconnecting { .. }))
-            .await
-            .map(|s| s.clone());
-        match outcome {
-            Ok(Status::Ready { .. }) => Ok(Self { inner }),
-            Ok(Status::Closed { error }) => Err(error),
-            _ => Err(ClientError::Disconnected(
-                "the client stopped during the handshake".into(),
-            )),
-        }
+        handshaken(&mut status_rx).await.map(|()| Self { inner })
     }
 
     /// What changed, from now on (lagging readers look again at the whole).

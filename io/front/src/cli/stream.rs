@@ -284,22 +284,7 @@ pub(super) async fn stream_prompt(
     // with a turn refuses it (`prompt` never steers someone else's turn).
     let (phase, len) = known.map_or((SessionPhase::Idle, 0), |s| (s.phase, s.transcript.len()));
     let mut front = Front::new(phase, len);
-    let request = match front
-        .step(front::Input::Prompt {
-            text: text.to_owned(),
-            tag: 1,
-        })
-        .into_iter()
-        .next()
-    {
-        Some(front::Output::Send { request, .. }) => request,
-        Some(front::Output::HandBack { .. }) => {
-            return Err(format!(
-                "the prompt failed: busy: a turn is already running in session {session_id}"
-            ));
-        }
-        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
-    };
+    let request = prompt_request(&mut front, session_id, text)?;
     stream.expect_own(text);
     let prompt = client.front_request(session_id, &request);
     tokio::pin!(prompt);
@@ -359,6 +344,26 @@ pub(super) async fn stream_prompt(
     stream.finish(&snapshot);
     stream.end_line();
     Ok(snapshot)
+}
+
+/// What `prompt` sends, as the kernel's front decides: a prompt, or nothing
+/// when a turn runs (`prompt` never steers someone else's turn).
+fn prompt_request(
+    front: &mut Front,
+    session_id: &str,
+    text: &str,
+) -> Result<front::Request, String> {
+    let step = front.step(front::Input::Prompt {
+        text: text.to_owned(),
+        tag: 1,
+    });
+    match step.into_iter().next() {
+        Some(front::Output::Send { request, .. }) => Ok(request),
+        Some(front::Output::HandBack { .. }) => Err(format!(
+            "the prompt failed: busy: a turn is already running in session {session_id}"
+        )),
+        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
+    }
 }
 
 /// How a turn ended, from its final snapshot: `Ok(summary)` or `Err(problem)`.
@@ -685,22 +690,7 @@ async fn prompt_v8(
     });
     let base = conversation.finished().len();
     let mut front = Front::new(head.phase, conversation.items().len());
-    let request = match front
-        .step(front::Input::Prompt {
-            text: text.to_owned(),
-            tag: 1,
-        })
-        .into_iter()
-        .next()
-    {
-        Some(front::Output::Send { request, .. }) => request,
-        Some(front::Output::HandBack { .. }) => {
-            return Err(Failure::from(format!(
-                "the prompt failed: busy: a turn is already running in session {id}"
-            )));
-        }
-        other => unreachable!("a prompt is sent or handed back, not {other:?}"),
-    };
+    let request = prompt_request(&mut front, id, text)?;
     stream.expect_own(text);
     let call = calls::with_images(calls::request_of(id, &request), images);
     let prompt = async {
