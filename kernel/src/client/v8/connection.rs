@@ -453,7 +453,7 @@ impl Connection {
                 return;
             }
             let message = match cbor::decode(&payload, &self.config.limits.cbor) {
-                Ok(value) => Incoming::parse(&value),
+                Ok(value) => Incoming::from_value(value),
                 Err(e) => Incoming::Malformed(format!("not CBOR: {e}")),
             };
             self.on_message(message);

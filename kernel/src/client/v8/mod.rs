@@ -97,9 +97,31 @@ impl Incoming {
     /// Parses one payload (a frame without its length header).
     pub fn decode(payload: &[u8]) -> Self {
         match cbor::decode(payload, &CborLimits::default()) {
-            Ok(value) => Self::parse(&value),
+            Ok(value) => Self::from_value(value),
             Err(e) => Self::Malformed(format!("not CBOR: {e}")),
         }
+    }
+
+    /// [`Incoming::parse`] of a value it may take apart: a response's
+    /// result and an update are moved into the message, not copied (a
+    /// subscription's snapshot may hold a whole transcript).
+    pub fn from_value(mut value: Value) -> Self {
+        let payload = ["result", "update"].into_iter().find_map(|key| {
+            let slot = value.get_mut(key)?;
+            Some(std::mem::replace(slot, Value::Null))
+        });
+        let mut message = Self::parse(&value);
+        if let Some(payload) = payload {
+            match &mut message {
+                Self::Response {
+                    outcome: Ok(Some(result)),
+                    ..
+                } => *result = payload,
+                Self::Update { update, .. } => *update = payload,
+                _ => {}
+            }
+        }
+        message
     }
 
     /// Parses one message value, with exact key sets.
