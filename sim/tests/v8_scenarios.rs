@@ -459,3 +459,228 @@ fn v8_04_v1_and_v8_on_one_session() {
     assert_eq!(r.route(v8), None, "the removal reached the v8 client");
     r.snapshot("v8_04_v1_and_v8_on_one_session");
 }
+
+/// Our own v8 client machine (`kernel::client::v8::Connection`, under the
+/// terminal UI, `prompt` and `exec`) on a world connection, judged by every
+/// checker: it attaches, prompts, loses its server to a replacement
+/// mid-turn, reconnects on its own, attaches the session again, and its
+/// replica, read as the items a front end draws, ends as the kernel's
+/// state, the whole reply once. Every call completes exactly once.
+#[test]
+fn v8_05_our_client_machine_across_a_replacement() {
+    use kernel::client::CallId;
+    use kernel::client::v8::calls::{self, Outcome};
+    use kernel::client::v8::connection::{
+        Config, Connection, Input as In, Output as Out, Request, STATUS,
+    };
+    use kernel::client::v8::conversation::Conversation;
+    use kernel::protocol::TranscriptItem;
+
+    /// The machine on its connection, pumped by hand.
+    struct Ours {
+        conn: ConnId,
+        client: Connection,
+        answers: std::collections::BTreeMap<u64, Result<Option<Value>, String>>,
+        /// Connections whose end was fed.
+        lost: Vec<ConnId>,
+    }
+    impl Ours {
+        fn feed(&mut self, r: &mut Run, input: In) {
+            let mut inputs = std::collections::VecDeque::from([input]);
+            while let Some(input) = inputs.pop_front() {
+                let outputs = self.client.step(r.w.now, input);
+                self.client.invariants();
+                for output in outputs {
+                    match output {
+                        Out::Transmit(bytes) => {
+                            if !r.w.client(self.conn).closed {
+                                r.act(|w| w.send_frame(self.conn, bytes));
+                            }
+                        }
+                        Out::Connect => {
+                            self.conn = r.act(World::connect_v8_tapped);
+                            inputs.push_back(In::TransportUp);
+                        }
+                        Out::CloseTransport => r.act(|w| w.disconnect(self.conn)),
+                        Out::Complete { call, result } => {
+                            let first = self
+                                .answers
+                                .insert(call.0, result.map_err(|e| e.to_string()));
+                            assert!(first.is_none(), "call {} completed twice", call.0);
+                        }
+                        Out::Launch | Out::Changed(_) | Out::Status(_) => {}
+                    }
+                }
+            }
+        }
+        /// Feeds what its connection read, its end, and a deadline due,
+        /// until nothing more is there.
+        fn pump(&mut self, r: &mut Run) {
+            loop {
+                let frames = r.w.take_read(self.conn);
+                let mut fed = !frames.is_empty();
+                if fed {
+                    let bytes: Vec<u8> = frames.iter().flat_map(|f| f.bytes().to_vec()).collect();
+                    self.feed(r, In::Received(bytes));
+                }
+                if r.w.client(self.conn).closed && !self.lost.contains(&self.conn) {
+                    self.lost.push(self.conn);
+                    self.feed(
+                        r,
+                        In::TransportClosed {
+                            message: "closed".into(),
+                        },
+                    );
+                    fed = true;
+                }
+                if self.client.next_deadline().is_some_and(|at| at <= r.w.now) {
+                    self.feed(r, In::Tick);
+                    fed = true;
+                }
+                if !fed {
+                    return;
+                }
+            }
+        }
+        /// Delivers, pumps and lets time pass until nothing is left to do.
+        fn settle(&mut self, r: &mut Run) {
+            for _ in 0..10_000 {
+                r.deliver_all();
+                self.pump(r);
+                if !r.w.deliveries().is_empty() {
+                    continue;
+                }
+                let due = [r.w.next_event(), self.client.next_deadline()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                match due {
+                    Some(at) if at > r.w.now => {
+                        let d = Duration::from_millis(at.as_millis() - r.w.now.as_millis());
+                        r.act(|w| w.advance(d));
+                    }
+                    Some(_) => r.act(|w| {
+                        w.advance(Duration::ZERO);
+                    }),
+                    None => return,
+                }
+                self.pump(r);
+                if r.w.deliveries().is_empty()
+                    && r.w.next_event().is_none()
+                    && self.client.next_deadline().is_none()
+                {
+                    return;
+                }
+            }
+            panic!("did not settle\n{}", r.w.trace_text());
+        }
+        fn call(&mut self, r: &mut Run, n: u64, request: Request) {
+            self.feed(
+                r,
+                In::Call {
+                    call: CallId(n),
+                    request,
+                },
+            );
+        }
+        fn items(&self) -> Vec<TranscriptItem> {
+            let view = self
+                .client
+                .session_state(kernel::client::v8::connection::TRANSCRIPT)
+                .expect("the transcript followed");
+            Conversation::new(view).items().to_vec()
+        }
+    }
+
+    let mut r = Run::new(Holds::none());
+    let s = r.stored_session();
+    let conn = r.act(World::connect_v8_tapped);
+    let mut ours = Ours {
+        conn,
+        client: Connection::new(Config {
+            server_id: sim::world::SERVER_ID.into(),
+            follow: vec![STATUS],
+            reconnect: true,
+            launch: false,
+            limits: Default::default(),
+        }),
+        answers: Default::default(),
+        lost: Vec::new(),
+    };
+    ours.feed(&mut r, In::TransportUp);
+    ours.settle(&mut r);
+    ours.call(&mut r, 1, Request::Attach(s.clone()));
+    ours.settle(&mut r);
+    assert_eq!(
+        ours.answers.get(&1),
+        Some(&Ok(None)),
+        "attached\n{}",
+        r.w.trace_text()
+    );
+    // A v1 client keeps the session live across the replacement.
+    let v1 = r.act(World::connect_ready);
+    r.act(|w| {
+        w.request(
+            v1,
+            Command::Attach {
+                session_id: s.clone(),
+            },
+        )
+    });
+    r.deliver_all();
+
+    let prompt = kernel::client::front::Request::Prompt("across the replacement".into());
+    ours.call(&mut r, 2, calls::request_of(&s, &prompt));
+    for _ in 0..20 {
+        r.deliver_all();
+        ours.pump(&mut r);
+    }
+    let admitted = ours
+        .answers
+        .get(&2)
+        .cloned()
+        .expect("admitted")
+        .expect("ok");
+    let Outcome::Wait(wait) = calls::outcome_of(&prompt, Ok(admitted)) else {
+        panic!("the prompt was not admitted")
+    };
+    ours.call(&mut r, 3, wait);
+    r.advance(Duration::from_millis(25));
+    ours.pump(&mut r);
+    let worker = r.w.worker_of(&s).expect("a worker");
+    assert!(r.w.is_streaming(worker), "mid-turn");
+    r.act(World::replace_server);
+    ours.settle(&mut r);
+
+    // The wait was cut off with its connection; the replica says the turn ended.
+    assert!(
+        matches!(ours.answers.get(&3), Some(Err(e)) if e.contains("disconnected")),
+        "{:?}",
+        ours.answers.get(&3)
+    );
+    assert_eq!(
+        ours.client.route().map(|r| r.session_id.clone()),
+        Some(s.clone()),
+        "attached again; closed: {:?}\n{}",
+        ours.client.closed(),
+        r.w.trace_text()
+    );
+    let view = ours
+        .client
+        .session_state(kernel::client::v8::connection::TRANSCRIPT)
+        .expect("followed again");
+    let kernel = r.w.server.v8_transcript(&s).expect("kept");
+    assert!(
+        view.same_as(kernel.value()),
+        "the replica is the kernel's state"
+    );
+    let items = ours.items();
+    let conversation = Conversation::new(view);
+    assert!(conversation.settled(0, "across the replacement"));
+    let replies: Vec<_> = items
+        .iter()
+        .filter(|i| matches!(i, TranscriptItem::Assistant(_)))
+        .collect();
+    assert_eq!(replies.len(), 1, "{items:#?}");
+    assert_eq!(ours.answers.len(), 3, "every call answered once");
+}

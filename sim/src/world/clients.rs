@@ -279,6 +279,9 @@ impl World {
 
     /// A client machine writes one frame: recorded like [`World::send`]'s.
     pub fn send_frame(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        if self.clients.get(&conn).is_some_and(|c| c.v8.is_some()) {
+            return self.send_v8_frame(conn, bytes);
+        }
         let message = kernel::protocol::decode_client_message(
             &bytes[kernel::wire::frame::FRAME_HEADER_LEN..],
             &kernel::wire::CborLimits::default(),
@@ -300,6 +303,59 @@ impl World {
                 });
             }
             ClientMessage::Request(_) => {}
+        }
+        self.write(conn, bytes, true);
+    }
+
+    /// Opens a connection for a v8 client machine (the kernel's
+    /// `client::v8::Connection`): the frames it reads are kept for
+    /// [`World::take_read`], and what it sends and reads is mirrored as a
+    /// v8 client's, for the checkers.
+    pub fn connect_v8_tapped(&mut self) -> ConnId {
+        let conn = self.connect_tapped();
+        let client = self.clients.get_mut(&conn).expect("connected");
+        client.v8 = Some(Box::default());
+        conn
+    }
+
+    /// A v8 client machine writes one frame: its hello, or a request noted
+    /// in the connection's mirror and as a fact, as the world's own v8
+    /// clients' are.
+    fn send_v8_frame(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        let payload = &bytes[kernel::wire::frame::FRAME_HEADER_LEN..];
+        let limits = kernel::wire::CborLimits::default();
+        let value =
+            kernel::wire::cbor::decode(payload, &limits).expect("a client machine sends CBOR");
+        let client = &self.clients[&conn];
+        let open = !client.closed && client.eof.is_none() && !client.garbled;
+        if value.get("type") == Some(&kernel::wire::Value::text("hello")) {
+            trace!(self, "{conn} → hello v8 (a client machine)");
+            self.clients
+                .get_mut(&conn)
+                .expect("known client")
+                .said_hello = true;
+            return self.write(conn, bytes, true);
+        }
+        let message = kernel::protocol::v8::decode_client_message(payload, &limits)
+            .expect("a client machine sends valid v8 frames");
+        if let kernel::protocol::v8::ClientMessage::Request { id, target, call } = message
+            && let Some(call) = kernel::chord::call::ServiceCall::parse(&call)
+        {
+            trace!(self, "{conn} → #{id} {}.{}", call.service_id, call.member);
+            if open {
+                let client = self.clients.get_mut(&conn).expect("known client");
+                if let Some(v8) = client.v8.as_deref_mut() {
+                    v8.sent(&id, super::v8::Asked::of(&target, &call));
+                }
+                if self.options.record_facts {
+                    self.fact(Fact::V8RequestSent {
+                        conn,
+                        id,
+                        target,
+                        call,
+                    });
+                }
+            }
         }
         self.write(conn, bytes, true);
     }

@@ -7,9 +7,11 @@
 //!   status, say) are subscribed after every hello.
 //! - **One session at a time** ([`Request::Attach`]): pi's management
 //!   attaches it, then its transcript and models are subscribed; the attach
-//!   is answered once both replicas are in. After a reconnection the same
-//!   session is attached again and its replicas arrive whole: nothing is
-//!   replayed, so nothing is told twice or lost.
+//!   is answered once both replicas are in. After a reconnection, or an
+//!   `attachment: null` it did not ask for (a worker died, the server hands
+//!   over), the same session is attached again and its replicas arrive
+//!   whole: nothing is replayed, so nothing is told twice or lost. A
+//!   session that is gone refuses the attach, and is not wanted any more.
 //! - A loss after a handshake reconnects with bounded exponential backoff
 //!   within the reconnect window; requests in flight then fail
 //!   [`ClientError::Disconnected`] (they may have run: the caller judges by
@@ -601,11 +603,17 @@ impl Connection {
         self.subs.retain(|_, (_, session)| !*session);
         self.route = route;
         let session = self.route.as_ref().map(|r| r.session_id.clone());
-        if session.is_none() && self.attaching.is_none() {
-            // Taken away (the session was removed): nothing to attach again.
-            self.want = None;
+        self.outputs
+            .push(Output::Changed(Changed::Route(session.clone())));
+        // Taken away: its worker died, its server is handing over, or it
+        // was removed. Attach it again; the server says which (a removed
+        // one is `session_not_found`, and nothing is attached again).
+        if session.is_none()
+            && self.attaching.is_none()
+            && let Some(wanted) = self.want.clone()
+        {
+            self.attach(None, wanted);
         }
-        self.outputs.push(Output::Changed(Changed::Route(session)));
     }
 
     // ---- calls ----
