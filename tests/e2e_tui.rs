@@ -397,3 +397,35 @@ fn earlier_turns_page_in_and_one_tool_output_expands() {
     tui.send("\x04");
     tui.exits_cleanly();
 }
+
+/// A server replaced gracefully (a new one with its id hands over) while a
+/// turn streams: the terminal reconnects, is attached to its session again,
+/// shows the whole reply once, and takes the next prompt.
+#[test]
+fn the_terminal_follows_its_session_across_a_graceful_replacement() {
+    let mut env = Env::new("tui-handover");
+    env.var("PI_FAUX_DELAY_MS", "40");
+    let id = uuid();
+    let mut old = env.serve(&id, &[]);
+    let session = env
+        .connect(&id)
+        .create(CreateParams {
+            cwd: Some("/".into()),
+            ..CreateParams::default()
+        })
+        .id;
+    let mut tui = Tui::spawn(&env, &["--server-id", &id, "attach", &session]);
+    tui.wait_for("prompt ›");
+    tui.type_text("one two three four five six seven eight nine ten eleven twelve");
+    tui.send("\r");
+    tui.wait_for("You said:");
+    let _new = env.serve(&id, &[]);
+    assert!(old.wait_exit(SOON).success(), "the old server handed over");
+    let screen = tui.wait("the reply, once, after the hand-over", SOON, |s| {
+        s.contains("word by word.") && s.contains("prompt ›")
+    });
+    assert_eq!(screen.matches("You said: one two").count(), 1, "{screen}");
+    tui.type_text("still attached?");
+    tui.send("\r");
+    tui.wait_for("You said: still attached?");
+}

@@ -483,6 +483,10 @@ fn v8_05_our_client_machine_across_a_replacement() {
         answers: std::collections::BTreeMap<u64, Result<Option<Value>, String>>,
         /// Connections whose end was fed.
         lost: Vec<ConnId>,
+        /// What a front end shows, told from each change as the hosts do.
+        conversation: Conversation,
+        follower: kernel::client::follow::Follower,
+        told: String,
     }
     impl Ours {
         fn feed(&mut self, r: &mut Run, input: In) {
@@ -508,8 +512,27 @@ fn v8_05_our_client_machine_across_a_replacement() {
                                 .insert(call.0, result.map_err(|e| e.to_string()));
                             assert!(first.is_none(), "call {} completed twice", call.0);
                         }
-                        Out::Launch | Out::Changed(_) | Out::Status(_) => {}
+                        Out::Changed(_) => self.tell(),
+                        Out::Status(kernel::client::Status::Reconnecting { .. }) => {
+                            self.follower.gap()
+                        }
+                        Out::Launch | Out::Status(_) => {}
                     }
+                }
+            }
+        }
+        /// Brings the conversation in step and tells what changed.
+        fn tell(&mut self) {
+            let Some(view) = self
+                .client
+                .session_state(kernel::client::v8::connection::TRANSCRIPT)
+            else {
+                return;
+            };
+            let from = self.conversation.sync(view);
+            for update in self.follower.tell(&self.conversation.items()[from..]) {
+                if let kernel::client::follow::Update::Text { delta, .. } = update {
+                    self.told.push_str(&delta);
                 }
             }
         }
@@ -606,6 +629,9 @@ fn v8_05_our_client_machine_across_a_replacement() {
         }),
         answers: Default::default(),
         lost: Vec::new(),
+        conversation: Conversation::default(),
+        follower: kernel::client::follow::Follower::new(s.clone()),
+        told: String::new(),
     };
     ours.feed(&mut r, In::TransportUp);
     ours.settle(&mut r);
@@ -682,5 +708,14 @@ fn v8_05_our_client_machine_across_a_replacement() {
         .filter(|i| matches!(i, TranscriptItem::Assistant(_)))
         .collect();
     assert_eq!(replies.len(), 1, "{items:#?}");
+    let TranscriptItem::Assistant(reply) = replies[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        ours.told,
+        kernel::client::follow::text_of(&reply.content),
+        "the reply told once, whole, across the replacement\n{}",
+        r.w.trace_text()
+    );
     assert_eq!(ours.answers.len(), 3, "every call answered once");
 }

@@ -745,7 +745,11 @@ impl Server {
             return; // closed while the session opened; maybe_dispose runs after admission
         }
         let live = &self.sessions[session_id];
-        let stale = live.progressed && live.resends && !self.is_v8(waiter.conn);
+        // A v8 client is told from the session's view, current as of every
+        // delta, once there is one; one made now is made from the snapshot,
+        // which lags what streamed since.
+        let viewed = self.is_v8(waiter.conn) && live.v8.is_some();
+        let stale = live.progressed && live.resends && !viewed;
         if stale || !live.snapshot.as_ref().expect("ready").has_transcript() {
             self.park(session_id, waiter);
             return self.request_snapshot(session_id);

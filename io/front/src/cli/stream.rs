@@ -721,7 +721,8 @@ async fn prompt_v8(
             // done once the replica shows it ended, which the answer may
             // have overtaken.
             ended = &mut prompt, if waiting => match ended {
-                Ok(()) | Err(pi_client::ClientError::Disconnected(_)) => {
+                // (A wait cut off by a reconnection is `Ok` too: admitted.)
+                Ok(()) => {
                     waiting = false;
                     if let Some((_, from)) = read(&mut conversation) {
                         stream.tell(&conversation.items()[from..]);

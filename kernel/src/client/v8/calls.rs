@@ -131,12 +131,20 @@ pub fn outcome_of(request: &front::Request, result: Result<Option<Value>, Client
     }
 }
 
-/// A prompt's turn ended (`waitForPrompt` answered, whatever its status:
-/// the transcript says how it ended).
+/// A prompt's wait answered: its turn ended (whatever its status: the
+/// transcript says how). A wait cut off with the connection is no failure:
+/// the prompt was admitted, so its turn runs on, and the replica will say
+/// when it ends (the front sees a turn until then).
 pub fn prompt_ended(result: Result<Option<Value>, ClientError>) -> Result<Answer, ClientError> {
-    result.map(|_| Answer::Prompt {
-        phase: SessionPhase::Idle,
-    })
+    match result {
+        Ok(_) => Ok(Answer::Prompt {
+            phase: SessionPhase::Idle,
+        }),
+        Err(ClientError::Disconnected(_)) => Ok(Answer::Prompt {
+            phase: SessionPhase::Turn,
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// An in-band `error` as the server's refusal.
@@ -212,6 +220,13 @@ mod tests {
             prompt_ended(Ok(None)),
             Ok(Answer::Prompt {
                 phase: SessionPhase::Idle
+            })
+        );
+        // Admitted, then the wait was cut off: its turn goes on.
+        assert_eq!(
+            prompt_ended(Err(ClientError::Disconnected("gone".into()))),
+            Ok(Answer::Prompt {
+                phase: SessionPhase::Turn
             })
         );
     }
