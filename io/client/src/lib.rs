@@ -138,31 +138,35 @@ enum Control {
 
 type Waiter = oneshot::Sender<Result<machine::Completion, ClientError>>;
 
+/// A client machine's host, shared by its handles and its driver task:
+/// the machine's state `S` under one lock, the driver's queue, the clock's
+/// epoch, and the status the machine last said.
 #[derive(Debug)]
-struct Inner {
-    state: Mutex<State>,
+struct Host<S> {
+    state: Mutex<S>,
     control: mpsc::Sender<Control>,
     epoch: tokio::time::Instant,
     status: watch::Sender<Status>,
 }
 
-#[derive(Debug)]
-struct State {
-    machine: machine::Client,
-    waiters: HashMap<CallId, Waiter>,
-    next_call: u64,
-    /// Dropped when the client closes, which ends every subscription.
-    events: Option<broadcast::Sender<ServerEvent>>,
-}
+impl<S> Host<S> {
+    fn new(state: S, control: mpsc::Sender<Control>, status: watch::Sender<Status>) -> Self {
+        Self {
+            state: Mutex::new(state),
+            control,
+            epoch: tokio::time::Instant::now(),
+            status,
+        }
+    }
 
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, S> {
         // A panic while holding the lock leaves plain data behind; keep going.
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The machine's clock: milliseconds since the host began.
     fn now(&self) -> kernel::time::Instant {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.epoch);
         kernel::time::Instant(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
@@ -175,7 +179,21 @@ impl Inner {
     fn order(&self, control: Control) {
         order(&self.control, control);
     }
+}
 
+/// The v1 client's host.
+type Inner = Host<State>;
+
+#[derive(Debug)]
+struct State {
+    machine: machine::Client,
+    waiters: HashMap<CallId, Waiter>,
+    next_call: u64,
+    /// Dropped when the client closes, which ends every subscription.
+    events: Option<broadcast::Sender<ServerEvent>>,
+}
+
+impl Inner {
     /// Steps the machine and carries out its outputs, all under the lock, so
     /// that they happen in the machine's order.
     fn step(&self, input: ClientInput) {
@@ -415,17 +433,13 @@ impl Client {
         let (status, mut status_rx) = watch::channel(Status::Reconnecting {
             reason: "connecting".into(),
         });
-        let inner = Arc::new(Inner {
-            state: Mutex::new(State {
-                machine: machine::Client::new(config),
-                waiters: HashMap::new(),
-                next_call: 0,
-                events: Some(events),
-            }),
-            control,
-            epoch: tokio::time::Instant::now(),
-            status,
-        });
+        let state = State {
+            machine: machine::Client::new(config),
+            waiters: HashMap::new(),
+            next_call: 0,
+            events: Some(events),
+        };
+        let inner = Arc::new(Inner::new(state, control, status));
         inner.step(ClientInput::TransportUp);
         tokio::spawn(drive(
             Arc::downgrade(&inner),

@@ -10,8 +10,8 @@
 //! copied whole.
 
 use super::{
-    Address, Connector, Control, Driven, Launcher, ReadHalf, WriteHalf, control_capacity, drive,
-    handshaken, order, transport_error,
+    Address, Connector, Control, Driven, Host, Launcher, ReadHalf, WriteHalf, control_capacity,
+    drive, handshaken, transport_error,
 };
 use kernel::chord::call::ServiceCall;
 use kernel::client::v8::connection::{Changed, Config, Connection, Input, Output, Request};
@@ -19,21 +19,15 @@ use kernel::client::{CallId, ClientError, Status};
 use kernel::limits::ClientLimits;
 use kernel::wire::Value;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use crate::limits::EVENT_CAPACITY;
 
 type Waiter = oneshot::Sender<Result<Option<Value>, ClientError>>;
 
-#[derive(Debug)]
-struct Inner {
-    state: Mutex<State>,
-    control: mpsc::Sender<Control>,
-    epoch: tokio::time::Instant,
-    status: watch::Sender<Status>,
-}
+/// The v8 client's host.
+type Inner = Host<State>;
 
 #[derive(Debug)]
 struct State {
@@ -45,21 +39,6 @@ struct State {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn now(&self) -> kernel::time::Instant {
-        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.epoch);
-        kernel::time::Instant(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    fn order(&self, control: Control) {
-        order(&self.control, control);
-    }
-
     fn step(&self, input: Input) {
         let mut state = self.lock();
         self.step_locked(&mut state, input);
@@ -138,7 +117,7 @@ impl Driven for Inner {
     }
     fn deadline(&self) -> Option<tokio::time::Instant> {
         let at = self.lock().machine.next_deadline();
-        at.map(|at| self.epoch + Duration::from_millis(at.as_millis()))
+        at.map(|at| self.instant(at))
     }
     fn is_closed(&self) -> bool {
         self.lock().machine.closed().is_some()
@@ -183,17 +162,13 @@ impl V8Client {
         let (status, mut status_rx) = watch::channel(Status::Reconnecting {
             reason: "connecting".into(),
         });
-        let inner = Arc::new(Inner {
-            state: Mutex::new(State {
-                machine: Connection::new(config),
-                waiters: HashMap::new(),
-                next_call: 0,
-                changes: Some(changes),
-            }),
-            control,
-            epoch: tokio::time::Instant::now(),
-            status,
-        });
+        let state = State {
+            machine: Connection::new(config),
+            waiters: HashMap::new(),
+            next_call: 0,
+            changes: Some(changes),
+        };
+        let inner = Arc::new(Inner::new(state, control, status));
         inner.step(Input::TransportUp);
         tokio::spawn(drive(
             Arc::downgrade(&inner),
