@@ -65,7 +65,8 @@ async fn the_page_s_transport_and_view_pass_their_unit_tests() {
 /// streaming, the phone-sized list; a second browser watching; steer,
 /// abort, model and thinking; a reload mid-turn; a server replacement
 /// mid-turn; a wrong token, a foreign origin and host; a turn's frames
-/// holding nothing of earlier turns; an image sent with a prompt.
+/// holding nothing of earlier turns; an image sent with a prompt; a worker
+/// killed mid-turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_web_client_works_in_a_real_browser() {
     if !prerequisites(true) {
@@ -125,6 +126,7 @@ async fn the_web_client_works_in_a_real_browser() {
         "g-keyboard",
         "h-deltas",
         "i-image",
+        "j-worker-killed",
     ] {
         assert!(
             screens.join(format!("{name}.png")).exists(),

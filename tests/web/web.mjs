@@ -3,9 +3,9 @@
 // executablePath), the way a user does: token entry, the session list,
 // create, prompt with streaming, a second browser watching, steer, abort,
 // model and thinking changes, a reload mid-turn, a server replacement
-// mid-turn, a turn that sends only what it adds, an image with a prompt,
-// keyboard-only use with WCAG AA contrast, a wrong token and a page of a
-// foreign origin.
+// mid-turn, a turn that sends only what it adds, an image with a prompt, a
+// worker killed mid-turn, keyboard-only use with WCAG AA contrast, a wrong
+// token and a page of a foreign origin.
 //
 // Usage: node web.mjs <config.json> [scenarios]
 //   config: {"bin", "serverDir", "serverId", "sessionDir", "screens"}
@@ -420,6 +420,21 @@ const scenarios = {
     check((await tid(page, "item-user").locator("img").count()) === 1, "the message shows its image");
     check((await tid(page, "attachments").count()) === 0, "the composer is empty again");
     await shot(page, "i-image");
+    await context.close();
+  },
+
+  /** The session's worker is killed mid-turn: the page is attached again (a new worker starts) and takes the next prompt. */
+  async j() {
+    const { context, page } = await openPage();
+    const id = await createSession(page, "web-j");
+    await send(page, longText(200));
+    await until(async () => (await lastAssistant(page))?.status === "streaming", "streaming");
+    const lock = fs.readFileSync(path.join(cfg.sessionDir, id, "lock"), "utf8");
+    process.kill(Number(lock.split("\n")[0].trim()), "SIGKILL");
+    await waitIdle(page);
+    await send(page, "after the worker died");
+    await until(async () => words((await lastAssistant(page))?.text ?? "").includes("You said: after the worker died."), "the next prompt answered");
+    await shot(page, "j-worker-killed");
     await context.close();
   },
 

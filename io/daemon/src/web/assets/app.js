@@ -358,12 +358,14 @@ const follow = () => {
 };
 
 /** The connection's attachment changed: `null` while we still show the
- * session means it was taken from us (removed by another client). */
+ * session means it was taken from us: removed (gone from the status), or
+ * its worker died, and then it is attached again (a new worker starts). */
 const onAttachment = (attachment) => {
   const st = app.view;
   if (!attachment && st?.attached && !st.leaving) {
     unbind(st);
     if (!app.status.has(st.id)) removed(st);
+    else attachView(st);
   }
   changed();
 };
