@@ -135,6 +135,56 @@ pub fn singleton_snapshot(service_id: &str, members: &[Member<'_>]) -> Value {
     ])
 }
 
+/// Writes [`singleton_snapshot`]'s bytes with `e`, each state's value
+/// encoded where it stands instead of copied into a tree (a transcript's
+/// state may be large). `depth` is how deep the message nests the snapshot.
+pub fn write_singleton_snapshot(
+    e: &mut crate::wire::cbor::Encoder<'_, '_>,
+    service_id: &str,
+    members: &[Member<'_>],
+    depth: usize,
+) -> Result<(), crate::wire::CborError> {
+    let mut sorted: Vec<&Member<'_>> = members.iter().collect();
+    sorted.sort_by(|a, b| a.name().cmp(b.name()));
+    e.map_header(3)?;
+    e.text("serviceId")?;
+    e.text(service_id)?;
+    e.text("mode")?;
+    e.text(Mode::Singleton.as_str())?;
+    e.text("instances")?;
+    e.array_header(1)?;
+    e.map_header(1)?;
+    e.text("members")?;
+    e.array_header(sorted.len())?;
+    for member in sorted {
+        match member {
+            Member::Method(name) => {
+                e.map_header(2)?;
+                e.text("name")?;
+                e.text(name)?;
+                e.text("kind")?;
+                e.text("method")?;
+            }
+            Member::State(name, state) => {
+                e.map_header(4)?;
+                e.text("name")?;
+                e.text(name)?;
+                e.text("kind")?;
+                e.text("state")?;
+                e.text("sequence")?;
+                e.uint(state.sequence())?;
+                e.text("ops")?;
+                e.array_header(1)?;
+                e.array_header(2)?;
+                e.text("r")?;
+                // serviceId map, instances, instance, members, member, ops, op.
+                e.nested_item(state.value(), depth + 7)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A `state` update of a singleton: one publication of one member.
 pub fn state_update(member: &str, sequence: u64, ops: Value) -> Value {
     Value::object(vec![

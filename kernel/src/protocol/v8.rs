@@ -292,6 +292,33 @@ pub fn hello_error(error: &CallError) -> Value {
     ])
 }
 
+/// `{type:"response", id, ok:true, result}` whose result is a singleton's
+/// subscription snapshot of `members`, written without copying their
+/// states ([`crate::chord::write_singleton_snapshot`]).
+pub fn encode_snapshot_response(
+    id: &str,
+    service_id: &str,
+    members: &[crate::chord::Member<'_>],
+    limits: &CborLimits,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(64);
+    let mut e = cbor::Encoder::new(&mut out, limits);
+    (|| {
+        e.map_header(4)?;
+        e.text("type")?;
+        e.text("response")?;
+        e.text("id")?;
+        e.text(id)?;
+        e.text("ok")?;
+        e.boolean(true);
+        e.text("result")?;
+        crate::chord::write_singleton_snapshot(&mut e, service_id, members, 1)?;
+        e.finish()
+    })()
+    .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 /// The payload of a `response`, written straight from its parts: the bytes
 /// of [`ServerMessage::Ok`] or [`ServerMessage::Err`] encoded, without
 /// building (and copying the result into) their tree.
@@ -340,6 +367,33 @@ pub fn encode(message: &Value, limits: &CborLimits) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    /// A subscription's answer written from the state in place has the
+    /// bytes of the same answer built as a tree.
+    #[test]
+    fn a_snapshot_answer_is_the_tree_s_bytes() {
+        use crate::chord::{Member, State, singleton_snapshot};
+        let state = State::new(Value::object(vec![
+            (
+                "entries",
+                Value::Array(vec![Value::text("a"), Value::Int(7)]),
+            ),
+            (
+                "docs",
+                Value::object(vec![("pi.live", Value::object(vec![]))]),
+            ),
+        ]));
+        let members = [
+            Member::Method("select"),
+            Member::State("state", &state),
+            Member::Method("refresh"),
+        ];
+        let limits = CborLimits::default();
+        let tree = singleton_snapshot("pi.models", &members);
+        let built = encode_response("r1", Ok(Some(&tree)), &limits).unwrap();
+        let written = encode_snapshot_response("r1", "pi.models", &members, &limits).unwrap();
+        assert_eq!(written, built);
+    }
+
     use super::*;
     use crate::wire::frame::encode_frame;
 

@@ -621,14 +621,19 @@ impl Server {
 
     /// Answers a request that is still active (one cancelled meanwhile is not answered twice).
     fn v8_reply(&mut self, conn: ConnId, id: &str, result: Result<Option<Value>, CallError>) {
+        let limits = &self.config.limits;
+        let payload = proto::encode_response(id, result.as_ref().map(Option::as_ref), &limits.cbor);
+        self.v8_reply_encoded(conn, id, payload);
+    }
+
+    /// [`Self::v8_reply`] of a response's payload written already.
+    fn v8_reply_encoded(&mut self, conn: ConnId, id: &str, payload: Result<Vec<u8>, String>) {
         if !self.v8_end(conn, id) {
             return;
         }
-        let limits = &self.config.limits;
-        let payload = proto::encode_response(id, result.as_ref().map(Option::as_ref), &limits.cbor);
-        let frame = payload.and_then(|payload| {
-            encode_frame(&payload, limits.max_frame_len).map_err(|e| e.to_string())
-        });
+        let max = self.config.limits.max_frame_len;
+        let frame =
+            payload.and_then(|payload| encode_frame(&payload, max).map_err(|e| e.to_string()));
         self.send_encoded(conn, frame.map(Frame::from));
     }
 
@@ -785,7 +790,14 @@ impl Server {
                 subscription_id,
                 service_id,
                 mode,
-            } => self.subscribe(conn, scope, route, subscription_id, &service_id, mode),
+            } => {
+                let answer =
+                    self.subscribe(conn, &id, scope, route, subscription_id, &service_id, mode);
+                match answer {
+                    Ok(payload) => return self.v8_reply_encoded(conn, &id, payload),
+                    Err(error) => Err(error),
+                }
+            }
             Control::Unsubscribe { subscription_id } => {
                 match self
                     .v8_mut(conn)
@@ -799,15 +811,19 @@ impl Server {
         self.v8_reply(conn, &id, result);
     }
 
+    /// Subscribes `conn`; the answer's payload, its snapshot written from
+    /// the state in place (a transcript is not copied to be sent).
+    #[allow(clippy::too_many_arguments)]
     fn subscribe(
         &mut self,
         conn: ConnId,
+        request_id: &str,
         scope: &[Svc],
         route: Option<&Route>,
         subscription_id: String,
         service_id: &str,
         mode: Mode,
-    ) -> Result<Option<Value>, CallError> {
+    ) -> Result<Result<Vec<u8>, String>, CallError> {
         let Some(svc) = Svc::find(scope, service_id) else {
             return Err(CallError::not_allowed(service_id));
         };
@@ -837,7 +853,7 @@ impl Server {
             }
             self.status_watchers.insert(conn);
         }
-        let snapshot = {
+        let payload = {
             let state = match (svc, route) {
                 (Svc::Directory, _) => self.directory.as_ref(),
                 (Svc::Status, _) => self.status_state.as_ref(),
@@ -856,7 +872,12 @@ impl Server {
             if let Some(state) = state {
                 members.push(Member::State("state", state));
             }
-            chord::singleton_snapshot(svc.id(), &members)
+            proto::encode_snapshot_response(
+                request_id,
+                svc.id(),
+                &members,
+                &self.config.limits.cbor,
+            )
         };
         let sub = Sub {
             svc,
@@ -867,7 +888,7 @@ impl Server {
             .expect("v8")
             .subs
             .insert(subscription_id, sub);
-        Ok(Some(snapshot))
+        Ok(payload)
     }
 }
 
