@@ -56,12 +56,12 @@ pub mod follow;
 pub mod front;
 pub mod lease;
 pub mod lookup;
+mod reconnect;
 pub mod slash;
 pub mod v8;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::time::Duration;
 
 use crate::limits::ClientLimits;
 use crate::protocol::{
@@ -75,6 +75,7 @@ use crate::wire::frame::encode_frame;
 
 pub use lease::{CallId, Completion, LeaseId, LeaseMode, LeaseStatus, ReleaseKind, SessionCommand};
 use lease::{LeaseError, LeaseInput, LeaseOutput, Leases};
+pub(crate) use reconnect::Reconnection;
 
 /// How a client connects.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -299,15 +300,6 @@ enum Phase {
     Closed { error: ClientError },
 }
 
-/// A reconnection under way: when it began and how many attempts it made.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Reconnection {
-    since: Instant,
-    attempts: u32,
-    /// A server was started during it ([`ClientOutput::Launch`]).
-    launched: bool,
-}
-
 /// A prompt handed back by a suspension: it resolves from the session's
 /// snapshots once the re-attachment shows whether its turn ran.
 #[derive(Debug, Clone, PartialEq)]
@@ -463,18 +455,21 @@ impl Client {
         }
         // The server is gone (it crashed, or retired): start it again, once
         // per reconnection, and find it at a later attempt.
-        let reason = match &mut self.reconnection {
-            Some(reconnection) if absent && self.config.launch && !reconnection.launched => {
-                reconnection.launched = true;
-                let reason = format!("{reason}; starting a server");
-                self.outputs.push(ClientOutput::Launch);
-                self.outputs
-                    .push(ClientOutput::Status(Status::Reconnecting {
-                        reason: reason.clone(),
-                    }));
-                reason
-            }
-            _ => reason,
+        let launch = self.config.launch;
+        let launches = self
+            .reconnection
+            .as_mut()
+            .is_some_and(|r| r.launches(absent, launch));
+        let reason = if launches {
+            let reason = format!("{reason}; starting a server");
+            self.outputs.push(ClientOutput::Launch);
+            self.outputs
+                .push(ClientOutput::Status(Status::Reconnecting {
+                    reason: reason.clone(),
+                }));
+            reason
+        } else {
+            reason
         };
         self.transport_lost(now, reason);
     }
@@ -496,7 +491,7 @@ impl Client {
             Phase::Backoff { retry_at } if now >= retry_at => {
                 self.phase = Phase::Connecting;
                 if let Some(reconnection) = &mut self.reconnection {
-                    reconnection.attempts += 1;
+                    reconnection.attempt();
                 }
                 self.outputs.push(ClientOutput::Connect);
             }
@@ -515,22 +510,14 @@ impl Client {
             };
             return self.close(error);
         }
-        let reconnection = *self.reconnection.get_or_insert(Reconnection {
-            since: now,
-            attempts: 0,
-            launched: false,
-        });
-        let limits = self.config.limits.clone();
-        if now.saturating_since(reconnection.since) >= limits.reconnect_window {
-            let window = limits.reconnect_window.as_secs();
-            return self.close(ClientError::Disconnected(format!(
-                "the server went away and did not come back within {window} s ({reason})"
-            )));
-        }
-        let delay = backoff(&limits, reconnection.attempts);
-        self.phase = Phase::Backoff {
-            retry_at: now + delay,
+        let reconnection = *self
+            .reconnection
+            .get_or_insert_with(|| Reconnection::new(now));
+        let retry_at = match reconnection.next_attempt(now, &self.config.limits, &reason) {
+            Ok(at) => at,
+            Err(error) => return self.close(error),
         };
+        self.phase = Phase::Backoff { retry_at };
         if was_ready {
             self.reattaching.clear();
             self.outputs
@@ -1012,16 +999,6 @@ impl Client {
             "requests in flight beyond the bound hosts size their queues by"
         );
     }
-}
-
-/// The delay before reconnection attempt `attempt` (0-based): doubling from
-/// the initial backoff, capped.
-fn backoff(limits: &ClientLimits, attempt: u32) -> Duration {
-    let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
-    limits
-        .reconnect_backoff_initial
-        .saturating_mul(factor)
-        .min(limits.reconnect_backoff_max)
 }
 
 /// True if `snapshot` holds a user message with `text` at `base` or later.

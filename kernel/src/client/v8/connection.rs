@@ -32,13 +32,12 @@
 //!   an attach under way is for the session wanted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use super::calls::error_code;
 use super::replica::Replica;
 use super::{Incoming, Route};
 use crate::chord::call::{CallError, ServiceCall};
-use crate::client::{CallId, ClientError, Status, TransportFailure};
+use crate::client::{CallId, ClientError, Reconnection, Status, TransportFailure};
 use crate::limits::ClientLimits;
 use crate::protocol::v8::PROTOCOL_VERSION_V8;
 use crate::protocol::{ErrorCode, ProtocolError};
@@ -200,8 +199,8 @@ pub struct Connection {
     config: Config,
     phase: Phase,
     ever_ready: bool,
-    /// When the reconnection under way began, and its attempts.
-    reconnection: Option<(Instant, u32, bool)>,
+    /// The reconnection under way.
+    reconnection: Option<Reconnection>,
     decoder: FrameDecoder,
     next_id: u64,
     pending: BTreeMap<String, Pending>,
@@ -343,17 +342,16 @@ impl Connection {
         if self.phase != Phase::Connecting {
             return;
         }
-        let message = match &mut self.reconnection {
-            Some((_, _, launched)) if failure.nothing_listening() && self.config.launch => {
-                if *launched {
-                    message
-                } else {
-                    *launched = true;
-                    self.outputs.push(Output::Launch);
-                    format!("{message}; starting a server")
-                }
-            }
-            _ => message,
+        let launch = self.config.launch;
+        let launches = self
+            .reconnection
+            .as_mut()
+            .is_some_and(|r| r.launches(failure.nothing_listening(), launch));
+        let message = if launches {
+            self.outputs.push(Output::Launch);
+            format!("{message}; starting a server")
+        } else {
+            message
         };
         self.lost(message);
     }
@@ -367,8 +365,8 @@ impl Connection {
             }
             Phase::Backoff { retry_at } if self.now >= retry_at => {
                 self.phase = Phase::Connecting;
-                if let Some((_, attempts, _)) = &mut self.reconnection {
-                    *attempts += 1;
+                if let Some(reconnection) = &mut self.reconnection {
+                    reconnection.attempt();
                 }
                 self.outputs.push(Output::Connect);
             }
@@ -388,17 +386,15 @@ impl Connection {
             };
             return self.close(error);
         }
-        let (since, attempts, _) = *self.reconnection.get_or_insert((self.now, 0, false));
-        let limits = &self.config.limits;
-        if self.now.saturating_since(since) >= limits.reconnect_window {
-            let window = limits.reconnect_window.as_secs();
-            return self.close(ClientError::Disconnected(format!(
-                "the server went away and did not come back within {window} s ({reason})"
-            )));
-        }
-        self.phase = Phase::Backoff {
-            retry_at: self.now + backoff(limits, attempts),
+        let now = self.now;
+        let reconnection = *self
+            .reconnection
+            .get_or_insert_with(|| Reconnection::new(now));
+        let retry_at = match reconnection.next_attempt(now, &self.config.limits, &reason) {
+            Ok(at) => at,
+            Err(error) => return self.close(error),
         };
+        self.phase = Phase::Backoff { retry_at };
         if was_ready {
             self.outputs
                 .push(Output::Status(Status::Reconnecting { reason }));
@@ -810,13 +806,4 @@ impl Connection {
     fn complete(&mut self, call: CallId, result: Result<Option<Value>, ClientError>) {
         self.outputs.push(Output::Complete { call, result });
     }
-}
-
-/// The delay before reconnection attempt `attempt` (0-based).
-fn backoff(limits: &ClientLimits, attempt: u32) -> Duration {
-    let factor = 1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX);
-    limits
-        .reconnect_backoff_initial
-        .saturating_mul(factor)
-        .min(limits.reconnect_backoff_max)
 }
