@@ -523,13 +523,12 @@ fn v8_05_our_client_machine_across_a_replacement() {
         }
         /// Brings the conversation in step and tells what changed.
         fn tell(&mut self) {
-            let Some(view) = self
-                .client
-                .session_state(kernel::client::v8::connection::TRANSCRIPT)
-            else {
+            let Some(session) = self.client.route().map(|r| r.session_id.clone()) else {
                 return;
             };
-            let from = self.conversation.sync(view);
+            let Some((_, from)) = self.conversation.follow(&self.client, &session) else {
+                return;
+            };
             for update in self.follower.tell(&self.conversation.items()[from..]) {
                 if let kernel::client::follow::Update::Text { delta, .. } = update {
                     self.told.push_str(&delta);

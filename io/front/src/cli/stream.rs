@@ -656,8 +656,8 @@ async fn prompt_v8(
     shown: Shown,
 ) -> Result<(), Failure> {
     use kernel::client::v8::calls::{self, Outcome};
-    use kernel::client::v8::connection::{Changed, MODELS, STATUS, TRANSCRIPT};
-    use kernel::client::v8::conversation::{self, Conversation};
+    use kernel::client::v8::connection::Changed;
+    use kernel::client::v8::conversation::Conversation;
     client
         .attach(id)
         .await
@@ -668,20 +668,7 @@ async fn prompt_v8(
     let mut changes = client.changes();
     let mut status = client.status();
     let mut conversation = Conversation::default();
-    let read = |conversation: &mut Conversation| {
-        client.read(|c| {
-            let view = c.session_state(TRANSCRIPT)?;
-            let from = conversation.sync(view);
-            let head = conversation::head(
-                id,
-                conversation,
-                view,
-                c.session_state(MODELS),
-                c.server_state(STATUS),
-            );
-            Some((head, from))
-        })
-    };
+    let read = |conversation: &mut Conversation| client.read(|c| conversation.follow(c, id));
     let (head, _) =
         read(&mut conversation).ok_or_else(|| format!("session {id} is not attached"))?;
     stream.follow(&SessionSnapshot {

@@ -16,7 +16,7 @@ use super::{Exit, Screen, draw, export_of, on_terminal, sessions_text, settings_
 use crate::limits::{FRONT_ANSWERS, TICK};
 use kernel::chord::call::ServiceCall;
 use kernel::client::v8::calls::{self, Outcome};
-use kernel::client::v8::connection::{Changed, MODELS, SESSIONS, STATUS, TRANSCRIPT};
+use kernel::client::v8::connection::{Changed, SESSIONS, STATUS};
 use kernel::client::v8::conversation::{self, Conversation};
 use kernel::client::{Status, lookup, slash};
 use kernel::protocol::codec::Schema;
@@ -67,18 +67,7 @@ impl Followed {
     /// Brings the conversation in step; returns the session's facts and
     /// where the changed items begin.
     fn sync(&mut self, client: &V8Client) -> Option<(SessionSnapshot, usize)> {
-        client.read(|c| {
-            let view = c.session_state(TRANSCRIPT)?;
-            let from = self.conversation.sync(view);
-            let head = conversation::head(
-                &self.id,
-                &self.conversation,
-                view,
-                c.session_state(MODELS),
-                c.server_state(STATUS),
-            );
-            Some((head, from))
-        })
+        client.read(|c| self.conversation.follow(c, &self.id))
     }
 }
 

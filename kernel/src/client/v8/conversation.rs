@@ -93,6 +93,29 @@ impl Conversation {
         from
     }
 
+    /// Brings the items in step with the transcript `connection` follows
+    /// for the attached session `session_id`; returns the session's facts
+    /// ([`head`]) and where the changed items begin. `None` while nothing
+    /// is followed (not attached yet, or reconnecting).
+    pub fn follow(
+        &mut self,
+        connection: &super::connection::Connection,
+        session_id: &str,
+    ) -> Option<(SessionSnapshot, usize)> {
+        use super::connection::{MODELS, STATUS, TRANSCRIPT};
+        let view = connection.session_state(TRANSCRIPT)?;
+        let from = self.sync(view);
+        let models = connection.session_state(MODELS);
+        let head = head(
+            session_id,
+            self,
+            view,
+            models,
+            connection.server_state(STATUS),
+        );
+        Some((head, from))
+    }
+
     /// The items shown: the entries', then the live ones.
     pub fn items(&self) -> &[TranscriptItem] {
         &self.items
@@ -516,14 +539,7 @@ mod tests {
                     t.input = calls.get(&t.tool_call_id).cloned().unwrap_or(Value::Null);
                     t.id = format!("tool:{}", t.tool_call_id);
                     if !finished {
-                        let output: String = t
-                            .content
-                            .iter()
-                            .filter_map(|c| match c {
-                                Content::Text { text } => Some(text.as_str()),
-                                _ => None,
-                            })
-                            .collect();
+                        let output = crate::client::follow::text_of(&t.content);
                         t.content = match output.is_empty() {
                             true => Vec::new(),
                             false => vec![Content::Text { text: output }],

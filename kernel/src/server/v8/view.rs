@@ -207,14 +207,7 @@ pub(crate) fn live_doc(busy: bool, streaming: &[TranscriptItem]) -> Value {
                     ),
                 ];
                 // Its output so far, as pi's slot carries it.
-                let output: String = t
-                    .content
-                    .iter()
-                    .filter_map(|c| match c {
-                        Content::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
+                let output = crate::client::follow::text_of(&t.content);
                 if !output.is_empty() {
                     slot.push(("output", Value::text(output)));
                 }
@@ -394,11 +387,5 @@ pub(crate) fn advance(streaming: &mut Vec<TranscriptItem>, progress: &Transcript
 
 /// The text an answering reply gave: its text parts, joined.
 pub(crate) fn reply_text(item: &AssistantItem) -> String {
-    item.content
-        .iter()
-        .filter_map(|c| match c {
-            Content::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
+    crate::client::follow::text_of(&item.content)
 }
