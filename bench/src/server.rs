@@ -313,6 +313,7 @@ pub(crate) fn stored_session(id: &str, created_at: u64) -> StoredSession {
         transcript: Vec::new(),
         queued_steer: Vec::new(),
         summary: None,
+        approvals: Default::default(),
     }
 }
 

@@ -337,6 +337,7 @@ mod tests {
             summary: None,
             instructions: None,
             context: vec![TranscriptItem::User(user)].into(),
+            approvals: Default::default(),
         }
     }
 

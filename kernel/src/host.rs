@@ -689,6 +689,7 @@ impl WorkerHost {
             transcript: Vec::new(),
             queued_steer: Vec::new(),
             summary: None,
+            approvals: Default::default(),
         })
     }
 
@@ -724,7 +725,12 @@ impl WorkerHost {
                 Runtime::open(stored, models, self.now)
             }
         };
-        self.runtime = Some(runtime.with_policy(self.config.policy.clone()));
+        let runtime = runtime.with_policy(self.config.policy.clone());
+        // After `Ready`: the approvals, unless they are what a server
+        // assumes of a session it has not heard them from.
+        let mut outputs = outputs;
+        outputs.extend(runtime.told_approvals().map(RuntimeOutput::Send));
+        self.runtime = Some(runtime);
         self.stage = HostStage::Running;
         self.out.push(HostOutput::RecordServer);
         // The servers start now, so that the first prompt finds them up.
@@ -934,6 +940,10 @@ impl WorkerHost {
             // since would otherwise reach it only as deltas after a hole.
             if std::mem::take(&mut self.lagging) {
                 self.send_whole_snapshot();
+            }
+            // The approvals are not in the snapshot: the new server hears them now.
+            if let Some(message) = self.runtime.as_ref().and_then(Runtime::told_approvals) {
+                self.out.push(packed(message));
             }
         } else {
             self.out.push(HostOutput::DropAnnouncement);

@@ -13,6 +13,7 @@
 //! with a tick. Nothing here reads a clock, draws entropy, touches a file or a
 //! socket, or iterates a hash map into an output.
 
+pub mod approval;
 pub mod chord;
 pub mod client;
 pub mod faux;

@@ -36,6 +36,7 @@
 //! the next model call. Tool calls of the same reply that have not started
 //! yet are skipped (recorded as errors) so the model hears the user first.
 
+use crate::approval::{ApprovalPolicy, Approvals, Decision, Gate, Question};
 use crate::ids::OpId;
 use crate::protocol::{
     AssistantItem, AssistantStatus, Content, DeltaKind, ErrorCode, JsonValue, ModelMetadata,
@@ -94,6 +95,8 @@ pub struct StoredSession {
     pub queued_steer: Vec<UserItem>,
     /// The latest context summary, if the session was compacted.
     pub summary: Option<Summary>,
+    /// Its approval policy, tools allowed always, and questions waiting.
+    pub approvals: Approvals,
 }
 
 impl StoredSession {
@@ -116,7 +119,9 @@ impl StoredSession {
                 thinking_level,
                 queued_steer,
                 summary,
+                approvals,
             } => {
+                self.approvals = approvals.clone();
                 self.name = name.clone();
                 self.revision = *revision;
                 self.updated_at = *updated_at;
@@ -153,6 +158,8 @@ pub enum Persist {
         queued_steer: Vec<UserItem>,
         /// The latest context summary.
         summary: Option<Summary>,
+        /// Approval policy, tools allowed always, questions waiting.
+        approvals: Approvals,
     },
     /// The model a new session should start with (the most recently selected one).
     DefaultModel(ModelRef),
@@ -187,6 +194,9 @@ pub struct ModelRequest {
     /// shared with the runtime, which extends it between calls instead of
     /// copying the history for each.
     pub context: Arc<Vec<TranscriptItem>>,
+    /// The approval policy in force: a read-only session offers the
+    /// reading tools alone ([`ApprovalPolicy::offers`]).
+    pub approvals: ApprovalPolicy,
 }
 
 /// The model's context kept between calls ([`Runtime::context`]).
@@ -382,6 +392,8 @@ pub struct Policy {
     pub keep_recent_percent: u64,
     /// How far the stored text of a streaming reply may lag what clients saw.
     pub checkpoint: crate::limits::Checkpoint,
+    /// The approval policy of the settings: sessions that set none follow it.
+    pub approvals: ApprovalPolicy,
 }
 
 impl Default for Policy {
@@ -393,6 +405,7 @@ impl Default for Policy {
             compaction_percent: 80,
             keep_recent_percent: 25,
             checkpoint: crate::limits::Checkpoint::default(),
+            approvals: ApprovalPolicy::Auto,
         }
     }
 }
@@ -402,10 +415,13 @@ enum Stage {
     /// A model reply streams into the transcript item at `item`.
     Streaming { call: u64, item: usize },
     /// Tool calls of the last reply run one at a time: `running` is the tool
-    /// item in flight, `waiting` the tool items not started yet.
+    /// item in flight, `waiting` the tool items not started yet. With
+    /// `asking`, `running` has not started: it waits for an answer to its
+    /// question ([`Approvals::pending`]).
     Tools {
         running: String,
         waiting: VecDeque<String>,
+        asking: bool,
     },
     /// A transient model error; the next call starts at `at`.
     Retrying { at: Instant },
@@ -488,6 +504,10 @@ pub struct Runtime {
     context: Context,
 }
 
+/// The operation of a turn resumed at open (a question a dead worker asked):
+/// no server issued it, so its end answers nobody.
+pub const RESUMED: OpId = OpId(u64::MAX);
+
 /// Message recorded on an item a turn could not finish because its worker stopped.
 pub const INTERRUPTED: &str = "Interrupted: the session worker stopped before this finished";
 
@@ -556,14 +576,39 @@ impl Runtime {
             #[cfg(debug_assertions)]
             published: Vec::new(),
         };
+        let held = rt.held_tools();
         for i in 0..rt.state.transcript.len() {
+            if held.iter().any(|id| id == rt.state.transcript[i].id()) {
+                continue;
+            }
             if let Some(item) = interrupted(&rt.state.transcript[i]) {
                 rt.state.transcript[i] = item.clone();
                 rt.out.push(RuntimeOutput::Persist(Persist::Item(item)));
             }
         }
-        // Steer text a dead worker never delivered still belongs to the conversation.
-        rt.take_steer();
+        match held.split_first() {
+            // A question the dead worker asked: its call and those after it
+            // never ran, so the turn goes on from there, asking again.
+            Some((running, waiting)) => {
+                rt.turn = Some(Turn {
+                    prompt_op: RESUMED,
+                    stage: Stage::Tools {
+                        running: running.clone(),
+                        waiting: waiting.iter().cloned().collect(),
+                        asking: true,
+                    },
+                    failures: 0,
+                    overflow_retried: false,
+                    compaction: false,
+                    instructions: None,
+                });
+            }
+            None => {
+                rt.state.approvals.pending.clear();
+                // Steer text a dead worker never delivered still belongs to the conversation.
+                rt.take_steer();
+            }
+        }
         rt.bump();
         rt.dirty = 0;
         let snapshot = rt.publish();
@@ -572,6 +617,50 @@ impl Runtime {
         let out = std::mem::take(&mut rt.out);
         rt.check_invariants();
         (rt, out)
+    }
+
+    /// The tool items a stored question holds: the asked call and the
+    /// calls of its reply after it, all still running (none ran); empty
+    /// when no question waits on a running call.
+    fn held_tools(&self) -> Vec<String> {
+        let Some(question) = self.state.approvals.pending.first() else {
+            return Vec::new();
+        };
+        let items = &self.state.transcript;
+        let Some(at) = items
+            .iter()
+            .rposition(|i| i.id() == question.id && is_running(i))
+        else {
+            return Vec::new();
+        };
+        let held: Vec<String> = items[at..]
+            .iter()
+            .take_while(|i| is_running(i))
+            .map(|i| i.id().to_string())
+            .collect();
+        // The reply's calls are its last items: anything after them means
+        // the store is not as a held question leaves it.
+        match at + held.len() == items.len() {
+            true => held,
+            false => Vec::new(),
+        }
+    }
+
+    /// The session's approvals for the server, with the policy in force.
+    pub fn approvals_message(&self) -> RuntimeMessage {
+        FromWorker::Approvals {
+            approvals: self.state.approvals.clone(),
+            policy: self.state.approvals.effective(self.policy.approvals),
+        }
+    }
+
+    /// [`Self::approvals_message`] for a server that has not heard it
+    /// (at `Ready`, on adoption): none when it says what such a server
+    /// assumes (nothing set, allowed or asked, and `auto` in force).
+    pub fn told_approvals(&self) -> Option<RuntimeMessage> {
+        let assumed = self.state.approvals == Approvals::default()
+            && self.policy.approvals == ApprovalPolicy::Auto;
+        (!assumed).then(|| self.approvals_message())
     }
 
     /// Replaces the retry and compaction policy.
@@ -721,6 +810,8 @@ impl Runtime {
                     .push(RuntimeOutput::Persist(Persist::EditorMcp(servers)));
                 Ok(())
             }
+            Operation::Answer { id, decision } => self.on_answer(&id, decision),
+            Operation::SetApprovals { policy } => self.on_set_approvals(policy),
             Operation::Rename { name } => {
                 // The server checked the name (unique, well formed); a turn
                 // may run: a name is no setting of it.
@@ -945,8 +1036,12 @@ impl Runtime {
                 Stage::Streaming { call, .. } | Stage::Compacting { call, .. } => {
                     self.out.push(RuntimeOutput::CancelModel { call });
                 }
-                Stage::Tools { running, .. } => {
-                    self.out.push(RuntimeOutput::CancelTool { id: running });
+                Stage::Tools {
+                    running, asking, ..
+                } => {
+                    if !asking {
+                        self.out.push(RuntimeOutput::CancelTool { id: running });
+                    }
                 }
                 Stage::Retrying { .. } => {}
             }
@@ -989,7 +1084,13 @@ impl Runtime {
         // Clients saw revisions up to ours: the next must be above them.
         stored.revision = stored.revision.max(self.state.revision);
         stored.queued_steer.clear();
+        // The turn a question waited in has ended.
+        stored.approvals.pending.clear();
+        let asked = !self.state.approvals.pending.is_empty();
         self.state = stored;
+        if asked {
+            self.send_approvals();
+        }
         self.dirty = 0;
         self.context.stale = true;
         self.state.revision += 1;
@@ -1097,6 +1198,7 @@ impl Runtime {
             thinking_level: s.thinking_level,
             queued_steer: s.queued_steer.clone(),
             summary: s.summary.clone(),
+            approvals: s.approvals.clone(),
         }));
     }
 

@@ -16,6 +16,7 @@
 //! within [`Limits::worker_dispose_timeout`](crate::limits::Limits), after which
 //! the kernel asks the driver to kill the process.
 
+use crate::approval::{ApprovalPolicy, Approvals, Decision};
 use crate::ids::{OpId, WorkerId};
 use crate::protocol::{
     Content, JsonValue, ModelRef, PackedSnapshot, ProtocolError, SessionSnapshot, ThinkingLevel,
@@ -59,6 +60,10 @@ pub enum Operation {
     /// Summarise the older conversation now (idle only), as `instructions`
     /// ask, if any.
     Compact { instructions: Option<String> },
+    /// Answer the question about tool item `id`.
+    Answer { id: String, decision: Decision },
+    /// Set the session's approval policy (`None`: follow the settings).
+    SetApprovals { policy: Option<ApprovalPolicy> },
 }
 
 impl Operation {
@@ -81,6 +86,8 @@ impl Operation {
             Self::Rename { .. } => "rename",
             Self::SetMcpServers { .. } => "set_mcp_servers",
             Self::Compact { .. } => "compact",
+            Self::Answer { .. } => "answer",
+            Self::SetApprovals { .. } => "set_approvals",
         }
     }
 }
@@ -123,6 +130,14 @@ pub enum FromWorker<S = PackedSnapshot> {
     },
     /// The runtime hit a fatal error (for example storage failed). The worker exits.
     Fatal { message: String },
+    /// The session's approvals as they stand (after `Ready`, on adoption,
+    /// and whenever they change). Not in the snapshot: v1 clients do not
+    /// know them.
+    Approvals {
+        approvals: Approvals,
+        /// The policy in force (the session's, else the settings').
+        policy: ApprovalPolicy,
+    },
 }
 
 /// A snapshot as the runtime publishes it: every field, and of the
@@ -190,6 +205,7 @@ impl<S> FromWorker<S> {
                 },
             },
             Self::Fatal { message } => FromWorker::Fatal { message },
+            Self::Approvals { approvals, policy } => FromWorker::Approvals { approvals, policy },
         })
     }
 

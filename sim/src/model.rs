@@ -715,6 +715,7 @@ fn stored_session(session_id: &str) -> Store {
         transcript: Vec::new(),
         queued_steer: Vec::new(),
         summary: None,
+        approvals: Default::default(),
     };
     let mut store = Store::default();
     store.sessions.insert(session_id.to_string(), stored);

@@ -249,6 +249,10 @@ pub fn to_worker(m: &ToWorker) -> String {
                 Operation::Compact { instructions } => instructions
                     .as_deref()
                     .map_or(String::new(), |i| format!(" {:?}", short(i))),
+                Operation::Answer { id, decision } => format!(" {id} {}", decision.as_str()),
+                Operation::SetApprovals { policy } => {
+                    format!(" {}", policy.map_or("settings", |p| p.as_str()))
+                }
             };
             format!("{op} {}{detail}", operation.name())
         }
@@ -283,6 +287,18 @@ pub fn from_worker(names: &mut Names, m: &FromWorker) -> String {
             Err(e) => format!("{op} failed {}: {}", e.code.as_str(), e.message),
         },
         FromWorker::Fatal { message } => format!("fatal {message}"),
+        FromWorker::Approvals { approvals, policy } => {
+            let asked: Vec<String> = approvals
+                .pending
+                .iter()
+                .map(|q| format!("{} {}", q.id, q.tool))
+                .collect();
+            format!(
+                "approvals {} always={:?} asked={asked:?}",
+                policy.as_str(),
+                approvals.always
+            )
+        }
     }
 }
 

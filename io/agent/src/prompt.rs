@@ -357,6 +357,7 @@ pub(crate) mod tests {
             summary: summary.map(str::to_string),
             instructions: None,
             context: context.into(),
+            approvals: Default::default(),
         }
     }
 

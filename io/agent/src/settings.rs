@@ -1,7 +1,8 @@
-//! A session's own settings for its model calls: its `settings.json`
+//! A session's own settings for its model calls and tools: its `settings.json`
 //! (`<sessionDir>/<id>/settings.json`) over `<agentDir>/settings.json`
 //! ([`pi_config::settings`]).
 
+use kernel::approval::ApprovalPolicy;
 use pi_config::settings::{file, read, read_file};
 use std::path::Path;
 
@@ -12,6 +13,8 @@ pub struct SessionSettings {
     pub context_files: bool,
     /// The tools offered, by name, in order.
     pub tools: Vec<String>,
+    /// The approval policy of sessions that set none (`"approvals"`).
+    pub approvals: ApprovalPolicy,
 }
 
 /// The settings of the session whose directory is `session`: each key from
@@ -55,9 +58,27 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
             })?,
     };
     crate::tools::select_tools(&tools).map_err(|e| format!("{}: {e}", source.display()))?;
+    let (source, approvals) = match own.get("approvals") {
+        Some(value) => (path, Some(value)),
+        None => (file(agent_dir), global.get("approvals")),
+    };
+    let approvals = match approvals {
+        None => ApprovalPolicy::default(),
+        Some(value) => value
+            .as_str()
+            .and_then(ApprovalPolicy::parse)
+            .ok_or_else(|| {
+                format!(
+                    "{}: \"approvals\" must be {}, not {value}",
+                    source.display(),
+                    ApprovalPolicy::NAMES
+                )
+            })?,
+    };
     Ok(SessionSettings {
         context_files,
         tools,
+        approvals,
     })
 }
 
@@ -98,6 +119,19 @@ mod tests {
         let e = self::session(&agent, &session).unwrap_err();
         assert!(
             e.contains("unknown tool \"Bash\"") && e.contains("the tools are read, write, edit"),
+            "{e}"
+        );
+        // The approval policy: the session's over the global one, checked.
+        write(&agent, r#"{"approvals": "ask"}"#);
+        let s = self::session(&agent, &session).unwrap();
+        assert_eq!(s.approvals, ApprovalPolicy::Ask);
+        write(&session, r#"{"approvals": "read-only"}"#);
+        let s = self::session(&agent, &session).unwrap();
+        assert_eq!(s.approvals, ApprovalPolicy::ReadOnly);
+        write(&session, r#"{"approvals": "never"}"#);
+        let e = self::session(&agent, &session).unwrap_err();
+        assert!(
+            e.contains("\"approvals\" must be auto, ask or read-only"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

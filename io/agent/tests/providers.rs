@@ -63,6 +63,7 @@ fn request(p: &ProviderConfig, level: ThinkingLevel, context: Vec<TranscriptItem
         summary: None,
         instructions: None,
         context: context.into(),
+        approvals: Default::default(),
     }
 }
 

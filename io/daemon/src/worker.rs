@@ -200,6 +200,18 @@ pub async fn run_worker() -> Result<(), String> {
     run(setup).await
 }
 
+/// The approval policy the settings give the session. Settings that cannot
+/// be read ask: a mistyped `"approvals"` must not run tools unasked.
+fn approval_setting(agent_dir: &Path, session: &Path) -> kernel::approval::ApprovalPolicy {
+    match pi_agent::settings::session(agent_dir, session) {
+        Ok(settings) => settings.approvals,
+        Err(error) => {
+            tracing::warn!(%error, "the settings cannot be read; tools wait for approval");
+            kernel::approval::ApprovalPolicy::Ask
+        }
+    }
+}
+
 /// Everything a worker is started with.
 pub struct WorkerSetup<D> {
     /// How it reaches its server.
@@ -243,6 +255,8 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
     } = setup;
     let channel = Channel::connect(&dial).await?;
     let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
+    let mut policy = policy;
+    policy.approvals = approval_setting(&agent_dir, &session_dir.join(&session_id));
     let config = HostConfig {
         session_id: session_id.clone(),
         token,
@@ -753,6 +767,7 @@ impl<D: Dial> Worker<D> {
                     )
                     .map(|mut config| {
                         config.tools.extend_from_slice(&self.mcp_specs.1);
+                        config.tools.retain(|t| request.approvals.offers(&t.name));
                         config
                     }),
             )

@@ -3,6 +3,7 @@
 
 use super::{DB_FILE, StoreError, Synchronous};
 use crate::limits::BUSY_TIMEOUT;
+use kernel::approval::Approvals;
 use kernel::protocol::codec::{Path as SchemaPath, Schema};
 use kernel::protocol::{
     AssistantStatus, Content, ModelRef, ThinkingLevel, ToolStatus, TranscriptItem, Usage, UserItem,
@@ -67,6 +68,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         description: "the providers' signatures of an item's thinking",
         sql: "ALTER TABLE items ADD COLUMN signatures BLOB;",
     },
+    Migration {
+        version: 5,
+        description: "the approval policy, tools allowed always, questions waiting",
+        sql: "ALTER TABLE state ADD COLUMN approvals BLOB;",
+    },
 ];
 
 /// The schema version this build writes.
@@ -83,6 +89,7 @@ pub(super) struct StateRow {
     pub(super) thinking_level: ThinkingLevel,
     pub(super) queued_steer: Vec<UserItem>,
     pub(super) summary: Option<Summary>,
+    pub(super) approvals: Approvals,
 }
 
 /// The error of a failed SQLite call, described only when one happens (this
@@ -212,8 +219,8 @@ pub(super) fn write_initial(
     let updated_at = to_sql_int(initial.updated_at, "updatedAt", id)?;
     tx.execute(
         "INSERT INTO state (id, revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
-                            summary_text, summary_through, summary_usage)
-         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                            summary_text, summary_through, summary_usage, approvals)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             revision,
             updated_at,
@@ -224,6 +231,7 @@ pub(super) fn write_initial(
             initial.summary.as_ref().map(|s| s.text.as_str()),
             initial.summary.as_ref().map(|s| s.through.as_str()),
             encode_summary_usage(initial.summary.as_ref(), id)?,
+            encode_approvals(&initial.approvals, id)?,
         ],
     )
     .map_err(sqlite_error(dir, id, "write the initial state"))?;
@@ -265,8 +273,10 @@ pub(super) fn apply(
                 thinking_level,
                 queued_steer,
                 summary,
+                approvals,
             } => {
                 let steer = encode_steer(queued_steer, id)?;
+                let approvals = encode_approvals(approvals, id)?;
                 let summary_usage = encode_summary_usage(summary.as_ref(), id)?;
                 let revision = to_sql_int(*revision, "revision", id)?;
                 let updated_at = to_sql_int(*updated_at, "updatedAt", id)?;
@@ -274,7 +284,8 @@ pub(super) fn apply(
                     .prepare_cached(
                         "UPDATE state SET revision = ?1, updated_at = ?2, model_provider = ?3,
                          model_id = ?4, thinking_level = ?5, queued_steer = ?6,
-                         summary_text = ?7, summary_through = ?8, summary_usage = ?9 WHERE id = 1",
+                         summary_text = ?7, summary_through = ?8, summary_usage = ?9,
+                         approvals = ?10 WHERE id = 1",
                     )
                     .and_then(|mut stmt| {
                         stmt.execute(params![
@@ -287,6 +298,7 @@ pub(super) fn apply(
                             summary.as_ref().map(|s| s.text.as_str()),
                             summary.as_ref().map(|s| s.through.as_str()),
                             summary_usage,
+                            approvals,
                         ])
                     })
                     .map_err(sqlite_error(dir, id, "write the state row"))?;
@@ -364,7 +376,7 @@ pub(super) fn load(
     let row = conn
         .query_row(
             "SELECT revision, updated_at, model_provider, model_id, thinking_level, queued_steer,
-                    summary_text, summary_through, summary_usage
+                    summary_text, summary_through, summary_usage, approvals
              FROM state WHERE id = 1",
             [],
             |row| {
@@ -378,6 +390,7 @@ pub(super) fn load(
                     row.get::<_, Option<String>>(6)?,
                     row.get::<_, Option<String>>(7)?,
                     row.get::<_, Option<Vec<u8>>>(8)?,
+                    row.get::<_, Option<Vec<u8>>>(9)?,
                 ))
             },
         )
@@ -393,6 +406,7 @@ pub(super) fn load(
         summary_text,
         summary_through,
         summary_usage,
+        approvals,
     )) = row
     else {
         return Err(corrupt(dir, id, "its state row is missing"));
@@ -426,7 +440,13 @@ pub(super) fn load(
         .map(|blob| decode_usage(&blob))
         .transpose()
         .map_err(|problem| corrupt(dir, id, problem))?;
+    let approvals = approvals
+        .map(|blob| decode_approvals(&blob))
+        .transpose()
+        .map_err(|problem| corrupt(dir, id, problem))?
+        .unwrap_or_default();
     let state = StateRow {
+        approvals,
         revision,
         updated_at,
         model: ModelRef {
@@ -605,6 +625,23 @@ fn encode_summary_usage(
             "Session {id}: cannot store the summary's usage: {e}"
         ))
     })
+}
+
+/// The approvals as CBOR ([`Approvals`]' schema); none when they are the
+/// default (no policy of the session's own, nothing allowed or asked).
+fn encode_approvals(approvals: &Approvals, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    if *approvals == Approvals::default() {
+        return Ok(None);
+    }
+    to_cbor(&approvals.to_value())
+        .map(Some)
+        .map_err(|e| StoreError::Invalid(format!("Session {id}: cannot store the approvals: {e}")))
+}
+
+fn decode_approvals(blob: &[u8]) -> Result<Approvals, String> {
+    let value = cbor::decode(blob, &CborLimits::default())
+        .map_err(|e| format!("the approvals are invalid CBOR: {e}"))?;
+    Approvals::from_value_at(&value, &SchemaPath::Root("approvals")).map_err(|e| e.to_string())
 }
 
 fn decode_usage(blob: &[u8]) -> Result<Usage, String> {

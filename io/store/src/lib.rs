@@ -777,6 +777,7 @@ fn stored_of(
         transcript,
         queued_steer: state.queued_steer,
         summary: state.summary,
+        approvals: state.approvals,
     }
 }
 

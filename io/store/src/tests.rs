@@ -127,6 +127,7 @@ fn session(id: &str) -> StoredSession {
         transcript: vec![TranscriptItem::User(user("u0", "hello"))],
         queued_steer: vec![],
         summary: None,
+        approvals: Default::default(),
     }
 }
 
@@ -139,6 +140,7 @@ fn state_of(s: &StoredSession) -> Persist {
         thinking_level: s.thinking_level,
         queued_steer: s.queued_steer.clone(),
         summary: s.summary.clone(),
+        approvals: s.approvals.clone(),
     }
 }
 
@@ -157,6 +159,18 @@ fn create_open_round_trip_with_upsert_in_place() {
         TranscriptItem::Assistant(assistant("a1", "let me", AssistantStatus::Streaming));
     expected.revision = 2;
     expected.queued_steer = vec![user("st1", "also b.txt")];
+    // The session asks before `bash`, and a question waits.
+    expected.approvals = kernel::approval::Approvals {
+        policy: Some(kernel::approval::ApprovalPolicy::Ask),
+        always: vec!["edit".into()],
+        pending: vec![kernel::approval::Question {
+            id: "t0".into(),
+            call_id: "call-0".into(),
+            tool: "bash".into(),
+            input: Value::object(vec![("command", Value::text("ls"))]),
+            asked_at: 1_700_000_000_100,
+        }],
+    };
     store
         .apply(&[
             Persist::Item(u1.clone()),
@@ -179,6 +193,8 @@ fn create_open_round_trip_with_upsert_in_place() {
     };
     expected.thinking_level = ThinkingLevel::High;
     expected.queued_steer = vec![];
+    // Answered: the policy and `always` stay.
+    expected.approvals.pending.clear();
     store
         .apply(&[
             Persist::Item(t1.clone()),

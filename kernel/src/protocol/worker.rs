@@ -27,6 +27,7 @@ use super::types::{
     AssistantStatus, Content, ModelRef, ProtocolError, SessionSnapshot, ThinkingLevel,
     TranscriptItem, TranscriptProgress,
 };
+use crate::approval::{ApprovalPolicy, Approvals, Decision, Question};
 use crate::ids::OpId;
 use crate::wire::{CborLimits, Value, cbor};
 use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
@@ -34,8 +35,9 @@ use crate::worker::{CreateSpec, FromWorker, Operation, ToWorker};
 /// Version of the worker channel. 3: a snapshot's transcript may be a tail
 /// (`from`: the items before it are those of the worker's earlier
 /// snapshots on the channel); a frame without `from` carries it whole, as
-/// every frame of versions 1 and 2 does.
-pub const WORKER_PROTOCOL_VERSION: u64 = 3;
+/// every frame of versions 1 and 2 does. 4: `approvals` frames and the
+/// `answer` and `set_approvals` operations.
+pub const WORKER_PROTOCOL_VERSION: u64 = 4;
 
 /// The first version with [`ToWorker::Snapshot`]: a server sends it only to
 /// workers that said hello with this version or a later one.
@@ -143,8 +145,81 @@ fn operation_to_value(op: &Operation) -> Value {
         Operation::SetThinking { level } => b.put("thinkingLevel", text(level.as_str())),
         Operation::Rename { name } => b.put("name", text(name)),
         Operation::SetMcpServers { servers } => b.put("mcpServers", servers.clone()),
+        Operation::Answer { id, decision } => b
+            .put("id", text(id))
+            .put("decision", text(decision.as_str())),
+        Operation::SetApprovals { policy } => b.put_opt("policy", policy.map(|p| text(p.as_str()))),
     }
     .build()
+}
+
+fn read_policy(value: &Value, path: &Path<'_>) -> Result<ApprovalPolicy, SchemaError> {
+    let s = read_string(value, path)?;
+    ApprovalPolicy::parse(&s).ok_or_else(|| {
+        SchemaError::new(format!(
+            "{path}: unknown approval policy {s:?}; the policies are {}",
+            ApprovalPolicy::NAMES
+        ))
+    })
+}
+
+fn read_decision(value: &Value, path: &Path<'_>) -> Result<Decision, SchemaError> {
+    let s = read_string(value, path)?;
+    Decision::parse(&s).ok_or_else(|| {
+        SchemaError::new(format!(
+            "{path}: unknown decision {s:?}; it is allow, always or deny"
+        ))
+    })
+}
+
+/// A question's tree: `{id, callId, tool, input, askedAt}`.
+fn question_to_value(q: &Question) -> Value {
+    MapBuilder::with_capacity(5)
+        .put("id", text(&q.id))
+        .put("callId", text(&q.call_id))
+        .put("tool", text(&q.tool))
+        .put("input", q.input.clone())
+        .put("askedAt", Value::Int(q.asked_at as i64))
+        .build()
+}
+
+fn question_from_value(value: &Value, path: &Path<'_>) -> Result<Question, SchemaError> {
+    let f = Fields::new(value, path, &["id", "callId", "tool", "input", "askedAt"])?;
+    Ok(Question {
+        id: f.required("id", read_string)?,
+        call_id: f.required("callId", read_string)?,
+        tool: f.required("tool", read_string)?,
+        input: f.required("input", |v, _| Ok(v.clone()))?,
+        asked_at: f.required("askedAt", read_uint)?,
+    })
+}
+
+/// A session's approvals as a tree: `{policy?, always, pending}`, on the
+/// worker channel, in the store, and (with the policy in force) in our v8
+/// service's state.
+impl Schema for Approvals {
+    fn to_value(&self) -> Value {
+        MapBuilder::with_capacity(3)
+            .put_opt("policy", self.policy.map(|p| text(p.as_str())))
+            .put(
+                "always",
+                Value::Array(self.always.iter().map(|t| text(t)).collect()),
+            )
+            .put(
+                "pending",
+                Value::Array(self.pending.iter().map(question_to_value).collect()),
+            )
+            .build()
+    }
+
+    fn from_value_at(value: &Value, path: &Path<'_>) -> Result<Self, SchemaError> {
+        let f = Fields::new(value, path, &["policy", "always", "pending"])?;
+        Ok(Self {
+            policy: f.optional("policy", read_policy)?,
+            always: f.required("always", |v, p| read_list(v, p, read_string))?,
+            pending: f.required("pending", |v, p| read_list(v, p, question_from_value))?,
+        })
+    }
 }
 
 fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, SchemaError> {
@@ -204,6 +279,19 @@ fn operation_from_value(value: &Value, path: &Path<'_>) -> Result<Operation, Sch
             let f = Fields::new(value, path, &["kind", "name"])?;
             Operation::Rename {
                 name: f.required("name", read_string)?,
+            }
+        }
+        Some("answer") => {
+            let f = Fields::new(value, path, &["kind", "id", "decision"])?;
+            Operation::Answer {
+                id: f.required("id", read_string)?,
+                decision: f.required("decision", read_decision)?,
+            }
+        }
+        Some("set_approvals") => {
+            let f = Fields::new(value, path, &["kind", "policy"])?;
+            Operation::SetApprovals {
+                policy: f.optional("policy", read_policy)?,
             }
         }
         Some("set_mcp_servers") => {
@@ -414,6 +502,10 @@ fn from_worker_to_value(m: &FromWorker) -> Value {
         FromWorker::Fatal { message } => MapBuilder::with_capacity(2)
             .put("type", text("fatal"))
             .put("message", text(message)),
+        FromWorker::Approvals { approvals, policy } => MapBuilder::with_capacity(3)
+            .put("type", text("approvals"))
+            .put("approvals", approvals.to_value())
+            .put("policy", text(policy.as_str())),
     }
     .build()
 }
@@ -470,6 +562,13 @@ fn from_worker_from_value(
             let f = Fields::new(value, path, &["type", "message"])?;
             FromWorker::Fatal {
                 message: f.required("message", read_string)?,
+            }
+        }
+        "approvals" => {
+            let f = Fields::new(value, path, &["type", "approvals", "policy"])?;
+            FromWorker::Approvals {
+                approvals: f.required("approvals", Approvals::from_value_at)?,
+                policy: f.required("policy", read_policy)?,
             }
         }
         other => {

@@ -20,6 +20,25 @@ impl Runtime {
             );
         }
         let s = &self.state;
+        // A question waits exactly while its tool call is held for it.
+        match &self.turn {
+            Some(Turn {
+                stage:
+                    Stage::Tools {
+                        running,
+                        asking: true,
+                        ..
+                    },
+                ..
+            }) => assert!(
+                s.approvals.pending.len() == 1 && s.approvals.pending[0].id == *running,
+                "the held tool call has the one question"
+            ),
+            _ => assert!(
+                s.approvals.pending.is_empty(),
+                "no question waits unless a tool call is held for it"
+            ),
+        }
         let meta = self
             .models
             .iter()
@@ -62,6 +81,7 @@ impl Runtime {
             Some(Stage::Tools {
                 running: r,
                 waiting,
+                ..
             }) => {
                 assert_eq!(streaming, 0);
                 check_running_tools(&running, r, waiting.len());
@@ -107,6 +127,7 @@ impl Runtime {
             Some(Stage::Tools {
                 running: r,
                 waiting,
+                ..
             }) => {
                 let tools = s
                     .transcript

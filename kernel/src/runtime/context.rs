@@ -29,6 +29,7 @@ impl Runtime {
             summary: self.state.summary.as_ref().map(|s| s.text.clone()),
             instructions: self.turn.as_ref().and_then(|t| t.instructions.clone()),
             context,
+            approvals: self.state.approvals.effective(self.policy.approvals),
         };
         self.set_stage(Stage::Compacting {
             call,

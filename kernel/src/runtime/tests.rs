@@ -47,6 +47,7 @@ fn stored(model: &str) -> StoredSession {
         transcript: Vec::new(),
         queued_steer: Vec::new(),
         summary: None,
+        approvals: Default::default(),
     }
 }
 
@@ -1183,4 +1184,271 @@ fn a_compaction_asked_for_summarises_now_and_is_answered_when_stored() {
     );
     assert_eq!(t.rt.state().summary, Some(summary));
     assert_eq!(t.rt.phase(), SessionPhase::Idle);
+}
+
+// ---- approvals ---------------------------------------------------------------
+
+/// A runtime whose settings ask before tools that write.
+fn asking() -> T {
+    let mut t = T::new("faux-1");
+    t.rt = t.rt.clone().with_policy(Policy {
+        approvals: ApprovalPolicy::Ask,
+        ..Policy::default()
+    });
+    t
+}
+
+/// Prompts `op` and has the model call `bash` twice (ids c1, c2).
+fn two_bash_calls(t: &mut T, op: u64) {
+    t.op(op, Operation::prompt("go"));
+    let (call, _) = t.started_call().unwrap();
+    for e in tool_call("c1", "ls")
+        .into_iter()
+        .chain(tool_call("c2", "pwd"))
+    {
+        t.model(call, e);
+    }
+    t.model(call, done(StopReason::ToolUse));
+}
+
+/// The approvals the last step told the server, if it told them.
+fn told(t: &T) -> Option<(Approvals, ApprovalPolicy)> {
+    t.out.iter().rev().find_map(|o| match o {
+        RuntimeOutput::Send(FromWorker::Approvals { approvals, policy }) => {
+            Some((approvals.clone(), *policy))
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn under_ask_a_tool_waits_for_its_answer_which_is_stored_before_it_is_shown() {
+    let mut t = asking();
+    two_bash_calls(&mut t, 1);
+    assert!(t.run_tool().is_none(), "nothing runs unasked");
+    let (approvals, policy) = told(&t).expect("the question is told");
+    assert_eq!(policy, ApprovalPolicy::Ask);
+    let [question] = approvals.pending.as_slice() else {
+        panic!("{approvals:?}")
+    };
+    assert_eq!(
+        (question.tool.as_str(), question.call_id.as_str()),
+        ("bash", "c1")
+    );
+    // Stored before it is told.
+    let stored = t.out.iter().position(|o| {
+        matches!(o, RuntimeOutput::Persist(Persist::State { approvals, .. }) if !approvals.pending.is_empty())
+    });
+    let shown = t
+        .out
+        .iter()
+        .position(|o| matches!(o, RuntimeOutput::Send(FromWorker::Approvals { .. })));
+    assert!(stored.unwrap() < shown.unwrap());
+    assert_eq!(t.rt.phase(), SessionPhase::Turn);
+    let first = question.id.clone();
+    t.op(
+        2,
+        Operation::Answer {
+            id: first.clone(),
+            decision: Decision::Allow,
+        },
+    );
+    assert!(t.done(2).unwrap().is_ok());
+    assert_eq!(t.run_tool().map(|(id, _)| id), Some(first.clone()));
+    assert!(told(&t).unwrap().0.pending.is_empty());
+    // A second answer to the same question is refused: the first one won.
+    t.op(
+        3,
+        Operation::Answer {
+            id: first.clone(),
+            decision: Decision::Deny,
+        },
+    );
+    assert_eq!(t.done(3).unwrap().unwrap_err().code, ErrorCode::NotFound);
+    assert!(t.run_tool().is_none());
+    // The next call asks too; `always` runs it and every later `bash`.
+    tool_done(&mut t, &first, "a b");
+    let second = told(&t).unwrap().0.pending[0].id.clone();
+    t.op(
+        4,
+        Operation::Answer {
+            id: second.clone(),
+            decision: Decision::Always,
+        },
+    );
+    assert_eq!(t.run_tool().map(|(id, _)| id), Some(second.clone()));
+    assert_eq!(t.rt.state().approvals.always, ["bash"]);
+    tool_done(&mut t, &second, "/w");
+    let (call, _) = t.started_call().expect("the model goes on");
+    for e in tool_call("c3", "date") {
+        t.model(call, e);
+    }
+    t.model(call, done(StopReason::ToolUse));
+    assert!(t.run_tool().is_some(), "allowed always: not asked again");
+}
+
+#[test]
+fn a_denied_tool_never_runs_and_the_model_is_told() {
+    let mut t = asking();
+    two_bash_calls(&mut t, 1);
+    let first = t.rt.state().approvals.pending[0].id.clone();
+    t.op(
+        2,
+        Operation::Answer {
+            id: first.clone(),
+            decision: Decision::Deny,
+        },
+    );
+    assert!(t.run_tool().is_none(), "a denied call never runs");
+    let TranscriptItem::Tool(item) = &t.rt.state().transcript[2] else {
+        panic!()
+    };
+    assert_eq!(item.status, ToolStatus::Error);
+    assert!(matches!(&item.content[0], Content::Text { text } if text.starts_with("Denied")));
+    // The second call is asked in its turn.
+    assert_eq!(t.rt.state().approvals.pending.len(), 1);
+    let second = t.rt.state().approvals.pending[0].id.clone();
+    assert_ne!(first, second);
+    t.op(
+        3,
+        Operation::Answer {
+            id: second,
+            decision: Decision::Deny,
+        },
+    );
+    let (_, request) = t.started_call().expect("the model hears the denials");
+    assert_eq!(request.context.len(), 4);
+}
+
+#[test]
+fn an_abort_cancels_the_question_with_its_turn() {
+    let mut t = asking();
+    two_bash_calls(&mut t, 1);
+    t.op(2, Operation::Abort);
+    assert!(
+        !t.out
+            .iter()
+            .any(|o| matches!(o, RuntimeOutput::CancelTool { .. })),
+        "nothing ran to cancel"
+    );
+    assert!(t.done(1).unwrap().is_ok());
+    assert!(told(&t).unwrap().0.pending.is_empty());
+    assert_eq!(t.rt.phase(), SessionPhase::Idle);
+    assert_eq!(
+        t.kinds(),
+        [
+            "user",
+            "assistant:Complete(ToolUse)",
+            "tool:Error",
+            "tool:Error"
+        ]
+    );
+    let question = t.rt.state().transcript[2].id().to_string();
+    t.op(
+        3,
+        Operation::Answer {
+            id: question,
+            decision: Decision::Allow,
+        },
+    );
+    assert_eq!(t.done(3).unwrap().unwrap_err().code, ErrorCode::NotFound);
+    assert!(t.run_tool().is_none());
+}
+
+#[test]
+fn a_policy_set_while_asked_settles_the_question() {
+    let mut t = asking();
+    two_bash_calls(&mut t, 1);
+    t.op(
+        2,
+        Operation::SetApprovals {
+            policy: Some(ApprovalPolicy::Auto),
+        },
+    );
+    assert!(t.done(2).unwrap().is_ok());
+    let (ran, _) = t.run_tool().expect("auto runs the held call");
+    tool_done(&mut t, &ran, "ok");
+    assert!(t.run_tool().is_some(), "and the next one");
+    assert_eq!(t.rt.state().approvals.policy, Some(ApprovalPolicy::Auto));
+    assert!(t.rt.state().approvals.pending.is_empty());
+}
+
+#[test]
+fn read_only_offers_reading_tools_and_refuses_the_rest() {
+    let mut t = T::new("faux-1");
+    t.op(
+        1,
+        Operation::SetApprovals {
+            policy: Some(ApprovalPolicy::ReadOnly),
+        },
+    );
+    assert_eq!(told(&t).unwrap().1, ApprovalPolicy::ReadOnly);
+    t.op(2, Operation::prompt("go"));
+    let (call, request) = t.started_call().unwrap();
+    assert_eq!(request.approvals, ApprovalPolicy::ReadOnly);
+    for e in tool_call("c1", "rm -rf /") {
+        t.model(call, e);
+    }
+    t.model(call, done(StopReason::ToolUse));
+    assert!(t.run_tool().is_none(), "a write is refused, not run");
+    let TranscriptItem::Tool(item) = &t.rt.state().transcript[2] else {
+        panic!()
+    };
+    assert!(matches!(&item.content[0], Content::Text { text } if text.contains("read-only")));
+    assert!(t.started_call().is_some(), "the model is told and goes on");
+}
+
+#[test]
+fn a_question_a_dead_worker_asked_is_asked_again_and_the_turn_goes_on() {
+    let mut t = asking();
+    two_bash_calls(&mut t, 1);
+    let asked = t.rt.state().approvals.pending[0].clone();
+    // The worker dies; the next one opens what was stored.
+    let (rt, out) = Runtime::open(t.rt.state().clone(), faux::models(), Instant(10));
+    let rt = rt.with_policy(Policy {
+        approvals: ApprovalPolicy::Ask,
+        ..Policy::default()
+    });
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, RuntimeOutput::RunTool { .. }))
+    );
+    assert_eq!(rt.phase(), SessionPhase::Turn, "the turn waits on");
+    assert_eq!(rt.state().approvals.pending, std::slice::from_ref(&asked));
+    let told = rt.told_approvals().expect("told to the server");
+    assert!(
+        matches!(told, FromWorker::Approvals { ref approvals, .. } if approvals.pending == [asked.clone()])
+    );
+    let mut t = T {
+        rt,
+        now: 10,
+        out: Vec::new(),
+        replica: t.rt.state().transcript.clone(),
+        before: Vec::new(),
+    };
+    t.rt.published = t.replica.clone();
+    t.op(
+        2,
+        Operation::Answer {
+            id: asked.id.clone(),
+            decision: Decision::Allow,
+        },
+    );
+    assert_eq!(t.run_tool().map(|(id, _)| id), Some(asked.id.clone()));
+    tool_done(&mut t, &asked.id, "ok");
+    let second = t.rt.state().approvals.pending[0].id.clone();
+    t.op(
+        3,
+        Operation::Answer {
+            id: second.clone(),
+            decision: Decision::Allow,
+        },
+    );
+    tool_done(&mut t, &second, "ok");
+    let (call, _) = t.started_call().expect("the turn goes on");
+    t.model(call, text("done"));
+    t.model(call, done(StopReason::Stop));
+    assert_eq!(t.rt.phase(), SessionPhase::Idle);
+    // Its end answers nobody: no server asked for the resumed turn.
+    assert!(t.done(RESUMED.0).unwrap().is_ok());
 }

@@ -48,6 +48,7 @@ impl Runtime {
             summary: self.state.summary.as_ref().map(|s| s.text.clone()),
             instructions: None,
             context,
+            approvals: self.state.approvals.effective(self.policy.approvals),
         };
         self.out.push(RuntimeOutput::StartModel { call, request });
     }
@@ -345,25 +346,144 @@ impl Runtime {
         self.set_stage(Stage::Tools {
             running: running.clone(),
             waiting: ids,
+            asking: false,
         });
         self.bump();
         self.send_snapshot();
         self.run_tool(&running);
     }
 
-    pub(super) fn run_tool(&mut self, id: &str) {
+    /// The running tool item `id`.
+    fn tool_item(&self, id: &str) -> &ToolItem {
         // A running tool item is among the newest: look from the end.
-        let Some(TranscriptItem::Tool(item)) =
-            self.state.transcript.iter().rev().find(|i| i.id() == id)
-        else {
-            unreachable!("a running tool item exists")
+        match self.state.transcript.iter().rev().find(|i| i.id() == id) {
+            Some(TranscriptItem::Tool(item)) => item,
+            _ => unreachable!("a running tool item exists"),
+        }
+    }
+
+    /// Starts tool call `id` as the session's approvals say: it runs, it
+    /// waits for an answer (its question stored before it is shown), or it
+    /// is refused and the next call starts.
+    pub(super) fn run_tool(&mut self, id: &str) {
+        let item = self.tool_item(id);
+        match self
+            .state
+            .approvals
+            .gate(self.policy.approvals, &item.tool_name)
+        {
+            Gate::Run => {
+                let run = RuntimeOutput::RunTool {
+                    id: item.id.clone(),
+                    tool_name: item.tool_name.clone(),
+                    input: item.input.clone(),
+                    cwd: self.state.cwd.clone(),
+                };
+                self.out.push(run);
+            }
+            Gate::Ask => {
+                let question = Question {
+                    id: item.id.clone(),
+                    call_id: item.tool_call_id.clone(),
+                    tool: item.tool_name.clone(),
+                    input: item.input.clone(),
+                    asked_at: self.now.as_millis(),
+                };
+                self.state.approvals.pending.push(question);
+                if let Some(Turn {
+                    stage: Stage::Tools { asking, .. },
+                    ..
+                }) = &mut self.turn
+                {
+                    *asking = true;
+                }
+                self.bump();
+                self.send_approvals();
+            }
+            Gate::Refuse => {
+                let text = crate::approval::refused_read_only(&item.tool_name);
+                self.tool_ended(id, vec![Content::Text { text }], None, ToolStatus::Error);
+            }
+        }
+    }
+
+    /// The answer to the question about tool item `id`: the first answer
+    /// wins; a later one (or one about no question) is refused.
+    pub(super) fn on_answer(&mut self, id: &str, decision: Decision) -> Result<(), ProtocolError> {
+        let Some(at) = self.state.approvals.pending.iter().position(|q| q.id == id) else {
+            return Err(ProtocolError::new(
+                ErrorCode::NotFound,
+                format!("No question about {id} waits: it was answered, or its turn ended"),
+            ));
         };
-        self.out.push(RuntimeOutput::RunTool {
-            id: item.id.clone(),
-            tool_name: item.tool_name.clone(),
-            input: item.input.clone(),
-            cwd: self.state.cwd.clone(),
-        });
+        let question = self.state.approvals.pending.remove(at);
+        if decision == Decision::Always {
+            self.state.approvals.allow_always(&question.tool);
+        }
+        self.answered(id, decision != Decision::Deny);
+        Ok(())
+    }
+
+    /// A client set the session's approval policy (`None`: the settings').
+    /// A question waiting is settled by the new policy when it no longer asks.
+    pub(super) fn on_set_approvals(
+        &mut self,
+        policy: Option<ApprovalPolicy>,
+    ) -> Result<(), ProtocolError> {
+        self.state.approvals.policy = policy;
+        let asked = self.state.approvals.pending.first().cloned();
+        let gate = asked
+            .as_ref()
+            .map(|q| self.state.approvals.gate(self.policy.approvals, &q.tool));
+        match (asked, gate) {
+            (Some(q), Some(gate @ (Gate::Run | Gate::Refuse))) => {
+                self.state.approvals.pending.clear();
+                self.answered(&q.id, gate == Gate::Run);
+            }
+            _ => {
+                self.bump();
+                self.send_approvals();
+            }
+        }
+        Ok(())
+    }
+
+    /// The question about `id` is gone from the state: store and show
+    /// that, then run the call or end it denied.
+    fn answered(&mut self, id: &str, run: bool) {
+        if let Some(Turn {
+            stage: Stage::Tools { asking, .. },
+            ..
+        }) = &mut self.turn
+        {
+            *asking = false;
+        }
+        self.bump();
+        self.send_approvals();
+        if run {
+            let item = self.tool_item(id);
+            let run = RuntimeOutput::RunTool {
+                id: item.id.clone(),
+                tool_name: item.tool_name.clone(),
+                input: item.input.clone(),
+                cwd: self.state.cwd.clone(),
+            };
+            self.out.push(run);
+        } else {
+            let text = match self.state.approvals.effective(self.policy.approvals) {
+                ApprovalPolicy::ReadOnly => {
+                    crate::approval::refused_read_only(&self.tool_item(id).tool_name)
+                }
+                _ => crate::approval::DENIED.to_string(),
+            };
+            self.tool_ended(id, vec![Content::Text { text }], None, ToolStatus::Error);
+        }
+    }
+
+    /// Tells the server the approvals as they stand.
+    pub(super) fn send_approvals(&mut self) {
+        let message = self.approvals_message();
+        self.out.push(RuntimeOutput::Send(message));
     }
 
     pub(super) fn on_tool_done(
@@ -374,26 +494,35 @@ impl Runtime {
         is_error: bool,
     ) {
         let Some(Turn {
-            stage: Stage::Tools { running, .. },
+            stage: Stage::Tools {
+                running, asking, ..
+            },
             ..
         }) = &self.turn
         else {
             return;
         };
-        if *running != id {
+        if *running != id || *asking {
             return;
         }
         let details = details.filter(Value::is_json);
-        self.finish_tool(
-            &id,
-            content,
-            details,
-            if is_error {
-                ToolStatus::Error
-            } else {
-                ToolStatus::Complete
-            },
-        );
+        let status = match is_error {
+            true => ToolStatus::Error,
+            false => ToolStatus::Complete,
+        };
+        self.tool_ended(&id, content, details, status);
+    }
+
+    /// The running tool call `id` ended (ran, was denied or refused): its
+    /// item is finished, then the next call starts, or the step ends.
+    fn tool_ended(
+        &mut self,
+        id: &str,
+        content: Vec<Content>,
+        details: Option<JsonValue>,
+        status: ToolStatus,
+    ) {
+        self.finish_tool(id, content, details, status);
         let Some(Turn {
             stage: Stage::Tools { waiting, .. },
             ..
@@ -423,6 +552,7 @@ impl Runtime {
                 self.set_stage(Stage::Tools {
                     running: next.clone(),
                     waiting,
+                    asking: false,
                 });
                 self.bump();
                 self.send_snapshot();
@@ -493,11 +623,20 @@ impl Runtime {
                 );
             }
             Stage::Compacting { call, .. } => self.out.push(RuntimeOutput::CancelModel { call }),
-            Stage::Tools { running, waiting } => {
-                self.out.push(RuntimeOutput::CancelTool {
-                    id: running.clone(),
-                });
-                let text = format!("{message}: the tool call was stopped");
+            Stage::Tools {
+                running,
+                waiting,
+                asking,
+            } => {
+                let text = match asking {
+                    true => format!("{message}: the tool call never ran"),
+                    false => {
+                        self.out.push(RuntimeOutput::CancelTool {
+                            id: running.clone(),
+                        });
+                        format!("{message}: the tool call was stopped")
+                    }
+                };
                 self.finish_tool(
                     &running,
                     vec![Content::Text { text }],
@@ -523,6 +662,9 @@ impl Runtime {
 
     /// Ends the turn; returns the prompt operation, which the caller completes.
     pub(super) fn end_turn(&mut self, queued: Queued) -> OpId {
+        // A question dies with its turn (stored with the bump below).
+        let asked = !self.state.approvals.pending.is_empty();
+        self.state.approvals.pending.clear();
         if queued == Queued::Commit {
             // Steer text that no model call will see still belongs to the conversation.
             self.take_steer();
@@ -530,6 +672,9 @@ impl Runtime {
         let turn = self.turn.take().expect("a turn runs");
         self.bump();
         self.send_snapshot();
+        if asked {
+            self.send_approvals();
+        }
         turn.prompt_op
     }
 

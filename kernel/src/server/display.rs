@@ -39,6 +39,7 @@ impl fmt::Display for Input {
                     FromWorker::Progress { .. } => "progress",
                     FromWorker::OpDone { .. } => "op done",
                     FromWorker::Fatal { .. } => "fatal",
+                    FromWorker::Approvals { .. } => "approvals",
                 };
                 write!(f, "{worker} {kind}")
             }

@@ -3,6 +3,7 @@
 
 use super::timers::Timer;
 use super::{Acquire, CloseReason, Frame, Output, Server, Waiter, listed_metadata, metadata_of};
+use crate::approval::{ApprovalPolicy, Approvals};
 use crate::ids::ChannelId;
 use crate::ids::{ConnId, OpId, WorkerId};
 use crate::protocol::codec::cbor_error;
@@ -106,6 +107,9 @@ pub(crate) struct Live {
     /// an attach waits for the next one (a client's snapshot is current as
     /// of the deltas that follow it, and anchors them).
     progressed: bool,
+    /// The session's approvals as its worker last told them, with the
+    /// policy in force.
+    pub(crate) approvals: (Approvals, ApprovalPolicy),
 }
 
 /// The start of a spawned worker that has not said hello yet.
@@ -167,6 +171,7 @@ impl Live {
             resends: true,
             snapshot_requested: false,
             progressed: false,
+            approvals: Default::default(),
             v8: None,
         }
     }

@@ -452,6 +452,10 @@ fn check_runtime(
         Operation::SetMcpServers { .. } => (false, "set_mcp_servers"),
         // A compaction asked for is a turn of its own: between turns only.
         Operation::Compact { .. } => (running, "compact"),
+        // An answer names its question, which only a turn has; the
+        // policy is no setting of a turn.
+        Operation::Answer { .. } => (false, "answer"),
+        Operation::SetApprovals { .. } => (false, "set_approvals"),
     };
     if busy != expect_busy {
         return violation(format!(

@@ -100,6 +100,11 @@ impl Server {
                 }
             }
             FromWorker::OpDone { op, outcome } => self.on_op_done(&session_id, op, outcome),
+            FromWorker::Approvals { approvals, policy } => {
+                let live = self.sessions.get_mut(&session_id).expect("indexed");
+                live.approvals = (approvals, policy);
+                self.v8_on_approvals(&session_id);
+            }
             FromWorker::Fatal { message } => {
                 let error = ProtocolError::new(
                     ErrorCode::InternalError,

@@ -1400,3 +1400,107 @@ fn a_reply_is_not_shown_before_the_prompt_it_answers() {
     h.text_delta(worker, "a1", " on");
     assert_eq!(h.v8_since(c, before).len(), 1);
 }
+
+/// `pi-server.approvals`: the worker's approvals are replicated state (two
+/// clients see one question), and `answer` and `setPolicy` become worker
+/// operations; bad arguments are refused without reaching it.
+#[test]
+fn approvals_are_replicated_and_answered_through_our_service() {
+    use crate::approval::{ApprovalPolicy, Approvals, Decision, Question};
+    let mut h = Harness::serving(vec![stored(1)], ConnId(1));
+    let (a, b) = (ConnId(2), ConnId(3));
+    h.connect_v8(a);
+    h.connect_v8(b);
+    let session = stored(1).id;
+    let worker = h.attach_v8(a, &session, &history(&session, 1, 0));
+    h.send_v8(
+        b,
+        "attach",
+        server_target(),
+        call(
+            "pi.session-management",
+            "attach",
+            vec![Value::text(&session)],
+        ),
+    );
+    let first = subscribe(&mut h, a, "q", "pi-server.approvals");
+    assert!(
+        first.contains(r#"{"policy":"auto","own":false,"always":[],"pending":[]}"#),
+        "{first}"
+    );
+    subscribe(&mut h, b, "q", "pi-server.approvals");
+    let question = Question {
+        id: "item-3".into(),
+        call_id: "c1".into(),
+        tool: "bash".into(),
+        input: Value::object(vec![("command", Value::text("ls"))]),
+        asked_at: 7,
+    };
+    let (before_a, before_b) = (h.frames(a), h.frames(b));
+    h.worker(
+        worker,
+        FromWorker::<SessionSnapshot>::Approvals {
+            approvals: Approvals {
+                policy: None,
+                always: vec![],
+                pending: vec![question],
+            },
+            policy: ApprovalPolicy::Ask,
+        },
+    );
+    for (conn, before) in [(a, before_a), (b, before_b)] {
+        let update = h.v8_since(conn, before).join("\n");
+        assert!(
+            update.contains(r#"["r",["policy"],"ask"]"#) || update.contains(r#""ask""#),
+            "{update}"
+        );
+        assert!(update.contains(r#""tool":"bash""#), "{update}");
+    }
+    let route = h.route(b);
+    let answer = |decision: &str| {
+        call(
+            "pi-server.approvals",
+            "answer",
+            vec![Value::object(vec![
+                ("id", Value::text("item-3")),
+                ("decision", Value::text(decision)),
+            ])],
+        )
+    };
+    let refused = h.send_v8(b, "bad", route.clone(), answer("maybe"));
+    assert!(!refused.iter().any(|o| matches!(o, Output::ToWorker { .. })));
+    assert!(result_of(&h.v8_sent(b), "bad").contains("allow"));
+    let outputs = h.send_v8(b, "yes", route.clone(), answer("always"));
+    let sent = outputs.iter().find_map(|o| match o {
+        Output::ToWorker {
+            message: ToWorker::Operation { operation, .. },
+            ..
+        } => Some(operation.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        sent,
+        Some(Operation::Answer {
+            id: "item-3".into(),
+            decision: Decision::Always
+        })
+    );
+    let policy = call(
+        "pi-server.approvals",
+        "setPolicy",
+        vec![Value::object(vec![("policy", Value::text("read-only"))])],
+    );
+    let outputs = h.send_v8(b, "ro", route, policy);
+    assert!(outputs.iter().any(|o| matches!(
+        o,
+        Output::ToWorker {
+            message: ToWorker::Operation {
+                operation: Operation::SetApprovals {
+                    policy: Some(ApprovalPolicy::ReadOnly)
+                },
+                ..
+            },
+            ..
+        }
+    )));
+}

@@ -55,6 +55,8 @@ pub(crate) enum Svc {
     SessionPlugins,
     Models,
     Transcript,
+    /// Ours: the session's approval policy and the questions waiting.
+    Approvals,
 }
 
 /// The server scope's catalogue, in pi's order, then ours.
@@ -66,11 +68,12 @@ const SERVER_SERVICES: [Svc; 5] = [
     Svc::Sessions,
 ];
 /// A session's catalogue.
-const SESSION_SERVICES: [Svc; 4] = [
+const SESSION_SERVICES: [Svc; 5] = [
     Svc::Agent,
     Svc::SessionPlugins,
     Svc::Models,
     Svc::Transcript,
+    Svc::Approvals,
 ];
 
 impl Svc {
@@ -85,6 +88,7 @@ impl Svc {
             Self::SessionPlugins => "pi.session-plugins",
             Self::Models => "pi.models",
             Self::Transcript => "pi.transcript",
+            Self::Approvals => APPROVALS_SERVICE,
         }
     }
 
@@ -104,6 +108,7 @@ impl Svc {
                 "waitForPrompt",
             ],
             Self::SessionPlugins => &["reload"],
+            Self::Approvals => &["answer", "setPolicy"],
             Self::Models => &[
                 "cycleThinking",
                 "getThinkingLevels",
@@ -117,7 +122,7 @@ impl Svc {
     fn has_state(self) -> bool {
         matches!(
             self,
-            Self::Directory | Self::Status | Self::Models | Self::Transcript
+            Self::Directory | Self::Status | Self::Models | Self::Transcript | Self::Approvals
         )
     }
 
@@ -196,6 +201,8 @@ struct PromptWait {
 pub(crate) struct SessionView {
     transcript: State,
     models: State,
+    /// `pi-server.approvals`' state.
+    approvals: State,
     /// Entries in the view (the finished prefix of the transcript).
     finished: usize,
     /// Items after it: a streaming reply and running tools.
@@ -307,11 +314,16 @@ fn prompt_input(args: &[Value], max: usize) -> Result<(String, Vec<Content>), St
 const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 impl SessionView {
-    fn new(snapshot: &SessionSnapshot, models: &[crate::protocol::ModelMetadata]) -> Self {
+    fn new(
+        snapshot: &SessionSnapshot,
+        models: &[crate::protocol::ModelMetadata],
+        approvals: Value,
+    ) -> Self {
         let finished = view::finished_prefix(&snapshot.transcript);
         Self {
             transcript: State::new(view::conversation_view(snapshot)),
             models: State::new(view::models_state(snapshot, models)),
+            approvals: State::new(approvals),
             finished,
             streaming: snapshot.transcript[finished..].to_vec(),
             prompts: BTreeMap::new(),
@@ -454,6 +466,7 @@ impl SessionView {
         match svc {
             Svc::Transcript => Some(&self.transcript),
             Svc::Models => Some(&self.models),
+            Svc::Approvals => Some(&self.approvals),
             _ => None,
         }
     }
@@ -985,6 +998,10 @@ impl Server {
 pub(crate) const STATUS_SERVICE: &str = "pi-server.session-status";
 /// Our service of what pi's management leaves out (server scope, methods only).
 pub(crate) const SESSIONS_SERVICE: &str = "pi-server.sessions";
+/// Our session service: the approval policy, the tools allowed always, the
+/// questions waiting (`{policy, own, always, pending}`); `answer` and
+/// `setPolicy`.
+pub(crate) const APPROVALS_SERVICE: &str = "pi-server.approvals";
 
 fn no_bundles() -> Value {
     Value::object(vec![("presentationFacetBundles", Value::Array(vec![]))])

@@ -40,6 +40,22 @@ impl Server {
         }
     }
 
+    /// The session's approvals changed: `pi-server.approvals` follows.
+    pub(in crate::server) fn v8_on_approvals(&mut self, session_id: &str) {
+        let Some(live) = self.sessions.get_mut(session_id) else {
+            return;
+        };
+        let (approvals, policy) = &live.approvals;
+        let next = view::approvals_state(approvals, *policy);
+        let Some(view) = live.v8.as_deref_mut() else {
+            return;
+        };
+        if let Some(ops) = view.approvals.publish(next) {
+            let sequence = view.approvals.sequence();
+            self.v8_publish_session(session_id, Svc::Approvals, sequence, &ops);
+        }
+    }
+
     /// A progress event: the transcript's live part moves.
     pub(in crate::server) fn v8_on_progress(
         &mut self,

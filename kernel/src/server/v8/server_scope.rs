@@ -211,7 +211,9 @@ impl Server {
         live.attached.insert(conn);
         if live.v8.is_none() {
             let snapshot = live.snapshot.as_ref().expect("ready").unpacked();
-            live.v8 = Some(Box::new(SessionView::new(&snapshot, &models)));
+            let (approvals, policy) = &live.approvals;
+            let approvals = view::approvals_state(approvals, *policy);
+            live.v8 = Some(Box::new(SessionView::new(&snapshot, &models, approvals)));
         }
         let route = Target::Session {
             server_id: self.config.server_id.clone(),

@@ -99,6 +99,12 @@ impl Server {
             (Svc::Models, "selectThinking" | "cycleThinking") => {
                 self.on_select_thinking(conn, id, &session_id, &call, snapshot.as_ref())
             }
+            (Svc::Approvals, member) => match approval_operation(member, args) {
+                Ok(operation) => {
+                    self.start_op(conn, &id, &session_id, "v8.void", operation);
+                }
+                Err(expected) => self.v8_reply(conn, &id, Err(invalid_args(&call, expected))),
+            },
             _ => unreachable!("resolve_call admits only these members"),
         }
     }
@@ -343,5 +349,36 @@ impl Server {
         for wait in view.map(|v| v.waits).unwrap_or_default() {
             self.v8_reply(wait.conn, &wait.request_id, Err(CallError::internal()));
         }
+    }
+}
+
+/// `answer([{id, decision}])` or `setPolicy([{policy}])` of
+/// `pi-server.approvals` as a worker operation, or the arguments expected.
+fn approval_operation(member: &str, args: &[Value]) -> Result<Operation, &'static str> {
+    use crate::approval::{ApprovalPolicy, Decision};
+    let text = |v: Option<&Value>| match v {
+        Some(Value::Text(t)) => Some(t.clone()),
+        _ => None,
+    };
+    match (member, args) {
+        ("answer", [a]) => {
+            let decision = text(a.get("decision")).and_then(|d| Decision::parse(&d));
+            match (text(a.get("id")), decision) {
+                (Some(id), Some(decision)) => Ok(Operation::Answer { id, decision }),
+                _ => Err("{id, decision: \"allow\" | \"always\" | \"deny\"}"),
+            }
+        }
+        ("setPolicy", [a]) => match a.get("policy") {
+            None | Some(Value::Null) => Ok(Operation::SetApprovals { policy: None }),
+            Some(Value::Text(p)) => match ApprovalPolicy::parse(p) {
+                Some(policy) => Ok(Operation::SetApprovals {
+                    policy: Some(policy),
+                }),
+                None => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
+            },
+            Some(_) => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
+        },
+        ("answer", _) => Err("{id, decision: \"allow\" | \"always\" | \"deny\"}"),
+        _ => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
     }
 }

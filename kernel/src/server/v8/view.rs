@@ -389,3 +389,23 @@ pub(crate) fn advance(streaming: &mut Vec<TranscriptItem>, progress: &Transcript
 pub(crate) fn reply_text(item: &AssistantItem) -> String {
     crate::client::follow::text_of(&item.content)
 }
+
+/// `pi-server.approvals`' state: the policy in force, whether the session
+/// set it itself (`own`), the tools allowed always, and the questions
+/// waiting, each `{id, callId, tool, input, askedAt}`.
+pub(crate) fn approvals_state(
+    approvals: &crate::approval::Approvals,
+    policy: crate::approval::ApprovalPolicy,
+) -> Value {
+    use crate::protocol::codec::Schema as _;
+    let tree = approvals.to_value();
+    Value::object(vec![
+        ("policy", Value::text(policy.as_str())),
+        ("own", Value::Bool(approvals.policy.is_some())),
+        ("always", tree.get("always").cloned().unwrap_or(Value::Null)),
+        (
+            "pending",
+            tree.get("pending").cloned().unwrap_or(Value::Null),
+        ),
+    ])
+}
