@@ -1506,3 +1506,76 @@ async fn images_go_with_a_prompt_and_bad_ones_are_refused() {
     assert!(!tiny.status.success());
     assert!(tiny.stderr.contains("does not take images"), "{tiny:?}");
 }
+
+/// Approvals from the command line: `approvals` sets a session's policy
+/// and shows it; under `ask` a prompt's tool call waits until `approve`
+/// answers it (allowed, it runs; denied, the model is told and the turn
+/// goes on); with nothing asked `approve` says so.
+#[tokio::test]
+async fn approvals_are_set_shown_and_answered_from_the_command_line() {
+    let server = TestServer::start("approve").await;
+    let client = server.connect().await;
+    client.create(params("gated")).await.unwrap();
+    client.close().await;
+    let set = server
+        .run_cli(&["approvals", "gated", "ask"])
+        .await
+        .success();
+    assert!(set.stdout.contains("now approves as ask"), "{set:#?}");
+    let bad = server.run_cli(&["approvals", "gated", "sometimes"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{bad:#?}");
+    assert!(bad.stderr.contains("auto, ask or read-only"), "{bad:#?}");
+    let none = server.run_cli(&["approve", "gated"]).await;
+    assert_eq!(none.status.code(), Some(1), "{none:#?}");
+    assert!(none.stderr.contains("asks nothing"), "{none:#?}");
+
+    for (flags, shows) in [
+        (&[][..], "The bash tool finished: approved-run"),
+        (&["--deny"][..], "Denied: the user did not allow"),
+    ] {
+        let prompt = tokio::process::Command::from(server.cli(&[
+            "prompt",
+            "--quiet",
+            "gated",
+            "!echo approved-run",
+        ]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+        let mut args = vec!["approve", "gated", "--wait"];
+        args.extend_from_slice(flags);
+        let approved = server.run_cli(&args).await.success();
+        assert!(
+            approved.stderr.contains("bash wants to run:")
+                && approved.stderr.contains("$ echo approved-run"),
+            "the question is shown: {approved:#?}"
+        );
+        let verb = if flags.is_empty() {
+            "allowed"
+        } else {
+            "denied"
+        };
+        assert!(
+            approved
+                .stdout
+                .starts_with(&format!("bash {verb} in session")),
+            "{approved:#?}"
+        );
+        let out = within("the prompt", prompt.wait_with_output())
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(stdout.contains(shows), "{stdout}");
+    }
+    let shown = server.run_cli(&["approvals", "gated"]).await.success();
+    assert!(
+        shown
+            .stdout
+            .contains("approves as ask (set for this session)")
+            && shown.stdout.contains("no question waits"),
+        "{shown:#?}"
+    );
+}

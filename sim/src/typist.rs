@@ -85,7 +85,9 @@ pub fn answer(
         Request::SetModel(_)
         | Request::SetThinking(_)
         | Request::Rename(_)
-        | Request::Compact(_) => Answer::Applied,
+        | Request::Compact(_)
+        | Request::Answer { .. }
+        | Request::SetApprovals(_) => Answer::Applied,
     })
 }
 

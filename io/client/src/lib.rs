@@ -674,6 +674,13 @@ impl Client {
             Request::Compact(instructions) => {
                 self.compact(session_id, instructions.as_deref()).await
             }
+            // Protocol v1 has no approvals: its clients see a running turn.
+            Request::Answer { .. } | Request::SetApprovals(_) => Err(machine::ClientError::Server(
+                kernel::protocol::ProtocolError::new(
+                    kernel::protocol::ErrorCode::InvalidRequest,
+                    "approvals are answered and set over protocol v8; this connection speaks v1",
+                ),
+            )),
         };
         match result {
             Err(e) => (Err(e), None),
@@ -693,7 +700,9 @@ impl Client {
                     Request::SetModel(_)
                     | Request::SetThinking(_)
                     | Request::Rename(_)
-                    | Request::Compact(_) => Answer::Applied,
+                    | Request::Compact(_)
+                    | Request::Answer { .. }
+                    | Request::SetApprovals(_) => Answer::Applied,
                 };
                 (Ok(answer), Some(snapshot))
             }

@@ -22,6 +22,7 @@ macro_rules! outln {
 }
 
 mod activate;
+mod approve;
 mod args;
 mod attach;
 mod commands;
@@ -311,6 +312,20 @@ async fn run(daemon: Daemon, cli: Cli) -> Result<(), Failure> {
         Commands::SetThinking { id, level } => {
             run_control(&target()?, &id, Control::SetThinking(level)).await
         }
+        Commands::Approve {
+            id,
+            always,
+            deny,
+            wait,
+        } => {
+            let decision = match (always, deny) {
+                (true, _) => kernel::approval::Decision::Always,
+                (_, true) => kernel::approval::Decision::Deny,
+                _ => kernel::approval::Decision::Allow,
+            };
+            approve::run_approve(&target()?, &id, decision, wait).await
+        }
+        Commands::Approvals { id, policy } => approve::run_approvals(&target()?, &id, policy).await,
         Commands::Models { json } => run_models(&target()?, json).await,
         Commands::Mcp {
             command: McpCommand::List { session, json },

@@ -259,6 +259,74 @@ pub(crate) fn sanitize(text: &str) -> String {
     out
 }
 
+/// Lines of a change's text shown with a question at most.
+const QUESTION_LINES: usize = 12;
+
+/// A question about a tool call, for a person: what the call would do
+/// (`bash` its command, `write` its file and content, `edit` its file and
+/// the lines it changes, as a diff), safe for a terminal.
+pub(crate) fn question_lines(q: &kernel::approval::Question) -> Vec<String> {
+    use kernel::wire::Value;
+    let field = |key: &str| match q.input.get(key) {
+        Some(Value::Text(t)) => Some(sanitize(t)),
+        _ => None,
+    };
+    let clip = |text: &str, mark: &str, lines: &mut Vec<String>| {
+        let all: Vec<&str> = text.lines().collect();
+        for line in all.iter().take(QUESTION_LINES) {
+            lines.push(format!("  {mark} {line}"));
+        }
+        if all.len() > QUESTION_LINES {
+            lines.push(format!("  … {} more lines", all.len() - QUESTION_LINES));
+        }
+    };
+    let mut lines = Vec::new();
+    match (q.tool.as_str(), field("path")) {
+        ("bash", _) => {
+            let command = field("command").unwrap_or_default();
+            lines.push("bash wants to run:".to_string());
+            clip(&command, "$", &mut lines);
+        }
+        ("write", Some(path)) => {
+            lines.push(format!("write wants to replace {path} with:"));
+            clip(&field("content").unwrap_or_default(), "+", &mut lines);
+        }
+        ("edit", Some(path)) => {
+            lines.push(format!("edit wants to change {path}:"));
+            clip(&field("old_text").unwrap_or_default(), "-", &mut lines);
+            clip(&field("new_text").unwrap_or_default(), "+", &mut lines);
+        }
+        (tool, _) => {
+            lines.push(format!("{} wants to run with:", sanitize(tool)));
+            clip(&sanitize(&q.input.json_text()), " ", &mut lines);
+        }
+    }
+    lines
+}
+
+/// The policy, the tools allowed always, and the question waiting.
+pub(crate) fn approvals_text(id: &str, s: &kernel::client::v8::approvals::Shown) -> String {
+    let whose = match s.own {
+        true => "set for this session",
+        false => "from the settings",
+    };
+    let mut text = format!("session {id} approves as {} ({whose})", s.policy.as_str());
+    if !s.always.is_empty() {
+        text.push_str(&format!("\nallowed always: {}", s.always.join(", ")));
+    }
+    match s.asked() {
+        Some(q) => {
+            for line in question_lines(q) {
+                text.push('\n');
+                text.push_str(&line);
+            }
+            text.push_str("\n(answer with `pi-server approve`, --always or --deny)");
+        }
+        None => text.push_str("\nno question waits"),
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

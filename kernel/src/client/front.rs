@@ -37,6 +37,7 @@
 
 use super::ClientError;
 use super::slash::{self, Command, Line};
+use crate::approval::{ApprovalPolicy, Decision};
 use crate::protocol::{ErrorCode, ModelRef, SessionPhase, ThinkingLevel};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -61,6 +62,16 @@ pub enum Request {
     Rename(String),
     /// Summarise the older conversation now (`/compact [INSTRUCTIONS]`).
     Compact(Option<String>),
+    /// Answer the question about tool item `id` (`/allow`, `/always`,
+    /// `/deny`, or a key while it is shown).
+    Answer {
+        /// The question's tool item.
+        id: String,
+        /// The answer.
+        decision: Decision,
+    },
+    /// Set the session's approval policy (`/approvals POLICY`).
+    SetApprovals(ApprovalPolicy),
 }
 
 /// A call's answer, as the driver reports it.
@@ -121,6 +132,12 @@ pub enum Input {
         /// Items in its transcript.
         transcript_len: usize,
     },
+    /// The question the session shows now (the oldest one waiting), or
+    /// none ([`crate::approval::Approvals::pending`]).
+    Asked(Option<String>),
+    /// The user answered the question shown (a key, or `/allow`, `/always`,
+    /// `/deny`).
+    Decide(Decision),
     /// A call from an [`Output::Send`] finished.
     Answered {
         /// The call.
@@ -180,6 +197,8 @@ pub enum Notice {
     AbortRefused(ClientError),
     /// A slash command's setting was applied: the line that asked for it.
     Applied(String),
+    /// An answer was given with no question waiting.
+    NothingAsked,
 }
 
 /// One output of [`Front::step`], carried out in order.
@@ -252,6 +271,8 @@ pub struct Front {
     ended: bool,
     finished: bool,
     turn_start: Option<usize>,
+    /// The question the session shows, if one waits (its tool item).
+    asked: Option<String>,
     next_call: u64,
     out: Vec<Output>,
 }
@@ -270,6 +291,7 @@ impl Front {
             ended: false,
             finished: false,
             turn_start: None,
+            asked: None,
             next_call: 1,
             out: Vec::new(),
         }
@@ -294,6 +316,8 @@ impl Front {
             }
             Input::Answered { call, outcome } => self.on_answer(call, outcome),
             Input::Link(link) => self.on_link(link),
+            Input::Asked(asked) => self.asked = asked,
+            Input::Decide(decision) => self.typed(format!("/{}", decision.as_str())),
         }
         self.pump();
         self.check();
@@ -309,6 +333,24 @@ impl Front {
     /// Whether an abort of ours is on its way or not yet seen to end the turn.
     pub fn aborting(&self) -> bool {
         self.aborting
+    }
+
+    /// The question waiting for an answer, if the session shows one.
+    pub fn asked(&self) -> Option<&str> {
+        self.asked.as_deref()
+    }
+
+    /// What key `key` answers while a question is shown and nothing is
+    /// typed: `y` allows, `a` allows always, `n` denies; other keys, or no
+    /// question, are typing.
+    pub fn key_answer(&self, key: char) -> Option<Decision> {
+        self.asked.as_ref()?;
+        match key {
+            'y' | 'Y' => Some(Decision::Allow),
+            'a' | 'A' => Some(Decision::Always),
+            'n' | 'N' => Some(Decision::Deny),
+            _ => None,
+        }
     }
 
     /// Lines typed and not sent yet.
@@ -344,6 +386,11 @@ impl Front {
             Line::Command(Command::Thinking(Some(level))) => Request::SetThinking(level),
             Line::Command(Command::Name(name)) => Request::Rename(name),
             Line::Command(Command::Compact(instructions)) => Request::Compact(instructions),
+            Line::Command(Command::Approvals(Some(policy))) => Request::SetApprovals(policy),
+            Line::Command(Command::Decide(decision)) => match self.asked.clone() {
+                Some(id) => Request::Answer { id, decision },
+                None => return self.out.push(Output::Notice(Notice::NothingAsked)),
+            },
             Line::Command(local) => return self.out.push(Output::Local(local)),
         };
         let why = match self.link {

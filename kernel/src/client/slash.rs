@@ -6,6 +6,7 @@
 //! command, or an error the user sees (an unknown command never reaches the
 //! model). `//text` is the escape: the text `/text`, for the model.
 
+use crate::approval::{ApprovalPolicy, Decision};
 use crate::protocol::{ModelRef, ThinkingLevel};
 
 /// What a typed line is.
@@ -43,11 +44,16 @@ pub enum Command {
     /// `/compact [INSTRUCTIONS]`: summarise the older conversation now, as
     /// the instructions ask.
     Compact(Option<String>),
+    /// `/approvals [POLICY]`: show the approval policy and the question
+    /// waiting, or set the policy.
+    Approvals(Option<ApprovalPolicy>),
+    /// `/allow`, `/always`, `/deny`: answer the question shown.
+    Decide(Decision),
 }
 
 /// Every command: its name, its arguments and what it does, as `/help`
 /// shows them and completion offers them, in that order.
-pub const COMMANDS: [(&str, &str, &str); 10] = [
+pub const COMMANDS: [(&str, &str, &str); 14] = [
     ("/help", "", "the commands and keys"),
     (
         "/model",
@@ -81,6 +87,18 @@ pub const COMMANDS: [(&str, &str, &str); 10] = [
         "[FILE]",
         "write the transcript to FILE (default: NAME.md here)",
     ),
+    (
+        "/approvals",
+        "[POLICY]",
+        "show the approval policy, or set it: auto, ask or read-only",
+    ),
+    ("/allow", "", "run the tool call asked about (the y key)"),
+    (
+        "/always",
+        "",
+        "run it, and this tool from now on in this session (the a key)",
+    ),
+    ("/deny", "", "do not run it; the model is told (the n key)"),
     (
         "/quit",
         "",
@@ -133,6 +151,14 @@ pub fn parse(line: &str) -> Line {
         },
         "sessions" => Line::Command(Command::Sessions(argument.map(str::to_owned))),
         "export" => Line::Command(Command::Export(argument.map(str::to_owned))),
+        "approvals" => match argument.map(ApprovalPolicy::parse) {
+            None => Line::Command(Command::Approvals(None)),
+            Some(Some(policy)) => Line::Command(Command::Approvals(Some(policy))),
+            Some(None) => Line::Invalid(format!("/approvals takes {}", ApprovalPolicy::NAMES)),
+        },
+        "allow" => none(Command::Decide(Decision::Allow)),
+        "always" => none(Command::Decide(Decision::Always)),
+        "deny" => none(Command::Decide(Decision::Deny)),
         "" => Line::Invalid("a command name goes after /; /help lists them".into()),
         _ => Line::Invalid(format!(
             "unknown command /{name}: /help lists them; //{name} sends /{name} as text"
@@ -255,6 +281,7 @@ mod tests {
                 "" => name.to_owned(),
                 "[PROVIDER/MODEL]" => format!("{name} faux/faux-1"),
                 "[LEVEL]" => format!("{name} low"),
+                "[POLICY]" => format!("{name} ask"),
                 _ => format!("{name} x"),
             };
             assert!(matches!(parse(&line), Line::Command(_)), "{line}");

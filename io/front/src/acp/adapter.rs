@@ -538,6 +538,25 @@ impl Adapter {
                             },
                             false,
                         ),
+                        // ACP's prompts are never slash commands: no answer
+                        // or policy comes from its front, and v1 has none.
+                        Request::Answer { .. } | Request::SetApprovals(_) => {
+                            let refused = kernel::client::ClientError::Server(
+                                kernel::protocol::ProtocolError::new(
+                                    kernel::protocol::ErrorCode::InvalidRequest,
+                                    "approvals are not answered over ACP's protocol v1 link",
+                                ),
+                            );
+                            let outcome = Err(refused);
+                            let outputs = match self.sessions.get_mut(session) {
+                                Some(open) => {
+                                    open.front.step(front::Input::Answered { call, outcome })
+                                }
+                                None => Vec::new(),
+                            };
+                            self.front_outputs(session, outputs);
+                            continue;
+                        }
                     };
                     let pending = Pending::Front {
                         session: session.to_owned(),

@@ -2,6 +2,7 @@
 //! and documents it, and the parsers of the values it takes.
 
 use clap::{Args, Parser, Subcommand};
+use kernel::approval::ApprovalPolicy;
 use kernel::protocol::{ModelRef, ThinkingLevel};
 use pi_client::Address;
 use std::ffi::OsString;
@@ -302,6 +303,42 @@ pub(super) enum Commands {
         /// The new name: one line, at most 128 characters.
         #[arg(value_parser = parse_non_empty)]
         name: String,
+    },
+
+    /// Answer the question a session asks before a tool call runs (its
+    /// approval policy is `ask`): allow it, allow the tool from now on
+    /// (--always), or deny it (--deny; the model is told).
+    ///
+    /// Over protocol v8 only (the Unix socket without a token).
+    Approve {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// Allow this tool for the rest of the session.
+        #[arg(long, conflicts_with = "deny")]
+        always: bool,
+        /// Do not run the call.
+        #[arg(long)]
+        deny: bool,
+        /// Wait for a question if none waits yet.
+        #[arg(long)]
+        wait: bool,
+    },
+
+    /// Show a session's approval policy and the question waiting, or set
+    /// the policy: auto (every tool runs), ask (tools that write, run
+    /// commands or come from MCP servers wait for `approve`), read-only
+    /// (only read, grep, find and ls are offered).
+    ///
+    /// The default comes from "approvals" in settings.json. Over protocol
+    /// v8 only (the Unix socket without a token).
+    Approvals {
+        /// Session id, a unique prefix of one, or a session name (see `pi-server list`).
+        #[arg(value_parser = parse_non_empty)]
+        id: String,
+        /// auto, ask or read-only.
+        #[arg(value_name = "POLICY", value_parser = parse_policy)]
+        policy: Option<ApprovalPolicy>,
     },
 
     /// Delete a stored session.
@@ -614,6 +651,11 @@ fn parse_thinking(text: &str) -> Result<ThinkingLevel, String> {
             names.join(", ")
         )
     })
+}
+
+fn parse_policy(text: &str) -> Result<ApprovalPolicy, String> {
+    ApprovalPolicy::parse(text)
+        .ok_or_else(|| format!("unknown policy; expected {}", ApprovalPolicy::NAMES))
 }
 
 fn parse_non_empty(text: &str) -> Result<String, String> {

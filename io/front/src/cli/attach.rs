@@ -78,6 +78,8 @@ fn local(client: &Client, id: &str, command: slash::Command) -> Option<String> {
         Command::New => "(in line mode, start one with `pi-server create`)".into(),
         Command::Sessions(_) => "(in line mode, `pi-server list` lists them)".into(),
         Command::Export(_) => "(in line mode, `pi-server log` prints the transcript)".into(),
+        Command::Approvals(None) => "(approvals need protocol v8: the terminal speaks it on the server's Unix socket without a token)".into(),
+        Command::Approvals(Some(_)) | Command::Decide(_) => unreachable!("the front sends these"),
         Command::Abort
         | Command::Compact(_)
         | Command::Model(Some(_))
@@ -127,6 +129,7 @@ fn carry_out(
                 Notice::Aborting => eprintln!("(aborting the turn; Ctrl-C again leaves)"),
                 Notice::AbortRefused(e) => eprintln!("(cannot abort: {e})"),
                 Notice::Applied(line) => eprintln!("(done: {line})"),
+                Notice::NothingAsked => eprintln!("(no tool call waits for an answer)"),
             },
             Output::Local(command) => {
                 if let Some(text) = local(client, id, command) {

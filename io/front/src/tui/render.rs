@@ -23,13 +23,18 @@ pub(crate) fn draw(frame: &mut Frame<'_>, view: &View) -> bool {
     let width = area.width.saturating_sub(2).max(1) as usize;
     let input = input_lines(view.editor.text(), width);
     let input_height = (input.len() as u16 + 2).clamp(3, INPUT_MAX);
-    let [transcript, status, input_area] = Layout::vertical([
+    let asked_height = view.asked.as_ref().map_or(0, |l| l.len() as u16 + 2);
+    let [transcript, asked, status, input_area] = Layout::vertical([
         Constraint::Min(1),
+        Constraint::Length(asked_height),
         Constraint::Length(1),
         Constraint::Length(input_height),
     ])
     .areas(area);
     let top = draw_transcript(frame, view, transcript);
+    if let Some(lines) = &view.asked {
+        draw_question(frame, lines, asked);
+    }
     frame.render_widget(Paragraph::new(status_line(view)), status);
     draw_input(frame, view, input_area, &input);
     top
@@ -254,6 +259,20 @@ fn thousands(n: u64) -> String {
 
 fn short_id(id: &str) -> String {
     id.chars().take(8).collect()
+}
+
+/// The question waiting, with the keys that answer it.
+fn draw_question(frame: &mut Frame<'_>, lines: &[String], area: Rect) {
+    let block = Border::default()
+        .borders(Borders::ALL)
+        .border_style(Style::default().fg(Color::Yellow))
+        .title(" approve? ")
+        .title_bottom(Line::styled(
+            " y allow · a allow always · n deny (with nothing typed) ",
+            dim(),
+        ));
+    let text: Vec<Line<'static>> = lines.iter().map(|l| Line::raw(l.clone())).collect();
+    frame.render_widget(Paragraph::new(text).block(block), area);
 }
 
 fn draw_input(frame: &mut Frame<'_>, view: &View, area: Rect, lines: &[(String, usize)]) {

@@ -22,6 +22,7 @@ use kernel::client::ClientError;
 use kernel::client::follow::{self, Follower, TurnOutcome, Update};
 use kernel::client::front::{self, Answer, Front, Link, Notice, Output, Request, Why};
 use kernel::client::slash;
+use kernel::client::v8::approvals::Shown;
 use kernel::protocol::{
     AssistantStatus, ServerEvent, SessionPhase, SessionSnapshot, ThinkingLevel, ToolStatus,
     TranscriptItem,
@@ -323,6 +324,9 @@ pub(crate) struct View {
     loaded_from: usize,
     /// The last draw showed the first block: scrolling up goes past it.
     pub(crate) top_drawn: bool,
+    /// The question the session asks before a tool call runs, as lines
+    /// ([`crate::text::question_lines`]); y, a and n answer it.
+    pub(crate) asked: Option<Vec<String>>,
 }
 
 /// Turns loaded at a time when scrolling goes past the oldest shown.
@@ -343,7 +347,8 @@ fn help() -> String {
         "{}\nkeys: Enter send · Alt-Enter/Ctrl-J newline · Tab complete a /command · \
          Ctrl-C/Esc abort (again: clear) · Ctrl-D detach · Ctrl-T thinking · \
          Alt-Up/Alt-Down select a tool call · Ctrl-O its whole output (none selected: all) · \
-         PageUp/PageDown scroll (past the top: earlier turns) · Up/Down history",
+         PageUp/PageDown scroll (past the top: earlier turns) · Up/Down history · \
+         y/a/n answer a tool call's question (nothing typed)",
         slash::help()
     )
 }
@@ -399,6 +404,7 @@ impl View {
             hidden_turns: 0,
             loaded_from: 0,
             top_drawn: false,
+            asked: None,
         };
         // Only the turns shown are told: the older ones are skipped (a long
         // session's first screen costs its last turns, not its history).
@@ -659,6 +665,9 @@ impl View {
                         );
                     }
                     Notice::Reconnected => self.notice(Level::Info, "reconnected".into()),
+                    Notice::NothingAsked => {
+                        self.notice(Level::Warn, "no tool call waits for an answer".into())
+                    }
                     Notice::Reconnecting | Notice::NothingToAbort => {}
                     Notice::Retrying { .. } => {
                         self.notice(Level::Info, "the session was busy; sending it again".into())
@@ -693,10 +702,35 @@ impl View {
         self.editor.insert(&sanitize(&text));
     }
 
+    /// The session's approvals changed: the question shown follows the
+    /// oldest one waiting (a new one rings when the terminal is not focused).
+    pub(crate) fn on_approvals(&mut self, shown: Option<Shown>) -> Vec<Action> {
+        let asked = shown.as_ref().and_then(Shown::asked);
+        let id = asked.map(|q| q.id.clone());
+        if id.as_deref() == self.front.asked() {
+            return Vec::new();
+        }
+        self.asked = asked.map(crate::text::question_lines);
+        if asked.is_some() && !self.focused {
+            self.bell = true;
+        }
+        self.front_step(front::Input::Asked(id))
+    }
+
     /// A key; returns what the host must do.
     pub(crate) fn on_key(&mut self, key: KeyEvent) -> Vec<Action> {
         if key.kind == KeyEventKind::Release {
             return Vec::new();
+        }
+        // y, a and n answer the question shown while nothing is typed.
+        if let KeyCode::Char(c) = key.code
+            && !key
+                .modifiers
+                .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+            && self.editor.text.is_empty()
+            && let Some(decision) = self.front.key_answer(c)
+        {
+            return self.front_step(front::Input::Decide(decision));
         }
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
         let alt = key.modifiers.contains(KeyModifiers::ALT);

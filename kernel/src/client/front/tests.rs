@@ -372,7 +372,9 @@ proptest! {
                     Request::SetModel(_)
                     | Request::SetThinking(_)
                     | Request::Rename(_)
-                    | Request::Compact(_) => Ok(Answer::Applied),
+                    | Request::Compact(_)
+                    | Request::Answer { .. }
+                    | Request::SetApprovals(_) => Ok(Answer::Applied),
                 };
                 absorb(f.step(Input::Answered { call, outcome }), &mut pending, &mut back);
             }
@@ -432,4 +434,52 @@ fn a_request_to_start_a_turn_now_is_a_prompt_or_handed_back() {
             tag: 8
         }]
     );
+}
+
+/// A question shown is answered by a key or a command, naming the
+/// question; with none shown, the keys are typing and an answer is a
+/// notice, never a call.
+#[test]
+fn a_question_is_answered_by_key_or_command_and_only_while_shown() {
+    use crate::approval::{ApprovalPolicy, Decision};
+    let mut f = Front::new(SessionPhase::Turn, 3);
+    assert_eq!(f.key_answer('y'), None, "no question: y is a letter");
+    let out = f.step(Input::Decide(Decision::Allow));
+    assert_eq!(out, [Output::Notice(Notice::NothingAsked)]);
+    f.step(Input::Asked(Some("item-3".into())));
+    assert_eq!(f.asked(), Some("item-3"));
+    assert_eq!(f.key_answer('a'), Some(Decision::Always));
+    assert_eq!(f.key_answer('x'), None);
+    let out = f.step(Input::Decide(Decision::Deny));
+    let [Output::Send { request, .. }] = out.as_slice() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        *request,
+        Request::Answer {
+            id: "item-3".into(),
+            decision: Decision::Deny
+        }
+    );
+    let out = f.step(Input::Typed("/always".into()));
+    assert!(matches!(
+        out.as_slice(),
+        [Output::Send {
+            request: Request::Answer {
+                decision: Decision::Always,
+                ..
+            },
+            ..
+        }]
+    ));
+    let out = f.step(Input::Typed("/approvals read-only".into()));
+    assert!(matches!(
+        out.as_slice(),
+        [Output::Send {
+            request: Request::SetApprovals(ApprovalPolicy::ReadOnly),
+            ..
+        }]
+    ));
+    f.step(Input::Asked(None));
+    assert_eq!(f.key_answer('y'), None);
 }

@@ -9,7 +9,7 @@
 //!   refusal, `busy` included, as v1 says it.
 //! - An abort's withdrawn steers are not told over v8: none come back.
 
-use super::connection::{AGENT, MODELS, Request, SESSIONS};
+use super::connection::{AGENT, APPROVALS, MODELS, Request, SESSIONS};
 use crate::chord::call::ServiceCall;
 use crate::client::ClientError;
 use crate::client::front::{self, Answer};
@@ -65,6 +65,22 @@ pub fn request_of(session_id: &str, request: &front::Request) -> Request {
             SESSIONS,
             "rename",
             vec![Value::text(session_id), Value::text(name)],
+        )),
+        R::Answer { id, decision } => Request::Session(ServiceCall::singleton(
+            APPROVALS,
+            "answer",
+            vec![Value::object(vec![
+                ("id", Value::text(id)),
+                ("decision", Value::text(decision.as_str())),
+            ])],
+        )),
+        R::SetApprovals(policy) => Request::Session(ServiceCall::singleton(
+            APPROVALS,
+            "setPolicy",
+            vec![Value::object(vec![(
+                "policy",
+                Value::text(policy.as_str()),
+            )])],
         )),
     }
 }
@@ -127,7 +143,11 @@ pub fn outcome_of(request: &front::Request, result: Result<Option<Value>, Client
         R::Abort => Outcome::Answer(Ok(Answer::Abort {
             withdrawn: Vec::new(),
         })),
-        R::SetModel(_) | R::SetThinking(_) | R::Rename(_) => Outcome::Answer(Ok(Answer::Applied)),
+        R::SetModel(_)
+        | R::SetThinking(_)
+        | R::Rename(_)
+        | R::Answer { .. }
+        | R::SetApprovals(_) => Outcome::Answer(Ok(Answer::Applied)),
     }
 }
 

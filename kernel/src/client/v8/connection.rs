@@ -57,8 +57,10 @@ pub const STATUS: &str = "pi-server.session-status";
 pub const SESSIONS: &str = "pi-server.sessions";
 /// pi's agent controller (session scope).
 pub const AGENT: &str = "pi.agent-controller";
+/// Ours: a session's approval policy and the questions waiting.
+pub const APPROVALS: &str = "pi-server.approvals";
 /// The session states an attachment follows.
-const SESSION_STATES: [&str; 2] = [TRANSCRIPT, MODELS];
+const SESSION_STATES: [&str; 3] = [TRANSCRIPT, MODELS, APPROVALS];
 const CONTROL: &str = "$chord.service";
 
 /// How a connection is made.

@@ -6,6 +6,7 @@
 //! The simulator's v8 clients and its checkers read the server with these,
 //! so what they judge is what a client of ours would see.
 
+pub mod approvals;
 pub mod calls;
 pub mod connection;
 pub mod conversation;
