@@ -401,3 +401,82 @@ async fn an_orphan_with_a_large_transcript_is_adopted() {
     assert_eq!(server.workers_of(&s), [worker], "the orphan serves it");
     c.close().await;
 }
+
+/// Runs `approvals SESSION` until its output contains `needle`.
+async fn until_approvals_show(server: &TestServer, session: &str, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = server.run_cli(&["approvals", session]).await;
+        if out.stdout.contains(needle) {
+            return out.stdout;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "approvals never showed {needle:?}: {out:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A question is session state: it outlives the client that started the
+/// turn, a server killed with SIGKILL (the orphan tells the next server),
+/// and its worker killed with SIGKILL (the next worker asks it again, since
+/// the tool never ran); answered then, the tool runs once and the turn ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_outlives_its_client_a_server_crash_and_a_worker_crash() {
+    let mut server = TestServer::start("askcrash").await;
+    let work = server.root.path.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let c = server.connect().await;
+    let gated = kernel::protocol::CreateParams {
+        cwd: Some(work.display().to_string()),
+        ..params("gated")
+    };
+    let s = c.create(gated).await.unwrap().id;
+    c.close().await;
+    server
+        .run_cli(&["approvals", "gated", "ask"])
+        .await
+        .success();
+    let mut prompt = tokio::process::Command::from(server.cli(&[
+        "prompt",
+        "--quiet",
+        "gated",
+        "!echo once >> ran.txt; echo ran",
+    ]))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap();
+    until_approvals_show(&server, "gated", "bash wants to run").await;
+    // The client that started the turn goes; the question stays.
+    prompt.kill().await.unwrap();
+    let worker = server.worker_of(&s).await;
+    server.kill();
+    server.spawn();
+    server.wait_ready().await;
+    let told = until_approvals_show(&server, "gated", "bash wants to run").await;
+    assert!(told.contains("$ echo once >> ran.txt; echo ran"), "{told}");
+    assert_eq!(server.worker_of(&s).await, worker, "the orphan was adopted");
+    signal(worker, Sig::Kill);
+    wait_exit(worker, "the killed worker").await;
+    // A new worker opens the session, asks again, and the answer runs it.
+    let approved = server
+        .run_cli(&["approve", "gated", "--wait"])
+        .await
+        .success();
+    assert!(approved.stdout.starts_with("bash allowed"), "{approved:#?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = server.run_cli(&["log", "gated"]).await.success();
+        if log.stdout.contains("The bash tool finished: ran") {
+            break log.stdout;
+        }
+        assert!(std::time::Instant::now() < deadline, "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!log.contains("Interrupted"), "the turn went on: {log}");
+    let ran = std::fs::read_to_string(work.join("ran.txt")).unwrap();
+    assert_eq!(ran, "once\n", "the tool ran exactly once");
+}
