@@ -429,3 +429,37 @@ fn the_terminal_follows_its_session_across_a_graceful_replacement() {
     tui.send("\r");
     tui.wait_for("You said: still attached?");
 }
+
+/// Approvals in the terminal: `/approvals ask` sets the policy; a tool
+/// call's question is shown with the keys that answer it; `n` denies it
+/// (the model is told) and `y` allows the next one, which runs.
+#[test]
+fn a_tool_calls_question_is_shown_and_answered_with_a_key() {
+    let env = Env::new("tui-ask");
+    let id = uuid();
+    let _server = env.serve(&id, &[]);
+    let mut other = env.connect(&id);
+    let session = other
+        .create(CreateParams {
+            cwd: Some("/".into()),
+            ..CreateParams::default()
+        })
+        .id;
+    let mut tui = Tui::spawn(&env, &["--server-id", &id, "attach", &session]);
+    tui.wait_for("prompt ›");
+    tui.type_text("/approvals ask");
+    tui.send("\r");
+    tui.wait_for("done: /approvals ask");
+    tui.type_text("!echo from-the-tui");
+    tui.send("\r");
+    tui.wait_for("approve?");
+    tui.wait_for("$ echo from-the-tui");
+    tui.send("n");
+    tui.wait_for("tool failed: Denied");
+    tui.wait_for("prompt ›");
+    tui.type_text("!echo allowed-now");
+    tui.send("\r");
+    tui.wait_for("$ echo allowed-now");
+    tui.send("y");
+    tui.wait_for("tool finished: allowed-now");
+}
