@@ -394,6 +394,8 @@ pub struct Policy {
     pub checkpoint: crate::limits::Checkpoint,
     /// The approval policy of the settings: sessions that set none follow it.
     pub approvals: ApprovalPolicy,
+    /// A question nobody answers within this is denied (off: it waits).
+    pub approval_timeout: Option<Duration>,
 }
 
 impl Default for Policy {
@@ -406,6 +408,7 @@ impl Default for Policy {
             keep_recent_percent: 25,
             checkpoint: crate::limits::Checkpoint::default(),
             approvals: ApprovalPolicy::Auto,
+            approval_timeout: None,
         }
     }
 }
@@ -738,7 +741,11 @@ impl Runtime {
         let checkpoint = self
             .unsaved
             .map(|(since, _)| since + self.policy.checkpoint.interval);
-        retry.into_iter().chain(checkpoint).min()
+        retry
+            .into_iter()
+            .chain(checkpoint)
+            .chain(self.question_deadline())
+            .min()
     }
 
     /// The current snapshot (`attached` false, `locked` true; the server normalises both).
@@ -1127,6 +1134,9 @@ impl Runtime {
         let due = matches!(&self.turn, Some(Turn { stage: Stage::Retrying { at }, .. }) if *at <= self.now);
         if due {
             self.next_call();
+        }
+        if self.question_deadline().is_some_and(|at| at <= self.now) {
+            self.time_out_question();
         }
     }
 

@@ -15,6 +15,9 @@ pub struct SessionSettings {
     pub tools: Vec<String>,
     /// The approval policy of sessions that set none (`"approvals"`).
     pub approvals: ApprovalPolicy,
+    /// How long a question waits before it is denied
+    /// (`"approvalTimeoutSeconds"`; none: it waits).
+    pub approval_timeout: Option<std::time::Duration>,
 }
 
 /// The settings of the session whose directory is `session`: each key from
@@ -59,7 +62,7 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
     };
     crate::tools::select_tools(&tools).map_err(|e| format!("{}: {e}", source.display()))?;
     let (source, approvals) = match own.get("approvals") {
-        Some(value) => (path, Some(value)),
+        Some(value) => (path.clone(), Some(value)),
         None => (file(agent_dir), global.get("approvals")),
     };
     let approvals = match approvals {
@@ -75,10 +78,27 @@ pub fn session(agent_dir: &Path, session: &Path) -> Result<SessionSettings, Stri
                 )
             })?,
     };
+    let (source, timeout) = match own.get("approvalTimeoutSeconds") {
+        Some(value) => (path, Some(value)),
+        None => (file(agent_dir), global.get("approvalTimeoutSeconds")),
+    };
+    let approval_timeout = match timeout {
+        None => None,
+        Some(value) => match value.as_u64() {
+            Some(secs) if secs > 0 => Some(std::time::Duration::from_secs(secs)),
+            _ => {
+                return Err(format!(
+                    "{}: \"approvalTimeoutSeconds\" must be a whole number of seconds above 0, not {value}",
+                    source.display()
+                ));
+            }
+        },
+    };
     Ok(SessionSettings {
         context_files,
         tools,
         approvals,
+        approval_timeout,
     })
 }
 
@@ -134,6 +154,15 @@ mod tests {
             e.contains("\"approvals\" must be auto, ask or read-only"),
             "{e}"
         );
+        write(&session, r#"{"approvalTimeoutSeconds": 300}"#);
+        let s = self::session(&agent, &session).unwrap();
+        assert_eq!(
+            s.approval_timeout,
+            Some(std::time::Duration::from_secs(300))
+        );
+        write(&session, r#"{"approvalTimeoutSeconds": -1}"#);
+        let e = self::session(&agent, &session).unwrap_err();
+        assert!(e.contains("whole number of seconds"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -200,14 +200,18 @@ pub async fn run_worker() -> Result<(), String> {
     run(setup).await
 }
 
-/// The approval policy the settings give the session. Settings that cannot
-/// be read ask: a mistyped `"approvals"` must not run tools unasked.
-fn approval_setting(agent_dir: &Path, session: &Path) -> kernel::approval::ApprovalPolicy {
+/// The approval policy and question timeout the settings give the
+/// session. Settings that cannot be read ask, with no timeout: a mistyped
+/// `"approvals"` must not run tools unasked.
+fn approval_settings(
+    agent_dir: &Path,
+    session: &Path,
+) -> (kernel::approval::ApprovalPolicy, Option<Duration>) {
     match pi_agent::settings::session(agent_dir, session) {
-        Ok(settings) => settings.approvals,
+        Ok(settings) => (settings.approvals, settings.approval_timeout),
         Err(error) => {
             tracing::warn!(%error, "the settings cannot be read; tools wait for approval");
-            kernel::approval::ApprovalPolicy::Ask
+            (kernel::approval::ApprovalPolicy::Ask, None)
         }
     }
 }
@@ -256,7 +260,8 @@ pub async fn run<D: Dial>(setup: WorkerSetup<D>) -> Result<(), String> {
     let channel = Channel::connect(&dial).await?;
     let registry = std::sync::Arc::new(ModelRegistry::load(&agent_dir));
     let mut policy = policy;
-    policy.approvals = approval_setting(&agent_dir, &session_dir.join(&session_id));
+    (policy.approvals, policy.approval_timeout) =
+        approval_settings(&agent_dir, &session_dir.join(&session_id));
     let config = HostConfig {
         session_id: session_id.clone(),
         token,

@@ -1452,3 +1452,35 @@ fn a_question_a_dead_worker_asked_is_asked_again_and_the_turn_goes_on() {
     // Its end answers nobody: no server asked for the resumed turn.
     assert!(t.done(RESUMED.0).unwrap().is_ok());
 }
+
+#[test]
+fn a_question_nobody_answers_in_time_is_denied() {
+    let mut t = asking();
+    t.rt = t.rt.clone().with_policy(Policy {
+        approvals: ApprovalPolicy::Ask,
+        approval_timeout: Some(Duration::from_secs(60)),
+        ..Policy::default()
+    });
+    two_bash_calls(&mut t, 1);
+    let asked = t.rt.state().approvals.pending[0].clone();
+    assert_eq!(
+        t.rt.next_deadline(),
+        Some(Instant(asked.asked_at) + Duration::from_secs(60))
+    );
+    t.now = asked.asked_at + 59_999;
+    t.step(RuntimeInput::Tick);
+    assert_eq!(t.rt.state().approvals.pending.len(), 1, "not yet");
+    t.now = asked.asked_at + 60_000;
+    t.step(RuntimeInput::Tick);
+    assert!(t.run_tool().is_none(), "a call nobody allowed never runs");
+    let TranscriptItem::Tool(item) = &t.rt.state().transcript[2] else {
+        panic!()
+    };
+    assert!(
+        matches!(&item.content[0], Content::Text { text } if text.contains("nobody answered within 60 s"))
+    );
+    // The next call is asked, with its own time.
+    let next = &t.rt.state().approvals.pending[0];
+    assert_ne!(next.id, asked.id);
+    assert_eq!(next.asked_at, asked.asked_at + 60_000);
+}

@@ -480,6 +480,41 @@ impl Runtime {
         }
     }
 
+    /// When the question waiting is denied for want of an answer, if a
+    /// timeout is set.
+    pub(super) fn question_deadline(&self) -> Option<Instant> {
+        let timeout = self.policy.approval_timeout?;
+        let asked = self.state.approvals.pending.first()?;
+        Some(Instant(asked.asked_at) + timeout)
+    }
+
+    /// Nobody answered in time: the call is denied, and the model told why.
+    pub(super) fn time_out_question(&mut self) {
+        let Some(question) = self.state.approvals.pending.pop() else {
+            return;
+        };
+        let secs = self.policy.approval_timeout.map_or(0, |t| t.as_secs());
+        if let Some(Turn {
+            stage: Stage::Tools { asking, .. },
+            ..
+        }) = &mut self.turn
+        {
+            *asking = false;
+        }
+        self.bump();
+        self.send_approvals();
+        let text = format!(
+            "{} (nobody answered within {secs} s)",
+            crate::approval::DENIED
+        );
+        self.tool_ended(
+            &question.id,
+            vec![Content::Text { text }],
+            None,
+            ToolStatus::Error,
+        );
+    }
+
     /// Tells the server the approvals as they stand.
     pub(super) fn send_approvals(&mut self) {
         let message = self.approvals_message();
