@@ -280,15 +280,7 @@ fn a_prompt_s_images_go_with_its_text_to_the_model() {
 #[test]
 fn tool_calls_run_one_at_a_time_then_the_model_continues() {
     let mut t = T::new("faux-1");
-    t.op(1, Operation::prompt("list files"));
-    let (call, _) = t.started_call().unwrap();
-    for e in tool_call("c1", "ls")
-        .into_iter()
-        .chain(tool_call("c2", "pwd"))
-    {
-        t.model(call, e);
-    }
-    t.model(call, done(StopReason::ToolUse));
+    two_bash_calls(&mut t, 1);
     let (first, name) = t.run_tool().expect("first tool runs");
     assert_eq!(name, "bash");
     assert_eq!(
