@@ -259,6 +259,12 @@ pub(crate) fn sanitize(text: &str) -> String {
     out
 }
 
+/// Why approvals cannot be shown, set or answered on a v1 connection, and
+/// how to reach v8.
+pub(crate) const APPROVALS_NEED_V8: &str = "approvals are answered and set over protocol v8, \
+    which the terminal speaks on the server's Unix socket without a token (and without \
+    PI_SERVER_PROTOCOL=1)";
+
 /// Lines of a change's text shown with a question at most.
 const QUESTION_LINES: usize = 12;
 

@@ -372,15 +372,7 @@ impl Runtime {
             .approvals
             .gate(self.policy.approvals, &item.tool_name)
         {
-            Gate::Run => {
-                let run = RuntimeOutput::RunTool {
-                    id: item.id.clone(),
-                    tool_name: item.tool_name.clone(),
-                    input: item.input.clone(),
-                    cwd: self.state.cwd.clone(),
-                };
-                self.out.push(run);
-            }
+            Gate::Run => self.start_tool(id),
             Gate::Ask => {
                 let question = Question {
                     id: item.id.clone(),
@@ -390,13 +382,7 @@ impl Runtime {
                     asked_at: self.now.as_millis(),
                 };
                 self.state.approvals.pending.push(question);
-                if let Some(Turn {
-                    stage: Stage::Tools { asking, .. },
-                    ..
-                }) = &mut self.turn
-                {
-                    *asking = true;
-                }
+                self.set_asking(true);
                 self.bump();
                 self.send_approvals();
             }
@@ -420,7 +406,11 @@ impl Runtime {
         if decision == Decision::Always {
             self.state.approvals.allow_always(&question.tool);
         }
-        self.answered(id, decision != Decision::Deny);
+        let outcome = match decision {
+            Decision::Deny => Err(crate::approval::DENIED.to_string()),
+            Decision::Allow | Decision::Always => Ok(()),
+        };
+        self.answered(id, outcome);
         Ok(())
     }
 
@@ -436,9 +426,13 @@ impl Runtime {
             .as_ref()
             .map(|q| self.state.approvals.gate(self.policy.approvals, &q.tool));
         match (asked, gate) {
-            (Some(q), Some(gate @ (Gate::Run | Gate::Refuse))) => {
+            (Some(q), Some(Gate::Run)) => {
                 self.state.approvals.pending.clear();
-                self.answered(&q.id, gate == Gate::Run);
+                self.answered(&q.id, Ok(()));
+            }
+            (Some(q), Some(Gate::Refuse)) => {
+                self.state.approvals.pending.clear();
+                self.answered(&q.id, Err(crate::approval::refused_read_only(&q.tool)));
             }
             _ => {
                 self.bump();
@@ -449,34 +443,37 @@ impl Runtime {
     }
 
     /// The question about `id` is gone from the state: store and show
-    /// that, then run the call or end it denied.
-    fn answered(&mut self, id: &str, run: bool) {
+    /// that, then run the call, or end it with why it did not run.
+    fn answered(&mut self, id: &str, outcome: Result<(), String>) {
+        self.set_asking(false);
+        self.bump();
+        self.send_approvals();
+        match outcome {
+            Ok(()) => self.start_tool(id),
+            Err(text) => self.tool_ended(id, vec![Content::Text { text }], None, ToolStatus::Error),
+        }
+    }
+
+    /// Runs tool item `id` (an answer allowed it, or none was needed).
+    fn start_tool(&mut self, id: &str) {
+        let item = self.tool_item(id);
+        let run = RuntimeOutput::RunTool {
+            id: item.id.clone(),
+            tool_name: item.tool_name.clone(),
+            input: item.input.clone(),
+            cwd: self.state.cwd.clone(),
+        };
+        self.out.push(run);
+    }
+
+    /// Holds the running tool call for its question, or lets it go.
+    fn set_asking(&mut self, held: bool) {
         if let Some(Turn {
             stage: Stage::Tools { asking, .. },
             ..
         }) = &mut self.turn
         {
-            *asking = false;
-        }
-        self.bump();
-        self.send_approvals();
-        if run {
-            let item = self.tool_item(id);
-            let run = RuntimeOutput::RunTool {
-                id: item.id.clone(),
-                tool_name: item.tool_name.clone(),
-                input: item.input.clone(),
-                cwd: self.state.cwd.clone(),
-            };
-            self.out.push(run);
-        } else {
-            let text = match self.state.approvals.effective(self.policy.approvals) {
-                ApprovalPolicy::ReadOnly => {
-                    crate::approval::refused_read_only(&self.tool_item(id).tool_name)
-                }
-                _ => crate::approval::DENIED.to_string(),
-            };
-            self.tool_ended(id, vec![Content::Text { text }], None, ToolStatus::Error);
+            *asking = held;
         }
     }
 
@@ -494,25 +491,11 @@ impl Runtime {
             return;
         };
         let secs = self.policy.approval_timeout.map_or(0, |t| t.as_secs());
-        if let Some(Turn {
-            stage: Stage::Tools { asking, .. },
-            ..
-        }) = &mut self.turn
-        {
-            *asking = false;
-        }
-        self.bump();
-        self.send_approvals();
-        let text = format!(
+        let why = format!(
             "{} (nobody answered within {secs} s)",
             crate::approval::DENIED
         );
-        self.tool_ended(
-            &question.id,
-            vec![Content::Text { text }],
-            None,
-            ToolStatus::Error,
-        );
+        self.answered(&question.id, Err(why));
     }
 
     /// Tells the server the approvals as they stand.

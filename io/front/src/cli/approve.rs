@@ -7,13 +7,7 @@ use kernel::approval::{ApprovalPolicy, Decision};
 use kernel::client::front;
 use kernel::client::v8::approvals::Shown;
 use kernel::client::v8::calls;
-use kernel::client::v8::connection::APPROVALS;
 use pi_client::v8::V8Client;
-
-/// Why a command needs protocol v8, and how to get it.
-const NEEDS_V8: &str = "approvals are answered and set over protocol v8, which the terminal \
-                        speaks on the server's Unix socket without a token (and without \
-                        PI_SERVER_PROTOCOL=1)";
 
 /// The session `query` names, attached over v8 on its server.
 async fn attached(target: &Target, query: &str) -> Result<(V8Client, String), String> {
@@ -21,7 +15,7 @@ async fn attached(target: &Target, query: &str) -> Result<(V8Client, String), St
     let server_id = super::commands::speaks_v8(target, &client);
     client.close().await;
     let Some(server_id) = server_id else {
-        return Err(NEEDS_V8.to_owned());
+        return Err(crate::text::APPROVALS_NEED_V8.to_owned());
     };
     let client = super::commands::connect_v8(target, &server_id).await?;
     client
@@ -33,7 +27,7 @@ async fn attached(target: &Target, query: &str) -> Result<(V8Client, String), St
 
 /// The session's approvals as its replica shows them now.
 fn shown(client: &V8Client) -> Option<Shown> {
-    client.read(|c| c.session_state(APPROVALS).and_then(Shown::read))
+    client.read(Shown::of)
 }
 
 /// `approve SESSION [--always | --deny] [--wait]`: answers the question the

@@ -78,7 +78,7 @@ fn local(client: &Client, id: &str, command: slash::Command) -> Option<String> {
         Command::New => "(in line mode, start one with `pi-server create`)".into(),
         Command::Sessions(_) => "(in line mode, `pi-server list` lists them)".into(),
         Command::Export(_) => "(in line mode, `pi-server log` prints the transcript)".into(),
-        Command::Approvals(None) => "(approvals need protocol v8: the terminal speaks it on the server's Unix socket without a token)".into(),
+        Command::Approvals(None) => crate::text::APPROVALS_NEED_V8.into(),
         Command::Approvals(Some(_)) | Command::Decide(_) => unreachable!("the front sends these"),
         Command::Abort
         | Command::Compact(_)

@@ -366,7 +366,7 @@ async fn local(
             Ok(path) => view.info(&format!("transcript written to {path}")),
             Err(e) => view.warn(&e),
         },
-        Command::Approvals(None) => view.info("(approvals need protocol v8: the terminal speaks it on the server's Unix socket without a token)"),
+        Command::Approvals(None) => view.info(crate::text::APPROVALS_NEED_V8),
         Command::Help
         | Command::Approvals(Some(_))
         | Command::Decide(_)

@@ -16,7 +16,7 @@ use super::{Exit, Screen, draw, export_of, on_terminal, sessions_text, settings_
 use crate::limits::{FRONT_ANSWERS, TICK};
 use kernel::chord::call::ServiceCall;
 use kernel::client::v8::calls::{self, Outcome};
-use kernel::client::v8::connection::{APPROVALS, Changed, SESSIONS, STATUS};
+use kernel::client::v8::connection::{Changed, SESSIONS, STATUS};
 use kernel::client::v8::conversation::{self, Conversation};
 use kernel::client::{Status, lookup, slash};
 use kernel::protocol::codec::Schema;
@@ -172,10 +172,7 @@ async fn run_session(
         }
         if look && let Some((head, from)) = followed.sync(client) {
             actions.extend(view.on_state(&head, followed.conversation.items(), from));
-            let shown = client.read(|c| {
-                c.session_state(APPROVALS)
-                    .and_then(kernel::client::v8::approvals::Shown::read)
-            });
+            let shown = client.read(kernel::client::v8::approvals::Shown::of);
             actions.extend(view.on_approvals(shown));
         }
         if view.removed {
@@ -326,10 +323,7 @@ async fn local(
             }
         }
         Command::Approvals(None) => {
-            let shown = client.read(|c| {
-                c.session_state(APPROVALS)
-                    .and_then(kernel::client::v8::approvals::Shown::read)
-            });
+            let shown = client.read(kernel::client::v8::approvals::Shown::of);
             match shown {
                 Some(shown) => view.info(&crate::text::approvals_text(id, &shown)),
                 None => view.warn("the server shows no approvals for this session"),

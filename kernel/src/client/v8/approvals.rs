@@ -1,6 +1,7 @@
 //! `pi-server.approvals` as a client reads it: the policy in force and the
 //! questions waiting, typed from the replicated state.
 
+use super::connection::{APPROVALS, Connection};
 use crate::approval::{ApprovalPolicy, Question};
 use crate::wire::Value;
 
@@ -53,6 +54,11 @@ impl Shown {
             always,
             pending,
         })
+    }
+
+    /// The attached session's approvals as `connection` follows them.
+    pub fn of(connection: &Connection) -> Option<Self> {
+        connection.session_state(APPROVALS).and_then(Self::read)
     }
 
     /// The question to answer now: the oldest.

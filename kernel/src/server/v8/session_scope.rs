@@ -356,29 +356,27 @@ impl Server {
 /// `pi-server.approvals` as a worker operation, or the arguments expected.
 fn approval_operation(member: &str, args: &[Value]) -> Result<Operation, &'static str> {
     use crate::approval::{ApprovalPolicy, Decision};
-    let text = |v: Option<&Value>| match v {
+    let text = |a: &Value, key: &str| match a.get(key) {
         Some(Value::Text(t)) => Some(t.clone()),
         _ => None,
     };
-    match (member, args) {
-        ("answer", [a]) => {
-            let decision = text(a.get("decision")).and_then(|d| Decision::parse(&d));
-            match (text(a.get("id")), decision) {
-                (Some(id), Some(decision)) => Ok(Operation::Answer { id, decision }),
-                _ => Err("{id, decision: \"allow\" | \"always\" | \"deny\"}"),
-            }
-        }
-        ("setPolicy", [a]) => match a.get("policy") {
-            None | Some(Value::Null) => Ok(Operation::SetApprovals { policy: None }),
-            Some(Value::Text(p)) => match ApprovalPolicy::parse(p) {
-                Some(policy) => Ok(Operation::SetApprovals {
-                    policy: Some(policy),
-                }),
-                None => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
-            },
-            Some(_) => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
-        },
-        ("answer", _) => Err("{id, decision: \"allow\" | \"always\" | \"deny\"}"),
-        _ => Err("{policy: \"auto\" | \"ask\" | \"read-only\" | null}"),
+    if member == "answer" {
+        let answer = match args {
+            [a] => text(a, "id").zip(text(a, "decision").and_then(|d| Decision::parse(&d))),
+            _ => None,
+        };
+        return answer
+            .map(|(id, decision)| Operation::Answer { id, decision })
+            .ok_or("{id, decision: \"allow\" | \"always\" | \"deny\"}");
     }
+    let policy = match args {
+        [a] if matches!(a.get("policy"), None | Some(Value::Null)) => Some(None),
+        [a] => text(a, "policy")
+            .and_then(|p| ApprovalPolicy::parse(&p))
+            .map(Some),
+        _ => None,
+    };
+    policy
+        .map(|policy| Operation::SetApprovals { policy })
+        .ok_or("{policy: \"auto\" | \"ask\" | \"read-only\" | null}")
 }
